@@ -1,0 +1,350 @@
+//! Every daemon flag, its default as a documented constant, and the socket path rule that
+//! `execd` and `execctl` share. Parsing is small enough to write by hand: `--name VALUE` or
+//! `--name=VALUE`, repeated flags where a list is meant.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Most concurrent client connections.
+pub const DEFAULT_MAX_CLIENTS: usize = 1024;
+/// Most commands running at once, both method families together.
+pub const DEFAULT_MAX_PROCESSES: usize = 1024;
+/// Most exited, unreleased terminals kept per owner; the oldest is released past it.
+pub const DEFAULT_MAX_RETAINED: usize = 1024;
+/// Longest request line in bytes.
+pub const DEFAULT_MAX_MESSAGE: usize = 1 << 20;
+/// Cap on one connection's outgoing buffer; output events past it become a `Gap`.
+pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
+/// Output ring capacity when a request names none.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
+/// Largest output ring a request may ask for; larger asks are clamped.
+pub const DEFAULT_MAX_OUTPUT_LIMIT: usize = 64 << 20;
+/// Input waiting for a command's stdin, per command.
+pub const DEFAULT_STDIN_BUFFER: usize = 64 << 10;
+/// Time between SIGTERM and SIGKILL when a command is killed.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
+/// A bash session unused this long (and running nothing) is closed.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
+/// Most bash sessions at once.
+pub const DEFAULT_MAX_SESSIONS: usize = 256;
+/// Finished commands kept per bash session; older ones are dropped, oldest first.
+pub const BASH_HISTORY: usize = 100;
+/// Socket file mode unless `--socket-mode` widens it.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
+/// The daemon's whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub socket_mode: u32,
+    pub socket_group: Option<u32>,
+    pub allow_uids: Vec<u32>,
+    pub allow_gids: Vec<u32>,
+    pub max_clients: usize,
+    pub max_processes: usize,
+    pub max_retained: usize,
+    pub max_message: usize,
+    pub client_buffer: usize,
+    pub output_limit: usize,
+    pub max_output_limit: usize,
+    pub stdin_buffer: usize,
+    pub kill_grace: Duration,
+    pub session_idle: Duration,
+    pub max_sessions: usize,
+    pub shell: PathBuf,
+    pub clean_env: bool,
+    pub workdir: PathBuf,
+    pub rlimits: Vec<(Rlimit, u64)>,
+}
+
+/// A resource limit `--rlimit` may set for commands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rlimit {
+    Cpu,
+    As,
+    Nofile,
+    Nproc,
+    Fsize,
+    Core,
+}
+
+impl Rlimit {
+    fn parse(name: &str) -> Option<Rlimit> {
+        Some(match name {
+            "cpu" => Rlimit::Cpu,
+            "as" => Rlimit::As,
+            "nofile" => Rlimit::Nofile,
+            "nproc" => Rlimit::Nproc,
+            "fsize" => Rlimit::Fsize,
+            "core" => Rlimit::Core,
+            _ => return None,
+        })
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Invocation {
+    Run(Box<Config>),
+    Help,
+    Version,
+}
+
+pub const USAGE: &str = "\
+usage: execd [OPTIONS]
+
+Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket
+(ACP terminal/*, bash/*, events/*). See execd(8) and execd-protocol(7).
+
+options:
+  --socket PATH            listening socket (default: $EXECD_SOCKET, else
+                           $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for
+                           root, else /tmp/execd-$UID.sock)
+  --socket-mode MODE       socket file mode, octal (default 0600)
+  --socket-group GID       group of the socket file
+  --allow-uid UID          also accept peers with this uid (repeatable)
+  --allow-gid GID          also accept peers with this gid (repeatable)
+  --max-clients N          concurrent connections (default 1024)
+  --max-processes N        commands running at once (default 1024)
+  --max-retained N         exited unreleased terminals per owner (default 1024)
+  --max-message BYTES      longest request line (default 1M)
+  --client-buffer BYTES    outgoing buffer per connection (default 4M)
+  --output-limit BYTES     output ring when a request names none (default 1M)
+  --max-output-limit BYTES largest output ring a request may ask (default 64M)
+  --stdin-buffer BYTES     pending stdin per command (default 64K)
+  --kill-grace DURATION    SIGTERM to SIGKILL delay (default 2s)
+  --session-idle DURATION  close bash sessions idle this long (default 1h)
+  --max-sessions N         bash sessions at once (default 256)
+  --shell PATH             shell for command lines (default /bin/bash, else /bin/sh)
+  --clean-env              start commands with an empty environment
+  --workdir DIR            default working directory (default: the daemon's)
+  --rlimit NAME=VALUE      limit for commands: cpu, as, nofile, nproc, fsize, core
+                           (repeatable)
+  -h, --help               print this help
+  -V, --version            print the version
+
+Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
+";
+
+/// Resolves the socket path as section 1 of the protocol says: `--socket`, else
+/// `$EXECD_SOCKET`, else `$XDG_RUNTIME_DIR/execd.sock`, else `/run/execd.sock` for root,
+/// else `/tmp/execd-$UID.sock`.
+pub fn resolve_socket(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<OsString>, uid: u32) -> PathBuf {
+    if let Some(p) = flag {
+        return p;
+    }
+    if let Some(p) = env("EXECD_SOCKET").filter(|v| !v.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = env("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        return Path::new(&dir).join("execd.sock");
+    }
+    if uid == 0 {
+        return PathBuf::from("/run/execd.sock");
+    }
+    PathBuf::from(format!("/tmp/execd-{uid}.sock"))
+}
+
+/// The process's own socket path resolution, from its real environment and uid.
+pub fn default_socket(flag: Option<PathBuf>) -> PathBuf {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    resolve_socket(flag, &|k| std::env::var_os(k), uid)
+}
+
+/// Parses a size: bytes, or with a K, M or G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("invalid size {s:?}"))
+}
+
+/// Parses a duration: seconds (fractions allowed), or with an ms, s, m or h suffix.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v >= 0.0 && (v * unit).is_finite() && v * unit < 1e9 => {
+            Ok(Duration::from_secs_f64(v * unit))
+        }
+        _ => Err(format!("invalid duration {s:?}")),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("{flag}: invalid number {v:?}"))
+}
+
+/// The default shell: `/bin/bash` if present, else `/bin/sh`.
+fn default_shell() -> PathBuf {
+    let bash = Path::new("/bin/bash");
+    if bash.exists() {
+        bash.to_path_buf()
+    } else {
+        PathBuf::from("/bin/sh")
+    }
+}
+
+/// Parses the daemon's arguments (without the program name).
+pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, String> {
+    let mut socket = None;
+    let mut cfg = Config {
+        socket: PathBuf::new(),
+        socket_mode: DEFAULT_SOCKET_MODE,
+        socket_group: None,
+        allow_uids: Vec::new(),
+        allow_gids: Vec::new(),
+        max_clients: DEFAULT_MAX_CLIENTS,
+        max_processes: DEFAULT_MAX_PROCESSES,
+        max_retained: DEFAULT_MAX_RETAINED,
+        max_message: DEFAULT_MAX_MESSAGE,
+        client_buffer: DEFAULT_CLIENT_BUFFER,
+        output_limit: DEFAULT_OUTPUT_LIMIT,
+        max_output_limit: DEFAULT_MAX_OUTPUT_LIMIT,
+        stdin_buffer: DEFAULT_STDIN_BUFFER,
+        kill_grace: DEFAULT_KILL_GRACE,
+        session_idle: DEFAULT_SESSION_IDLE,
+        max_sessions: DEFAULT_MAX_SESSIONS,
+        shell: default_shell(),
+        clean_env: false,
+        workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        rlimits: Vec::new(),
+    };
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().ok_or_else(|| format!("{flag} needs a value")),
+            }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Invocation::Help),
+            "-V" | "--version" => return Ok(Invocation::Version),
+            "--socket" => socket = Some(PathBuf::from(value()?)),
+            "--socket-mode" => {
+                let v = value()?;
+                cfg.socket_mode = u32::from_str_radix(&v, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o777)
+                    .ok_or_else(|| format!("--socket-mode: invalid octal mode {v:?}"))?;
+            }
+            "--socket-group" => cfg.socket_group = Some(parse_num(&flag, &value()?)?),
+            "--allow-uid" => cfg.allow_uids.push(parse_num(&flag, &value()?)?),
+            "--allow-gid" => cfg.allow_gids.push(parse_num(&flag, &value()?)?),
+            "--max-clients" => cfg.max_clients = parse_num(&flag, &value()?)?,
+            "--max-processes" => cfg.max_processes = parse_num(&flag, &value()?)?,
+            "--max-retained" => cfg.max_retained = parse_num(&flag, &value()?)?,
+            "--max-sessions" => cfg.max_sessions = parse_num(&flag, &value()?)?,
+            "--max-message" => cfg.max_message = parse_size(&value()?)?,
+            "--client-buffer" => cfg.client_buffer = parse_size(&value()?)?,
+            "--output-limit" => cfg.output_limit = parse_size(&value()?)?,
+            "--max-output-limit" => cfg.max_output_limit = parse_size(&value()?)?,
+            "--stdin-buffer" => cfg.stdin_buffer = parse_size(&value()?)?,
+            "--kill-grace" => cfg.kill_grace = parse_duration(&value()?)?,
+            "--session-idle" => cfg.session_idle = parse_duration(&value()?)?,
+            "--shell" => cfg.shell = PathBuf::from(value()?),
+            "--clean-env" => cfg.clean_env = true,
+            "--workdir" => cfg.workdir = PathBuf::from(value()?),
+            "--rlimit" => {
+                let v = value()?;
+                let (name, val) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--rlimit: expected NAME=VALUE, got {v:?}"))?;
+                let which = Rlimit::parse(name)
+                    .ok_or_else(|| format!("--rlimit: unknown resource {name:?}"))?;
+                let n = if val == "unlimited" {
+                    u64::MAX
+                } else {
+                    parse_num::<u64>("--rlimit", val)?
+                };
+                cfg.rlimits.push((which, n));
+            }
+            other => return Err(format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    if cfg.max_message < 64 {
+        return Err("--max-message must be at least 64 bytes".into());
+    }
+    if cfg.client_buffer < 64 << 10 {
+        return Err("--client-buffer must be at least 64K".into());
+    }
+    cfg.output_limit = cfg.output_limit.min(cfg.max_output_limit);
+    if !cfg.workdir.is_absolute() || !cfg.workdir.is_dir() {
+        return Err(format!(
+            "--workdir: {} is not an absolute path to a directory",
+            cfg.workdir.display()
+        ));
+    }
+    cfg.socket = default_socket(socket);
+    Ok(Invocation::Run(Box::new(cfg)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_resolution_order() {
+        let none = |_: &str| None;
+        assert_eq!(resolve_socket(Some("/x".into()), &none, 5), PathBuf::from("/x"));
+        let env = |k: &str| (k == "EXECD_SOCKET").then(|| OsString::from("/e.sock"));
+        assert_eq!(resolve_socket(None, &env, 5), PathBuf::from("/e.sock"));
+        let xdg = |k: &str| (k == "XDG_RUNTIME_DIR").then(|| OsString::from("/run/user/5"));
+        assert_eq!(resolve_socket(None, &xdg, 5), PathBuf::from("/run/user/5/execd.sock"));
+        assert_eq!(resolve_socket(None, &none, 0), PathBuf::from("/run/execd.sock"));
+        assert_eq!(resolve_socket(None, &none, 1000), PathBuf::from("/tmp/execd-1000.sock"));
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert!(parse_size("x").is_err());
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn flags_parse_both_forms() {
+        let args = ["--socket", "/s", "--max-clients=7", "--rlimit", "nofile=64", "--allow-uid", "5"];
+        let Ok(Invocation::Run(cfg)) = parse_args(args.map(String::from)) else {
+            panic!()
+        };
+        assert_eq!(cfg.socket, PathBuf::from("/s"));
+        assert_eq!(cfg.max_clients, 7);
+        assert_eq!(cfg.rlimits, vec![(Rlimit::Nofile, 64)]);
+        assert_eq!(cfg.allow_uids, vec![5]);
+        assert!(parse_args(["--bogus".to_string()]).is_err());
+        assert!(parse_args(["--max-clients".to_string()]).is_err());
+        assert!(matches!(parse_args(["--help".to_string()]), Ok(Invocation::Help)));
+    }
+}

@@ -1,0 +1,638 @@
+//! JSON-RPC 2.0 over newline-delimited JSON: framing, message parsing, error codes, typed
+//! access to params, and response encoding. Pure: no I/O, no clock.
+//!
+//! Framing (`Framer`): one message per line, `\r\n` accepted, blank lines ignored. A line
+//! longer than the limit is discarded up to its newline and reported once as `TooLong`, so
+//! the connection stays usable and the buffer never holds more than the limit plus one read.
+
+use serde_json::{json, Map, Value};
+
+/// Parse error: the line is not JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// Not a JSON-RPC 2.0 request, message too large, or an empty batch.
+pub const INVALID_REQUEST: i64 = -32600;
+/// No such method.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// Wrong type or missing required field; `data` names the field.
+pub const INVALID_PARAMS: i64 = -32602;
+/// A bug in execd: logged with context.
+pub const INTERNAL_ERROR: i64 = -32603;
+/// The target is in the wrong state for this request.
+pub const INVALID_STATE: i64 = -32000;
+/// Unknown or foreign terminal, session or command id.
+pub const NOT_FOUND: i64 = -32002;
+/// A configured limit was reached; `data` names it and its value.
+pub const LIMIT_REACHED: i64 = -32003;
+/// The command could not be started; the message carries the OS error.
+pub const SPAWN_FAILED: i64 = -32004;
+/// The daemon is shutting down.
+pub const SHUTTING_DOWN: i64 = -32007;
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn with_data(mut self, data: Value) -> RpcError {
+        self.data = Some(data);
+        self
+    }
+
+    pub fn parse_error(detail: &str) -> RpcError {
+        RpcError::new(PARSE_ERROR, format!("parse error: {detail}"))
+    }
+
+    pub fn invalid_request(why: &str) -> RpcError {
+        RpcError::new(INVALID_REQUEST, format!("invalid request: {why}"))
+    }
+
+    pub fn too_long(limit: usize) -> RpcError {
+        RpcError::new(INVALID_REQUEST, "message too large").with_data(json!({ "limit": limit }))
+    }
+
+    pub fn method_not_found(method: &str) -> RpcError {
+        RpcError::new(METHOD_NOT_FOUND, format!("method not found: {method}"))
+    }
+
+    pub fn invalid_params(field: &str, reason: impl Into<String>) -> RpcError {
+        let reason = reason.into();
+        RpcError::new(INVALID_PARAMS, format!("invalid params: {field}: {reason}"))
+            .with_data(json!({ "field": field, "reason": reason }))
+    }
+
+    pub fn internal(what: impl Into<String>) -> RpcError {
+        RpcError::new(INTERNAL_ERROR, format!("internal error: {}", what.into()))
+    }
+
+    pub fn invalid_state(what: impl Into<String>) -> RpcError {
+        RpcError::new(INVALID_STATE, what)
+    }
+
+    pub fn not_found(kind: &str, id: &str) -> RpcError {
+        RpcError::new(NOT_FOUND, format!("{kind} not found: {id}"))
+    }
+
+    pub fn limit(name: &str, value: impl Into<Value>) -> RpcError {
+        RpcError::new(LIMIT_REACHED, format!("limit reached: {name}"))
+            .with_data(json!({ "limit": name, "value": value.into() }))
+    }
+
+    pub fn spawn_failed(err: &std::io::Error) -> RpcError {
+        // The OS error text alone ("No such file or directory"), without Rust's "(os error N)".
+        let text = err.to_string();
+        let text = match text.find(" (os error") {
+            Some(i) => text[..i].to_string(),
+            None => text,
+        };
+        RpcError::new(SPAWN_FAILED, text)
+    }
+
+    pub fn shutting_down() -> RpcError {
+        RpcError::new(SHUTTING_DOWN, "server shutting down")
+    }
+
+    fn to_value(&self) -> Value {
+        let mut e = Map::new();
+        e.insert("code".into(), self.code.into());
+        e.insert("message".into(), self.message.clone().into());
+        if let Some(d) = &self.data {
+            e.insert("data".into(), d.clone());
+        }
+        Value::Object(e)
+    }
+}
+
+/// One parsed element of what a client sent.
+#[derive(Debug, PartialEq)]
+pub enum Message {
+    /// A request (with `id`) or a notification (`id` absent).
+    Request(Request),
+    /// A response from the client to a request the server sent (approvals).
+    Response { id: Value, result: Result<Value, Value> },
+    /// Well-formed JSON that is not a valid message; answered with `error` under `id`.
+    Invalid { id: Value, error: RpcError },
+}
+
+/// A request or notification.
+#[derive(Debug, PartialEq)]
+pub struct Request {
+    /// `None` for a notification, which is never answered.
+    pub id: Option<Value>,
+    pub method: String,
+    /// Always an object (absent and `null` params become `{}`).
+    pub params: Map<String, Value>,
+}
+
+/// What one line holds.
+#[derive(Debug, PartialEq)]
+pub enum Parsed {
+    Single(Message),
+    Batch(Vec<Message>),
+    /// Not JSON, or an empty batch: answered once with `id: null`.
+    Error(RpcError),
+}
+
+/// Parses one line (without its terminator).
+pub fn parse_line(line: &[u8]) -> Parsed {
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return Parsed::Error(RpcError::parse_error(&e.to_string())),
+    };
+    match value {
+        Value::Array(items) if items.is_empty() => {
+            Parsed::Error(RpcError::invalid_request("empty batch"))
+        }
+        Value::Array(items) => Parsed::Batch(items.into_iter().map(parse_message).collect()),
+        other => Parsed::Single(parse_message(other)),
+    }
+}
+
+fn parse_message(value: Value) -> Message {
+    let Value::Object(mut obj) = value else {
+        return Message::Invalid {
+            id: Value::Null,
+            error: RpcError::invalid_request("a message must be a JSON object"),
+        };
+    };
+    let id = obj.remove("id");
+    let id_ok = matches!(id, None | Some(Value::String(_) | Value::Number(_) | Value::Null));
+    let echo_id = match &id {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    };
+    let invalid = |why: &str| Message::Invalid {
+        id: echo_id.clone(),
+        error: RpcError::invalid_request(why),
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return invalid("\"jsonrpc\" must be \"2.0\"");
+    }
+    if !id_ok {
+        return invalid("\"id\" must be a string, a number or null");
+    }
+    match obj.remove("method") {
+        Some(Value::String(method)) => {
+            let params = match obj.remove("params") {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(m)) => m,
+                Some(_) => {
+                    return invalid("\"params\" must be an object");
+                }
+            };
+            Message::Request(Request {
+                id,
+                method,
+                params,
+            })
+        }
+        Some(_) => invalid("\"method\" must be a string"),
+        None => {
+            let result = match (obj.remove("result"), obj.remove("error")) {
+                (Some(r), None) => Ok(r),
+                (None, Some(e)) => Err(e),
+                _ => return invalid("missing \"method\""),
+            };
+            Message::Response {
+                id: id.unwrap_or(Value::Null),
+                result,
+            }
+        }
+    }
+}
+
+/// Encodes a response line (with its `\n`) for `id`.
+pub fn encode_response(id: &Value, result: &Result<Value, RpcError>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    write_response(&mut out, id, result);
+    out.push(b'\n');
+    out
+}
+
+/// Appends one response object (no newline) to `out`.
+pub fn write_response(out: &mut Vec<u8>, id: &Value, result: &Result<Value, RpcError>) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    write_json(out, id);
+    match result {
+        Ok(v) => {
+            out.extend_from_slice(b",\"result\":");
+            write_json(out, v);
+        }
+        Err(e) => {
+            out.extend_from_slice(b",\"error\":");
+            write_json(out, &e.to_value());
+        }
+    }
+    out.push(b'}');
+}
+
+/// Encodes a notification line (with its `\n`).
+pub fn encode_notification(method: &str, params: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    write_json_str(&mut out, method);
+    out.extend_from_slice(b",\"params\":");
+    write_json(&mut out, params);
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+/// Appends `value` as compact JSON. Writing to a `Vec` cannot fail and a `Value` always
+/// serializes, so there is no error to report.
+pub fn write_json(out: &mut Vec<u8>, value: &Value) {
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    let _ = serde_json::to_writer(out, s);
+}
+
+/// Formats a time as RFC 3339 in UTC with millisecond precision, e.g.
+/// `2026-11-21T22:23:51.123Z`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Typed, field-naming access to a request's params. `null` means absent everywhere.
+pub struct Params<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Params<'a> {
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.0.get(field).filter(|v| !v.is_null())
+    }
+
+    pub fn str(&self, field: &str) -> Result<&'a str, RpcError> {
+        self.opt_str(field)?
+            .ok_or_else(|| RpcError::invalid_params(field, "required"))
+    }
+
+    pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(RpcError::invalid_params(field, "expected a string")),
+        }
+    }
+
+    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(RpcError::invalid_params(field, "expected a boolean")),
+        }
+    }
+
+    pub fn opt_u64(&self, field: &str) -> Result<Option<u64>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                RpcError::invalid_params(field, "expected a non-negative integer")
+            }),
+        }
+    }
+
+    /// A non-negative number of seconds (integer or fraction).
+    pub fn opt_seconds(&self, field: &str) -> Result<Option<f64>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(s) if s >= 0.0 && s.is_finite() && s <= 1e9 => Ok(Some(s)),
+                _ => Err(RpcError::invalid_params(
+                    field,
+                    "expected a non-negative number of seconds",
+                )),
+            },
+        }
+    }
+
+    pub fn opt_str_array(&self, field: &str) -> Result<Option<Vec<&'a str>>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| RpcError::invalid_params(field, "expected strings"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(RpcError::invalid_params(field, "expected an array")),
+        }
+    }
+
+    pub fn opt_value(&self, field: &str) -> Option<&'a Value> {
+        self.get(field)
+    }
+}
+
+/// One frame cut from a connection's byte stream.
+#[derive(Debug, PartialEq)]
+pub enum Frame {
+    /// A complete, non-blank line without its terminator.
+    Line(Vec<u8>),
+    /// A line longer than the limit was discarded.
+    TooLong,
+}
+
+/// Cuts a byte stream into lines, bounded by `max` bytes a line.
+#[derive(Debug)]
+pub struct Framer {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already handed out as frames.
+    consumed: usize,
+    /// Bytes of `buf` after `consumed` already searched for `\n` without finding one.
+    scanned: usize,
+    max: usize,
+    /// Discarding an overlong line until its newline.
+    discarding: bool,
+}
+
+impl Framer {
+    pub fn new(max: usize) -> Framer {
+        Framer {
+            buf: Vec::new(),
+            consumed: 0,
+            scanned: 0,
+            max,
+            discarding: false,
+        }
+    }
+
+    /// Bytes buffered and not yet framed.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.consumed
+    }
+
+    /// Appends bytes read from the peer.
+    pub fn push(&mut self, data: &[u8]) {
+        if self.consumed > 0 && self.consumed == self.buf.len() {
+            self.buf.clear();
+            self.consumed = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next frame, if a whole one is buffered (or an overlong line was detected).
+    pub fn next_frame(&mut self) -> Option<Frame> {
+        loop {
+            let unread = &self.buf[self.consumed..];
+            let newline = unread[self.scanned..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|i| i + self.scanned);
+            match newline {
+                None => {
+                    self.scanned = unread.len();
+                    if self.discarding {
+                        self.drop_consumed_all();
+                        return None;
+                    }
+                    if unread.len() > self.max {
+                        self.discarding = true;
+                        self.drop_consumed_all();
+                        return Some(Frame::TooLong);
+                    }
+                    self.compact();
+                    return None;
+                }
+                Some(nl) => {
+                    let start = self.consumed;
+                    self.consumed += nl + 1;
+                    self.scanned = 0;
+                    if self.discarding {
+                        self.discarding = false;
+                        continue;
+                    }
+                    let mut line = &self.buf[start..start + nl];
+                    if line.last() == Some(&b'\r') {
+                        line = &line[..line.len() - 1];
+                    }
+                    if line.len() > self.max {
+                        return Some(Frame::TooLong);
+                    }
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    return Some(Frame::Line(line.to_vec()));
+                }
+            }
+        }
+    }
+
+    fn drop_consumed_all(&mut self) {
+        self.buf.clear();
+        self.consumed = 0;
+        self.scanned = 0;
+    }
+
+    /// Moves the unframed tail to the front so the buffer does not creep.
+    fn compact(&mut self) {
+        if self.consumed > 0 {
+            self.buf.drain(..self.consumed);
+            self.consumed = 0;
+        }
+        if self.buf.capacity() > 4 * self.max.max(64 * 1024) && self.buf.len() < self.max {
+            self.buf.shrink_to(self.max);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(f: &mut Framer) -> Vec<Frame> {
+        std::iter::from_fn(|| f.next_frame()).collect()
+    }
+
+    #[test]
+    fn lines_split_across_reads() {
+        let mut f = Framer::new(100);
+        f.push(b"{\"a\"");
+        assert_eq!(frames(&mut f), vec![]);
+        f.push(b":1}\n{\"b\":2}\n{\"c\"");
+        assert_eq!(
+            frames(&mut f),
+            vec![
+                Frame::Line(b"{\"a\":1}".to_vec()),
+                Frame::Line(b"{\"b\":2}".to_vec())
+            ]
+        );
+        f.push(b":3}\r\n");
+        assert_eq!(frames(&mut f), vec![Frame::Line(b"{\"c\":3}".to_vec())]);
+        assert_eq!(f.pending(), 0);
+    }
+
+    #[test]
+    fn crlf_and_blank_lines() {
+        let mut f = Framer::new(100);
+        f.push(b"\n\r\n   \nx\r\n\n");
+        assert_eq!(frames(&mut f), vec![Frame::Line(b"x".to_vec())]);
+    }
+
+    #[test]
+    fn huge_line_is_discarded_and_the_next_one_works() {
+        let mut f = Framer::new(10);
+        f.push(b"0123456789ABCDEF");
+        assert_eq!(frames(&mut f), vec![Frame::TooLong]);
+        assert!(f.pending() == 0, "an overlong line is not kept");
+        f.push(&[b'z'; 1000]);
+        assert_eq!(frames(&mut f), vec![]);
+        assert_eq!(f.pending(), 0);
+        f.push(b"tail\nok\n");
+        assert_eq!(frames(&mut f), vec![Frame::Line(b"ok".to_vec())]);
+    }
+
+    #[test]
+    fn huge_line_arriving_whole_is_reported_once() {
+        let mut f = Framer::new(4);
+        f.push(b"123456\nab\n");
+        assert_eq!(frames(&mut f), vec![Frame::TooLong, Frame::Line(b"ab".to_vec())]);
+        // Exactly at the limit is fine.
+        f.push(b"1234\n");
+        assert_eq!(frames(&mut f), vec![Frame::Line(b"1234".to_vec())]);
+    }
+
+    #[test]
+    fn parses_requests_and_notifications() {
+        let p = parse_line(br#"{"jsonrpc":"2.0","id":7,"method":"m","params":{"x":1}}"#);
+        let Parsed::Single(Message::Request(r)) = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(r.id, Some(json!(7)));
+        assert_eq!(r.method, "m");
+        assert_eq!(r.params["x"], 1);
+        let p = parse_line(br#"{"jsonrpc":"2.0","method":"n"}"#);
+        let Parsed::Single(Message::Request(r)) = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(r.id, None);
+        assert!(r.params.is_empty());
+        let p = parse_line(br#"{"jsonrpc":"2.0","id":"s","method":"m","params":null}"#);
+        assert!(matches!(p, Parsed::Single(Message::Request(Request { id: Some(Value::String(_)), .. }))));
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_request() {
+        assert!(matches!(parse_line(b"{nope"), Parsed::Error(RpcError { code: PARSE_ERROR, .. })));
+        assert!(matches!(parse_line(b"[]"), Parsed::Error(RpcError { code: INVALID_REQUEST, .. })));
+        for bad in [
+            &br#"{"id":1,"method":"m"}"#[..],
+            br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1]}"#,
+            br#"{"jsonrpc":"2.0","id":1}"#,
+            b"42",
+        ] {
+            let Parsed::Single(Message::Invalid { error, .. }) = parse_line(bad) else {
+                panic!("{}", String::from_utf8_lossy(bad))
+            };
+            assert_eq!(error.code, INVALID_REQUEST);
+        }
+        // The id is echoed when it is usable.
+        let Parsed::Single(Message::Invalid { id, .. }) =
+            parse_line(br#"{"jsonrpc":"1.0","id":"k","method":"m"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(id, json!("k"));
+        let Parsed::Single(Message::Invalid { id, .. }) =
+            parse_line(br#"{"jsonrpc":"2.0","id":{"x":1},"method":"m"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(id, Value::Null);
+    }
+
+    #[test]
+    fn batches_keep_order_and_mark_bad_elements() {
+        let Parsed::Batch(items) = parse_line(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"a"},5,{"jsonrpc":"2.0","method":"n"}]"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(items.len(), 3);
+        assert!(matches!(&items[0], Message::Request(r) if r.method == "a"));
+        assert!(matches!(&items[1], Message::Invalid { .. }));
+        assert!(matches!(&items[2], Message::Request(r) if r.id.is_none()));
+    }
+
+    #[test]
+    fn parses_client_responses() {
+        let p = parse_line(br#"{"jsonrpc":"2.0","id":"r1","result":{"ok":true}}"#);
+        assert!(matches!(p, Parsed::Single(Message::Response { result: Ok(_), .. })));
+    }
+
+    #[test]
+    fn encodes_responses_compactly() {
+        let line = encode_response(&json!("a"), &Ok(json!({"x": 1})));
+        assert_eq!(line, b"{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{\"x\":1}}\n");
+        let line = encode_response(&json!(3), &Err(RpcError::invalid_params("cwd", "not absolute")));
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["error"]["code"], INVALID_PARAMS);
+        assert_eq!(v["error"]["data"], json!({"field": "cwd", "reason": "not absolute"}));
+        assert_eq!(v["id"], 3);
+    }
+
+    #[test]
+    fn params_name_the_bad_field() {
+        let m = json!({"s": "x", "n": -1, "b": "yes", "a": ["x", 1], "z": null});
+        let p = Params(m.as_object().unwrap());
+        assert_eq!(p.str("s").unwrap(), "x");
+        assert_eq!(p.str("missing").unwrap_err().data, Some(json!({"field": "missing", "reason": "required"})));
+        assert_eq!(p.opt_str("z").unwrap(), None);
+        assert_eq!(p.opt_u64("n").unwrap_err().code, INVALID_PARAMS);
+        assert_eq!(p.opt_bool("b").unwrap_err().data.unwrap()["field"], "b");
+        assert!(p.opt_str_array("a").is_err());
+        assert_eq!(p.opt_seconds("n").unwrap_err().code, INVALID_PARAMS);
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(951_782_400_250); // leap day 2000
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.250Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_299_831);
+        assert_eq!(rfc3339(t), "2026-11-21T22:23:51.000Z");
+    }
+
+    #[test]
+    fn spawn_errors_carry_the_os_text() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(RpcError::spawn_failed(&e).message, "No such file or directory");
+    }
+}

@@ -1,0 +1,105 @@
+//! One timer structure for the whole loop: kill escalation, soft and hard timeouts, long-poll
+//! deadlines, idle sessions, accept back-off, shutdown. A binary heap ordered by deadline:
+//! adding is O(log n), cancelling is O(1) (the entry is forgotten and skipped when it
+//! surfaces), and the loop's poll timeout is the earliest live deadline.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Instant;
+
+/// Handle for cancelling a timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TimerId(u64);
+
+/// A deadline heap carrying values of type `T`.
+#[derive(Debug)]
+pub struct Timers<T> {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    live: HashMap<u64, T>,
+    next: u64,
+}
+
+impl<T> Default for Timers<T> {
+    fn default() -> Self {
+        Timers {
+            heap: BinaryHeap::new(),
+            live: HashMap::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<T> Timers<T> {
+    /// Arms a timer that fires at `at`.
+    pub fn add(&mut self, at: Instant, what: T) -> TimerId {
+        let id = self.next;
+        self.next += 1;
+        self.heap.push(Reverse((at, id)));
+        self.live.insert(id, what);
+        TimerId(id)
+    }
+
+    /// Disarms a timer; unknown or already fired ids are ignored.
+    pub fn cancel(&mut self, id: TimerId) {
+        self.live.remove(&id.0);
+    }
+
+    /// The earliest live deadline.
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+            if self.live.contains_key(&id) {
+                return Some(at);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Takes one timer due at or before `now`, earliest first.
+    pub fn pop_due(&mut self, now: Instant) -> Option<T> {
+        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+            if at > now {
+                return None;
+            }
+            self.heap.pop();
+            if let Some(what) = self.live.remove(&id) {
+                return Some(what);
+            }
+        }
+        None
+    }
+
+    /// Number of live timers.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn fires_in_deadline_order_and_skips_cancelled() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut t = Timers::default();
+        t.add(t0 + s(3), "c");
+        let b = t.add(t0 + s(2), "b");
+        t.add(t0 + s(1), "a");
+        assert_eq!(t.next_deadline(), Some(t0 + s(1)));
+        t.cancel(b);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.pop_due(t0), None);
+        assert_eq!(t.pop_due(t0 + s(5)), Some("a"));
+        assert_eq!(t.pop_due(t0 + s(5)), Some("c"));
+        assert_eq!(t.pop_due(t0 + s(5)), None);
+        assert_eq!(t.next_deadline(), None);
+        assert!(t.is_empty());
+    }
+}
