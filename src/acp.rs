@@ -65,7 +65,10 @@ fn env_list(p: &Params) -> Result<Vec<(String, String)>, RpcError> {
         return Ok(Vec::new());
     };
     let Value::Array(items) = v else {
-        return Err(RpcError::invalid_params("env", "expected an array of {name, value}"));
+        return Err(RpcError::invalid_params(
+            "env",
+            "expected an array of {name, value}",
+        ));
     };
     items
         .iter()
@@ -142,9 +145,9 @@ fn lookup(s: &Server, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
     s.table
         .find(terminal_id, caller.uid)
         .filter(|k| {
-            s.table.get(*k).is_some_and(|t| {
-                matches!(&t.family, Family::Terminal { session_id: sid } if sid == session_id)
-            })
+            s.table.get(*k).is_some_and(
+                |t| matches!(&t.family, Family::Terminal { session_id: sid } if sid == session_id),
+            )
         })
         .ok_or_else(|| RpcError::not_found("terminal", terminal_id))
 }
@@ -153,7 +156,9 @@ fn lookup(s: &Server, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
 pub fn exit_status(p: &Proc) -> Value {
     match p.exit.map(|e| e.ended) {
         Some(Ended::Code(c)) => json!({ "exitCode": c, "signal": null }),
-        Some(Ended::Signal(sig)) => json!({ "exitCode": null, "signal": process::signal_name(sig) }),
+        Some(Ended::Signal(sig)) => {
+            json!({ "exitCode": null, "signal": process::signal_name(sig) })
+        }
         None => json!({ "exitCode": null, "signal": null }),
     }
 }
@@ -161,7 +166,10 @@ pub fn exit_status(p: &Proc) -> Value {
 /// `terminal/output`: the retained tail, never blocking.
 pub fn output(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
     let key = lookup(s, caller, p)?;
-    let t = s.table.get(key).ok_or_else(|| RpcError::internal("terminal vanished"))?;
+    let t = s
+        .table
+        .get(key)
+        .ok_or_else(|| RpcError::internal("terminal vanished"))?;
     let stream = &t.streams[0];
     let ring = &stream.ring;
     let (from, to) = ring.utf8_window(ring.start(), ring.end(), stream.open());
@@ -252,7 +260,13 @@ mod tests {
 
     #[test]
     fn plain_words_run_without_a_shell() {
-        for w in ["ls", "/bin/true", "cargo-nextest", "a_b.c+d,e:f@g%h", "x86_64"] {
+        for w in [
+            "ls",
+            "/bin/true",
+            "cargo-nextest",
+            "a_b.c+d,e:f@g%h",
+            "x86_64",
+        ] {
             assert!(plain_word(w), "{w}");
         }
         for w in ["", "ls -l", "echo $HOME", "a;b", "a|b", "a'b", "é"] {

@@ -16,7 +16,9 @@ use crate::config::BASH_HISTORY;
 use crate::process::{self, Ended, Program, Stdio3};
 use crate::ring::middle_cut;
 use crate::rpc::{rfc3339, Params, RpcError};
-use crate::server::{log, validate_dir, validate_env, Caller, Launch, Outcome, Server, Timer, Wait};
+use crate::server::{
+    log, validate_dir, validate_env, Caller, Launch, Outcome, Server, Timer, Wait,
+};
 use crate::table::{Family, Key, KillReason, Proc, Session};
 
 /// `max_output_length` when the request names none.
@@ -182,7 +184,9 @@ fn open_session(
             );
             s.timers.add(
                 s.now + s.cfg.session_idle,
-                Timer::SessionIdle { session: id.clone() },
+                Timer::SessionIdle {
+                    session: id.clone(),
+                },
             );
         }
     }
@@ -200,12 +204,18 @@ fn env_map(p: &Params) -> Result<Vec<(String, String)>, RpcError> {
         return Ok(Vec::new());
     };
     let Value::Object(m) = v else {
-        return Err(RpcError::invalid_params("env", "expected an object of strings"));
+        return Err(RpcError::invalid_params(
+            "env",
+            "expected an object of strings",
+        ));
     };
     m.iter()
         .map(|(k, v)| match v {
             Value::String(s) => Ok((k.clone(), s.clone())),
-            _ => Err(RpcError::invalid_params("env", format!("value of {k:?} is not a string"))),
+            _ => Err(RpcError::invalid_params(
+                "env",
+                format!("value of {k:?} is not a string"),
+            )),
         })
         .collect()
 }
@@ -228,8 +238,16 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
     let async_mode = p.opt_bool("async_mode")?.unwrap_or(false);
     let timeout = p.opt_seconds("timeout")?;
     let hard_timeout = p.opt_seconds("hard_timeout")?;
-    let max_len = p.opt_u64("max_output_length")?.unwrap_or(DEFAULT_MAX_OUTPUT_LENGTH) as usize;
-    let session = open_session(s, caller, p.opt_str("session_id")?, p.opt_str("exec_dir")?, true)?;
+    let max_len = p
+        .opt_u64("max_output_length")?
+        .unwrap_or(DEFAULT_MAX_OUTPUT_LENGTH) as usize;
+    let session = open_session(
+        s,
+        caller,
+        p.opt_str("session_id")?,
+        p.opt_str("exec_dir")?,
+        true,
+    )?;
     let cwd = s.table.sessions[&session].workdir.clone();
     let key = s.launch(Launch {
         family: Family::Bash {
@@ -252,7 +270,10 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
         s.timers.add(s.now + seconds(h), Timer::HardTimeout { key });
     }
     if async_mode {
-        let p = s.table.get(key).ok_or_else(|| RpcError::internal("command vanished"))?;
+        let p = s
+            .table
+            .get(key)
+            .ok_or_else(|| RpcError::internal("command vanished"))?;
         return Ok(Outcome::Done(Ok(exec_result(p, max_len))));
     }
     Ok(Outcome::Park {
@@ -274,9 +295,9 @@ fn target(
             .table
             .find(id, caller.uid)
             .filter(|k| {
-                s.table
-                    .get(*k)
-                    .is_some_and(|p| matches!(&p.family, Family::Bash { session_id } if session_id == session))
+                s.table.get(*k).is_some_and(
+                    |p| matches!(&p.family, Family::Bash { session_id } if session_id == session),
+                )
             })
             .map(Some)
             .ok_or_else(|| RpcError::not_found("command", id)),
@@ -298,7 +319,9 @@ fn output_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, 
         p.opt_u64("stderr_offset")?.unwrap_or(0),
     ];
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    let wait_timeout = p.opt_seconds("wait_timeout")?.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+    let wait_timeout = p
+        .opt_seconds("wait_timeout")?
+        .unwrap_or(DEFAULT_WAIT_TIMEOUT);
     let session = open_session(s, caller, Some(p.str("session_id")?), None, false)?;
     let key = target(s, caller, &session, p.opt_str("command_id")?, |s| {
         s.table.newest_command(&session)
@@ -310,7 +333,10 @@ fn output_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, 
             deadline: Some(s.now + seconds(wait_timeout)),
         });
     }
-    let p = s.table.get(key).ok_or_else(|| RpcError::internal("command vanished"))?;
+    let p = s
+        .table
+        .get(key)
+        .ok_or_else(|| RpcError::internal("command vanished"))?;
     Ok(Outcome::Done(Ok(output_result(p, from))))
 }
 
@@ -323,9 +349,15 @@ pub fn write(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcEr
         s.table.newest_running(&session)
     })?
     .ok_or_else(|| RpcError::invalid_state(format!("no running command in session {session}")))?;
-    let proc_ = s.table.get_mut(key).ok_or_else(|| RpcError::internal("command vanished"))?;
+    let proc_ = s
+        .table
+        .get_mut(key)
+        .ok_or_else(|| RpcError::internal("command vanished"))?;
     if !proc_.running() {
-        return Err(RpcError::invalid_state(format!("command {} has exited", proc_.id)));
+        return Err(RpcError::invalid_state(format!(
+            "command {} has exited",
+            proc_.id
+        )));
     }
     let id = proc_.id.clone();
     let stdin = proc_
@@ -382,12 +414,19 @@ fn kill_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
             .or_else(|| s.table.newest_command(&session))
     })?
     .ok_or_else(|| RpcError::invalid_state(format!("no command in session {session}")))?;
-    let proc_ = s.table.get_mut(key).ok_or_else(|| RpcError::internal("command vanished"))?;
+    let proc_ = s
+        .table
+        .get_mut(key)
+        .ok_or_else(|| RpcError::internal("command vanished"))?;
     if !proc_.running() {
         return Ok(Outcome::Done(Ok(command_info(proc_))));
     }
     process::signal_group(proc_.pid, sig);
-    log(format_args!("{} sent {}", proc_.id, process::signal_name(sig)));
+    log(format_args!(
+        "{} sent {}",
+        proc_.id,
+        process::signal_name(sig)
+    ));
     if sig == libc::SIGSTOP || sig == libc::SIGCONT {
         return Ok(Outcome::Done(Ok(command_info(proc_))));
     }
@@ -399,6 +438,35 @@ fn kill_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
     })
 }
 
+/// `bash/commands {session_id?}` (extension): the caller's bash commands, newest first,
+/// with what `execctl ps` shows.
+pub fn commands(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+    let only = p.opt_str("session_id")?;
+    let list: Vec<Value> = s
+        .table
+        .list(caller.uid)
+        .into_iter()
+        .filter(|c| matches!(&c.family, Family::Bash { session_id } if only.is_none_or(|o| o == session_id)))
+        .map(|c| {
+            let mut v = match command_info(c) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            };
+            v.insert("session_id".into(), c.session_id().into());
+            v.insert("pid".into(), c.pid.into());
+            v.insert("cwd".into(), c.cwd.display().to_string().into());
+            v.insert("started_at".into(), rfc3339(c.started_wall).into());
+            v.insert("stdout_bytes".into(), c.streams[0].ring.end().into());
+            v.insert("stderr_bytes".into(), c.streams[1].ring.end().into());
+            if c.exit.is_some() {
+                v.insert("_meta".into(), json!({ "execd": crate::acp::usage_meta(c) }));
+            }
+            Value::Object(v)
+        })
+        .collect();
+    Ok(json!({ "commands": list }))
+}
+
 /// `bash/sessions`: the caller's sessions, oldest first.
 pub fn sessions(s: &mut Server, caller: &Caller) -> Result<Value, RpcError> {
     let mut list: Vec<&Session> = s
@@ -408,7 +476,9 @@ pub fn sessions(s: &mut Server, caller: &Caller) -> Result<Value, RpcError> {
         .filter(|x| crate::table::visible(x.owner, caller.uid))
         .collect();
     list.sort_by(|a, b| a.created_wall.cmp(&b.created_wall).then(a.id.cmp(&b.id)));
-    Ok(Value::Array(list.into_iter().map(|x| session_info(s, x)).collect()))
+    Ok(Value::Array(
+        list.into_iter().map(|x| session_info(s, x)).collect(),
+    ))
 }
 
 /// `bash/sessions/create`: a new session, or an existing one unchanged.
@@ -433,7 +503,9 @@ pub fn close_session(s: &mut Server, caller: &Caller, p: &Params) -> Result<Valu
 /// Frees a session: running commands are killed (and forgotten once reaped), finished ones
 /// dropped now.
 fn close(s: &mut Server, id: &str) {
-    let Some(sess) = s.table.sessions.get(id) else { return };
+    let Some(sess) = s.table.sessions.get(id) else {
+        return;
+    };
     let keys: Vec<Key> = sess.commands.iter().copied().collect();
     for key in keys {
         let running = s.table.get(key).is_some_and(Proc::running);
@@ -460,12 +532,21 @@ pub fn trim_history(s: &mut Server, session: &str) {
 /// The idle timer of a session fired: close it, or look again later.
 pub fn check_idle(s: &mut Server, session: &str) {
     let idle = s.cfg.session_idle;
-    if s.table.idle_sessions(s.now, idle).iter().any(|x| x == session) {
-        log(format_args!("session {session} idle for {} s", idle.as_secs()));
+    if s.table
+        .idle_sessions(s.now, idle)
+        .iter()
+        .any(|x| x == session)
+    {
+        log(format_args!(
+            "session {session} idle for {} s",
+            idle.as_secs()
+        ));
         close(s, session);
         return;
     }
-    let Some(sess) = s.table.sessions.get(session) else { return };
+    let Some(sess) = s.table.sessions.get(session) else {
+        return;
+    };
     let next = if s.table.session_busy(session) {
         s.now + idle
     } else {

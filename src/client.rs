@@ -13,14 +13,22 @@ use serde_json::{json, Value};
 #[derive(Debug)]
 pub enum CallError {
     Io(io::Error),
-    Rpc { code: i64, message: String, data: Option<Value> },
+    Rpc {
+        code: i64,
+        message: String,
+        data: Option<Value>,
+    },
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Io(e) => write!(f, "{e}"),
-            CallError::Rpc { code, message, data } => {
+            CallError::Rpc {
+                code,
+                message,
+                data,
+            } => {
                 write!(f, "{message} ({code})")?;
                 if let Some(d) = data {
                     write!(f, " {d}")?;
@@ -37,6 +45,14 @@ impl From<io::Error> for CallError {
     fn from(e: io::Error) -> Self {
         CallError::Io(e)
     }
+}
+
+/// Whether an error is a read timeout.
+pub fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 impl CallError {
@@ -60,6 +76,8 @@ pub struct Client {
     responses: Vec<Value>,
     /// How long one read may block; `None` waits forever.
     pub timeout: Option<Duration>,
+    /// The start of a line whose end has not arrived yet (kept across read timeouts).
+    partial: Vec<u8>,
 }
 
 impl Client {
@@ -73,6 +91,7 @@ impl Client {
             notifications: VecDeque::new(),
             responses: Vec::new(),
             timeout: Some(Duration::from_secs(60)),
+            partial: Vec::new(),
         })
     }
 
@@ -93,16 +112,30 @@ impl Client {
         Ok(id)
     }
 
-    /// Reads one message (a line of JSON), waiting at most `timeout`.
+    /// Reads one message (a line of JSON), waiting at most `timeout`. A timeout is
+    /// `WouldBlock` or `TimedOut`; a line cut by it is kept for the next call.
     pub fn read_message(&mut self, timeout: Option<Duration>) -> io::Result<Value> {
         self.reader.get_ref().set_read_timeout(timeout)?;
-        let mut line = Vec::new();
-        let n = self.reader.read_until(b'\n', &mut line)?;
+        let n = self.reader.read_until(b'\n', &mut self.partial)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "execd closed the connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "execd closed the connection",
+            ));
         }
-        serde_json::from_slice(&line)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad JSON from execd: {e}")))
+        if self.partial.last() != Some(&b'\n') {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "execd closed the connection mid-line",
+            ));
+        }
+        let line = std::mem::take(&mut self.partial);
+        serde_json::from_slice(&line).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad JSON from execd: {e}"),
+            )
+        })
     }
 
     /// Waits for the response to `id`, queueing notifications and other responses.
@@ -113,8 +146,10 @@ impl Client {
         }
         let deadline = self.timeout.map(|t| Instant::now() + t);
         loop {
-            let left = deadline
-                .map(|d| d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+            let left = deadline.map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1))
+            });
             let msg = self.read_message(left)?;
             if msg.get("method").is_some() && msg.get("id").is_none() {
                 self.notifications.push_back(msg);

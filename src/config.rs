@@ -130,7 +130,11 @@ Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 /// Resolves the socket path as section 1 of the protocol says: `--socket`, else
 /// `$EXECD_SOCKET`, else `$XDG_RUNTIME_DIR/execd.sock`, else `/run/execd.sock` for root,
 /// else `/tmp/execd-$UID.sock`.
-pub fn resolve_socket(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<OsString>, uid: u32) -> PathBuf {
+pub fn resolve_socket(
+    flag: Option<PathBuf>,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    uid: u32,
+) -> PathBuf {
     if let Some(p) = flag {
         return p;
     }
@@ -310,13 +314,25 @@ mod tests {
     #[test]
     fn socket_resolution_order() {
         let none = |_: &str| None;
-        assert_eq!(resolve_socket(Some("/x".into()), &none, 5), PathBuf::from("/x"));
+        assert_eq!(
+            resolve_socket(Some("/x".into()), &none, 5),
+            PathBuf::from("/x")
+        );
         let env = |k: &str| (k == "EXECD_SOCKET").then(|| OsString::from("/e.sock"));
         assert_eq!(resolve_socket(None, &env, 5), PathBuf::from("/e.sock"));
         let xdg = |k: &str| (k == "XDG_RUNTIME_DIR").then(|| OsString::from("/run/user/5"));
-        assert_eq!(resolve_socket(None, &xdg, 5), PathBuf::from("/run/user/5/execd.sock"));
-        assert_eq!(resolve_socket(None, &none, 0), PathBuf::from("/run/execd.sock"));
-        assert_eq!(resolve_socket(None, &none, 1000), PathBuf::from("/tmp/execd-1000.sock"));
+        assert_eq!(
+            resolve_socket(None, &xdg, 5),
+            PathBuf::from("/run/user/5/execd.sock")
+        );
+        assert_eq!(
+            resolve_socket(None, &none, 0),
+            PathBuf::from("/run/execd.sock")
+        );
+        assert_eq!(
+            resolve_socket(None, &none, 1000),
+            PathBuf::from("/tmp/execd-1000.sock")
+        );
     }
 
     #[test]
@@ -335,7 +351,15 @@ mod tests {
 
     #[test]
     fn flags_parse_both_forms() {
-        let args = ["--socket", "/s", "--max-clients=7", "--rlimit", "nofile=64", "--allow-uid", "5"];
+        let args = [
+            "--socket",
+            "/s",
+            "--max-clients=7",
+            "--rlimit",
+            "nofile=64",
+            "--allow-uid",
+            "5",
+        ];
         let Ok(Invocation::Run(cfg)) = parse_args(args.map(String::from)) else {
             panic!()
         };
@@ -345,6 +369,9 @@ mod tests {
         assert_eq!(cfg.allow_uids, vec![5]);
         assert!(parse_args(["--bogus".to_string()]).is_err());
         assert!(parse_args(["--max-clients".to_string()]).is_err());
-        assert!(matches!(parse_args(["--help".to_string()]), Ok(Invocation::Help)));
+        assert!(matches!(
+            parse_args(["--help".to_string()]),
+            Ok(Invocation::Help)
+        ));
     }
 }

@@ -36,15 +36,21 @@ pub fn subscribe(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, R
         .table
         .find(id, caller.uid)
         .ok_or_else(|| RpcError::not_found("terminal or command", id))?;
-    if let Family::Bash { session_id } = s.table.get(key).map(|p| p.family.clone()).unwrap_or(
-        Family::Terminal {
-            session_id: String::new(),
-        },
-    ) {
+    if let Family::Bash { session_id } =
+        s.table
+            .get(key)
+            .map(|p| p.family.clone())
+            .unwrap_or(Family::Terminal {
+                session_id: String::new(),
+            })
+    {
         let now = s.now;
         s.table.touch_session(&session_id, now);
     }
-    let proc_ = s.table.get_mut(key).ok_or_else(|| RpcError::internal("vanished"))?;
+    let proc_ = s
+        .table
+        .get_mut(key)
+        .ok_or_else(|| RpcError::internal("vanished"))?;
     proc_.subs.retain(|x| x.conn != caller.conn);
     proc_.subs.push(Sub {
         conn: caller.conn,
@@ -172,7 +178,9 @@ pub fn exit_payload(p: &Proc) -> Value {
 
 /// Delivers what each subscriber of `key` is owed, as far as its connection has room.
 pub fn pump(s: &mut Server, key: Key) {
-    let Some(p) = s.table.procs.get_mut(&key) else { return };
+    let Some(p) = s.table.procs.get_mut(&key) else {
+        return;
+    };
     if p.subs.is_empty() {
         return;
     }
@@ -221,7 +229,13 @@ fn catch_up(p: &Proc, sub: &mut Sub, out: &mut Vec<u8>) {
     for (i, st) in p.streams.iter().enumerate() {
         let end = st.text_end();
         if sub.next[i] < end {
-            gap_event(out, &p.id, stream_name(p, i), sub.next[i], end - sub.next[i]);
+            gap_event(
+                out,
+                &p.id,
+                stream_name(p, i),
+                sub.next[i],
+                end - sub.next[i],
+            );
             sub.next[i] = end;
         }
     }
@@ -239,7 +253,13 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, conn: &mut Conn) {
     let start = ring.start();
     if sub.next[i] < start {
         // Dropped from the ring before this subscriber got them.
-        gap_event(conn.out_buf(), &p.id, name, sub.next[i], start - sub.next[i]);
+        gap_event(
+            conn.out_buf(),
+            &p.id,
+            name,
+            sub.next[i],
+            start - sub.next[i],
+        );
         sub.next[i] = start;
     }
     let end = ring.end();

@@ -25,7 +25,10 @@ pub enum Program {
     /// `program` looked up in PATH, with these arguments.
     Direct { program: String, args: Vec<String> },
     /// `shell -c line`.
-    Shell { shell: std::path::PathBuf, line: String },
+    Shell {
+        shell: std::path::PathBuf,
+        line: String,
+    },
 }
 
 /// How the command's stdio is wired.
@@ -150,8 +153,18 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
         .rlimits
         .iter()
         .map(|&(r, v)| {
-            let v = if v == u64::MAX { libc::RLIM_INFINITY } else { v as libc::rlim_t };
-            (rlimit_resource(r), libc::rlimit { rlim_cur: v, rlim_max: v })
+            let v = if v == u64::MAX {
+                libc::RLIM_INFINITY
+            } else {
+                v as libc::rlim_t
+            };
+            (
+                rlimit_resource(r),
+                libc::rlimit {
+                    rlim_cur: v,
+                    rlim_max: v,
+                },
+            )
         })
         .collect();
     // SAFETY: getpid cannot fail.
@@ -163,7 +176,14 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) < 0
+            {
                 return Err(io::Error::last_os_error());
             }
             // The daemon may have died between fork and prctl: then nobody would kill us.
@@ -185,7 +205,10 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     // `Child` is dropped without waiting: reaping belongs to the SIGCHLD loop.
     drop(child);
 
-    for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()].into_iter().flatten() {
+    for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         set_nonblocking(fd.as_raw_fd())?;
     }
     grow_pipe(out_r.as_raw_fd());
@@ -355,7 +378,11 @@ const SIGNALS: &[(&str, i32)] = &[
 /// The signal a client names, with or without the `SIG` prefix, in any case.
 pub fn signal_by_name(name: &str) -> Option<i32> {
     let upper = name.to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
     SIGNALS.iter().find(|(n, _)| *n == full).map(|&(_, s)| s)
 }
 
@@ -396,6 +423,15 @@ pub fn signal_name(sig: i32) -> String {
         _ => return format!("SIG{sig}"),
     };
     known.to_string()
+}
+
+/// Columns of the terminal on stdout, if stdout is one.
+pub fn terminal_width() -> Option<usize> {
+    // SAFETY: winsize is plain old data; TIOCGWINSZ writes at most its size into it.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: ioctl on fd 1 with a pointer to a live winsize.
+    let rc = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_col > 0).then_some(ws.ws_col as usize)
 }
 
 /// Whether a process exists (or is an unreaped zombie) under `pid`.

@@ -357,6 +357,9 @@ mod tests {
         assert_eq!(middle_cut("abcdef".into(), 0), "abcdef");
         assert_eq!(middle_cut("abcdef".into(), 6), "abcdef");
         let cut = middle_cut("\u{e9}\u{e9}\u{e9}xyz\u{20ac}\u{20ac}".into(), 4);
-        assert_eq!(cut, "\u{e9}\u{e9}\n[... 4 characters omitted ...]\n\u{20ac}\u{20ac}");
+        assert_eq!(
+            cut,
+            "\u{e9}\u{e9}\n[... 4 characters omitted ...]\n\u{20ac}\u{20ac}"
+        );
     }
 }

@@ -120,7 +120,10 @@ pub enum Message {
     /// A request (with `id`) or a notification (`id` absent).
     Request(Request),
     /// A response from the client to a request the server sent (approvals).
-    Response { id: Value, result: Result<Value, Value> },
+    Response {
+        id: Value,
+        result: Result<Value, Value>,
+    },
     /// Well-formed JSON that is not a valid message; answered with `error` under `id`.
     Invalid { id: Value, error: RpcError },
 }
@@ -167,7 +170,10 @@ fn parse_message(value: Value) -> Message {
         };
     };
     let id = obj.remove("id");
-    let id_ok = matches!(id, None | Some(Value::String(_) | Value::Number(_) | Value::Null));
+    let id_ok = matches!(
+        id,
+        None | Some(Value::String(_) | Value::Number(_) | Value::Null)
+    );
     let echo_id = match &id {
         Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
         _ => Value::Null,
@@ -191,11 +197,7 @@ fn parse_message(value: Value) -> Message {
                     return invalid("\"params\" must be an object");
                 }
             };
-            Message::Request(Request {
-                id,
-                method,
-                params,
-            })
+            Message::Request(Request { id, method, params })
         }
         Some(_) => invalid("\"method\" must be a string"),
         None => {
@@ -262,9 +264,7 @@ pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
 /// Formats a time as RFC 3339 in UTC with millisecond precision, e.g.
 /// `2026-11-21T22:23:51.123Z`.
 pub fn rfc3339(t: std::time::SystemTime) -> String {
-    let d = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
@@ -318,9 +318,10 @@ impl<'a> Params<'a> {
     pub fn opt_u64(&self, field: &str) -> Result<Option<u64>, RpcError> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                RpcError::invalid_params(field, "expected a non-negative integer")
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| RpcError::invalid_params(field, "expected a non-negative integer")),
         }
     }
 
@@ -520,7 +521,10 @@ mod tests {
     fn huge_line_arriving_whole_is_reported_once() {
         let mut f = Framer::new(4);
         f.push(b"123456\nab\n");
-        assert_eq!(frames(&mut f), vec![Frame::TooLong, Frame::Line(b"ab".to_vec())]);
+        assert_eq!(
+            frames(&mut f),
+            vec![Frame::TooLong, Frame::Line(b"ab".to_vec())]
+        );
         // Exactly at the limit is fine.
         f.push(b"1234\n");
         assert_eq!(frames(&mut f), vec![Frame::Line(b"1234".to_vec())]);
@@ -542,13 +546,31 @@ mod tests {
         assert_eq!(r.id, None);
         assert!(r.params.is_empty());
         let p = parse_line(br#"{"jsonrpc":"2.0","id":"s","method":"m","params":null}"#);
-        assert!(matches!(p, Parsed::Single(Message::Request(Request { id: Some(Value::String(_)), .. }))));
+        assert!(matches!(
+            p,
+            Parsed::Single(Message::Request(Request {
+                id: Some(Value::String(_)),
+                ..
+            }))
+        ));
     }
 
     #[test]
     fn rejects_what_is_not_a_request() {
-        assert!(matches!(parse_line(b"{nope"), Parsed::Error(RpcError { code: PARSE_ERROR, .. })));
-        assert!(matches!(parse_line(b"[]"), Parsed::Error(RpcError { code: INVALID_REQUEST, .. })));
+        assert!(matches!(
+            parse_line(b"{nope"),
+            Parsed::Error(RpcError {
+                code: PARSE_ERROR,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_line(b"[]"),
+            Parsed::Error(RpcError {
+                code: INVALID_REQUEST,
+                ..
+            })
+        ));
         for bad in [
             &br#"{"id":1,"method":"m"}"#[..],
             br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
@@ -593,17 +615,29 @@ mod tests {
     #[test]
     fn parses_client_responses() {
         let p = parse_line(br#"{"jsonrpc":"2.0","id":"r1","result":{"ok":true}}"#);
-        assert!(matches!(p, Parsed::Single(Message::Response { result: Ok(_), .. })));
+        assert!(matches!(
+            p,
+            Parsed::Single(Message::Response { result: Ok(_), .. })
+        ));
     }
 
     #[test]
     fn encodes_responses_compactly() {
         let line = encode_response(&json!("a"), &Ok(json!({"x": 1})));
-        assert_eq!(line, b"{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{\"x\":1}}\n");
-        let line = encode_response(&json!(3), &Err(RpcError::invalid_params("cwd", "not absolute")));
+        assert_eq!(
+            line,
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{\"x\":1}}\n"
+        );
+        let line = encode_response(
+            &json!(3),
+            &Err(RpcError::invalid_params("cwd", "not absolute")),
+        );
         let v: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v["error"]["code"], INVALID_PARAMS);
-        assert_eq!(v["error"]["data"], json!({"field": "cwd", "reason": "not absolute"}));
+        assert_eq!(
+            v["error"]["data"],
+            json!({"field": "cwd", "reason": "not absolute"})
+        );
         assert_eq!(v["id"], 3);
     }
 
@@ -612,7 +646,10 @@ mod tests {
         let m = json!({"s": "x", "n": -1, "b": "yes", "a": ["x", 1], "z": null});
         let p = Params(m.as_object().unwrap());
         assert_eq!(p.str("s").unwrap(), "x");
-        assert_eq!(p.str("missing").unwrap_err().data, Some(json!({"field": "missing", "reason": "required"})));
+        assert_eq!(
+            p.str("missing").unwrap_err().data,
+            Some(json!({"field": "missing", "reason": "required"}))
+        );
         assert_eq!(p.opt_str("z").unwrap(), None);
         assert_eq!(p.opt_u64("n").unwrap_err().code, INVALID_PARAMS);
         assert_eq!(p.opt_bool("b").unwrap_err().data.unwrap()["field"], "b");
@@ -633,6 +670,9 @@ mod tests {
     #[test]
     fn spawn_errors_carry_the_os_text() {
         let e = std::io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(RpcError::spawn_failed(&e).message, "No such file or directory");
+        assert_eq!(
+            RpcError::spawn_failed(&e).message,
+            "No such file or directory"
+        );
     }
 }

@@ -60,15 +60,26 @@ pub enum Source {
 #[derive(Debug)]
 pub enum Timer {
     /// SIGKILL the group if the leader outlived `--kill-grace`.
-    KillEscalate { key: Key, pgid: i32 },
+    KillEscalate {
+        key: Key,
+        pgid: i32,
+    },
     /// SIGKILL what is left of a released command's group.
-    GroupKill { pgid: i32 },
+    GroupKill {
+        pgid: i32,
+    },
     /// A parked request's deadline (soft timeout, `wait_timeout`, kill answer).
-    Deadline { park: u64 },
+    Deadline {
+        park: u64,
+    },
     /// A bash command's `hard_timeout`.
-    HardTimeout { key: Key },
+    HardTimeout {
+        key: Key,
+    },
     /// Check a bash session for idleness.
-    SessionIdle { session: String },
+    SessionIdle {
+        session: String,
+    },
     AcceptResume,
     ShutdownDeadline,
 }
@@ -100,7 +111,10 @@ impl Wait {
 /// A handler's answer: now, or later.
 pub enum Outcome {
     Done(Result<Value, RpcError>),
-    Park { wait: Wait, deadline: Option<Instant> },
+    Park {
+        wait: Wait,
+        deadline: Option<Instant>,
+    },
 }
 
 impl From<Result<Value, RpcError>> for Outcome {
@@ -284,7 +298,11 @@ impl Server {
                 match ev.token() {
                     LISTENER => self.accept_all(),
                     SIGNALS => self.on_signals(),
-                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed(), ev.is_writable() || ev.is_write_closed()),
+                    t => self.on_ready(
+                        t,
+                        ev.is_readable() || ev.is_read_closed(),
+                        ev.is_writable() || ev.is_write_closed(),
+                    ),
                 }
             }
             self.service_hot();
@@ -319,7 +337,9 @@ impl Server {
             return;
         }
         loop {
-            let Some(listener) = &self.listener else { return };
+            let Some(listener) = &self.listener else {
+                return;
+            };
             let (mut stream, _) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -337,7 +357,9 @@ impl Server {
             let peer = match process::peer_cred(stream.as_raw_fd()) {
                 Ok(p) => p,
                 Err(e) => {
-                    log(format_args!("refused a connection: no peer credentials: {e}"));
+                    log(format_args!(
+                        "refused a connection: no peer credentials: {e}"
+                    ));
                     continue;
                 }
             };
@@ -416,13 +438,17 @@ impl Server {
 
     fn handle_frames(&mut self, token: Token) {
         loop {
-            let Some(conn) = self.conns.get_mut(&token) else { return };
+            let Some(conn) = self.conns.get_mut(&token) else {
+                return;
+            };
             if !conn.has_room() {
                 // Answers are not being read: stop taking requests until they drain.
                 conn.read_pending = true;
                 return;
             }
-            let Some(frame) = conn.next_frame() else { return };
+            let Some(frame) = conn.next_frame() else {
+                return;
+            };
             match frame {
                 Frame::TooLong => {
                     let err = RpcError::too_long(self.cfg.max_message);
@@ -435,7 +461,9 @@ impl Server {
 
     /// Called when a connection's outgoing buffer may have drained.
     fn after_drain(&mut self, token: Token) {
-        let Some(conn) = self.conns.get(&token) else { return };
+        let Some(conn) = self.conns.get(&token) else {
+            return;
+        };
         if !conn.has_room() {
             return;
         }
@@ -449,14 +477,18 @@ impl Server {
     fn flush_dirty(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
         for token in dirty {
-            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            let Some(conn) = self.conns.get_mut(&token) else {
+                continue;
+            };
             let before = conn.pending_out();
             conn.flush();
             let drained = conn.pending_out() < before;
             if drained {
                 self.after_drain(token);
             }
-            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            let Some(conn) = self.conns.get_mut(&token) else {
+                continue;
+            };
             if conn.pending_out() > 0 && drained {
                 // More was queued while draining; flush again next turn.
                 conn.flush();
@@ -473,7 +505,9 @@ impl Server {
     }
 
     fn close_conn(&mut self, token: Token) {
-        let Some(mut conn) = self.conns.remove(&token) else { return };
+        let Some(mut conn) = self.conns.remove(&token) else {
+            return;
+        };
         conn.deregister(self.poll.registry());
         // Its parked requests have nobody to answer; the processes go on.
         let gone: Vec<u64> = self
@@ -568,7 +602,9 @@ impl Server {
             // No request from execd to clients is outstanding yet: nothing to match.
             Message::Response { .. } => {}
             Message::Request(req) => {
-                let Some(conn) = self.conns.get(&token) else { return };
+                let Some(conn) = self.conns.get(&token) else {
+                    return;
+                };
                 let caller = Caller {
                     conn: token,
                     uid: conn.peer.uid,
@@ -610,6 +646,7 @@ impl Server {
             "bash/write" => bash::write(self, caller, &p).into(),
             "bash/kill" => bash::kill(self, caller, &p),
             "bash/sessions" => bash::sessions(self, caller).into(),
+            "bash/commands" => bash::commands(self, caller, &p).into(),
             "bash/sessions/create" => bash::create_session(self, caller, &p).into(),
             "bash/sessions/close" => bash::close_session(self, caller, &p).into(),
             "events/subscribe" => events::subscribe(self, caller, &p).into(),
@@ -621,7 +658,10 @@ impl Server {
     fn send(&mut self, token: Token, target: &Reply, result: Result<Value, RpcError>) {
         if let Err(e) = &result {
             if e.code == rpc::INTERNAL_ERROR {
-                log(format_args!("internal error answered to conn {}: {}", token.0, e.message));
+                log(format_args!(
+                    "internal error answered to conn {}: {}",
+                    token.0, e.message
+                ));
             }
         }
         match target {
@@ -630,7 +670,9 @@ impl Server {
                 self.queue(token, &line);
             }
             Reply::Batch { batch, slot, id } => {
-                let Some(b) = self.batches.get_mut(batch) else { return };
+                let Some(b) = self.batches.get_mut(batch) else {
+                    return;
+                };
                 let mut one = Vec::new();
                 rpc::write_response(&mut one, id, &result);
                 if let Some(s) = b.slots.get_mut(*slot) {
@@ -643,7 +685,9 @@ impl Server {
     }
 
     fn finish_batch(&mut self, id: u64) {
-        let Some(b) = self.batches.get(&id) else { return };
+        let Some(b) = self.batches.get(&id) else {
+            return;
+        };
         if b.open || b.pending > 0 {
             return;
         }
@@ -689,11 +733,15 @@ impl Server {
 
     /// Answers parked request `id` if its condition holds (or `expired`).
     fn resolve(&mut self, id: u64, expired: bool) {
-        let Some(p) = self.parked.get(&id) else { return };
+        let Some(p) = self.parked.get(&id) else {
+            return;
+        };
         let key = p.wait.key();
         let result = match (self.table.get(key), &p.wait) {
             (None, _) => Some(Err(RpcError::not_found("process", "released"))),
-            (Some(proc_), Wait::Exit(_)) => proc_.exit.is_some().then(|| Ok(acp::exit_status(proc_))),
+            (Some(proc_), Wait::Exit(_)) => {
+                proc_.exit.is_some().then(|| Ok(acp::exit_status(proc_)))
+            }
             (Some(proc_), Wait::Killed(_)) => proc_.exit.is_some().then(|| Ok(json!({}))),
             (Some(proc_), Wait::BashExec { max_len, .. }) => {
                 (expired || proc_.exit.is_some()).then(|| Ok(bash::exec_result(proc_, *max_len)))
@@ -733,9 +781,11 @@ impl Server {
     /// Registers a pipe read end and returns its token.
     pub fn register_pipe(&mut self, file: &File, key: Key, stream: usize) -> io::Result<Token> {
         let token = self.token();
-        self.poll
-            .registry()
-            .register(&mut SourceFd(&file.as_raw_fd()), token, Interest::READABLE)?;
+        self.poll.registry().register(
+            &mut SourceFd(&file.as_raw_fd()),
+            token,
+            Interest::READABLE,
+        )?;
         self.sources.insert(token, Source::Pipe { key, stream });
         Ok(token)
     }
@@ -753,7 +803,11 @@ impl Server {
         let mut got = false;
         let mut eof = false;
         let mut exhausted = true;
-        if let Some(s) = self.table.get_mut(key).and_then(|p| p.streams.get_mut(stream)) {
+        if let Some(s) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.streams.get_mut(stream))
+        {
             for _ in 0..budget {
                 let Some(file) = s.fd.as_mut() else { break };
                 match file.read(&mut scratch) {
@@ -802,7 +856,11 @@ impl Server {
 
     /// Deregisters and closes one output pipe.
     pub fn close_stream(&mut self, key: Key, stream: usize) {
-        let Some(s) = self.table.get_mut(key).and_then(|p| p.streams.get_mut(stream)) else {
+        let Some(s) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.streams.get_mut(stream))
+        else {
             return;
         };
         if let Some(file) = s.fd.take() {
@@ -817,8 +875,12 @@ impl Server {
 
     /// Writes pending stdin as far as the pipe takes it; closes it after `eof` drains.
     pub fn flush_stdin(&mut self, key: Key) {
-        let Some(proc_) = self.table.get_mut(key) else { return };
-        let Some(stdin) = proc_.stdin.as_mut() else { return };
+        let Some(proc_) = self.table.get_mut(key) else {
+            return;
+        };
+        let Some(stdin) = proc_.stdin.as_mut() else {
+            return;
+        };
         let mut broken = false;
         if let Some(file) = stdin.fd.as_mut() {
             while !stdin.buf.is_empty() {
@@ -950,7 +1012,9 @@ impl Server {
     /// Starts ending a command: SIGTERM to its group now, SIGKILL after the grace.
     pub fn kill_proc(&mut self, key: Key, reason: KillReason) {
         let grace = self.cfg.kill_grace;
-        let Some(p) = self.table.get_mut(key) else { return };
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
         if !p.running() {
             return;
         }
@@ -1091,7 +1155,9 @@ impl Server {
 
     /// Answers what is still parked and starts the final flush.
     fn finish_shutdown(&mut self) {
-        let Some(sd) = self.shutdown.as_mut() else { return };
+        let Some(sd) = self.shutdown.as_mut() else {
+            return;
+        };
         if sd.flush_until.is_some() {
             return;
         }
@@ -1110,7 +1176,9 @@ impl Server {
     }
 
     fn shutdown_done(&mut self) -> bool {
-        let Some(sd) = &self.shutdown else { return false };
+        let Some(sd) = &self.shutdown else {
+            return false;
+        };
         match sd.flush_until {
             None => {
                 if self.table.running() == 0 {
@@ -1120,7 +1188,10 @@ impl Server {
                 false
             }
             Some(until) => {
-                let pending = self.conns.values().any(|c| c.pending_out() > 0 && !c.broken);
+                let pending = self
+                    .conns
+                    .values()
+                    .any(|c| c.pending_out() > 0 && !c.broken);
                 if pending && Instant::now() < until {
                     // Keep the loop turning for writability until the deadline.
                     if self.timers.next_deadline().is_none_or(|d| d > until) {
@@ -1222,7 +1293,11 @@ impl Server {
             l.owner,
             l.cwd.display(),
             l.command,
-            if l.args.is_empty() { String::new() } else { format!(" args {:?}", l.args) }
+            if l.args.is_empty() {
+                String::new()
+            } else {
+                format!(" args {:?}", l.args)
+            }
         ));
         self.table.insert(crate::table::Proc {
             key,
@@ -1275,11 +1350,17 @@ pub fn validate_env(field: &str, vars: &[(String, String)]) -> Result<(), RpcErr
 pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
     let path = PathBuf::from(dir);
     if !path.is_absolute() {
-        return Err(RpcError::invalid_params(field, format!("{dir:?} is not an absolute path")));
+        return Err(RpcError::invalid_params(
+            field,
+            format!("{dir:?} is not an absolute path"),
+        ));
     }
     match std::fs::metadata(&path) {
         Ok(m) if m.is_dir() => Ok(path),
-        Ok(_) => Err(RpcError::invalid_params(field, format!("{dir:?} is not a directory"))),
+        Ok(_) => Err(RpcError::invalid_params(
+            field,
+            format!("{dir:?} is not a directory"),
+        )),
         Err(e) => Err(RpcError::invalid_params(
             field,
             format!("{dir:?}: {}", RpcError::spawn_failed(&e).message),

@@ -56,7 +56,9 @@ impl Stream {
     /// The end of what may be handed out as text now (an incomplete trailing character of
     /// an open stream is held back).
     pub fn text_end(&self) -> u64 {
-        self.ring.utf8_window(self.ring.start(), self.ring.end(), self.open()).1
+        self.ring
+            .utf8_window(self.ring.start(), self.ring.end(), self.open())
+            .1
     }
 }
 
@@ -498,7 +500,9 @@ mod tests {
     #[test]
     fn retained_exited_terminals_are_capped_per_owner() {
         let mut t = Table::default();
-        let keys: Vec<Key> = (0..5).map(|i| proc(&mut t, "term", term("s"), 7, 100 + i)).collect();
+        let keys: Vec<Key> = (0..5)
+            .map(|i| proc(&mut t, "term", term("s"), 7, 100 + i))
+            .collect();
         let other = proc(&mut t, "term", term("s"), 8, 200);
         assert!(t.record_exit(other, exit(), 2).is_empty());
         assert!(t.record_exit(keys[0], exit(), 2).is_empty());
@@ -518,7 +522,9 @@ mod tests {
         let bash = || Family::Bash {
             session_id: "b".into(),
         };
-        let keys: Vec<Key> = (0..5).map(|i| proc(&mut t, "cmd", bash(), 1, 300 + i)).collect();
+        let keys: Vec<Key> = (0..5)
+            .map(|i| proc(&mut t, "cmd", bash(), 1, 300 + i))
+            .collect();
         assert_eq!(t.get(keys[0]).unwrap().status(), "running");
         for k in &keys[..4] {
             t.record_exit(*k, exit(), 100);
@@ -545,11 +551,19 @@ mod tests {
             session_id: "c".into(),
         };
         proc(&mut t, "cmd", bash, 1, 400);
-        assert!(t.idle_sessions(t0 + Duration::from_secs(59), idle).is_empty());
+        assert!(t
+            .idle_sessions(t0 + Duration::from_secs(59), idle)
+            .is_empty());
         t.touch_session("b", t0 + Duration::from_secs(30));
         // "a" is idle; "b" was used since; "c" runs a command, which keeps it alive.
-        assert_eq!(t.idle_sessions(t0 + Duration::from_secs(61), idle), vec!["a"]);
-        assert_eq!(t.idle_sessions(t0 + Duration::from_secs(91), idle), vec!["a", "b"]);
+        assert_eq!(
+            t.idle_sessions(t0 + Duration::from_secs(61), idle),
+            vec!["a"]
+        );
+        assert_eq!(
+            t.idle_sessions(t0 + Duration::from_secs(91), idle),
+            vec!["a", "b"]
+        );
     }
 
     #[test]

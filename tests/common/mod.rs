@@ -1,0 +1,252 @@
+//! Test harness: start the real `execd` on a temporary socket, talk JSON to it, wait with
+//! bounds, and clean up every daemon and child on drop.
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use execd::client::{CallError, Client};
+pub use serde_json::{json, Value};
+
+/// Longest any single wait in a test may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh private directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let n = NEXT_DIR.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("execd-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running daemon on a temporary socket.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Daemon {
+    /// Starts `execd` with a short kill grace and `extra` flags; waits until it listens.
+    #[track_caller]
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = TempDir::new();
+        let socket = dir.path().join("execd.sock");
+        Daemon::start_at(dir, socket, extra)
+    }
+
+    #[track_caller]
+    pub fn start_at(dir: TempDir, socket: PathBuf, extra: &[&str]) -> Daemon {
+        let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+        cmd.arg("--socket").arg(&socket).args(["--kill-grace", "1s"]);
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        let child = cmd.spawn().expect("spawn execd");
+        let d = Daemon {
+            child: Some(child),
+            socket,
+            dir,
+        };
+        let socket = d.socket.clone();
+        wait_until("execd listens", || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+        d
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// A new connection with a bounded read timeout.
+    #[track_caller]
+    pub fn client(&self) -> Client {
+        let mut c = Client::connect(&self.socket).expect("connect to execd");
+        c.timeout = Some(WAIT);
+        c
+    }
+
+    /// The daemon's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("execd.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the daemon to exit; returns its status code.
+    #[track_caller]
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY-free: plain kill(2) through the libc crate on our own child.
+        unsafe_kill(child.id() as i32, libc::SIGTERM);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("execd did not exit within {WAIT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Resident set size of the daemon in KiB, from /proc.
+    pub fn rss_kb(&self) -> u64 {
+        rss_kb(self.pid())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe_kill(child.id() as i32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// kill(2) for tests; a missing process is not an error.
+pub fn unsafe_kill(pid: i32, sig: i32) {
+    // SAFETY: kill takes plain integers and touches no memory.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Whether a pid names a live (not zombie) process.
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Resident set size of a process in KiB.
+pub fn rss_kb(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Children of `pid` that are zombies.
+pub fn zombie_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        let rest: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        if rest.first() == Some(&"Z") && rest.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
+#[track_caller]
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        if Instant::now() > deadline {
+            panic!("timed out after {WAIT:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Calls and expects success.
+#[track_caller]
+pub fn ok(c: &mut Client, method: &str, params: Value) -> Value {
+    match c.call(method, params.clone()) {
+        Ok(v) => v,
+        Err(e) => panic!("{method} {params} failed: {e}"),
+    }
+}
+
+/// Calls and expects a JSON-RPC error; returns `(code, message, data)`.
+#[track_caller]
+pub fn err(c: &mut Client, method: &str, params: Value) -> (i64, String, Option<Value>) {
+    match c.call(method, params.clone()) {
+        Ok(v) => panic!("{method} {params} unexpectedly succeeded: {v}"),
+        Err(CallError::Rpc {
+            code,
+            message,
+            data,
+        }) => (code, message, data),
+        Err(e) => panic!("{method} {params}: transport error {e}"),
+    }
+}
+
+/// Creates a terminal in session `s` and returns its id.
+#[track_caller]
+pub fn create(c: &mut Client, command: &str, args: &[&str]) -> String {
+    let r = ok(
+        c,
+        "terminal/create",
+        json!({"sessionId": "s", "command": command, "args": args}),
+    );
+    r["terminalId"].as_str().expect("terminalId").to_string()
+}
+
+/// `terminal/wait_for_exit` in session `s`.
+#[track_caller]
+pub fn wait_exit(c: &mut Client, id: &str) -> Value {
+    ok(c, "terminal/wait_for_exit", json!({"sessionId": "s", "terminalId": id}))
+}
+
+/// `terminal/output` in session `s`.
+#[track_caller]
+pub fn output(c: &mut Client, id: &str) -> Value {
+    ok(c, "terminal/output", json!({"sessionId": "s", "terminalId": id}))
+}
+
+/// Reads raw lines until one is a response (has `id` and no `method`).
+#[track_caller]
+pub fn read_response(c: &mut Client) -> Value {
+    loop {
+        let m = c.read_message(Some(WAIT)).expect("read a message");
+        if m.get("method").is_none() {
+            return m;
+        }
+    }
+}
