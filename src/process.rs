@@ -48,6 +48,8 @@ pub struct SpawnSpec<'a> {
     pub cwd: &'a Path,
     pub stdio: Stdio3,
     pub rlimits: &'a [(Rlimit, u64)],
+    /// The descriptor limit to give back to the child (see `raise_nofile`).
+    pub child_nofile: Option<(u64, u64)>,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's
@@ -149,23 +151,31 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
         }
     };
 
-    let limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = spec
-        .rlimits
-        .iter()
-        .map(|&(r, v)| {
-            let v = if v == u64::MAX {
-                libc::RLIM_INFINITY
-            } else {
-                v as libc::rlim_t
+    let as_rlim = |v: u64| {
+        if v == u64::MAX {
+            libc::RLIM_INFINITY
+        } else {
+            v as libc::rlim_t
+        }
+    };
+    // The daemon's raised descriptor limit goes back to what the child would have had;
+    // the configured limits apply on top.
+    let restore = spec.child_nofile.map(|(soft, hard)| {
+        let lim = libc::rlimit {
+            rlim_cur: as_rlim(soft),
+            rlim_max: as_rlim(hard),
+        };
+        (libc::RLIMIT_NOFILE, lim)
+    });
+    let limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = restore
+        .into_iter()
+        .chain(spec.rlimits.iter().map(|&(r, v)| {
+            let lim = libc::rlimit {
+                rlim_cur: as_rlim(v),
+                rlim_max: as_rlim(v),
             };
-            (
-                rlimit_resource(r),
-                libc::rlimit {
-                    rlim_cur: v,
-                    rlim_max: v,
-                },
-            )
-        })
+            (rlimit_resource(r), lim)
+        }))
         .collect();
     // SAFETY: getpid cannot fail.
     let daemon_pid = unsafe { libc::getpid() };
@@ -284,6 +294,30 @@ pub fn reap_one() -> Option<Reaped> {
         }
         return None; // 0: children remain but none has exited; ECHILD: no children
     }
+}
+
+/// Raises the daemon's soft descriptor limit to its hard limit (a service started with
+/// the common soft limit of 1024 would otherwise run out at about a thousand commands).
+/// Returns the limits as they were, to restore in children, or `None` if nothing changed.
+pub fn raise_nofile() -> Option<(u64, u64)> {
+    // SAFETY: rlimit is plain old data for getrlimit to fill.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to a live rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
+        || lim.rlim_cur >= lim.rlim_max
+    {
+        return None;
+    }
+    let before = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: a pointer to a live rlimit; raising the soft limit up to the hard one is allowed.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return None;
+    }
+    Some(before)
 }
 
 /// Makes the daemon the reaper of orphaned descendants, so they are reaped here too.

@@ -188,6 +188,8 @@ pub struct Server {
     shutdown: Option<Shutdown>,
     accept_paused: bool,
     pub uid: u32,
+    /// The descriptor limit children get back after the daemon raised its own.
+    child_nofile: Option<(u64, u64)>,
 }
 
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
@@ -269,6 +271,7 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             uid: process::current_uid(),
+            child_nofile: process::raise_nofile(),
         })
     }
 
@@ -1254,6 +1257,7 @@ impl Server {
             cwd: &l.cwd,
             stdio: l.stdio,
             rlimits: &self.cfg.rlimits,
+            child_nofile: self.child_nofile,
         };
         let spawned = process::spawn(&spec).map_err(|e| RpcError::spawn_failed(&e))?;
         let (key, id) = self.table.next_ids(l.prefix);
