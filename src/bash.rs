@@ -94,7 +94,8 @@ fn read_from(p: &Proc, stream: usize, from: u64) -> (String, u64, u64) {
     }
     let (ws, we) = ring.utf8_window(from, ring.end(), s.open());
     if ws >= we {
-        return (String::new(), from, skipped);
+        // Continuation bytes of a character begun before `from` are passed over.
+        return (String::new(), ws, skipped + (ws - from));
     }
     (ring.text(ws, we), we, skipped + (ws - from))
 }
@@ -241,6 +242,9 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
     let max_len = p
         .opt_u64("max_output_length")?
         .unwrap_or(DEFAULT_MAX_OUTPUT_LENGTH) as usize;
+    let existed = p
+        .opt_str("session_id")?
+        .is_some_and(|id| s.table.sessions.contains_key(id));
     let session = open_session(
         s,
         caller,
@@ -249,7 +253,7 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
         true,
     )?;
     let cwd = s.table.sessions[&session].workdir.clone();
-    let key = s.launch(Launch {
+    let launched = s.launch(Launch {
         family: Family::Bash {
             session_id: session.clone(),
         },
@@ -265,7 +269,17 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
         stdio: Stdio3::Separate,
         ring_capacity: s.cfg.output_limit,
         prefix: "cmd",
-    })?;
+    });
+    let key = match launched {
+        Ok(k) => k,
+        Err(e) => {
+            // A session this call made for a command that never started is not kept.
+            if !existed {
+                s.table.sessions.remove(&session);
+            }
+            return Err(e);
+        }
+    };
     if let Some(h) = hard_timeout {
         s.timers.add(s.now + seconds(h), Timer::HardTimeout { key });
     }

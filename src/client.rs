@@ -172,6 +172,14 @@ impl Client {
         Ok(msg.get("result").cloned().unwrap_or(Value::Null))
     }
 
+    /// The buffered reader itself, for a client that parses event lines on its own (a
+    /// streaming consumer that wants no `Value` per line). Use it only between calls,
+    /// when no line is half read.
+    pub fn raw_reader(&mut self) -> &mut BufReader<UnixStream> {
+        let _ = self.reader.get_ref().set_read_timeout(self.timeout);
+        &mut self.reader
+    }
+
     /// Calls `method` and waits for its result.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, CallError> {
         let id = self.send(method, params)?;

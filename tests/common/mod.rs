@@ -58,7 +58,9 @@ impl Daemon {
     pub fn start_at(dir: TempDir, socket: PathBuf, extra: &[&str]) -> Daemon {
         let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
-        cmd.arg("--socket").arg(&socket).args(["--kill-grace", "1s"]);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .args(["--kill-grace", "1s"]);
         cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -149,7 +151,10 @@ pub fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // The state follows the parenthesised command name.
-            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
         Err(_) => false,
@@ -170,12 +175,25 @@ pub fn rss_kb(pid: i32) -> u64 {
 /// Children of `pid` that are zombies.
 pub fn zombie_children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for e in dir.flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-        let rest: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        if rest.first() == Some(&"Z") && rest.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(pid) {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let rest: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if rest.first() == Some(&"Z")
+            && rest.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(pid)
+        {
             out.push(p);
         }
     }
@@ -231,13 +249,21 @@ pub fn create(c: &mut Client, command: &str, args: &[&str]) -> String {
 /// `terminal/wait_for_exit` in session `s`.
 #[track_caller]
 pub fn wait_exit(c: &mut Client, id: &str) -> Value {
-    ok(c, "terminal/wait_for_exit", json!({"sessionId": "s", "terminalId": id}))
+    ok(
+        c,
+        "terminal/wait_for_exit",
+        json!({"sessionId": "s", "terminalId": id}),
+    )
 }
 
 /// `terminal/output` in session `s`.
 #[track_caller]
 pub fn output(c: &mut Client, id: &str) -> Value {
-    ok(c, "terminal/output", json!({"sessionId": "s", "terminalId": id}))
+    ok(
+        c,
+        "terminal/output",
+        json!({"sessionId": "s", "terminalId": id}),
+    )
 }
 
 /// Reads raw lines until one is a response (has `id` and no `method`).

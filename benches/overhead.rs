@@ -1,0 +1,591 @@
+//! execd's overhead against doing the same work directly, measured side by side.
+//!
+//! Each bench starts the release `execd` on a temporary socket and interleaves the two
+//! sides (direct, execd, direct, execd, ...) in one run, so both see the same machine
+//! load. It prints medians and the ratio per bench, then a summary table. No thresholds:
+//! the targets are printed beside the figures.
+//!
+//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, parallel,
+//! ingest, stream, memory, scale).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, Read};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::{json, Client, Daemon, Value};
+
+/// One line of the summary.
+struct Row {
+    bench: String,
+    direct: String,
+    execd: String,
+    ratio: String,
+    target: String,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn client(d: &Daemon) -> Client {
+    let mut c = d.client();
+    c.timeout = Some(Duration::from_secs(300));
+    c
+}
+
+fn call(c: &mut Client, method: &str, params: Value) -> Value {
+    c.call(method, params.clone())
+        .unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+}
+
+/// CPU seconds (user + system) a process has used, from /proc.
+fn cpu_secs(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // After the name: state is field 3, utime 14 and stime 15 (1-based), i.e. 11 and 12 here.
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|x| x.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    // SAFETY: sysconf takes an integer and touches no memory.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz
+}
+
+/// create -> wait_for_exit -> release of one command through execd.
+fn execd_run(c: &mut Client, command: &str, args: &[&str]) -> Value {
+    let id = call(
+        c,
+        "terminal/create",
+        json!({"sessionId": "b", "command": command, "args": args}),
+    )["terminalId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ids = json!({"sessionId": "b", "terminalId": id});
+    let exit = call(c, "terminal/wait_for_exit", ids.clone());
+    call(c, "terminal/release", ids);
+    exit
+}
+
+fn direct_true() {
+    let st = Command::new("/bin/true").status().expect("spawn /bin/true");
+    assert!(st.success());
+}
+
+// 1. ---------------------------------------------------------------------------------------
+fn bench_spawn(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    for _ in 0..20 {
+        direct_true();
+        execd_run(&mut c, "/bin/true", &[]);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        direct_true();
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        execd_run(&mut c, "/bin/true", &[]);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    println!(
+        "spawn round trip: direct {ma:.0} us, execd {mb:.0} us, ratio {:.3} (target <= 1.10)",
+        mb / ma
+    );
+    rows.push(Row {
+        bench: "1 spawn round trip (median)".into(),
+        direct: format!("{ma:.0} us"),
+        execd: format!("{mb:.0} us"),
+        ratio: format!("{:.2}", mb / ma),
+        target: "<= 1.10".into(),
+    });
+}
+
+// 2. ---------------------------------------------------------------------------------------
+fn bench_parallel(rows: &mut Vec<Row>) {
+    const THREADS: usize = 16;
+    const EACH: usize = 40;
+    let d = Daemon::start(&[]);
+    let socket = d.socket.clone();
+    let run_round = |via_execd: bool| -> f64 {
+        let barrier = Arc::new(Barrier::new(THREADS + 1));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let barrier = Arc::clone(&barrier);
+                let socket = socket.clone();
+                std::thread::spawn(move || {
+                    let mut c = via_execd.then(|| {
+                        let mut c = Client::connect(&socket).expect("connect");
+                        c.timeout = Some(Duration::from_secs(300));
+                        c
+                    });
+                    barrier.wait();
+                    for _ in 0..EACH {
+                        match c.as_mut() {
+                            Some(c) => {
+                                execd_run(c, "/bin/true", &[]);
+                            }
+                            None => direct_true(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t = Instant::now();
+        for h in handles {
+            h.join().expect("bench thread");
+        }
+        (THREADS * EACH) as f64 / t.elapsed().as_secs_f64()
+    };
+    run_round(false);
+    run_round(true);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        a.push(run_round(false));
+        b.push(run_round(true));
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    println!(
+        "parallel x{THREADS}: direct {ma:.0}/s, execd {mb:.0}/s, ratio {:.3} (target >= 0.90)",
+        mb / ma
+    );
+    rows.push(Row {
+        bench: "2 parallel x16 (cmds/s)".into(),
+        direct: format!("{ma:.0}/s"),
+        execd: format!("{mb:.0}/s"),
+        ratio: format!("{:.2}", mb / ma),
+        target: ">= 0.90".into(),
+    });
+}
+
+// 3. ---------------------------------------------------------------------------------------
+/// Runs a command with its stdout piped to us and reads it all; returns the bytes read.
+fn direct_read(argv: &[&str]) -> u64 {
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    child.wait().expect("wait");
+    total
+}
+
+fn bench_ingest(rows: &mut Vec<Row>) {
+    const GIB: u64 = 1 << 30;
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    let variants: [(&str, Vec<&str>); 2] = [
+        ("zeros", vec!["head", "-c", "1073741824", "/dev/zero"]),
+        (
+            "text",
+            vec![
+                "sh",
+                "-c",
+                "yes 'the quick brown fox jumps over the lazy dog' | head -c 1073741824",
+            ],
+        ),
+    ];
+    for (name, argv) in variants {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut cpu = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            assert_eq!(direct_read(&argv), GIB);
+            a.push(t.elapsed().as_secs_f64());
+            let cpu0 = cpu_secs(d.pid());
+            let t = Instant::now();
+            let exit = execd_run(&mut c, argv[0], &argv[1..]);
+            b.push(t.elapsed().as_secs_f64());
+            cpu.push(cpu_secs(d.pid()) - cpu0);
+            assert_eq!(exit["exitCode"], 0, "{exit}");
+        }
+        let (ma, mb, mc) = (median(&mut a), median(&mut b), median(&mut cpu));
+        println!(
+            "ingest 1 GiB {name}: direct {ma:.3} s, execd {mb:.3} s, ratio {:.3} (target <= 1.15); daemon CPU {mc:.3} s/GiB",
+            mb / ma
+        );
+        rows.push(Row {
+            bench: format!("3 ingest 1 GiB {name} (wall)"),
+            direct: format!("{ma:.3} s"),
+            execd: format!("{mb:.3} s ({mc:.2} CPU s/GiB)"),
+            ratio: format!("{:.2}", mb / ma),
+            target: "<= 1.15".into(),
+        });
+    }
+}
+
+// 4. ---------------------------------------------------------------------------------------
+/// Length in bytes of the JSON string starting at `s` (just after its opening quote), once
+/// unescaped, and the index just past its closing quote. E.g. `a\nb"` is 3 bytes.
+fn json_str_len(s: &[u8]) -> (u64, usize) {
+    let mut n = 0u64;
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'"' => return (n, i + 1),
+            b'\\' => {
+                if s.get(i + 1) == Some(&b'u') {
+                    let hex = std::str::from_utf8(&s[i + 2..i + 6]).unwrap_or("0");
+                    let cp = u32::from_str_radix(hex, 16).unwrap_or(0);
+                    n += match cp {
+                        0..=0x7f => 1,
+                        0x80..=0x7ff => 2,
+                        0xd800..=0xdbff => {
+                            i += 6; // the low surrogate follows; together they are 4 bytes
+                            4
+                        }
+                        _ => 3,
+                    };
+                    i += 6;
+                } else {
+                    n += 1;
+                    i += 2;
+                }
+            }
+            _ => {
+                n += 1;
+                i += 1;
+            }
+        }
+    }
+    (n, i)
+}
+
+/// Reads events until Exit; returns (data bytes, gap bytes).
+fn drain_events(c: &mut Client, id: &str) -> (u64, u64) {
+    // Parse only what is needed, as a lean client would: the type, then the data length.
+    let _ = id;
+    let (mut data, mut gaps) = (0u64, 0u64);
+    let stream = c.raw_reader();
+    let mut line = Vec::with_capacity(128 << 10);
+    loop {
+        line.clear();
+        let n = stream.read_until(b'\n', &mut line).expect("read events");
+        assert!(n > 0, "execd closed the connection");
+        let Some(pos) = find(&line, b"\"type\":\"") else {
+            continue;
+        };
+        let rest = &line[pos + 8..];
+        if rest.starts_with(b"Output") {
+            let d = find(rest, b"\"data\":\"").expect("data");
+            data += json_str_len(&rest[d + 8..]).0;
+        } else if rest.starts_with(b"Gap") {
+            let v: Value = serde_json::from_slice(&line).expect("gap json");
+            gaps += v["params"]["payload"]["skipped"].as_u64().unwrap_or(0);
+        } else if rest.starts_with(b"Exit") {
+            return (data, gaps);
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn bench_stream(rows: &mut Vec<Row>) {
+    const TOTAL: u64 = 256 << 20;
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    // The command waits for its subscriber so nothing is lost before it subscribes.
+    let cmd =
+        format!("read go; yes 'the quick brown fox jumps over the lazy dog' | head -c {TOTAL}");
+    let direct_cmd = format!("yes 'the quick brown fox jumps over the lazy dog' | head -c {TOTAL}");
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut gaps_seen = 0u64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(direct_read(&["sh", "-c", &direct_cmd]), TOTAL);
+        a.push(TOTAL as f64 / t.elapsed().as_secs_f64() / (1 << 20) as f64);
+
+        let r = call(
+            &mut c,
+            "bash/exec",
+            json!({"command": cmd, "async_mode": true, "session_id": "stream"}),
+        );
+        let id = r["command_id"].as_str().expect("command_id").to_string();
+        call(&mut c, "events/subscribe", json!({"id": id}));
+        let t = Instant::now();
+        call(
+            &mut c,
+            "bash/write",
+            json!({"session_id": "stream", "command_id": id, "input": "go\n", "eof": true}),
+        );
+        let (data, gaps) = drain_events(&mut c, &id);
+        let secs = t.elapsed().as_secs_f64();
+        assert_eq!(data + gaps, TOTAL, "every byte is delivered or counted");
+        gaps_seen += gaps;
+        b.push(data as f64 / secs / (1 << 20) as f64);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    println!(
+        "stream 256 MiB as events: direct {ma:.0} MiB/s, execd {mb:.0} MiB/s, ratio {:.3} (target >= 0.5); gap bytes {gaps_seen}",
+        mb / ma
+    );
+    rows.push(Row {
+        bench: "4 stream 256 MiB events".into(),
+        direct: format!("{ma:.0} MiB/s"),
+        execd: format!("{mb:.0} MiB/s"),
+        ratio: format!("{:.2}", mb / ma),
+        target: ">= 0.50".into(),
+    });
+}
+
+// 5. ---------------------------------------------------------------------------------------
+fn bench_memory(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&["--max-processes", "2000"]);
+    let mut c = client(&d);
+    call(&mut c, "initialize", json!({"protocolVersion": 1}));
+    std::thread::sleep(Duration::from_millis(200));
+    let idle = d.rss_kb();
+    println!("idle daemon RSS: {idle} KiB (target <= 2048 KiB)");
+    rows.push(Row {
+        bench: "5 idle RSS".into(),
+        direct: "-".into(),
+        execd: format!("{:.2} MiB", idle as f64 / 1024.0),
+        ratio: "-".into(),
+        target: "<= 2 MiB".into(),
+    });
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        let r = call(
+            &mut c,
+            "terminal/create",
+            json!({"sessionId": "m", "command": "sleep", "args": ["60"]}),
+        );
+        ids.push(r["terminalId"].as_str().unwrap_or_default().to_string());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = d.rss_kb();
+    println!("RSS with 1000 sleeping terminals: {busy} KiB (target <= 24576 KiB)");
+    rows.push(Row {
+        bench: "5 RSS, 1000 x sleep 60".into(),
+        direct: "-".into(),
+        execd: format!("{:.2} MiB", busy as f64 / 1024.0),
+        ratio: "-".into(),
+        target: "<= 24 MiB".into(),
+    });
+    for id in ids {
+        call(
+            &mut c,
+            "terminal/release",
+            json!({"sessionId": "m", "terminalId": id}),
+        );
+    }
+    let size = std::fs::metadata(env!("CARGO_BIN_EXE_execd")).map_or(0, |m| m.len());
+    println!("execd binary (stripped release): {size} bytes (target <= 2 MiB)");
+    rows.push(Row {
+        bench: "5 binary size (stripped)".into(),
+        direct: "-".into(),
+        execd: format!("{:.2} MiB", size as f64 / (1 << 20) as f64),
+        ratio: "-".into(),
+        target: "<= 2 MiB".into(),
+    });
+}
+
+// 6. ---------------------------------------------------------------------------------------
+fn bench_scale(rows: &mut Vec<Row>) {
+    const N: usize = 1000;
+    let d = Daemon::start(&["--max-processes", "4000"]);
+    let mut c = client(&d);
+    let direct = || {
+        let t = Instant::now();
+        let children: Vec<_> = (0..N)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("0.5")
+                    .spawn()
+                    .expect("spawn sleep")
+            })
+            .collect();
+        for mut ch in children {
+            ch.wait().expect("wait");
+        }
+        t.elapsed().as_secs_f64()
+    };
+    let via_execd = |c: &mut Client| {
+        let t = Instant::now();
+        // Pipelined: every create goes out before any answer is read.
+        let sent: Vec<u64> = (0..N)
+            .map(|_| {
+                c.send(
+                    "terminal/create",
+                    json!({"sessionId": "x", "command": "sleep", "args": ["0.5"]}),
+                )
+                .expect("send")
+            })
+            .collect();
+        let ids: Vec<String> = sent
+            .into_iter()
+            .map(|id| {
+                c.wait_response(id).expect("create")["terminalId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let waits: Vec<u64> = ids
+            .iter()
+            .map(|id| {
+                c.send(
+                    "terminal/wait_for_exit",
+                    json!({"sessionId": "x", "terminalId": id}),
+                )
+                .expect("send")
+            })
+            .collect();
+        for w in waits {
+            c.wait_response(w).expect("wait");
+        }
+        let elapsed = t.elapsed().as_secs_f64();
+        for id in ids {
+            call(
+                c,
+                "terminal/release",
+                json!({"sessionId": "x", "terminalId": id}),
+            );
+        }
+        elapsed
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        a.push(direct());
+        b.push(via_execd(&mut c));
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    println!(
+        "1000 x sleep 0.5 at once: direct {ma:.3} s, execd {mb:.3} s, ratio {:.3} (target <= 1.2)",
+        mb / ma
+    );
+    rows.push(Row {
+        bench: "6 1000 x sleep 0.5 at once".into(),
+        direct: format!("{ma:.3} s"),
+        execd: format!("{mb:.3} s"),
+        ratio: format!("{:.2}", mb / ma),
+        target: "<= 1.20".into(),
+    });
+
+    // Latency of another client's terminal/output while 1000 commands stream output.
+    let streamer = "while :; do echo 'a line of streamed output 0123456789'; sleep 0.01; done";
+    let mut ids = Vec::new();
+    for _ in 0..N {
+        let r = call(
+            &mut c,
+            "terminal/create",
+            json!({"sessionId": "x", "command": streamer}),
+        );
+        ids.push(r["terminalId"].as_str().unwrap_or_default().to_string());
+    }
+    let mut probe = client(&d);
+    let small = call(
+        &mut probe,
+        "terminal/create",
+        json!({"sessionId": "p", "command": "echo", "args": ["probe"]}),
+    );
+    let ps = json!({"sessionId": "p", "terminalId": small["terminalId"]});
+    call(&mut probe, "terminal/wait_for_exit", ps.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut lat = Vec::new();
+    for _ in 0..500 {
+        let t = Instant::now();
+        call(&mut probe, "terminal/output", ps.clone());
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let produced: u64 = call(&mut c, "terminal/list", json!({"sessionId": "x"}))["terminals"]
+        .as_array()
+        .map_or(0, |v| {
+            v.iter().filter_map(|t| t["outputBytes"].as_u64()).sum()
+        });
+    for id in &ids {
+        call(
+            &mut c,
+            "terminal/release",
+            json!({"sessionId": "x", "terminalId": id}),
+        );
+    }
+    let (p50, p99) = (percentile(&mut lat, 0.5), percentile(&mut lat, 0.99));
+    println!("terminal/output latency while 1000 commands stream ({produced} bytes so far): p50 {p50:.2} ms, p99 {p99:.2} ms (target p99 < 5 ms)");
+    rows.push(Row {
+        bench: "6 output latency, 1000 streaming".into(),
+        direct: "-".into(),
+        execd: format!("p50 {p50:.2} ms, p99 {p99:.2} ms"),
+        ratio: "-".into(),
+        target: "p99 < 5 ms".into(),
+    });
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let benches: [(&str, fn(&mut Vec<Row>)); 6] = [
+        ("spawn", bench_spawn),
+        ("parallel", bench_parallel),
+        ("ingest", bench_ingest),
+        ("stream", bench_stream),
+        ("memory", bench_memory),
+        ("scale", bench_scale),
+    ];
+    let mut rows = Vec::new();
+    let start = Instant::now();
+    for (name, f) in benches {
+        if want(name) {
+            f(&mut rows);
+        }
+    }
+    println!("\n## execd overhead (medians; ratio = execd / direct, same run)\n");
+    println!("| bench | direct | execd | ratio | target |");
+    println!("| --- | --- | --- | --- | --- |");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            r.bench, r.direct, r.execd, r.ratio, r.target
+        );
+    }
+    println!("\n(total {:.0} s)", start.elapsed().as_secs_f64());
+}
