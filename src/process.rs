@@ -9,12 +9,11 @@
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - Nothing here ever waits: reaping is `wait4(-1, WNOHANG)`, driven by SIGCHLD.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Rlimit;
@@ -88,8 +87,10 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
 }
 
 /// Grows a pipe's kernel buffer so a chatty command needs fewer wakeups. Best effort: the
-/// system limit (`/proc/sys/fs/pipe-max-size`) may refuse it, and that is fine.
-fn grow_pipe(fd: RawFd) {
+/// system limit (`/proc/sys/fs/pipe-max-size`, or the user's pipe page budget) may refuse
+/// it, and that is fine. Called only for pipes that filled up, so quiet commands do not
+/// spend the user's pipe budget.
+pub fn grow_pipe(fd: RawFd) {
     const PIPE_SIZE: libc::c_int = 1 << 20;
     // SAFETY: F_SETPIPE_SZ on a pipe descriptor we own; failure is ignored on purpose.
     unsafe {
@@ -108,48 +109,200 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
     }
 }
 
-/// Starts a command. Spawn failures (no such program, permission denied, a working
-/// directory that vanished) come back as the OS error and leave no process behind: std
-/// reports exec failure through a close-on-exec pipe and reaps the failed child itself.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
-    let mut cmd = match spec.program {
-        Program::Direct { program, args } => {
-            let mut c = Command::new(program);
-            c.args(args);
-            c
+/// Everything the child needs between clone and exec, prepared by the parent: the child
+/// may not allocate, lock or unwind.
+struct ChildPlan {
+    path: CString,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    cwd: CString,
+    /// Descriptors to become 0, 1 and 2.
+    stdio: [RawFd; 3],
+    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    parent: libc::pid_t,
+    /// The parent's signal mask before it blocked everything; restored before exec.
+    mask: libc::sigset_t,
+    /// Written by the child when a step fails (an errno); read by the parent.
+    err: libc::c_int,
+}
+
+/// Size of the child's stack between clone and exec: it only makes system calls.
+const CHILD_STACK: usize = 64 << 10;
+
+/// Runs in the cloned child, on its own stack, while the parent is suspended (CLONE_VFORK):
+/// session, parent-death signal, limits, stdio, directory, then exec. Only system calls.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's `ChildPlan`, alive and untouched while the parent is
+    // suspended until this child execs or exits.
+    let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
+    // SAFETY: async-signal-safe system calls on memory prepared before the clone.
+    unsafe {
+        let fail = |plan: &mut ChildPlan| -> libc::c_int {
+            plan.err = *libc::__errno_location();
+            libc::_exit(127)
+        };
+        // No handler of the daemon may ever run here: every caught signal goes back to
+        // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..libc::SIGRTMAX() {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && (old.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
+            {
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
         }
+        if libc::setsid() < 0 {
+            return fail(plan);
+        }
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) < 0
+        {
+            return fail(plan);
+        }
+        // The daemon may have died before prctl: then nobody would ever kill this child.
+        if libc::getppid() != plan.parent {
+            libc::_exit(137);
+        }
+        for (res, lim) in &plan.limits {
+            if libc::setrlimit(*res, lim) < 0 {
+                return fail(plan);
+            }
+        }
+        for (target, &fd) in plan.stdio.iter().enumerate() {
+            // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
+            // a pipe is never already at its target.
+            if libc::dup2(fd, target as RawFd) < 0 {
+                return fail(plan);
+            }
+        }
+        if libc::chdir(plan.cwd.as_ptr()) < 0 {
+            return fail(plan);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
+        libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+        fail(plan)
+    }
+}
+
+fn cstring(s: impl Into<Vec<u8>>) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in argument"))
+}
+
+/// Finds `program` as execvp would: as given when it holds a `/`, else in `path_var`.
+fn resolve_program(program: &str, path_var: Option<&OsStr>) -> io::Result<CString> {
+    if program.contains('/') {
+        return cstring(program);
+    }
+    let dirs = path_var.unwrap_or_else(|| OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+    let mut denied = false;
+    for dir in std::env::split_paths(dirs) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let candidate = dir.join(program);
+        let Ok(meta) = std::fs::metadata(&candidate) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        let c = cstring(candidate.into_os_string().into_vec())?;
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 {
+            return Ok(c);
+        }
+        denied = true;
+    }
+    Err(io::Error::from_raw_os_error(if denied {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    }))
+}
+
+/// Opens `/dev/null` close-on-exec.
+fn dev_null() -> io::Result<OwnedFd> {
+    // SAFETY: a valid NUL-terminated path and plain flags.
+    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open succeeded; we own the descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Starts a command the way `posix_spawn` does: `clone(CLONE_VM | CLONE_VFORK)` into
+/// `child_main`, which needs no copy of the daemon's memory (a `fork` of the daemon costs
+/// more than the whole rest of a spawn). Failures before exec (no such program, permission
+/// denied, a directory that vanished) come back as the OS error, with the failed child
+/// already reaped: nothing is left behind.
+pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
+    let (program, args): (&str, Vec<&str>) = match spec.program {
+        Program::Direct { program, args } => (program, args.iter().map(String::as_str).collect()),
         Program::Shell { shell, line } => {
-            let mut c = Command::new(shell);
-            c.arg("-c").arg(line);
-            c
+            let shell = shell.to_str().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "shell path is not UTF-8")
+            })?;
+            (shell, vec!["-c", line])
         }
     };
-    if spec.clean_env {
-        cmd.env_clear();
-    }
+
+    // The environment the child gets: the daemon's (unless clean), then the request's.
+    let mut env: Vec<(OsString, OsString)> = if spec.clean_env {
+        Vec::new()
+    } else {
+        std::env::vars_os().collect()
+    };
     for (k, v) in spec.env {
-        cmd.env(k, v);
+        match env.iter_mut().find(|(name, _)| name == k.as_str()) {
+            Some(slot) => slot.1 = v.into(),
+            None => env.push((k.into(), v.into())),
+        }
     }
-    cmd.current_dir(spec.cwd);
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_os_str());
+    let path = resolve_program(program, path_var)?;
+    let env_c: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring(kv)
+        })
+        .collect::<io::Result<_>>()?;
+    let argv_c: Vec<CString> = std::iter::once(program)
+        .chain(args.iter().copied())
+        .map(cstring)
+        .collect::<io::Result<_>>()?;
 
     let (out_r, out_w) = pipe()?;
-    let (err_r, stdin_w) = match spec.stdio {
-        Stdio3::Merged => {
-            let err_w = out_w.try_clone()?;
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::from(out_w))
-                .stderr(Stdio::from(err_w));
-            (None, None)
-        }
+    let (stdin_fd, err_w, err_r, stdin_w): (
+        OwnedFd,
+        Option<OwnedFd>,
+        Option<OwnedFd>,
+        Option<OwnedFd>,
+    ) = match spec.stdio {
+        Stdio3::Merged => (dev_null()?, None, None, None),
         Stdio3::Separate => {
             let (err_r, err_w) = pipe()?;
             let (in_r, in_w) = pipe()?;
-            cmd.stdin(Stdio::from(in_r))
-                .stdout(Stdio::from(out_w))
-                .stderr(Stdio::from(err_w));
-            (Some(err_r), Some(in_w))
+            (in_r, Some(err_w), Some(err_r), Some(in_w))
         }
     };
+    let err_fd = err_w.as_ref().map_or(out_w.as_raw_fd(), |f| f.as_raw_fd());
 
     let as_rlim = |v: u64| {
         if v == u64::MAX {
@@ -161,59 +314,83 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     // The daemon's raised descriptor limit goes back to what the child would have had;
     // the configured limits apply on top.
     let restore = spec.child_nofile.map(|(soft, hard)| {
-        let lim = libc::rlimit {
-            rlim_cur: as_rlim(soft),
-            rlim_max: as_rlim(hard),
-        };
-        (libc::RLIMIT_NOFILE, lim)
+        (
+            libc::RLIMIT_NOFILE,
+            libc::rlimit {
+                rlim_cur: as_rlim(soft),
+                rlim_max: as_rlim(hard),
+            },
+        )
     });
-    let limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = restore
+    let limits = restore
         .into_iter()
         .chain(spec.rlimits.iter().map(|&(r, v)| {
-            let lim = libc::rlimit {
-                rlim_cur: as_rlim(v),
-                rlim_max: as_rlim(v),
-            };
-            (rlimit_resource(r), lim)
+            (
+                rlimit_resource(r),
+                libc::rlimit {
+                    rlim_cur: as_rlim(v),
+                    rlim_max: as_rlim(v),
+                },
+            )
         }))
         .collect();
-    // SAFETY: getpid cannot fail.
-    let daemon_pid = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls on memory prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The daemon may have died between fork and prctl: then nobody would kill us.
-            if libc::getppid() != daemon_pid {
-                libc::_exit(137);
-            }
-            for (res, lim) in &limits {
-                if libc::setrlimit(*res, lim) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
+
+    let mut plan = ChildPlan {
+        path,
+        argv: argv_c
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect(),
+        envp: env_c
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect(),
+        cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
+        stdio: [stdin_fd.as_raw_fd(), out_w.as_raw_fd(), err_fd],
+        limits,
+        // SAFETY: getpid cannot fail.
+        parent: unsafe { libc::getpid() },
+        // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
+        mask: unsafe { std::mem::zeroed() },
+        err: 0,
+    };
+    let mut stack = vec![0u8; CHILD_STACK];
+    // The stack grows down: hand clone its 16-byte-aligned top.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
+
+    // SAFETY: signals are blocked around the clone so no handler runs in the child before
+    // it resets them; the child runs `child_main` on its own stack with `plan`, which stays
+    // alive and unmoved until clone returns (CLONE_VFORK suspends us until exec or exit).
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut plan.mask);
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut plan as *mut ChildPlan).cast(),
+        );
+        let clone_err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_err);
+        }
+        pid
+    };
+    drop(stack);
+    // SAFETY: the child wrote `err` before exiting; read it as memory another task wrote.
+    let err = unsafe { std::ptr::read_volatile(&plan.err) };
+    if err != 0 {
+        let mut status = 0;
+        // SAFETY: our own child, which has exited (it reported a failure and called _exit).
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        return Err(io::Error::from_raw_os_error(err));
     }
-    let child = cmd.spawn()?;
-    // The command line is gone with `cmd`: the write ends the child holds are closed here.
-    drop(cmd);
-    let pid = child.id() as i32;
-    // `Child` is dropped without waiting: reaping belongs to the SIGCHLD loop.
-    drop(child);
+    // The child's copies are its own now; close ours of the ends it uses.
+    drop((out_w, err_w, stdin_fd));
 
     for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
         .into_iter()
@@ -221,13 +398,24 @@ pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
     {
         set_nonblocking(fd.as_raw_fd())?;
     }
-    grow_pipe(out_r.as_raw_fd());
     Ok(Spawned {
         pid,
         out: out_r,
         err: err_r,
         stdin: stdin_w,
     })
+}
+
+/// Makes sure descriptors 0, 1 and 2 are open (on /dev/null if not), so no pipe the daemon
+/// creates can land on them and be confused with a child's stdio.
+pub fn ensure_std_fds() {
+    for fd in 0..3 {
+        // SAFETY: F_GETFD only queries the descriptor.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            // SAFETY: a valid path; the lowest free descriptor (this one) is taken.
+            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+        }
+    }
 }
 
 /// Sends `sig` to process group `pgid`. A group that no longer exists is not an error.

@@ -90,13 +90,7 @@ impl RpcError {
     }
 
     pub fn spawn_failed(err: &std::io::Error) -> RpcError {
-        // The OS error text alone ("No such file or directory"), without Rust's "(os error N)".
-        let text = err.to_string();
-        let text = match text.find(" (os error") {
-            Some(i) => text[..i].to_string(),
-            None => text,
-        };
-        RpcError::new(SPAWN_FAILED, text)
+        RpcError::new(SPAWN_FAILED, os_error_text(err))
     }
 
     pub fn shutting_down() -> RpcError {
@@ -111,6 +105,15 @@ impl RpcError {
             e.insert("data".into(), d.clone());
         }
         Value::Object(e)
+    }
+}
+
+/// The OS error text alone ("No such file or directory"), without Rust's "(os error N)".
+pub fn os_error_text(err: &std::io::Error) -> String {
+    let text = err.to_string();
+    match text.find(" (os error") {
+        Some(i) => text[..i].to_string(),
+        None => text,
     }
 }
 

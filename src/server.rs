@@ -44,6 +44,11 @@ const FIRST_DYNAMIC: usize = 2;
 const SCRATCH: usize = 256 << 10;
 /// Reads of one pipe per turn before other sources get a go.
 const PIPE_READS_PER_TURN: usize = 16;
+/// Reads of each pipe when its command exits: enough for what a full (grown) pipe holds,
+/// and bounded even if a descendant keeps writing.
+const EXIT_DRAIN_READS: usize = 8;
+/// A pipe's default capacity on Linux; a read this large means the pipe was full.
+const DEFAULT_PIPE_SIZE: usize = 64 << 10;
 /// Pause before accepting again after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long shutdown waits for answers to drain to clients after the last command ended.
@@ -229,6 +234,7 @@ pub fn log(line: std::fmt::Arguments) {
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
     pub fn new(cfg: Config) -> io::Result<Server> {
+        process::ensure_std_fds();
         let poll = Poll::new()?;
         let (mut listener, socket_file) = match process::systemd_listener(
             std::env::var_os("LISTEN_PID"),
@@ -801,42 +807,64 @@ impl Server {
     }
 
     /// Reads up to `budget` chunks from one of a process's pipes into its ring.
+    ///
+    /// With subscribers attached, each read is at most the ring's size and they are pumped
+    /// after each one, so a subscriber with room never loses bytes to the ring in between.
+    /// A pipe found full is grown once, so a chatty command needs fewer wakeups while
+    /// quiet ones keep the default size.
     fn read_pipe(&mut self, key: Key, stream: usize, budget: usize) {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut got = false;
         let mut eof = false;
         let mut exhausted = true;
-        if let Some(s) = self
-            .table
-            .get_mut(key)
-            .and_then(|p| p.streams.get_mut(stream))
-        {
-            for _ in 0..budget {
-                let Some(file) = s.fd.as_mut() else { break };
-                match file.read(&mut scratch) {
-                    Ok(0) => {
-                        eof = true;
-                        exhausted = false;
-                        break;
+        for _ in 0..budget {
+            let Some(p) = self.table.get_mut(key) else {
+                exhausted = false;
+                break;
+            };
+            let watched = !p.subs.is_empty();
+            let Some(s) = p.streams.get_mut(stream) else {
+                exhausted = false;
+                break;
+            };
+            let Some(file) = s.fd.as_mut() else {
+                exhausted = false;
+                break;
+            };
+            let cap = s.ring.capacity();
+            let want = if watched && cap > 0 {
+                cap.min(scratch.len())
+            } else {
+                scratch.len()
+            };
+            match file.read(&mut scratch[..want]) {
+                Ok(0) => {
+                    eof = true;
+                    exhausted = false;
+                    break;
+                }
+                Ok(n) => {
+                    s.ring.push(&scratch[..n]);
+                    got = true;
+                    if n == DEFAULT_PIPE_SIZE && !s.grown {
+                        s.grown = true;
+                        process::grow_pipe(file.as_raw_fd());
                     }
-                    Ok(n) => {
-                        s.ring.push(&scratch[..n]);
-                        got = true;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        exhausted = false;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        eof = true;
-                        exhausted = false;
-                        break;
+                    if watched {
+                        events::pump(self, key);
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    exhausted = false;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    eof = true;
+                    exhausted = false;
+                    break;
+                }
             }
-        } else {
-            exhausted = false;
         }
         self.scratch = scratch;
         if eof {
@@ -971,7 +999,7 @@ impl Server {
             // Whatever the pipes hold now was written before the exit: read it first.
             let nstreams = self.table.get(key).map_or(0, |p| p.streams.len());
             for s in 0..nstreams {
-                self.read_pipe(key, s, usize::MAX);
+                self.read_pipe(key, s, EXIT_DRAIN_READS);
             }
             let exit = Exit {
                 ended: r.ended,
@@ -1277,6 +1305,7 @@ impl Server {
                 ring: crate::ring::Ring::new(l.ring_capacity),
                 fd: Some(file),
                 token,
+                grown: false,
             });
         }
         let stdin = match spawned.stdin {
@@ -1367,7 +1396,7 @@ pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
         )),
         Err(e) => Err(RpcError::invalid_params(
             field,
-            format!("{dir:?}: {}", RpcError::spawn_failed(&e).message),
+            format!("{dir:?}: {}", rpc::os_error_text(&e)),
         )),
     }
 }

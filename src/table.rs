@@ -45,6 +45,8 @@ pub struct Stream {
     /// The read end; `None` once EOF was seen or the process was released.
     pub fd: Option<File>,
     pub token: Token,
+    /// The pipe was found full once and has been grown.
+    pub grown: bool,
 }
 
 impl Stream {

@@ -78,8 +78,9 @@ impl Ctx {
             }
             Err(e) => Err(Fail(
                 format!(
-                    "cannot connect to execd at {}: {e}\n  start it with: execd --socket {}",
+                    "cannot connect to execd at {} ({}); start it with: execd --socket {}",
                     self.socket.display(),
+                    execd::rpc::os_error_text(&e),
                     self.socket.display()
                 ),
                 1,
@@ -94,8 +95,9 @@ struct Args {
 }
 
 impl Args {
-    fn take_flag(&mut self, names: &[&str]) -> Res<Option<String>> {
-        let mut found = None;
+    /// Every value of a repeatable flag (`--name V` or `--name=V`), in order.
+    fn take_all(&mut self, names: &[&str]) -> Res<Vec<String>> {
+        let mut found = Vec::new();
         let mut i = 0;
         while i < self.items.len() {
             let a = &self.items[i];
@@ -104,7 +106,7 @@ impl Args {
             }
             if let Some((k, v)) = a.split_once('=') {
                 if names.contains(&k) {
-                    found = Some(v.to_string());
+                    found.push(v.to_string());
                     self.items.remove(i);
                     continue;
                 }
@@ -114,7 +116,7 @@ impl Args {
                     return Err(usage_err(format!("{a} needs a value")));
                 }
                 self.items.remove(i);
-                found = Some(self.items.remove(i));
+                found.push(self.items.remove(i));
                 continue;
             }
             i += 1;
@@ -122,12 +124,9 @@ impl Args {
         Ok(found)
     }
 
-    fn take_all(&mut self, names: &[&str]) -> Res<Vec<String>> {
-        let mut all = Vec::new();
-        while let Some(v) = self.take_flag(names)? {
-            all.push(v);
-        }
-        Ok(all)
+    /// A single-valued flag; given twice, the last wins.
+    fn take_flag(&mut self, names: &[&str]) -> Res<Option<String>> {
+        Ok(self.take_all(names)?.pop())
     }
 
     fn take_switch(&mut self, names: &[&str]) -> bool {
@@ -250,7 +249,7 @@ fn help(sub: &str) -> Option<&'static str> {
         "run" => "usage: execctl run [--cwd DIR] [--env K=V]... [--limit BYTES] [--timeout SECS] -- CMD [ARGS...]\n\nRuns CMD in a terminal (stdout and stderr merged), streams its output live, releases\nthe terminal and exits with the command's status (128+N for signal N). Ctrl-C or\n--timeout kills it and prints what arrived; the exit status is then 130 or 124.\n--limit sets the retained output (outputByteLimit).\n",
         "exec" => "usage: execctl exec [--session ID] [--cwd DIR] [--timeout S] [--hard-timeout S] [--async] 'SHELL LINE'\n\nRuns the line through bash/exec. stdout and stderr go to their own streams; the exit\nstatus is the command's. If it is still running (--async, or --timeout passed), its\nsession and command ids are printed to stderr and execctl exits 0.\n",
         "ps" => "usage: execctl ps [--json]\n\nOne row per process, newest first: ID, SESSION, PID, STATE, EXIT, AGE, COMMAND.\n",
-        "sessions" => "usage: execctl sessions [--json]\n\nThe bash sessions: ID, DIR, COMMANDS, RUNNING, IDLE.\n",
+        "sessions" => "usage: execctl sessions [--json]\n\nThe bash sessions: SESSION, COMMANDS, AGE, IDLE, DIR, RUNNING.\n",
         "logs" => "usage: execctl logs ID [-f] [--stderr]\n\nPrints the retained output of a terminal or bash command. -f follows it live until it\nexits. For bash commands stdout and stderr go to their own streams; --stderr prints\nonly stderr.\n",
         "wait" => "usage: execctl wait ID\n\nWaits until the process exits; exits with its status (128+N for signal N).\n",
         "kill" => "usage: execctl kill ID [-s SIGNAL]\n\nTerminals get SIGTERM, then SIGKILL after the daemon's grace. Bash commands get SIGNAL\n(default SIGTERM) sent to their process group.\n",
