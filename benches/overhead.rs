@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use common::{json, Client, Daemon, Value};
 
+/// A bench adds its rows to the summary.
+type Bench = fn(&mut Vec<Row>);
+
 /// One line of the summary.
 struct Row {
     bench: String,
@@ -563,7 +566,7 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, fn(&mut Vec<Row>)); 6] = [
+    let benches: [(&str, Bench); 6] = [
         ("spawn", bench_spawn),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),

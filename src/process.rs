@@ -656,6 +656,12 @@ pub fn terminal_width() -> Option<usize> {
     (rc == 0 && ws.ws_col > 0).then_some(ws.ws_col as usize)
 }
 
+/// Whether process group `pgid` still has a member.
+pub fn group_exists(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    pgid > 1 && unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
 /// Whether a process exists (or is an unreaped zombie) under `pid`.
 pub fn pid_exists(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.

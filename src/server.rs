@@ -195,12 +195,24 @@ pub struct Server {
     pub uid: u32,
     /// The descriptor limit children get back after the daemon raised its own.
     child_nofile: Option<(u64, u64)>,
+    /// Groups of released, exited commands that got SIGTERM and await their SIGKILL.
+    lingering: Vec<i32>,
 }
 
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
 fn bind(cfg: &Config) -> io::Result<UnixListener> {
     let path = &cfg.socket;
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                ),
+            ));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -278,6 +290,7 @@ impl Server {
             accept_paused: false,
             uid: process::current_uid(),
             child_nofile: process::raise_nofile(),
+            lingering: Vec::new(),
         })
     }
 
@@ -1076,6 +1089,7 @@ impl Server {
             // The leader is gone; descendants that kept its group alive are not wanted.
             if !self.table.leads_group(pgid) {
                 process::signal_group(pgid, libc::SIGTERM);
+                self.lingering.push(pgid);
                 self.timers
                     .add(self.now + self.cfg.kill_grace, Timer::GroupKill { pgid });
             }
@@ -1117,12 +1131,17 @@ impl Server {
         while let Some(t) = self.timers.pop_due(Instant::now()) {
             match t {
                 Timer::KillEscalate { key, pgid } => {
-                    let alive = self.table.get(key).is_some_and(|p| p.running());
-                    if alive {
+                    let p = self.table.get(key);
+                    let alive = p.is_some_and(|p| p.running());
+                    // A released command's group goes entirely, even when the leader died
+                    // of the SIGTERM and a descendant ignored it.
+                    let unwanted = p.is_none_or(|p| p.released);
+                    if alive || (unwanted && !self.table.leads_group(pgid)) {
                         process::signal_group(pgid, libc::SIGKILL);
                     }
                 }
                 Timer::GroupKill { pgid } => {
+                    self.lingering.retain(|g| *g != pgid);
                     // A number can be reused once its group is empty; never hit a group
                     // one of our own running commands now leads.
                     if !self.table.leads_group(pgid) {
@@ -1146,6 +1165,9 @@ impl Server {
                         if p.running() {
                             process::signal_group(p.pid, libc::SIGKILL);
                         }
+                    }
+                    for pgid in std::mem::take(&mut self.lingering) {
+                        process::signal_group(pgid, libc::SIGKILL);
                     }
                     self.finish_shutdown();
                 }
@@ -1175,8 +1197,22 @@ impl Server {
             .filter(|p| p.running())
             .map(|p| p.key)
             .collect();
+        // Every command's group is watched until empty: a leader may die of the SIGTERM
+        // while a descendant ignores it, and exited commands may have left descendants.
+        let groups: Vec<(i32, bool)> = self
+            .table
+            .procs
+            .values()
+            .map(|p| (p.pid, p.running()))
+            .collect();
         for key in running {
             self.kill_proc(key, KillReason::Killed);
+        }
+        for (pgid, running) in groups {
+            if !running {
+                process::signal_group(pgid, libc::SIGTERM);
+            }
+            self.lingering.push(pgid);
         }
         self.timers.add(
             self.now + self.cfg.kill_grace + Duration::from_millis(500),
@@ -1212,7 +1248,11 @@ impl Server {
         };
         match sd.flush_until {
             None => {
-                if self.table.running() == 0 {
+                // Done once every command exited and what they left in their groups is gone
+                // too (their deaths wake the loop: orphans are re-parented to us). The
+                // deadline timer SIGKILLs whatever remains after the grace.
+                let lingering = self.lingering.iter().any(|g| process::group_exists(*g));
+                if self.table.running() == 0 && !lingering {
                     self.finish_shutdown();
                     self.flush_dirty();
                 }
