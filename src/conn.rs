@@ -47,6 +47,8 @@ pub struct Conn {
     pub broken: bool,
     /// Processes this connection subscribes to (see `events`).
     pub subs: Vec<crate::table::Key>,
+    /// Requests of this connection still being worked on (parked, or open batches).
+    pub waiting: usize,
 }
 
 impl Conn {
@@ -71,6 +73,7 @@ impl Conn {
             eof: false,
             broken: false,
             subs: Vec::new(),
+            waiting: 0,
         }
     }
 
@@ -190,8 +193,8 @@ impl Conn {
     }
 
     /// Whether the connection is finished: the peer is gone, or it sent EOF and everything
-    /// owed to it has been written.
-    pub fn finished(&self, parked: bool) -> bool {
-        self.broken || (self.eof && self.pending_out() == 0 && !parked)
+    /// owed to it has been answered and written.
+    pub fn finished(&self) -> bool {
+        self.broken || (self.eof && self.pending_out() == 0 && self.waiting == 0)
     }
 }

@@ -12,12 +12,15 @@
 //! - `Exit` follows everything the command wrote before it exited. Output that lingering
 //!   descendants write later still follows as `Output` until the pipe closes.
 
+use std::io::Write;
+
 use mio::Token;
 use serde_json::{json, Value};
 
 use crate::acp;
 use crate::conn::Conn;
 use crate::process::{self, Ended};
+use crate::ring::Ring;
 use crate::rpc::{self, Params, RpcError};
 use crate::server::{Caller, Server};
 use crate::table::{Family, Key, Proc, Sub};
@@ -143,16 +146,24 @@ fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u6
     out.extend_from_slice(b"}}\n");
 }
 
-fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, data: &str) {
+/// An `Output` event for `[from, to)` of `ring`, escaped straight from the ring: text that
+/// is valid UTF-8 in one slice (the common case) is never copied into a `String` first.
+fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
     write_event_head(out, "Output");
     out.extend_from_slice(b"{\"id\":");
     rpc::write_json_str(out, id);
     out.extend_from_slice(b",\"stream\":\"");
     out.extend_from_slice(stream.as_bytes());
     out.extend_from_slice(b"\",\"offset\":");
-    out.extend_from_slice(offset.to_string().as_bytes());
+    let _ = write!(out, "{from}");
     out.extend_from_slice(b",\"data\":");
-    rpc::write_json_str(out, data);
+    match ring.slices(from, to) {
+        (one, []) => match std::str::from_utf8(one) {
+            Ok(text) => rpc::write_json_str(out, text),
+            Err(_) => rpc::write_json_str(out, &String::from_utf8_lossy(one)),
+        },
+        _ => rpc::write_json_str(out, &ring.text(from, to)),
+    }
     out.extend_from_slice(b"}}}\n");
 }
 
@@ -280,7 +291,7 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, conn: &mut Conn) {
         if ws >= we {
             return; // only an incomplete character so far
         }
-        output_event(out, &p.id, name, ws, &ring.text(ws, we));
+        output_event(out, &p.id, name, ring, ws, we);
         sub.next[i] = we;
     }
 }

@@ -39,16 +39,13 @@ pub enum Stdio3 {
     Separate,
 }
 
-/// Everything `spawn` needs.
+/// What one command needs; the daemon-wide rest is in `Spawner`.
 pub struct SpawnSpec<'a> {
     pub program: &'a Program,
+    /// Variables set on top of the base environment.
     pub env: &'a [(String, String)],
-    pub clean_env: bool,
     pub cwd: &'a Path,
     pub stdio: Stdio3,
-    pub rlimits: &'a [(Rlimit, u64)],
-    /// The descriptor limit to give back to the child (see `raise_nofile`).
-    pub child_nofile: Option<(u64, u64)>,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's
@@ -118,7 +115,11 @@ struct ChildPlan {
     cwd: CString,
     /// Descriptors to become 0, 1 and 2.
     stdio: [RawFd; 3],
-    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    limits: *const (libc::__rlimit_resource_t, libc::rlimit),
+    nlimits: usize,
+    /// Signals the daemon catches or ignores, to reset to their default.
+    reset: *const libc::c_int,
+    nreset: usize,
     parent: libc::pid_t,
     /// The parent's signal mask before it blocked everything; restored before exec.
     mask: libc::sigset_t,
@@ -145,14 +146,8 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..libc::SIGRTMAX() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && (old.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
-            {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
+        for &sig in std::slice::from_raw_parts(plan.reset, plan.nreset) {
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
         if libc::setsid() < 0 {
             return fail(plan);
@@ -171,7 +166,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::getppid() != plan.parent {
             libc::_exit(137);
         }
-        for (res, lim) in &plan.limits {
+        for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
             if libc::setrlimit(*res, lim) < 0 {
                 return fail(plan);
             }
@@ -241,169 +236,228 @@ fn dev_null() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Starts a command the way `posix_spawn` does: `clone(CLONE_VM | CLONE_VFORK)` into
-/// `child_main`, which needs no copy of the daemon's memory (a `fork` of the daemon costs
-/// more than the whole rest of a spawn). Failures before exec (no such program, permission
-/// denied, a directory that vanished) come back as the OS error, with the failed child
-/// already reaped: nothing is left behind.
-pub fn spawn(spec: &SpawnSpec) -> io::Result<Spawned> {
-    let (program, args): (&str, Vec<&str>) = match spec.program {
-        Program::Direct { program, args } => (program, args.iter().map(String::as_str).collect()),
-        Program::Shell { shell, line } => {
-            let shell = shell.to_str().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "shell path is not UTF-8")
-            })?;
-            (shell, vec!["-c", line])
-        }
-    };
-
-    // The environment the child gets: the daemon's (unless clean), then the request's.
-    let mut env: Vec<(OsString, OsString)> = if spec.clean_env {
-        Vec::new()
-    } else {
-        std::env::vars_os().collect()
-    };
-    for (k, v) in spec.env {
-        match env.iter_mut().find(|(name, _)| name == k.as_str()) {
-            Some(slot) => slot.1 = v.into(),
-            None => env.push((k.into(), v.into())),
-        }
-    }
-    let path_var = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_os_str());
-    let path = resolve_program(program, path_var)?;
-    let env_c: Vec<CString> = env
-        .iter()
-        .map(|(k, v)| {
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            cstring(kv)
+/// Signals a child must reset before it runs anything: those the daemon catches, and
+/// SIGPIPE, which the Rust runtime ignores. Signals ignored by whoever started the daemon
+/// (`nohup`'s SIGHUP) stay ignored, as exec keeps them.
+fn signals_to_reset() -> Vec<libc::c_int> {
+    (1..libc::SIGRTMAX())
+        .filter(|&sig| {
+            // SAFETY: sigaction with a null new action only reads the current one.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: a pointer to a live sigaction.
+            let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
+            let caught = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+            ok && (caught || sig == libc::SIGPIPE)
         })
-        .collect::<io::Result<_>>()?;
-    let argv_c: Vec<CString> = std::iter::once(program)
-        .chain(args.iter().copied())
-        .map(cstring)
-        .collect::<io::Result<_>>()?;
+        .collect()
+}
 
-    let (out_r, out_w) = pipe()?;
-    let (stdin_fd, err_w, err_r, stdin_w): (
-        OwnedFd,
-        Option<OwnedFd>,
-        Option<OwnedFd>,
-        Option<OwnedFd>,
-    ) = match spec.stdio {
-        Stdio3::Merged => (dev_null()?, None, None, None),
-        Stdio3::Separate => {
-            let (err_r, err_w) = pipe()?;
-            let (in_r, in_w) = pipe()?;
-            (in_r, Some(err_w), Some(err_r), Some(in_w))
-        }
-    };
-    let err_fd = err_w.as_ref().map_or(out_w.as_raw_fd(), |f| f.as_raw_fd());
+/// Starts commands. Holds what is the same for every spawn, prepared once: the base
+/// environment, the signals a child resets, the resource limits, and the child's stack.
+pub struct Spawner {
+    /// The base environment: names, and `NAME=value` ready for `execve`.
+    base_env: Vec<(OsString, CString)>,
+    path_var: Option<OsString>,
+    reset: Vec<libc::c_int>,
+    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    stack: Vec<u8>,
+}
 
-    let as_rlim = |v: u64| {
-        if v == u64::MAX {
-            libc::RLIM_INFINITY
+impl Spawner {
+    /// Build this after the daemon's signal handlers are installed: they are what a child
+    /// must reset. `child_nofile` is the descriptor limit to give back (see `raise_nofile`).
+    pub fn new(
+        clean_env: bool,
+        rlimits: &[(Rlimit, u64)],
+        child_nofile: Option<(u64, u64)>,
+    ) -> io::Result<Spawner> {
+        let vars: Vec<(OsString, OsString)> = if clean_env {
+            Vec::new()
         } else {
-            v as libc::rlim_t
-        }
-    };
-    // The daemon's raised descriptor limit goes back to what the child would have had;
-    // the configured limits apply on top.
-    let restore = spec.child_nofile.map(|(soft, hard)| {
-        (
-            libc::RLIMIT_NOFILE,
-            libc::rlimit {
-                rlim_cur: as_rlim(soft),
-                rlim_max: as_rlim(hard),
-            },
-        )
-    });
-    let limits = restore
-        .into_iter()
-        .chain(spec.rlimits.iter().map(|&(r, v)| {
+            std::env::vars_os().collect()
+        };
+        let path_var = vars
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone());
+        let base_env = vars
+            .into_iter()
+            .map(|(k, v)| Ok((k.clone(), env_entry(k.as_bytes(), v.as_bytes())?)))
+            .collect::<io::Result<_>>()?;
+        let as_rlim = |v: u64| {
+            if v == u64::MAX {
+                libc::RLIM_INFINITY
+            } else {
+                v as libc::rlim_t
+            }
+        };
+        // The daemon's raised descriptor limit goes back to what the child would have had;
+        // the configured limits apply on top.
+        let restore = child_nofile.map(|(soft, hard)| {
             (
-                rlimit_resource(r),
+                libc::RLIMIT_NOFILE,
                 libc::rlimit {
-                    rlim_cur: as_rlim(v),
-                    rlim_max: as_rlim(v),
+                    rlim_cur: as_rlim(soft),
+                    rlim_max: as_rlim(hard),
                 },
             )
-        }))
-        .collect();
+        });
+        let limits = restore
+            .into_iter()
+            .chain(rlimits.iter().map(|&(r, v)| {
+                (
+                    rlimit_resource(r),
+                    libc::rlimit {
+                        rlim_cur: as_rlim(v),
+                        rlim_max: as_rlim(v),
+                    },
+                )
+            }))
+            .collect();
+        Ok(Spawner {
+            base_env,
+            path_var,
+            reset: signals_to_reset(),
+            limits,
+            stack: vec![0u8; CHILD_STACK],
+        })
+    }
 
-    let mut plan = ChildPlan {
-        path,
-        argv: argv_c
+    /// Starts a command the way `posix_spawn` does: `clone(CLONE_VM | CLONE_VFORK)` into
+    /// `child_main`, which needs no copy of the daemon's memory (a `fork` of the daemon
+    /// costs more than the whole rest of a spawn). Failures before exec (no such program,
+    /// permission denied, a directory that vanished) come back as the OS error, with the
+    /// failed child already reaped: nothing is left behind.
+    pub fn spawn(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
+        let (program, args): (&str, Vec<&str>) = match spec.program {
+            Program::Direct { program, args } => {
+                (program, args.iter().map(String::as_str).collect())
+            }
+            Program::Shell { shell, line } => {
+                let shell = shell.to_str().ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "shell path is not UTF-8")
+                })?;
+                (shell, vec!["-c", line])
+            }
+        };
+        // The request's variables override the base environment's of the same name.
+        let extra: Vec<CString> = spec
+            .env
             .iter()
-            .map(|c| c.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
-        envp: env_c
+            .map(|(k, v)| env_entry(k.as_bytes(), v.as_bytes()))
+            .collect::<io::Result<_>>()?;
+        let overridden = |name: &OsStr| {
+            spec.env
+                .iter()
+                .any(|(k, _)| k.as_bytes() == name.as_bytes())
+        };
+        let envp: Vec<*const libc::c_char> = self
+            .base_env
             .iter()
-            .map(|c| c.as_ptr())
+            .filter(|(name, _)| !overridden(name))
+            .map(|(_, entry)| entry.as_ptr())
+            .chain(extra.iter().map(|c| c.as_ptr()))
             .chain(std::iter::once(std::ptr::null()))
-            .collect(),
-        cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
-        stdio: [stdin_fd.as_raw_fd(), out_w.as_raw_fd(), err_fd],
-        limits,
-        // SAFETY: getpid cannot fail.
-        parent: unsafe { libc::getpid() },
-        // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
-        mask: unsafe { std::mem::zeroed() },
-        err: 0,
-    };
-    let mut stack = vec![0u8; CHILD_STACK];
-    // The stack grows down: hand clone its 16-byte-aligned top.
-    let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
+            .collect();
+        let path_var = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| OsStr::new(v.as_str()))
+            .or(self.path_var.as_deref());
+        let path = resolve_program(program, path_var)?;
+        let argv_c: Vec<CString> = std::iter::once(program)
+            .chain(args.iter().copied())
+            .map(cstring)
+            .collect::<io::Result<_>>()?;
 
-    // SAFETY: signals are blocked around the clone so no handler runs in the child before
-    // it resets them; the child runs `child_main` on its own stack with `plan`, which stays
-    // alive and unmoved until clone returns (CLONE_VFORK suspends us until exec or exit).
-    let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut plan.mask);
-        let pid = libc::clone(
-            child_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut plan as *mut ChildPlan).cast(),
-        );
-        let clone_err = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
-        if pid < 0 {
-            return Err(clone_err);
+        let (out_r, out_w) = pipe()?;
+        let (stdin_fd, err_w, err_r, stdin_w) = match spec.stdio {
+            Stdio3::Merged => (dev_null()?, None, None, None),
+            Stdio3::Separate => {
+                let (err_r, err_w) = pipe()?;
+                let (in_r, in_w) = pipe()?;
+                (in_r, Some(err_w), Some(err_r), Some(in_w))
+            }
+        };
+        let err_fd = err_w.as_ref().map_or(out_w.as_raw_fd(), |f| f.as_raw_fd());
+
+        let mut plan = ChildPlan {
+            path,
+            argv: argv_c
+                .iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect(),
+            envp,
+            cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
+            stdio: [stdin_fd.as_raw_fd(), out_w.as_raw_fd(), err_fd],
+            limits: self.limits.as_ptr(),
+            nlimits: self.limits.len(),
+            reset: self.reset.as_ptr(),
+            nreset: self.reset.len(),
+            // SAFETY: getpid cannot fail.
+            parent: unsafe { libc::getpid() },
+            // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
+            mask: unsafe { std::mem::zeroed() },
+            err: 0,
+        };
+        // The stack grows down: hand clone its 16-byte-aligned top.
+        let top = (self.stack.as_mut_ptr() as usize + self.stack.len()) & !15;
+
+        // SAFETY: signals are blocked around the clone so no handler runs in the child
+        // before it resets them; the child runs `child_main` on its own stack with `plan`,
+        // which stays alive and unmoved until clone returns (CLONE_VFORK suspends us until
+        // the child execs or exits).
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut plan.mask);
+            let pid = libc::clone(
+                child_main,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                (&mut plan as *mut ChildPlan).cast(),
+            );
+            let clone_err = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
+            if pid < 0 {
+                return Err(clone_err);
+            }
+            pid
+        };
+        // SAFETY: the child wrote `err` before exiting; read it as memory another task wrote.
+        let err = unsafe { std::ptr::read_volatile(&plan.err) };
+        if err != 0 {
+            let mut status = 0;
+            // SAFETY: our own child, which has exited (it reported a failure and called _exit).
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            return Err(io::Error::from_raw_os_error(err));
         }
-        pid
-    };
-    drop(stack);
-    // SAFETY: the child wrote `err` before exiting; read it as memory another task wrote.
-    let err = unsafe { std::ptr::read_volatile(&plan.err) };
-    if err != 0 {
-        let mut status = 0;
-        // SAFETY: our own child, which has exited (it reported a failure and called _exit).
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        return Err(io::Error::from_raw_os_error(err));
+        // The child's copies are its own now; close ours of the ends it uses.
+        drop((out_w, err_w, stdin_fd));
+        for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            set_nonblocking(fd.as_raw_fd())?;
+        }
+        Ok(Spawned {
+            pid,
+            out: out_r,
+            err: err_r,
+            stdin: stdin_w,
+        })
     }
-    // The child's copies are its own now; close ours of the ends it uses.
-    drop((out_w, err_w, stdin_fd));
+}
 
-    for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
-        .into_iter()
-        .flatten()
-    {
-        set_nonblocking(fd.as_raw_fd())?;
-    }
-    Ok(Spawned {
-        pid,
-        out: out_r,
-        err: err_r,
-        stdin: stdin_w,
-    })
+/// `NAME=value` for `execve`.
+fn env_entry(name: &[u8], value: &[u8]) -> io::Result<CString> {
+    let mut kv = Vec::with_capacity(name.len() + value.len() + 1);
+    kv.extend_from_slice(name);
+    kv.push(b'=');
+    kv.extend_from_slice(value);
+    cstring(kv)
 }
 
 /// Makes sure descriptors 0, 1 and 2 are open (on /dev/null if not), so no pipe the daemon

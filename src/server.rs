@@ -193,8 +193,7 @@ pub struct Server {
     shutdown: Option<Shutdown>,
     accept_paused: bool,
     pub uid: u32,
-    /// The descriptor limit children get back after the daemon raised its own.
-    child_nofile: Option<(u64, u64)>,
+    spawner: process::Spawner,
     /// Groups of released, exited commands that got SIGTERM and await their SIGKILL.
     lingering: Vec<i32>,
 }
@@ -264,6 +263,8 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         process::become_subreaper()?;
+        // After the signal handlers are in place: they are what children must reset.
+        let spawner = process::Spawner::new(cfg.clean_env, &cfg.rlimits, process::raise_nofile())?;
         let now = Instant::now();
         Ok(Server {
             cfg,
@@ -289,7 +290,7 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             uid: process::current_uid(),
-            child_nofile: process::raise_nofile(),
+            spawner,
             lingering: Vec::new(),
         })
     }
@@ -515,10 +516,8 @@ impl Server {
                 // More was queued while draining; flush again next turn.
                 conn.flush();
             }
-            let has_parked = self.parked.values().any(|p| p.conn == token)
-                || self.batches.values().any(|b| b.conn == token);
             let conn = self.conns.get_mut(&token).expect("checked above");
-            if conn.finished(has_parked) {
+            if conn.finished() {
                 self.close_conn(token);
             } else {
                 conn.update_interest(self.poll.registry());
@@ -539,14 +538,7 @@ impl Server {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            if let Some(p) = self.parked.remove(&id) {
-                if let Some(t) = p.timer {
-                    self.timers.cancel(t);
-                }
-                if let Some(proc_) = self.table.get_mut(p.wait.key()) {
-                    proc_.waiters.retain(|w| *w != id);
-                }
-            }
+            self.unpark(id);
         }
         self.batches.retain(|_, b| b.conn != token);
         let subs = std::mem::take(&mut conn.subs);
@@ -580,6 +572,9 @@ impl Server {
             Parsed::Batch(msgs) => {
                 let id = self.next_batch;
                 self.next_batch += 1;
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.waiting += 1;
+                }
                 self.batches.insert(
                     id,
                     Batch {
@@ -714,6 +709,9 @@ impl Server {
             return;
         }
         let b = self.batches.remove(&id).expect("present");
+        if let Some(c) = self.conns.get_mut(&b.conn) {
+            c.waiting -= 1;
+        }
         if b.slots.is_empty() {
             return; // only notifications
         }
@@ -733,6 +731,9 @@ impl Server {
         self.next_park += 1;
         let key = wait.key();
         let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline { park: id }));
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.waiting += 1;
+        }
         self.parked.insert(
             id,
             Parked {
@@ -777,14 +778,25 @@ impl Server {
             }
         };
         let Some(result) = result else { return };
-        let p = self.parked.remove(&id).expect("present");
+        if let Some(p) = self.unpark(id) {
+            self.send(p.conn, &p.reply, result);
+        }
+    }
+
+    /// Takes a parked request out of every index: its timer, its process's waiters, and
+    /// its connection's count.
+    fn unpark(&mut self, id: u64) -> Option<Parked> {
+        let p = self.parked.remove(&id)?;
         if let Some(t) = p.timer {
             self.timers.cancel(t);
         }
-        if let Some(proc_) = self.table.get_mut(key) {
+        if let Some(proc_) = self.table.get_mut(p.wait.key()) {
             proc_.waiters.retain(|w| *w != id);
         }
-        self.send(p.conn, &p.reply, result);
+        if let Some(c) = self.conns.get_mut(&p.conn) {
+            c.waiting -= 1;
+        }
+        Some(p)
     }
 
     /// Re-checks every parked request on process `key`.
@@ -1233,7 +1245,7 @@ impl Server {
         for id in ids {
             // Requests that can be answered from state are; the rest get -32007.
             self.resolve(id, true);
-            if let Some(p) = self.parked.remove(&id) {
+            if let Some(p) = self.unpark(id) {
                 self.send(p.conn, &p.reply, Err(RpcError::shutting_down()));
             }
         }
@@ -1321,13 +1333,13 @@ impl Server {
         let spec = process::SpawnSpec {
             program: &l.program,
             env: &l.env,
-            clean_env: self.cfg.clean_env,
             cwd: &l.cwd,
             stdio: l.stdio,
-            rlimits: &self.cfg.rlimits,
-            child_nofile: self.child_nofile,
         };
-        let spawned = process::spawn(&spec).map_err(|e| RpcError::spawn_failed(&e))?;
+        let spawned = self
+            .spawner
+            .spawn(&spec)
+            .map_err(|e| RpcError::spawn_failed(&e))?;
         let (key, id) = self.table.next_ids(l.prefix);
         let mut files = vec![File::from(spawned.out)];
         files.extend(spawned.err.map(File::from));
