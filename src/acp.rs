@@ -125,6 +125,7 @@ pub fn create(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcE
             session_id: session_id.to_string(),
         },
         owner: caller.uid,
+        conn: caller.conn,
         program,
         command: command.to_string(),
         args,

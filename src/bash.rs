@@ -100,11 +100,17 @@ fn read_from(p: &Proc, stream: usize, from: u64) -> (String, u64, u64) {
     (ring.text(ws, we), we, skipped + (ws - from))
 }
 
-/// Whether `bash/output` with `wait` has something to answer with.
+/// Whether `bash/output` with `wait` has something to answer with: text past the offset,
+/// bytes skipped (an offset older than what is retained), or an offset past the end
+/// (a stale one, answered at once with `""` and the end).
 pub fn has_output_past(p: &Proc, from: [u64; 2]) -> bool {
-    (0..2).any(|i| {
-        let (text, _, skipped) = read_from(p, i, from[i]);
-        !text.is_empty() || skipped > 0
+    p.streams.iter().zip(from).any(|(s, from)| {
+        let ring = &s.ring;
+        if from < ring.start() || from > ring.end() {
+            return true;
+        }
+        let (ws, we) = ring.utf8_window(from, ring.end(), s.open());
+        ws < we
     })
 }
 
@@ -181,14 +187,10 @@ fn open_session(
                     last_used_wall: now_wall,
                     commands: VecDeque::new(),
                     command_count: 0,
+                    idle_timer: None,
                 },
             );
-            s.timers.add(
-                s.now + s.cfg.session_idle,
-                Timer::SessionIdle {
-                    session: id.clone(),
-                },
-            );
+            arm_idle(s, &id, s.now + s.cfg.session_idle);
         }
     }
     let now = s.now;
@@ -258,6 +260,7 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
             session_id: session.clone(),
         },
         owner: caller.uid,
+        conn: caller.conn,
         program: Program::Shell {
             shell: s.cfg.shell.clone(),
             line: command.to_string(),
@@ -275,13 +278,16 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
         Err(e) => {
             // A session this call made for a command that never started is not kept.
             if !existed {
-                s.table.sessions.remove(&session);
+                forget_session(s, &session);
             }
             return Err(e);
         }
     };
     if let Some(h) = hard_timeout {
-        s.timers.add(s.now + seconds(h), Timer::HardTimeout { key });
+        let t = s.timers.add(s.now + seconds(h), Timer::HardTimeout { key });
+        if let Some(p) = s.table.get_mut(key) {
+            p.hard_timer = Some(t);
+        }
     }
     if async_mode {
         let p = s
@@ -532,8 +538,33 @@ fn close(s: &mut Server, id: &str) {
             s.drop_finished(key);
         }
     }
-    s.table.sessions.remove(id);
+    forget_session(s, id);
     log(format_args!("session {id} closed"));
+}
+
+/// Removes a session and its idle timer.
+fn forget_session(s: &mut Server, id: &str) {
+    if let Some(t) = s.table.sessions.remove(id).and_then(|x| x.idle_timer) {
+        s.timers.cancel(t);
+    }
+}
+
+/// (Re)arms a session's idle check at `at`.
+fn arm_idle(s: &mut Server, id: &str, at: std::time::Instant) {
+    let t = s.timers.add(
+        at,
+        Timer::SessionIdle {
+            session: id.to_string(),
+        },
+    );
+    if let Some(old) = s
+        .table
+        .sessions
+        .get_mut(id)
+        .and_then(|x| x.idle_timer.replace(t))
+    {
+        s.timers.cancel(old);
+    }
 }
 
 /// Drops the session's finished commands beyond the history limit.
@@ -566,10 +597,5 @@ pub fn check_idle(s: &mut Server, session: &str) {
     } else {
         sess.last_used + idle
     };
-    s.timers.add(
-        next.max(s.now + Duration::from_millis(10)),
-        Timer::SessionIdle {
-            session: session.to_string(),
-        },
-    );
+    arm_idle(s, session, next.max(s.now + Duration::from_millis(10)));
 }

@@ -56,6 +56,9 @@ pub struct Config {
     pub clean_env: bool,
     pub workdir: PathBuf,
     pub rlimits: Vec<(Rlimit, u64)>,
+    /// With a root daemon, run non-root peers' commands as this user (name or uid)
+    /// instead of as the peer itself.
+    pub run_as: Option<String>,
 }
 
 /// A resource limit `--rlimit` may set for commands.
@@ -121,6 +124,8 @@ options:
   --workdir DIR            default working directory (default: the daemon's)
   --rlimit NAME=VALUE      limit for commands: cpu, as, nofile, nproc, fsize, core
                            (repeatable)
+  --run-as USER            (root daemon) run non-root peers' commands as USER
+                           instead of as the peer
   -h, --help               print this help
   -V, --version            print the version
 
@@ -232,6 +237,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
         clean_env: false,
         workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
         rlimits: Vec::new(),
+        run_as: None,
     };
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -273,6 +279,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--shell" => cfg.shell = PathBuf::from(value()?),
             "--clean-env" => cfg.clean_env = true,
             "--workdir" => cfg.workdir = PathBuf::from(value()?),
+            "--run-as" => cfg.run_as = Some(value()?),
             "--rlimit" => {
                 let v = value()?;
                 let (name, val) = v

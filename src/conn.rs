@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - Reading stops (back-pressure) while the outgoing buffer is past its cap: a client that
-//!   does not read its answers cannot make the daemon buffer answers without bound.
+//!   does not read its answers cannot make the daemon buffer answers without bound. A batch
+//!   is one read, so the server also refuses batch elements past the cap.
 //! - Responses are always queued; output events are queued only while under the cap (the
 //!   caller asks `has_room`), so responses still go through for a slow subscriber.
 //! - WRITABLE interest is registered only while bytes are pending.
@@ -49,6 +50,8 @@ pub struct Conn {
     pub subs: Vec<crate::table::Key>,
     /// Requests of this connection still being worked on (parked, or open batches).
     pub waiting: usize,
+    /// Who this peer's commands run as, when that is not the daemon's own user.
+    pub run_as: Option<crate::process::Identity>,
 }
 
 impl Conn {
@@ -74,6 +77,7 @@ impl Conn {
             broken: false,
             subs: Vec::new(),
             waiting: 0,
+            run_as: None,
         }
     }
 
@@ -101,11 +105,6 @@ impl Conn {
         self.pending_out() < self.cap / 2
     }
 
-    /// Whether requests may be read: the peer is still sending and its answers drain.
-    pub fn may_read(&self) -> bool {
-        !self.eof && !self.broken && self.has_room()
-    }
-
     /// Reads what is available into the framer, stopping early when a full message and a
     /// read's worth are buffered so one client cannot make the daemon hold more.
     pub fn fill(&mut self, scratch: &mut [u8]) -> Fill {
@@ -116,6 +115,10 @@ impl Conn {
             match self.stream.read(scratch) {
                 Ok(0) => {
                     self.eof = true;
+                    // A last line without its newline is still a request.
+                    if self.framer.pending() > 0 {
+                        self.framer.push(b"\n");
+                    }
                     return Fill::Eof;
                 }
                 Ok(n) => self.framer.push(&scratch[..n]),
@@ -193,8 +196,9 @@ impl Conn {
     }
 
     /// Whether the connection is finished: the peer is gone, or it sent EOF and everything
-    /// owed to it has been answered and written.
+    /// it sent has been handled, answered and written.
     pub fn finished(&self) -> bool {
-        self.broken || (self.eof && self.pending_out() == 0 && self.waiting == 0)
+        self.broken
+            || (self.eof && self.pending_out() == 0 && self.waiting == 0 && !self.read_pending)
     }
 }

@@ -46,6 +46,93 @@ pub struct SpawnSpec<'a> {
     pub env: &'a [(String, String)],
     pub cwd: &'a Path,
     pub stdio: Stdio3,
+    /// Run as this user instead of the daemon's own (the daemon must be root).
+    pub user: Option<&'a Identity>,
+}
+
+/// A user to run commands as: uid, primary gid and supplementary groups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// The passwd entry of `uid` or of `name`: `(name, uid, gid)`.
+fn passwd_entry(uid: Option<u32>, name: Option<&str>) -> io::Result<Option<(CString, u32, u32)>> {
+    // SAFETY: passwd is plain old data that getpw*_r fills, pointing into `buf`.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let cname = name.map(cstring).transpose()?;
+    // SAFETY: every pointer is to live, correctly sized storage.
+    let rc = unsafe {
+        match (&cname, uid) {
+            (Some(n), _) => {
+                libc::getpwnam_r(n.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
+            }
+            (None, Some(u)) => {
+                libc::getpwuid_r(u, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
+            }
+            (None, None) => return Ok(None),
+        }
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if found.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: getpw*_r succeeded: pw_name points to a NUL-terminated string in `buf`.
+    let user = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_owned();
+    Ok(Some((user, pw.pw_uid, pw.pw_gid)))
+}
+
+/// Supplementary groups of `user` with primary group `gid`.
+fn group_list(user: &CString, gid: u32) -> Vec<u32> {
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        let before = n;
+        // SAFETY: `groups` holds `n` entries; getgrouplist writes at most that many and
+        // sets `n` to the number it needs.
+        let rc = unsafe { libc::getgrouplist(user.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n.max(0) as usize);
+            return groups;
+        }
+        if n <= before {
+            return vec![gid];
+        }
+    }
+}
+
+impl Identity {
+    /// The identity of a peer: its uid and gid, and the supplementary groups its user
+    /// entry gives (just the gid when it has none).
+    pub fn of_peer(uid: u32, gid: u32) -> Identity {
+        let groups = match passwd_entry(Some(uid), None) {
+            Ok(Some((name, _, _))) => group_list(&name, gid),
+            _ => vec![gid],
+        };
+        Identity { uid, gid, groups }
+    }
+
+    /// The identity of a user named in `--run-as` (a name or a numeric uid).
+    pub fn of_user(user: &str) -> io::Result<Identity> {
+        let entry = match user.parse::<u32>() {
+            Ok(uid) => passwd_entry(Some(uid), None)?,
+            Err(_) => passwd_entry(None, Some(user))?,
+        };
+        let (name, uid, gid) = entry.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no such user: {user}"))
+        })?;
+        Ok(Identity {
+            uid,
+            gid,
+            groups: group_list(&name, gid),
+        })
+    }
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's
@@ -121,7 +208,11 @@ struct ChildPlan {
     reset: *const libc::c_int,
     nreset: usize,
     parent: libc::pid_t,
-    /// The parent's signal mask before it blocked everything; restored before exec.
+    /// Switch to this uid, gid and groups before exec, when set.
+    user: Option<(libc::uid_t, libc::gid_t)>,
+    groups: *const libc::gid_t,
+    ngroups: usize,
+    /// The parent's signal mask before it blocked everything for the clone.
     mask: libc::sigset_t,
     /// Written by the child when a step fails (an errno); read by the parent.
     err: libc::c_int,
@@ -131,7 +222,8 @@ struct ChildPlan {
 const CHILD_STACK: usize = 64 << 10;
 
 /// Runs in the cloned child, on its own stack, while the parent is suspended (CLONE_VFORK):
-/// session, parent-death signal, limits, stdio, directory, then exec. Only system calls.
+/// session, limits, user, parent-death signal, stdio, directory, then exec. Only system
+/// calls.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's `ChildPlan`, alive and untouched while the parent is
     // suspended until this child execs or exits.
@@ -152,6 +244,21 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setsid() < 0 {
             return fail(plan);
         }
+        for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
+            if libc::setrlimit(*res, lim) < 0 {
+                return fail(plan);
+            }
+        }
+        if let Some((uid, gid)) = plan.user {
+            if libc::setgroups(plan.ngroups, plan.groups) < 0
+                || libc::setgid(gid) < 0
+                || libc::setuid(uid) < 0
+            {
+                return fail(plan);
+            }
+        }
+        // After the user switch: the kernel clears the parent-death signal when
+        // credentials change.
         if libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,
@@ -166,11 +273,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::getppid() != plan.parent {
             libc::_exit(137);
         }
-        for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
-            if libc::setrlimit(*res, lim) < 0 {
-                return fail(plan);
-            }
-        }
         for (target, &fd) in plan.stdio.iter().enumerate() {
             // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
             // a pipe is never already at its target.
@@ -181,7 +283,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(plan.cwd.as_ptr()) < 0 {
             return fail(plan);
         }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
+        // Commands start with no signal blocked, whatever the daemon inherited.
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         fail(plan)
     }
@@ -396,6 +501,9 @@ impl Spawner {
             nlimits: self.limits.len(),
             reset: self.reset.as_ptr(),
             nreset: self.reset.len(),
+            user: spec.user.map(|u| (u.uid, u.gid)),
+            groups: spec.user.map_or(std::ptr::null(), |u| u.groups.as_ptr()),
+            ngroups: spec.user.map_or(0, |u| u.groups.len()),
             // SAFETY: getpid cannot fail.
             parent: unsafe { libc::getpid() },
             // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
@@ -460,15 +568,21 @@ fn env_entry(name: &[u8], value: &[u8]) -> io::Result<CString> {
     cstring(kv)
 }
 
-/// Makes sure descriptors 0, 1 and 2 are open (on /dev/null if not), so no pipe the daemon
-/// creates can land on them and be confused with a child's stdio.
-pub fn ensure_std_fds() {
-    for fd in 0..3 {
-        // SAFETY: F_GETFD only queries the descriptor.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            // SAFETY: a valid path; the lowest free descriptor (this one) is taken.
-            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
-        }
+/// Marks every descriptor above stderr close-on-exec: whatever the daemon inherited from
+/// whoever started it must not leak into commands. (Rust's runtime already made sure 0, 1
+/// and 2 are open, so no pipe of ours can land on them.)
+pub fn cloexec_inherited() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD on a descriptor number; one that closed meanwhile fails harmlessly.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 
@@ -560,6 +674,19 @@ pub fn raise_nofile() -> Option<(u64, u64)> {
         return None;
     }
     Some(before)
+}
+
+/// Unblocks signals the daemon handles, in case whoever started it had them blocked.
+pub fn unblock_signals(sigs: &[i32]) {
+    // SAFETY: sigset_t is plain old data, initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Makes the daemon the reaper of orphaned descendants, so they are reaped here too.

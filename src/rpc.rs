@@ -460,6 +460,7 @@ impl Framer {
         self.buf.clear();
         self.consumed = 0;
         self.scanned = 0;
+        self.release_memory();
     }
 
     /// Moves the unframed tail to the front so the buffer does not creep.
@@ -468,8 +469,15 @@ impl Framer {
             self.buf.drain(..self.consumed);
             self.consumed = 0;
         }
-        if self.buf.capacity() > 4 * self.max.max(64 * 1024) && self.buf.len() < self.max {
-            self.buf.shrink_to(self.max);
+        self.release_memory();
+    }
+
+    /// Gives back what a burst (a huge line, many lines at once) needed once the buffer is
+    /// empty again: an idle connection keeps only a small buffer.
+    fn release_memory(&mut self) {
+        const KEEP: usize = 64 << 10;
+        if self.buf.is_empty() && self.buf.capacity() > KEEP {
+            self.buf.shrink_to(KEEP);
         }
     }
 }

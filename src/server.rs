@@ -25,16 +25,19 @@ use mio::net::UnixListener;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use serde_json::{json, Map, Value};
-use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
 use crate::conn::{Conn, Fill};
 use crate::process::{self, PeerCred};
-use crate::rpc::{self, Frame, Message, Parsed, RpcError};
+use crate::rpc::{self, Frame, Message, Parsed, Request, RpcError};
 use crate::table::{Exit, Family, Key, KillReason, Table};
 use crate::timers::{TimerId, Timers};
 use crate::{acp, bash, events};
+
+/// Signals the loop handles; every other one keeps its default.
+const HANDLED_SIGNALS: [i32; 4] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP];
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -42,15 +45,22 @@ const FIRST_DYNAMIC: usize = 2;
 
 /// Size of the buffer pipes and sockets are read into.
 const SCRATCH: usize = 256 << 10;
-/// Reads of one pipe per turn before other sources get a go.
-const PIPE_READS_PER_TURN: usize = 16;
-/// Reads of each pipe when its command exits: enough for what a full (grown) pipe holds,
-/// and bounded even if a descendant keeps writing.
-const EXIT_DRAIN_READS: usize = 8;
+/// Bytes read from one pipe per turn before other sources get a go.
+const PIPE_BYTES_PER_TURN: usize = 4 << 20;
+/// Bytes read from each pipe when its command exits: more than a full pipe holds (execd
+/// grows pipes to at most 1 MiB), and bounded even if a descendant keeps writing.
+const EXIT_DRAIN_BYTES: usize = 2 << 20;
+/// Smallest read from a watched pipe, so a tiny ring cannot turn reading into a busy loop
+/// of one-byte reads (a ring that small loses bytes to a fast writer either way).
+const MIN_WATCHED_READ: usize = 64 << 10;
 /// A pipe's default capacity on Linux; a read this large means the pipe was full.
 const DEFAULT_PIPE_SIZE: usize = 64 << 10;
 /// Pause before accepting again after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Requests one connection may have waiting (parked, or open batches) before further
+/// requests on it are refused with -32003: waits cost memory and timers, not output, so
+/// back-pressure on the outgoing buffer does not bound them.
+pub const MAX_WAITING_PER_CONN: usize = 4096;
 /// How long shutdown waits for answers to drain to clients after the last command ended.
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
@@ -148,6 +158,8 @@ struct Batch {
     conn: Token,
     slots: Vec<Option<Vec<u8>>>,
     pending: usize,
+    /// Bytes of the answers gathered so far.
+    bytes: usize,
     /// Still being dispatched: completion waits until every element was seen.
     open: bool,
 }
@@ -157,7 +169,6 @@ struct Batch {
 pub struct Caller {
     pub conn: Token,
     pub uid: u32,
-    pub pid: i32,
 }
 
 struct Shutdown {
@@ -194,6 +205,8 @@ pub struct Server {
     accept_paused: bool,
     pub uid: u32,
     spawner: process::Spawner,
+    /// `--run-as`, resolved at startup.
+    run_as: Option<process::Identity>,
     /// Groups of released, exited commands that got SIGTERM and await their SIGKILL.
     lingering: Vec<i32>,
 }
@@ -245,7 +258,7 @@ pub fn log(line: std::fmt::Arguments) {
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
     pub fn new(cfg: Config) -> io::Result<Server> {
-        process::ensure_std_fds();
+        process::cloexec_inherited();
         let poll = Poll::new()?;
         let (mut listener, socket_file) = match process::systemd_listener(
             std::env::var_os("LISTEN_PID"),
@@ -259,10 +272,22 @@ impl Server {
         };
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let mut signals = Signals::new([SIGCHLD, SIGTERM, SIGINT])?;
+        let mut signals = Signals::new(HANDLED_SIGNALS)?;
+        // A daemon started with these blocked would never hear of its children or a stop.
+        process::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         process::become_subreaper()?;
+        let run_as = match &cfg.run_as {
+            Some(user) if process::current_uid() != 0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("--run-as {user} needs a daemon running as root"),
+                ));
+            }
+            Some(user) => Some(process::Identity::of_user(user)?),
+            None => None,
+        };
         // After the signal handlers are in place: they are what children must reset.
         let spawner = process::Spawner::new(cfg.clean_env, &cfg.rlimits, process::raise_nofile())?;
         let now = Instant::now();
@@ -291,6 +316,7 @@ impl Server {
             accept_paused: false,
             uid: process::current_uid(),
             spawner,
+            run_as,
             lingering: Vec::new(),
         })
     }
@@ -304,7 +330,9 @@ impl Server {
         ));
         let mut events = Events::with_capacity(1024);
         loop {
-            let timeout = if self.hot.is_empty() {
+            // Work left from this turn (pipes still readable, answers queued while
+            // flushing) means polling without sleeping.
+            let timeout = if self.hot.is_empty() && self.dirty.is_empty() {
                 self.timers
                     .next_deadline()
                     .map(|d| d.saturating_duration_since(Instant::now()))
@@ -413,6 +441,14 @@ impl Server {
                 self.cfg.max_message,
                 self.cfg.client_buffer,
             );
+            // A root daemon runs a non-root peer's commands as that peer (or --run-as).
+            // Looked up once here: user databases can be slow, and this is per connection.
+            if self.uid == 0 && peer.uid != 0 {
+                conn.run_as = Some(match &self.run_as {
+                    Some(id) => id.clone(),
+                    None => process::Identity::of_peer(peer.uid, peer.gid),
+                });
+            }
             if conn.register(self.poll.registry()).is_err() {
                 continue;
             }
@@ -435,7 +471,7 @@ impl Server {
             return;
         }
         match self.sources.get(&token).copied() {
-            Some(Source::Pipe { key, stream }) => self.read_pipe(key, stream, PIPE_READS_PER_TURN),
+            Some(Source::Pipe { key, stream }) => self.read_pipe(key, stream, PIPE_BYTES_PER_TURN),
             Some(Source::Stdin { key }) => self.flush_stdin(key),
             None => {} // a source closed earlier this turn
         }
@@ -445,12 +481,21 @@ impl Server {
     fn read_requests(&mut self, token: Token) {
         let mut scratch = std::mem::take(&mut self.scratch);
         while let Some(conn) = self.conns.get_mut(&token) {
-            if !conn.may_read() {
-                conn.read_pending = !conn.eof && !conn.broken;
+            if conn.broken {
+                break;
+            }
+            if !conn.has_room() {
+                // Answers are not being read: take no more requests until they drain.
+                conn.read_pending = true;
                 break;
             }
             conn.read_pending = false;
-            let fill = conn.fill(&mut scratch[..64 << 10]);
+            // After EOF, requests already buffered are still handled.
+            let fill = if conn.eof {
+                Fill::Eof
+            } else {
+                conn.fill(&mut scratch[..64 << 10])
+            };
             self.handle_frames(token);
             if fill != Fill::More {
                 break;
@@ -581,10 +626,16 @@ impl Server {
                         conn: token,
                         slots: Vec::new(),
                         pending: 0,
+                        bytes: 0,
                         open: true,
                     },
                 );
                 for msg in msgs {
+                    if self.batch_full(id, token) {
+                        // The answers so far already fill what this client may be owed.
+                        self.refuse(token, msg, id, self.cfg.client_buffer);
+                        continue;
+                    }
                     self.handle_message(token, msg, Some(id));
                 }
                 if let Some(b) = self.batches.get_mut(&id) {
@@ -593,6 +644,24 @@ impl Server {
                 self.finish_batch(id);
             }
         }
+    }
+
+    /// Whether a batch's answers plus what its connection already owes reach the cap.
+    fn batch_full(&self, batch: u64, token: Token) -> bool {
+        let owed = self.conns.get(&token).map_or(0, |c| c.pending_out());
+        self.batches
+            .get(&batch)
+            .is_some_and(|b| b.bytes + owed >= self.cfg.client_buffer)
+    }
+
+    /// Answers a batch element with -32003 without carrying it out.
+    fn refuse(&mut self, token: Token, msg: Message, batch: u64, cap: usize) {
+        let id = match msg {
+            Message::Request(Request { id: Some(id), .. }) | Message::Invalid { id, .. } => id,
+            _ => return, // notifications and responses are never answered
+        };
+        let target = self.reply_target(id, Some(batch));
+        self.send(token, &target, Err(RpcError::limit("client-buffer", cap)));
     }
 
     fn reply_target(&mut self, id: Value, batch: Option<u64>) -> Reply {
@@ -625,8 +694,14 @@ impl Server {
                 let caller = Caller {
                     conn: token,
                     uid: conn.peer.uid,
-                    pid: conn.peer.pid,
                 };
+                // Only a request can wait; notifications are never parked.
+                if conn.waiting >= MAX_WAITING_PER_CONN && req.id.is_some() {
+                    let target = self.reply_target(req.id.unwrap_or_default(), batch);
+                    let err = RpcError::limit("waiting-requests", MAX_WAITING_PER_CONN);
+                    self.send(token, &target, Err(err));
+                    return;
+                }
                 let outcome = self.dispatch(&caller, &req.method, &req.params);
                 // A notification is carried out and never answered.
                 if let Some(id) = req.id {
@@ -693,6 +768,7 @@ impl Server {
                 let mut one = Vec::new();
                 rpc::write_response(&mut one, id, &result);
                 if let Some(s) = b.slots.get_mut(*slot) {
+                    b.bytes += one.len();
                     *s = Some(one);
                     b.pending -= 1;
                 }
@@ -831,10 +907,11 @@ impl Server {
         token
     }
 
-    /// Reads up to `budget` chunks from one of a process's pipes into its ring.
+    /// Reads up to `budget` bytes from one of a process's pipes into its ring.
     ///
-    /// With subscribers attached, each read is at most the ring's size and they are pumped
-    /// after each one, so a subscriber with room never loses bytes to the ring in between.
+    /// With subscribers attached, each read is at most the ring's size (but not tiny) and
+    /// they are pumped after each one, so a subscriber with room never loses bytes to the
+    /// ring in between.
     /// A pipe found full is grown once, so a chatty command needs fewer wakeups while
     /// quiet ones keep the default size.
     fn read_pipe(&mut self, key: Key, stream: usize, budget: usize) {
@@ -842,7 +919,8 @@ impl Server {
         let mut got = false;
         let mut eof = false;
         let mut exhausted = true;
-        for _ in 0..budget {
+        let mut left = budget;
+        while left > 0 {
             let Some(p) = self.table.get_mut(key) else {
                 exhausted = false;
                 break;
@@ -856,12 +934,12 @@ impl Server {
                 exhausted = false;
                 break;
             };
-            let cap = s.ring.capacity();
-            let want = if watched && cap > 0 {
-                cap.min(scratch.len())
+            let want = if watched {
+                s.ring.capacity().clamp(MIN_WATCHED_READ, scratch.len())
             } else {
                 scratch.len()
-            };
+            }
+            .min(left);
             match file.read(&mut scratch[..want]) {
                 Ok(0) => {
                     eof = true;
@@ -871,6 +949,7 @@ impl Server {
                 Ok(n) => {
                     s.ring.push(&scratch[..n]);
                     got = true;
+                    left -= n;
                     if n == DEFAULT_PIPE_SIZE && !s.grown {
                         s.grown = true;
                         process::grow_pipe(file.as_raw_fd());
@@ -906,7 +985,7 @@ impl Server {
 
     fn service_hot(&mut self) {
         for (key, stream) in std::mem::take(&mut self.hot) {
-            self.read_pipe(key, stream, PIPE_READS_PER_TURN);
+            self.read_pipe(key, stream, PIPE_BYTES_PER_TURN);
         }
     }
 
@@ -1004,6 +1083,9 @@ impl Server {
             match sig {
                 SIGCHLD => chld = true,
                 SIGTERM | SIGINT => term = true,
+                // Caught so that a closing terminal or a logrotate-style HUP does not kill
+                // the daemon (and with it every command). There is no audit file to reopen.
+                SIGHUP => log(format_args!("SIGHUP: nothing to reopen")),
                 _ => {}
             }
         }
@@ -1017,14 +1099,16 @@ impl Server {
 
     /// Reaps every exited child; one SIGCHLD may stand for many exits.
     fn reap_all(&mut self) {
+        let mut orphans = false;
         while let Some(r) = process::reap_one() {
             let Some(key) = self.table.by_pid(r.pid) else {
-                continue; // a re-parented orphan: reaped, nothing to publish
+                orphans = true; // a re-parented descendant: reaped, nothing to publish
+                continue;
             };
             // Whatever the pipes hold now was written before the exit: read it first.
             let nstreams = self.table.get(key).map_or(0, |p| p.streams.len());
             for s in 0..nstreams {
-                self.read_pipe(key, s, EXIT_DRAIN_READS);
+                self.read_pipe(key, s, EXIT_DRAIN_BYTES);
             }
             let exit = Exit {
                 ended: r.ended,
@@ -1033,6 +1117,18 @@ impl Server {
             };
             let evict = self.table.record_exit(key, exit, self.cfg.max_retained);
             self.close_stdin(key);
+            let stopping = self.shutdown.is_some();
+            if let Some(p) = self.table.get_mut(key) {
+                // Descendants may live on in the group; from now on its number is only
+                // signalled while it is known to still have members (see `lingering`).
+                p.group_alive = process::group_exists(p.pid);
+                if let Some(t) = p.hard_timer.take() {
+                    self.timers.cancel(t);
+                }
+                if p.group_alive && (p.released || stopping) {
+                    self.lingering.push(p.pid);
+                }
+            }
             if let Some(p) = self.table.get(key) {
                 log(format_args!(
                     "{} exited: {} after {} ms",
@@ -1063,6 +1159,20 @@ impl Server {
                 bash::trim_history(self, &s);
             }
         }
+        if orphans {
+            self.recheck_groups();
+        }
+    }
+
+    /// A descendant died: groups that lost their last member are forgotten, so their
+    /// numbers, free for reuse now, are never signalled.
+    fn recheck_groups(&mut self) {
+        self.lingering.retain(|g| process::group_exists(*g));
+        for p in self.table.procs.values_mut() {
+            if p.exit.is_some() && p.group_alive {
+                p.group_alive = process::group_exists(p.pid);
+            }
+        }
     }
 
     /// Starts ending a command: SIGTERM to its group now, SIGKILL after the grace.
@@ -1088,6 +1198,7 @@ impl Server {
         let Some(p) = self.table.get(key) else { return };
         let running = p.running();
         let pgid = p.pid;
+        let group_alive = p.group_alive;
         let nstreams = p.streams.len();
         log(format_args!("{} released", p.id));
         self.table.hide(key);
@@ -1099,7 +1210,7 @@ impl Server {
             self.kill_proc(key, KillReason::Killed);
         } else {
             // The leader is gone; descendants that kept its group alive are not wanted.
-            if !self.table.leads_group(pgid) {
+            if group_alive && process::group_exists(pgid) {
                 process::signal_group(pgid, libc::SIGTERM);
                 self.lingering.push(pgid);
                 self.timers
@@ -1143,16 +1254,18 @@ impl Server {
         while let Some(t) = self.timers.pop_due(Instant::now()) {
             match t {
                 Timer::KillEscalate { key, pgid } => {
-                    let p = self.table.get(key);
-                    let alive = p.is_some_and(|p| p.running());
+                    let alive = self.table.get(key).is_some_and(|p| p.running());
                     // A released command's group goes entirely, even when the leader died
                     // of the SIGTERM and a descendant ignored it.
-                    let unwanted = p.is_none_or(|p| p.released);
-                    if alive || (unwanted && !self.table.leads_group(pgid)) {
+                    if alive || self.lingering.contains(&pgid) {
+                        self.lingering.retain(|g| *g != pgid);
                         process::signal_group(pgid, libc::SIGKILL);
                     }
                 }
                 Timer::GroupKill { pgid } => {
+                    if !self.lingering.contains(&pgid) {
+                        continue; // its last member died meanwhile
+                    }
                     self.lingering.retain(|g| *g != pgid);
                     // A number can be reused once its group is empty; never hit a group
                     // one of our own running commands now leads.
@@ -1209,21 +1322,20 @@ impl Server {
             .filter(|p| p.running())
             .map(|p| p.key)
             .collect();
-        // Every command's group is watched until empty: a leader may die of the SIGTERM
-        // while a descendant ignores it, and exited commands may have left descendants.
-        let groups: Vec<(i32, bool)> = self
+        // Exited commands may have left descendants in their groups: those go too. (The
+        // groups of running ones are watched from when their leaders are reaped.)
+        let lingering: Vec<i32> = self
             .table
             .procs
             .values()
-            .map(|p| (p.pid, p.running()))
+            .filter(|p| p.exit.is_some() && p.group_alive)
+            .map(|p| p.pid)
             .collect();
         for key in running {
             self.kill_proc(key, KillReason::Killed);
         }
-        for (pgid, running) in groups {
-            if !running {
-                process::signal_group(pgid, libc::SIGTERM);
-            }
+        for pgid in lingering {
+            process::signal_group(pgid, libc::SIGTERM);
             self.lingering.push(pgid);
         }
         self.timers.add(
@@ -1312,6 +1424,8 @@ fn describe_exit(p: &crate::table::Proc) -> String {
 pub struct Launch {
     pub family: Family,
     pub owner: u32,
+    /// The connection asking: whose identity the command may run as.
+    pub conn: Token,
     pub program: process::Program,
     /// What the client asked to run, for listings and logs.
     pub command: String,
@@ -1330,11 +1444,13 @@ impl Server {
         if self.table.running() >= self.cfg.max_processes {
             return Err(RpcError::limit("max-processes", self.cfg.max_processes));
         }
+        let user = self.conns.get(&l.conn).and_then(|c| c.run_as.as_ref());
         let spec = process::SpawnSpec {
             program: &l.program,
             env: &l.env,
             cwd: &l.cwd,
             stdio: l.stdio,
+            user,
         };
         let spawned = self
             .spawner
@@ -1401,6 +1517,8 @@ impl Server {
             kill: None,
             signalled: false,
             released: false,
+            group_alive: true,
+            hard_timer: None,
             waiters: Vec::new(),
             subs: Vec::new(),
         });

@@ -123,6 +123,11 @@ pub struct Proc {
     pub signalled: bool,
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
     pub released: bool,
+    /// Its process group may still have members (true while the leader runs; after that,
+    /// as last seen). A group known empty is never signalled: its number may be reused.
+    pub group_alive: bool,
+    /// The bash `hard_timeout`, cancelled when the command exits first.
+    pub hard_timer: Option<crate::timers::TimerId>,
     /// Parked requests interested in this process.
     pub waiters: Vec<u64>,
     pub subs: Vec<Sub>,
@@ -181,6 +186,8 @@ pub struct Session {
     /// Commands in start order (finished ones beyond the history limit are dropped).
     pub commands: VecDeque<Key>,
     pub command_count: u64,
+    /// The pending idle check, cancelled when the session closes.
+    pub idle_timer: Option<crate::timers::TimerId>,
 }
 
 /// Whether `caller` may see something owned by `owner`: the owner itself, or root.
@@ -422,6 +429,8 @@ mod tests {
             kill: None,
             signalled: false,
             released: false,
+            group_alive: true,
+            hard_timer: None,
             waiters: vec![],
             subs: vec![],
         });
@@ -454,6 +463,7 @@ mod tests {
                 last_used_wall: SystemTime::now(),
                 commands: VecDeque::new(),
                 command_count: 0,
+                idle_timer: None,
             },
         );
     }

@@ -1,7 +1,9 @@
 //! One timer structure for the whole loop: kill escalation, soft and hard timeouts, long-poll
 //! deadlines, idle sessions, accept back-off, shutdown. A binary heap ordered by deadline:
 //! adding is O(log n), cancelling is O(1) (the entry is forgotten and skipped when it
-//! surfaces), and the loop's poll timeout is the earliest live deadline.
+//! surfaces), and the loop's poll timeout is the earliest live deadline. When cancelled
+//! entries outnumber live ones the heap is rebuilt, so far-off deadlines that were
+//! cancelled (a `wait_timeout` of a day) cannot pile up.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -15,7 +17,7 @@ pub struct TimerId(u64);
 #[derive(Debug)]
 pub struct Timers<T> {
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
-    live: HashMap<u64, T>,
+    live: HashMap<u64, (Instant, T)>,
     next: u64,
 }
 
@@ -35,13 +37,19 @@ impl<T> Timers<T> {
         let id = self.next;
         self.next += 1;
         self.heap.push(Reverse((at, id)));
-        self.live.insert(id, what);
+        self.live.insert(id, (at, what));
         TimerId(id)
     }
 
     /// Disarms a timer; unknown or already fired ids are ignored.
     pub fn cancel(&mut self, id: TimerId) {
-        self.live.remove(&id.0);
+        if self.live.remove(&id.0).is_some() && self.heap.len() > 2 * self.live.len() + 64 {
+            self.heap = self
+                .live
+                .iter()
+                .map(|(id, (at, _))| Reverse((*at, *id)))
+                .collect();
+        }
     }
 
     /// The earliest live deadline.
@@ -62,20 +70,11 @@ impl<T> Timers<T> {
                 return None;
             }
             self.heap.pop();
-            if let Some(what) = self.live.remove(&id) {
+            if let Some((_, what)) = self.live.remove(&id) {
                 return Some(what);
             }
         }
         None
-    }
-
-    /// Number of live timers.
-    pub fn len(&self) -> usize {
-        self.live.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
     }
 }
 
@@ -94,12 +93,26 @@ mod tests {
         t.add(t0 + s(1), "a");
         assert_eq!(t.next_deadline(), Some(t0 + s(1)));
         t.cancel(b);
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.live.len(), 2);
         assert_eq!(t.pop_due(t0), None);
         assert_eq!(t.pop_due(t0 + s(5)), Some("a"));
         assert_eq!(t.pop_due(t0 + s(5)), Some("c"));
         assert_eq!(t.pop_due(t0 + s(5)), None);
         assert_eq!(t.next_deadline(), None);
-        assert!(t.is_empty());
+        assert!(t.live.is_empty());
+    }
+
+    #[test]
+    fn cancelled_far_deadlines_do_not_pile_up() {
+        let t0 = Instant::now();
+        let mut t = Timers::default();
+        let keep = t.add(t0 + Duration::from_secs(1), 0);
+        for i in 0..10_000 {
+            let id = t.add(t0 + Duration::from_secs(86_400), i);
+            t.cancel(id);
+        }
+        assert!(t.heap.len() < 200, "heap holds {} entries", t.heap.len());
+        assert_eq!(t.pop_due(t0 + Duration::from_secs(2)), Some(0));
+        t.cancel(keep);
     }
 }

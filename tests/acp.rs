@@ -1181,3 +1181,114 @@ fn output_limit_default_and_max_clamp() {
         release(&mut c, &id);
     }
 }
+
+/// Runs `execctl` as uid/gid 65534 (nobody) against `socket`; returns its stdout.
+fn execctl_as_nobody(socket: &Path, args: &[&str]) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_execctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn execctl as nobody");
+    let status = wait_child(&mut child);
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut out)
+        .expect("read stdout");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("read stderr");
+    assert!(
+        status.success(),
+        "execctl {args:?} as nobody: {status}; stderr: {err}"
+    );
+    out
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A root daemon runs a non-root peer's commands as that peer, groups included.
+#[test]
+fn root_daemon_runs_a_peers_commands_as_the_peer() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root to start a daemon that switches users");
+        return;
+    }
+    let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("let nobody reach the socket");
+    let out = execctl_as_nobody(&d.socket, &["run", "--", "sh", "-c", "id -u; id -g; id -G"]);
+    assert_eq!(
+        out, "65534\n65534\n65534\n",
+        "uid, gid and groups of the command"
+    );
+    // The daemon's own uid still runs as itself.
+    let mut c = d.client();
+    let id = create(&mut c, "id", &["-u"]);
+    wait_exit(&mut c, &id);
+    assert_eq!(output(&mut c, &id)["output"], "0\n");
+}
+
+/// `--run-as USER` replaces the peer's own identity for non-root peers.
+#[test]
+fn run_as_names_the_user_for_non_root_peers() {
+    if !running_as_root() {
+        eprintln!("skipped: needs root to start a daemon that switches users");
+        return;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let Some(daemon_uid) = passwd
+        .lines()
+        .find(|l| l.starts_with("daemon:"))
+        .and_then(|l| l.split(':').nth(2))
+    else {
+        eprintln!("skipped: no 'daemon' user to run as");
+        return;
+    };
+    let d = Daemon::start(&[
+        "--socket-mode",
+        "0666",
+        "--allow-uid",
+        "65534",
+        "--run-as",
+        "daemon",
+    ]);
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("let nobody reach the socket");
+    let out = execctl_as_nobody(&d.socket, &["run", "--", "id", "-u"]);
+    assert_eq!(out.trim(), daemon_uid);
+}
+
+#[test]
+fn run_as_an_unknown_user_refuses_to_start() {
+    let place = TempDir::new();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_execd"))
+        .arg("--socket")
+        .arg(place.path().join("s.sock"))
+        .args(["--run-as", "no-such-user-here"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn execd");
+    let status = wait_child(&mut daemon);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("no-such-user-here"), "{stderr:?}");
+}

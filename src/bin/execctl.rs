@@ -825,20 +825,25 @@ fn cmd_wait(ctx: &Ctx, args: Args) -> Res<u8> {
             )?;
             (r["exitCode"].clone(), r["signal"].clone())
         }
-        Target::Bash { id, session } => loop {
-            // Long-poll from the end so waiting costs no output transfer.
-            let r = c.call(
-                "bash/output",
-                json!({"session_id": session, "command_id": id, "offset": u64::MAX, "stderr_offset": u64::MAX, "wait": true, "wait_timeout": 30}),
-            )?;
-            let cmd = &r["command"];
-            if cmd["status"] != "running" {
-                break (
-                    cmd["exit_code"].clone(),
-                    cmd.get("signal").cloned().unwrap_or(Value::Null),
-                );
+        Target::Bash { id, session } => {
+            // An offset past the end is answered at once with "" and the end offsets; from
+            // there, long-poll: waiting transfers no output.
+            let mut at = json!({"session_id": session, "command_id": id, "offset": u64::MAX, "stderr_offset": u64::MAX});
+            loop {
+                let r = c.call("bash/output", at.clone())?;
+                let cmd = &r["command"];
+                if cmd["status"] != "running" {
+                    break (
+                        cmd["exit_code"].clone(),
+                        cmd.get("signal").cloned().unwrap_or(Value::Null),
+                    );
+                }
+                at["offset"] = r["offset"].clone();
+                at["stderr_offset"] = r["stderr_offset"].clone();
+                at["wait"] = json!(true);
+                at["wait_timeout"] = json!(30);
             }
-        },
+        }
     };
     if ctx.json {
         print_json(&json!({"exitCode": code, "signal": signal}));
