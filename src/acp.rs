@@ -8,7 +8,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::process::{self, Ended, Program, Stdio3};
+use crate::process::{Program, Stdio3};
 use crate::rpc::{Params, RpcError};
 use crate::server::{validate_dir, validate_env, Caller, Launch, Outcome, Server, Wait};
 use crate::table::{Family, Key, KillReason, Proc};
@@ -155,13 +155,8 @@ fn lookup(s: &Server, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
 
 /// `{exitCode, signal}` of an exited process (both null while it runs).
 pub fn exit_status(p: &Proc) -> Value {
-    match p.exit.map(|e| e.ended) {
-        Some(Ended::Code(c)) => json!({ "exitCode": c, "signal": null }),
-        Some(Ended::Signal(sig)) => {
-            json!({ "exitCode": null, "signal": process::signal_name(sig) })
-        }
-        None => json!({ "exitCode": null, "signal": null }),
-    }
+    let (code, signal) = p.exit_fields();
+    json!({ "exitCode": code, "signal": signal })
 }
 
 /// `terminal/output`: the retained tail, never blocking.

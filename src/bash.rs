@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Map, Value};
 
 use crate::config::BASH_HISTORY;
-use crate::process::{self, Ended, Program, Stdio3};
+use crate::process::{self, Program, Stdio3};
 use crate::ring::middle_cut;
 use crate::rpc::{rfc3339, Params, RpcError};
 use crate::server::{
@@ -42,18 +42,12 @@ pub fn command_info(p: &Proc) -> Value {
     Value::Object(v)
 }
 
+/// `exit_code`, and `signal` only when a signal ended the command.
 fn add_exit(v: &mut Map<String, Value>, p: &Proc) {
-    match p.exit.map(|e| e.ended) {
-        Some(Ended::Code(c)) => {
-            v.insert("exit_code".into(), c.into());
-        }
-        Some(Ended::Signal(sig)) => {
-            v.insert("exit_code".into(), Value::Null);
-            v.insert("signal".into(), process::signal_name(sig).into());
-        }
-        None => {
-            v.insert("exit_code".into(), Value::Null);
-        }
+    let (code, signal) = p.exit_fields();
+    v.insert("exit_code".into(), code.into());
+    if let Some(sig) = signal {
+        v.insert("signal".into(), sig.into());
     }
 }
 

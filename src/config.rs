@@ -73,6 +73,18 @@ pub enum Rlimit {
 }
 
 impl Rlimit {
+    /// The name `--rlimit` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rlimit::Cpu => "cpu",
+            Rlimit::As => "as",
+            Rlimit::Nofile => "nofile",
+            Rlimit::Nproc => "nproc",
+            Rlimit::Fsize => "fsize",
+            Rlimit::Core => "core",
+        }
+    }
+
     fn parse(name: &str) -> Option<Rlimit> {
         Some(match name {
             "cpu" => Rlimit::Cpu,

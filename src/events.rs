@@ -19,7 +19,6 @@ use serde_json::{json, Value};
 
 use crate::acp;
 use crate::conn::Conn;
-use crate::process::{self, Ended};
 use crate::ring::Ring;
 use crate::rpc::{self, Params, RpcError};
 use crate::server::{Caller, Server};
@@ -169,11 +168,7 @@ fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
 
 /// The `Exit` payload.
 pub fn exit_payload(p: &Proc) -> Value {
-    let e = p.exit.expect("exited");
-    let (code, signal) = match e.ended {
-        Ended::Code(c) => (json!(c), Value::Null),
-        Ended::Signal(sig) => (Value::Null, json!(process::signal_name(sig))),
-    };
+    let (code, signal) = p.exit_fields();
     let meta = acp::usage_meta(p);
     json!({
         "id": p.id,

@@ -204,7 +204,7 @@ struct ChildPlan {
     stdio: [RawFd; 3],
     limits: *const (libc::__rlimit_resource_t, libc::rlimit),
     nlimits: usize,
-    /// Signals the daemon catches or ignores, to reset to their default.
+    /// Signals the daemon catches (and SIGPIPE), to reset to their default.
     reset: *const libc::c_int,
     nreset: usize,
     parent: libc::pid_t,
@@ -407,6 +407,7 @@ impl Spawner {
                 },
             )
         });
+        check_limits(rlimits)?;
         let limits = restore
             .into_iter()
             .chain(rlimits.iter().map(|&(r, v)| {
@@ -445,11 +446,14 @@ impl Spawner {
                 (shell, vec!["-c", line])
             }
         };
-        // The request's variables override the base environment's of the same name.
+        // The request's variables override the base environment's of the same name; a
+        // name the request gives twice takes its last value.
         let extra: Vec<CString> = spec
             .env
             .iter()
-            .map(|(k, v)| env_entry(k.as_bytes(), v.as_bytes()))
+            .enumerate()
+            .filter(|(i, (k, _))| !spec.env[i + 1..].iter().any(|(later, _)| later == k))
+            .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
             .collect::<io::Result<_>>()?;
         let overridden = |name: &OsStr| {
             spec.env
@@ -557,6 +561,43 @@ impl Spawner {
             stdin: stdin_w,
         })
     }
+}
+
+/// Refuses limits a child could never set, so a bad `--rlimit` fails once at startup rather
+/// than every spawn: above the hard limit without root, or `nofile` above `fs.nr_open`.
+fn check_limits(rlimits: &[(Rlimit, u64)]) -> io::Result<()> {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    for &(r, v) in rlimits {
+        // SAFETY: rlimit is plain old data for getrlimit to fill.
+        let mut cur: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: a pointer to a live rlimit.
+        if unsafe { libc::getrlimit(rlimit_resource(r), &mut cur) } != 0 {
+            continue;
+        }
+        let hard = cur.rlim_max as u64;
+        let too_high = |limit: u64| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "--rlimit {}={v} is above what commands may have ({limit})",
+                    r.name()
+                ),
+            )
+        };
+        if !root && hard != libc::RLIM_INFINITY && v > hard {
+            return Err(too_high(hard));
+        }
+        if r == Rlimit::Nofile {
+            let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if let Some(max) = nr_open.filter(|&max| v > max) {
+                return Err(too_high(max));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `NAME=value` for `execve`.
@@ -765,67 +806,80 @@ pub fn systemd_listener(
     Some(listener)
 }
 
-/// Signals a client may name, with their numbers.
-const SIGNALS: &[(&str, i32)] = &[
+/// Every signal by its conventional name.
+const SIGNAL_NAMES: &[(&str, i32)] = &[
     ("SIGHUP", libc::SIGHUP),
     ("SIGINT", libc::SIGINT),
     ("SIGQUIT", libc::SIGQUIT),
+    ("SIGILL", libc::SIGILL),
+    ("SIGTRAP", libc::SIGTRAP),
+    ("SIGABRT", libc::SIGABRT),
+    ("SIGBUS", libc::SIGBUS),
+    ("SIGFPE", libc::SIGFPE),
     ("SIGKILL", libc::SIGKILL),
     ("SIGUSR1", libc::SIGUSR1),
+    ("SIGSEGV", libc::SIGSEGV),
     ("SIGUSR2", libc::SIGUSR2),
+    ("SIGPIPE", libc::SIGPIPE),
+    ("SIGALRM", libc::SIGALRM),
     ("SIGTERM", libc::SIGTERM),
+    ("SIGSTKFLT", libc::SIGSTKFLT),
+    ("SIGCHLD", libc::SIGCHLD),
     ("SIGCONT", libc::SIGCONT),
     ("SIGSTOP", libc::SIGSTOP),
+    ("SIGTSTP", libc::SIGTSTP),
+    ("SIGTTIN", libc::SIGTTIN),
+    ("SIGTTOU", libc::SIGTTOU),
+    ("SIGURG", libc::SIGURG),
+    ("SIGXCPU", libc::SIGXCPU),
+    ("SIGXFSZ", libc::SIGXFSZ),
+    ("SIGVTALRM", libc::SIGVTALRM),
+    ("SIGPROF", libc::SIGPROF),
+    ("SIGWINCH", libc::SIGWINCH),
+    ("SIGIO", libc::SIGIO),
+    ("SIGPWR", libc::SIGPWR),
+    ("SIGSYS", libc::SIGSYS),
 ];
 
-/// The signal a client names, with or without the `SIG` prefix, in any case.
-pub fn signal_by_name(name: &str) -> Option<i32> {
+/// Signals `bash/kill` accepts.
+const KILL_SIGNALS: &[i32] = &[
+    libc::SIGTERM,
+    libc::SIGKILL,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGSTOP,
+    libc::SIGCONT,
+];
+
+/// The number of a signal named with or without `SIG`, in any case.
+fn named_signal(name: &str) -> Option<i32> {
     let upper = name.to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    SIGNALS.iter().find(|(n, _)| *n == full).map(|&(_, s)| s)
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    SIGNAL_NAMES
+        .iter()
+        .find(|(n, _)| n[3..] == *bare)
+        .map(|&(_, s)| s)
 }
 
-/// The conventional name of a signal number, e.g. `"SIGKILL"`.
+/// The number of a signal as `signal_name` writes it: a name, or `SIG<n>`.
+pub fn signal_number(name: &str) -> Option<i32> {
+    named_signal(name).or_else(|| name.strip_prefix("SIG")?.parse().ok())
+}
+
+/// The signal a client may send with `bash/kill`: by name only, from the allowed list.
+pub fn signal_by_name(name: &str) -> Option<i32> {
+    named_signal(name).filter(|s| KILL_SIGNALS.contains(s))
+}
+
+/// The conventional name of a signal number, e.g. `"SIGKILL"` (`"SIG40"` when it has none).
 pub fn signal_name(sig: i32) -> String {
-    let known = match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGSTKFLT => "SIGSTKFLT",
-        libc::SIGCHLD => "SIGCHLD",
-        libc::SIGCONT => "SIGCONT",
-        libc::SIGSTOP => "SIGSTOP",
-        libc::SIGTSTP => "SIGTSTP",
-        libc::SIGTTIN => "SIGTTIN",
-        libc::SIGTTOU => "SIGTTOU",
-        libc::SIGURG => "SIGURG",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        libc::SIGVTALRM => "SIGVTALRM",
-        libc::SIGPROF => "SIGPROF",
-        libc::SIGWINCH => "SIGWINCH",
-        libc::SIGIO => "SIGIO",
-        libc::SIGPWR => "SIGPWR",
-        libc::SIGSYS => "SIGSYS",
-        _ => return format!("SIG{sig}"),
-    };
-    known.to_string()
+    SIGNAL_NAMES
+        .iter()
+        .find(|&&(_, s)| s == sig)
+        .map_or_else(|| format!("SIG{sig}"), |(n, _)| n.to_string())
 }
 
 /// Columns of the terminal on stdout, if stdout is one.
@@ -843,12 +897,6 @@ pub fn group_exists(pgid: i32) -> bool {
     pgid > 1 && unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
-/// Whether a process exists (or is an unreaped zombie) under `pid`.
-pub fn pid_exists(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -857,7 +905,13 @@ mod tests {
     fn signal_names_round_trip() {
         assert_eq!(signal_by_name("SIGINT"), Some(libc::SIGINT));
         assert_eq!(signal_by_name("term"), Some(libc::SIGTERM));
-        assert_eq!(signal_by_name("SIGSEGV"), None);
+        assert_eq!(signal_by_name("SIGSEGV"), None, "not one bash/kill sends");
+        assert_eq!(signal_number("SIGSEGV"), Some(libc::SIGSEGV));
+        assert_eq!(signal_number("SIG40"), Some(40));
+        assert_eq!(signal_number("nope"), None);
+        assert_eq!(signal_by_name("9"), None, "names only");
+        assert_eq!(signal_by_name(""), None);
+        assert_eq!(signal_by_name("SIG"), None);
         assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
         assert_eq!(signal_name(200), "SIG200");
     }

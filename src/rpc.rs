@@ -242,17 +242,6 @@ pub fn write_response(out: &mut Vec<u8>, id: &Value, result: &Result<Value, RpcE
     out.push(b'}');
 }
 
-/// Encodes a notification line (with its `\n`).
-pub fn encode_notification(method: &str, params: &Value) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
-    write_json_str(&mut out, method);
-    out.extend_from_slice(b",\"params\":");
-    write_json(&mut out, params);
-    out.extend_from_slice(b"}\n");
-    out
-}
-
 /// Appends `value` as compact JSON. Writing to a `Vec` cannot fail and a `Value` always
 /// serializes, so there is no error to report.
 pub fn write_json(out: &mut Vec<u8>, value: &Value) {

@@ -1404,19 +1404,14 @@ impl Server {
             let _ = std::fs::remove_file(path);
         }
     }
-
-    /// Whether the daemon is shutting down.
-    pub fn shutting_down(&self) -> bool {
-        self.shutdown.is_some()
-    }
 }
 
 /// "exit 3", "signal SIGKILL" or "running" for logs.
 fn describe_exit(p: &crate::table::Proc) -> String {
-    match p.exit.map(|e| e.ended) {
-        Some(process::Ended::Code(c)) => format!("exit {c}"),
-        Some(process::Ended::Signal(s)) => format!("signal {}", process::signal_name(s)),
-        None => "running".into(),
+    match p.exit_fields() {
+        (Some(c), _) => format!("exit {c}"),
+        (_, Some(sig)) => format!("signal {sig}"),
+        _ => "running".into(),
     }
 }
 

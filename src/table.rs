@@ -160,6 +160,17 @@ impl Proc {
         }
     }
 
+    /// `(exit code, signal name)` as every protocol reports them: a code with no signal
+    /// when it exited, no code and the signal's name when a signal ended it, and neither
+    /// while it runs.
+    pub fn exit_fields(&self) -> (Option<i32>, Option<String>) {
+        match self.exit.map(|e| e.ended) {
+            Some(Ended::Code(c)) => (Some(c), None),
+            Some(Ended::Signal(sig)) => (None, Some(crate::process::signal_name(sig))),
+            None => (None, None),
+        }
+    }
+
     pub fn duration(&self) -> Duration {
         match &self.exit {
             Some(e) => e.at.saturating_duration_since(self.started),
@@ -318,7 +329,7 @@ impl Table {
         Some(p)
     }
 
-    /// Visible processes, optionally of one family's session, newest first.
+    /// Visible, unreleased processes, newest first.
     pub fn list(&self, caller: u32) -> Vec<&Proc> {
         let mut v: Vec<&Proc> = self
             .procs

@@ -1292,3 +1292,42 @@ fn run_as_an_unknown_user_refuses_to_start() {
     assert_eq!(status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("no-such-user-here"), "{stderr:?}");
 }
+
+#[test]
+fn rlimits_apply_to_commands_and_impossible_ones_refuse_to_start() {
+    let d = Daemon::start(&["--rlimit", "nofile=64", "--rlimit", "cpu=5"]);
+    let mut c = d.client();
+    let id = create(&mut c, "sh", &["-c", "ulimit -n; ulimit -t"]);
+    wait_exit(&mut c, &id);
+    assert_eq!(output(&mut c, &id)["output"], "64\n5\n");
+
+    let place = TempDir::new();
+    let mut bad = Command::new(env!("CARGO_BIN_EXE_execd"))
+        .arg("--socket")
+        .arg(place.path().join("s.sock"))
+        .args(["--rlimit", "nofile=99999999999"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn execd");
+    let status = wait_child(&mut bad);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut bad.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("nofile"), "{stderr:?}");
+}
+
+#[test]
+fn a_variable_given_twice_takes_its_last_value() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let id = create_with(
+        &mut c,
+        json!({"sessionId": "s", "command": "sh", "args": ["-c", "echo $A; env | grep -c '^A='"],
+               "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+    );
+    wait_exit(&mut c, &id);
+    assert_eq!(output(&mut c, &id)["output"], "2\n1\n");
+}

@@ -262,23 +262,6 @@ fn help(sub: &str) -> Option<&'static str> {
 
 // ---- helpers ------------------------------------------------------------------------------
 
-/// Signals named by `signal` in exit statuses that execctl's own table may not know.
-fn full_signal_number(name: &str) -> Option<i32> {
-    const MORE: &[(&str, i32)] = &[
-        ("SIGABRT", libc::SIGABRT),
-        ("SIGSEGV", libc::SIGSEGV),
-        ("SIGPIPE", libc::SIGPIPE),
-        ("SIGBUS", libc::SIGBUS),
-        ("SIGFPE", libc::SIGFPE),
-        ("SIGILL", libc::SIGILL),
-        ("SIGALRM", libc::SIGALRM),
-        ("SIGXCPU", libc::SIGXCPU),
-        ("SIGXFSZ", libc::SIGXFSZ),
-    ];
-    execd::process::signal_by_name(name)
-        .or_else(|| MORE.iter().find(|(n, _)| *n == name).map(|&(_, s)| s))
-}
-
 /// The shell convention: the exit code, or 128+N when signal N ended the command.
 fn exit_status(exit_code: &Value, signal: &Value) -> u8 {
     if let Some(c) = exit_code.as_i64() {
@@ -287,9 +270,7 @@ fn exit_status(exit_code: &Value, signal: &Value) -> u8 {
     let Some(name) = signal.as_str() else {
         return 1;
     };
-    let n = full_signal_number(name)
-        .or_else(|| name.strip_prefix("SIG").and_then(|n| n.parse().ok()))
-        .unwrap_or(0);
+    let n = execd::process::signal_number(name).unwrap_or(0);
     (128 + n).clamp(0, 255) as u8
 }
 
