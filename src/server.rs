@@ -349,11 +349,7 @@ impl Server {
                 match ev.token() {
                     LISTENER => self.accept_all(),
                     SIGNALS => self.on_signals(),
-                    t => self.on_ready(
-                        t,
-                        ev.is_readable() || ev.is_read_closed(),
-                        ev.is_writable() || ev.is_write_closed(),
-                    ),
+                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed()),
                 }
             }
             self.service_hot();
@@ -456,14 +452,10 @@ impl Server {
         }
     }
 
-    fn on_ready(&mut self, token: Token, readable: bool, writable: bool) {
+    /// A source is ready. For a connection, writing (and resuming what waited for room)
+    /// happens in `flush_dirty`, so only readability matters here.
+    fn on_ready(&mut self, token: Token, readable: bool) {
         if self.conns.contains_key(&token) {
-            if writable {
-                if let Some(c) = self.conns.get_mut(&token) {
-                    c.flush();
-                }
-                self.after_drain(token);
-            }
             if readable {
                 self.read_requests(token);
             }
@@ -527,41 +519,43 @@ impl Server {
         }
     }
 
-    /// Called when a connection's outgoing buffer may have drained.
-    fn after_drain(&mut self, token: Token) {
-        let Some(conn) = self.conns.get(&token) else {
-            return;
-        };
-        if !conn.has_room() {
-            return;
-        }
-        let resume = conn.read_pending;
-        events::on_room(self, token);
-        if resume {
-            self.read_requests(token);
-        }
-    }
-
+    /// Writes what each connection touched this turn is owed, then closes the finished
+    /// ones. While a connection has room, what waited for room goes on: lagging
+    /// subscribers resume and requests held back by back-pressure are read, and what they
+    /// queue is written too, until the socket is full (WRITABLE brings us back) or nothing
+    /// more is owed. A connection still busy after a few rounds gets the next turn.
     fn flush_dirty(&mut self) {
+        const ROUNDS: usize = 8;
         let dirty = std::mem::take(&mut self.dirty);
         for token in dirty {
-            let Some(conn) = self.conns.get_mut(&token) else {
-                continue;
-            };
-            let before = conn.pending_out();
-            conn.flush();
-            let drained = conn.pending_out() < before;
-            if drained {
-                self.after_drain(token);
-            }
-            let Some(conn) = self.conns.get_mut(&token) else {
-                continue;
-            };
-            if conn.pending_out() > 0 && drained {
-                // More was queued while draining; flush again next turn.
+            for round in 0.. {
+                let Some(conn) = self.conns.get_mut(&token) else {
+                    break;
+                };
                 conn.flush();
+                if conn.broken || !conn.has_room() {
+                    break;
+                }
+                let owed = conn.pending_out();
+                let held_back = conn.read_pending;
+                events::on_room(self, token);
+                if held_back {
+                    self.read_requests(token);
+                }
+                let Some(conn) = self.conns.get(&token) else {
+                    break;
+                };
+                if conn.pending_out() == owed {
+                    break; // nothing new to write
+                }
+                if round == ROUNDS {
+                    self.dirty.push(token);
+                    break;
+                }
             }
-            let conn = self.conns.get_mut(&token).expect("checked above");
+            let Some(conn) = self.conns.get_mut(&token) else {
+                continue;
+            };
             if conn.finished() {
                 self.close_conn(token);
             } else {
