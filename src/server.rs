@@ -260,18 +260,7 @@ impl Server {
     pub fn new(cfg: Config) -> io::Result<Server> {
         process::cloexec_inherited();
         let poll = Poll::new()?;
-        let (mut listener, socket_file) = match process::systemd_listener(
-            std::env::var_os("LISTEN_PID"),
-            std::env::var_os("LISTEN_FDS"),
-        ) {
-            Some(std_listener) => {
-                std_listener.set_nonblocking(true)?;
-                (UnixListener::from_std(std_listener), None)
-            }
-            None => (bind(&cfg)?, Some(cfg.socket.clone())),
-        };
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
         let mut signals = Signals::new(HANDLED_SIGNALS)?;
         // A daemon started with these blocked would never hear of its children or a stop.
         process::unblock_signals(&HANDLED_SIGNALS);
@@ -290,6 +279,26 @@ impl Server {
         };
         // After the signal handlers are in place: they are what children must reset.
         let spawner = process::Spawner::new(cfg.clean_env, &cfg.rlimits, process::raise_nofile())?;
+        // Last, so a refusal above leaves no socket file behind.
+        let (mut listener, socket_file) = match process::systemd_listener(
+            std::env::var_os("LISTEN_PID"),
+            std::env::var_os("LISTEN_FDS"),
+        ) {
+            Some(std_listener) => {
+                std_listener.set_nonblocking(true)?;
+                (UnixListener::from_std(std_listener), None)
+            }
+            None => (bind(&cfg)?, Some(cfg.socket.clone())),
+        };
+        if let Err(e) = poll
+            .registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+        {
+            if let Some(path) = &socket_file {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
         let now = Instant::now();
         Ok(Server {
             cfg,
