@@ -249,10 +249,11 @@ fn bind(cfg: &Config) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Logs one line to stderr.
+/// Logs one line to stderr, as one write (stderr is unbuffered: written piecemeal, a
+/// line would cost a system call per fragment and could interleave with other writers).
 pub fn log(line: std::fmt::Arguments) {
-    let mut err = io::stderr().lock();
-    let _ = writeln!(err, "execd: {line}");
+    let text = format!("execd: {line}\n");
+    let _ = io::stderr().lock().write_all(text.as_bytes());
 }
 
 impl Server {
