@@ -961,6 +961,13 @@ impl Server {
                     if watched {
                         events::pump(self, key);
                     }
+                    if n < want {
+                        // A short read from a pipe took all it held (under the pipe's lock),
+                        // so the next write finds it empty and wakes epoll again: the read
+                        // that would only say EAGAIN is not needed.
+                        exhausted = false;
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     exhausted = false;
