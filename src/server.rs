@@ -1506,28 +1506,19 @@ impl Server {
                 format!(" args {:?}", l.args)
             }
         ));
-        self.table.insert(crate::table::Proc {
+        self.table.insert(crate::table::Proc::started(
             key,
             id,
-            family: l.family,
-            owner: l.owner,
-            command: l.command,
-            args: l.args,
-            cwd: l.cwd,
-            pid: spawned.pid,
-            started: self.now,
-            started_wall: std::time::SystemTime::now(),
+            l.family,
+            l.owner,
+            l.command,
+            l.args,
+            l.cwd,
+            spawned.pid,
+            self.now,
             streams,
             stdin,
-            exit: None,
-            kill: None,
-            signalled: false,
-            released: false,
-            group_alive: true,
-            hard_timer: None,
-            waiters: Vec::new(),
-            subs: Vec::new(),
-        });
+        ));
         Ok(key)
     }
 }

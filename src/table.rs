@@ -134,6 +134,45 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// A just-started process: running, unreleased, nothing waiting or subscribed.
+    #[allow(clippy::too_many_arguments)] // one field each; a builder would add nothing
+    pub fn started(
+        key: Key,
+        id: String,
+        family: Family,
+        owner: u32,
+        command: String,
+        args: Vec<String>,
+        cwd: PathBuf,
+        pid: i32,
+        started: Instant,
+        streams: Vec<Stream>,
+        stdin: Option<Stdin>,
+    ) -> Proc {
+        Proc {
+            key,
+            id,
+            family,
+            owner,
+            command,
+            args,
+            cwd,
+            pid,
+            started,
+            started_wall: SystemTime::now(),
+            streams,
+            stdin,
+            exit: None,
+            kill: None,
+            signalled: false,
+            released: false,
+            group_alive: true,
+            hard_timer: None,
+            waiters: Vec::new(),
+            subs: Vec::new(),
+        }
+    }
+
     pub fn running(&self) -> bool {
         self.exit.is_none()
     }
@@ -423,28 +462,21 @@ mod tests {
 
     fn proc(t: &mut Table, prefix: &str, family: Family, owner: u32, pid: i32) -> Key {
         let (key, id) = t.next_ids(prefix);
-        t.insert(Proc {
+        let cwd = PathBuf::from("/");
+        let p = Proc::started(
             key,
             id,
             family,
             owner,
-            command: "true".into(),
-            args: vec![],
-            cwd: "/".into(),
+            "true".into(),
+            vec![],
+            cwd,
             pid,
-            started: Instant::now(),
-            started_wall: SystemTime::now(),
-            streams: vec![],
-            stdin: None,
-            exit: None,
-            kill: None,
-            signalled: false,
-            released: false,
-            group_alive: true,
-            hard_timer: None,
-            waiters: vec![],
-            subs: vec![],
-        });
+            Instant::now(),
+            vec![],
+            None,
+        );
+        t.insert(p);
         key
     }
 

@@ -969,19 +969,7 @@ fn a_file_that_is_not_a_socket_is_never_replaced() {
     let place = TempDir::new();
     let path = place.path().join("precious");
     std::fs::write(&path, "keep me").expect("write file");
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_execd"))
-        .arg("--socket")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn execd");
-    let status = wait_child(&mut daemon);
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr)
-        .expect("read stderr");
-    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    let stderr = refused_start(&["--socket", path.to_str().expect("utf-8")]);
     assert!(stderr.contains("not a socket"), "{stderr:?}");
     assert_eq!(
         std::fs::read_to_string(&path).expect("still a file"),
@@ -1210,6 +1198,24 @@ fn execctl_as_nobody(socket: &Path, args: &[&str]) -> String {
     out
 }
 
+/// Starts `execd` with `args` where it must refuse to start; returns its stderr after
+/// checking it exited 1.
+fn refused_start(args: &[&str]) -> String {
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_execd"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn execd");
+    let status = wait_child(&mut daemon);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "execd {args:?}; stderr: {stderr}");
+    stderr
+}
+
 fn running_as_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -1276,21 +1282,15 @@ fn run_as_names_the_user_for_non_root_peers() {
 #[test]
 fn run_as_an_unknown_user_refuses_to_start() {
     let place = TempDir::new();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_execd"))
-        .arg("--socket")
-        .arg(place.path().join("s.sock"))
-        .args(["--run-as", "no-such-user-here"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn execd");
-    let status = wait_child(&mut daemon);
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr)
-        .expect("read stderr");
-    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    let socket = place.path().join("s.sock");
+    let stderr = refused_start(&[
+        "--socket",
+        socket.to_str().expect("utf-8"),
+        "--run-as",
+        "no-such-user-here",
+    ]);
     assert!(stderr.contains("no-such-user-here"), "{stderr:?}");
+    assert!(!socket.exists(), "a refused start leaves no socket file");
 }
 
 #[test]
@@ -1302,21 +1302,15 @@ fn rlimits_apply_to_commands_and_impossible_ones_refuse_to_start() {
     assert_eq!(output(&mut c, &id)["output"], "64\n5\n");
 
     let place = TempDir::new();
-    let mut bad = Command::new(env!("CARGO_BIN_EXE_execd"))
-        .arg("--socket")
-        .arg(place.path().join("s.sock"))
-        .args(["--rlimit", "nofile=99999999999"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn execd");
-    let status = wait_child(&mut bad);
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut bad.stderr.take().expect("stderr"), &mut stderr)
-        .expect("read stderr");
-    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    let socket = place.path().join("s.sock");
+    let stderr = refused_start(&[
+        "--socket",
+        socket.to_str().expect("utf-8"),
+        "--rlimit",
+        "nofile=99999999999",
+    ]);
     assert!(stderr.contains("nofile"), "{stderr:?}");
+    assert!(!socket.exists(), "a refused start leaves no socket file");
 }
 
 #[test]
