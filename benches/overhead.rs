@@ -341,10 +341,16 @@ fn bench_stream(rows: &mut Vec<Row>) {
     const TOTAL: u64 = 256 << 20;
     let d = Daemon::start(&[]);
     let mut c = client(&d);
+    // Both sides stream the same text file through `cat` (large writes, little CPU), so
+    // the producer does not crowd out what is measured on two cores.
+    let text = d.dir.path().join("text");
+    let line = b"the quick brown fox jumps over the lazy dog 0123456789\n";
+    let body: Vec<u8> = line.iter().copied().cycle().take(TOTAL as usize).collect();
+    std::fs::write(&text, body).expect("write the text file");
+    let text = text.display().to_string();
     // The command waits for its subscriber so nothing is lost before it subscribes.
-    let cmd =
-        format!("read go; yes 'the quick brown fox jumps over the lazy dog' | head -c {TOTAL}");
-    let direct_cmd = format!("yes 'the quick brown fox jumps over the lazy dog' | head -c {TOTAL}");
+    let cmd = format!("read go; cat {text}");
+    let direct_cmd = format!("cat {text}");
     let (mut a, mut b) = (Vec::new(), Vec::new());
     let mut gaps_seen = 0u64;
     for _ in 0..5 {

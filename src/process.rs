@@ -160,12 +160,11 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Puts a descriptor in non-blocking mode.
 pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return plain ints.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    // A pipe end we just made has no other status flag to keep (F_SETFL ignores the
+    // access mode), so one call does.
+    // SAFETY: fcntl on a descriptor we own, with plain integer arguments.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -366,6 +365,8 @@ pub struct Spawner {
     reset: Vec<libc::c_int>,
     limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     stack: Vec<u8>,
+    /// `/dev/null`, the stdin of every terminal.
+    null: OwnedFd,
 }
 
 impl Spawner {
@@ -426,6 +427,7 @@ impl Spawner {
             reset: signals_to_reset(),
             limits,
             stack: vec![0u8; CHILD_STACK],
+            null: dev_null()?,
         })
     }
 
@@ -481,14 +483,19 @@ impl Spawner {
             .collect::<io::Result<_>>()?;
 
         let (out_r, out_w) = pipe()?;
-        let (stdin_fd, err_w, err_r, stdin_w) = match spec.stdio {
-            Stdio3::Merged => (dev_null()?, None, None, None),
+        // The child's ends of its pipes (ours to close once it has them); a terminal's
+        // stdin is the daemon's one /dev/null.
+        let (in_r, err_w, err_r, stdin_w) = match spec.stdio {
+            Stdio3::Merged => (None, None, None, None),
             Stdio3::Separate => {
                 let (err_r, err_w) = pipe()?;
                 let (in_r, in_w) = pipe()?;
-                (in_r, Some(err_w), Some(err_r), Some(in_w))
+                (Some(in_r), Some(err_w), Some(err_r), Some(in_w))
             }
         };
+        let stdin_fd = in_r
+            .as_ref()
+            .map_or(self.null.as_raw_fd(), |f| f.as_raw_fd());
         let err_fd = err_w.as_ref().map_or(out_w.as_raw_fd(), |f| f.as_raw_fd());
 
         let mut plan = ChildPlan {
@@ -500,7 +507,7 @@ impl Spawner {
                 .collect(),
             envp,
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
-            stdio: [stdin_fd.as_raw_fd(), out_w.as_raw_fd(), err_fd],
+            stdio: [stdin_fd, out_w.as_raw_fd(), err_fd],
             limits: self.limits.as_ptr(),
             nlimits: self.limits.len(),
             reset: self.reset.as_ptr(),
@@ -547,7 +554,7 @@ impl Spawner {
             return Err(io::Error::from_raw_os_error(err));
         }
         // The child's copies are its own now; close ours of the ends it uses.
-        drop((out_w, err_w, stdin_fd));
+        drop((out_w, err_w, in_r));
         for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
             .into_iter()
             .flatten()
