@@ -339,7 +339,10 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 fn bench_stream(rows: &mut Vec<Row>) {
     const TOTAL: u64 = 256 << 20;
-    let d = Daemon::start(&[]);
+    // execd never slows a command down for a subscriber: one that reads slower than the
+    // command writes gets Gaps past --client-buffer (4 MiB by default). To measure a
+    // client that receives every byte, the buffer here holds the whole burst.
+    let d = Daemon::start(&["--client-buffer", "512M"]);
     let mut c = client(&d);
     // Both sides stream the same text file through `cat` (large writes, little CPU), so
     // the producer does not crowd out what is measured on two cores.
