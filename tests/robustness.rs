@@ -962,3 +962,71 @@ fn a_daemon_started_with_signals_blocked_still_works_and_unblocks_commands() {
     assert!(!pid_alive(sleeper_pid), "the command outlived the daemon");
     assert_no_panic(&d);
 }
+
+/// Running out of descriptors on accept pauses accepting (no busy loop on a listener that
+/// stays readable) and recovers: connections that waited in the backlog are served as
+/// descriptors free up.
+#[test]
+fn running_out_of_descriptors_on_accept_backs_off_and_recovers() {
+    const LIMIT: libc::rlim_t = 24;
+    const CONNS: usize = 40;
+    let dir = TempDir::new();
+    let socket = dir.path().join("execd.sock");
+    let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+    cmd.arg("--socket")
+        .arg(&socket)
+        .args(["--kill-grace", "1s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log));
+    // SAFETY: setrlimit is async-signal-safe and touches only a local value.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: LIMIT,
+                rlim_max: LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn execd");
+    let d = Daemon {
+        child: Some(child),
+        socket,
+        dir,
+    };
+    let sock = d.socket.clone();
+    wait_until("execd listens", || UnixStream::connect(&sock).is_ok());
+
+    // Far more connections than the daemon has descriptors for; each asks one thing.
+    let mut conns: Vec<UnixStream> = (0..CONNS)
+        .map(|i| {
+            let mut s = UnixStream::connect(&d.socket).expect("connect (the backlog takes it)");
+            let line = request(i as u64, "initialize", json!({"protocolVersion": 1}));
+            s.write_all(format!("{line}\n").as_bytes()).expect("send");
+            s.set_read_timeout(Some(WAIT)).expect("timeout");
+            s
+        })
+        .collect();
+    wait_until("execd says it pauses accepting", || {
+        d.log().contains("pausing accepts")
+    });
+    // Every connection is answered in turn; closing each frees a descriptor for the next.
+    for (i, s) in conns.drain(..).enumerate() {
+        let mut reader = std::io::BufReader::new(s);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line)
+            .unwrap_or_else(|e| panic!("connection {i} of {CONNS} never answered: {e}"));
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert_eq!(v["id"], i as u64, "{v}");
+        assert_eq!(v["result"]["protocolVersion"], 1, "{v}");
+    }
+    // And it keeps serving.
+    let mut c = d.client();
+    let id = create(&mut c, "true", &[]);
+    assert_eq!(wait_exit(&mut c, &id)["exitCode"], 0);
+}
