@@ -169,8 +169,7 @@ pub fn resolve_socket(
 
 /// The process's own socket path resolution, from its real environment and uid.
 pub fn default_socket(flag: Option<PathBuf>) -> PathBuf {
-    // SAFETY: getuid cannot fail and touches no memory.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::process::current_uid();
     resolve_socket(flag, &|k| std::env::var_os(k), uid)
 }
 

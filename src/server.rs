@@ -473,7 +473,9 @@ impl Server {
             return;
         }
         match self.sources.get(&token).copied() {
-            Some(Source::Pipe { key, stream }) => self.read_pipe(key, stream, PIPE_BYTES_PER_TURN),
+            Some(Source::Pipe { key, stream }) => {
+                self.read_pipe(key, stream, PIPE_BYTES_PER_TURN, false)
+            }
             Some(Source::Stdin { key }) => self.flush_stdin(key),
             None => {} // a source closed earlier this turn
         }
@@ -918,7 +920,10 @@ impl Server {
     /// ring in between.
     /// A pipe found full is grown once, so a chatty command needs fewer wakeups while
     /// quiet ones keep the default size.
-    fn read_pipe(&mut self, key: Key, stream: usize, budget: usize) {
+    /// `to_eof` (the drain when a command exits) reads on after a short read, to see an
+    /// EOF that is already there: a stream known to have ended hands out its last
+    /// incomplete character as U+FFFD instead of holding it back.
+    fn read_pipe(&mut self, key: Key, stream: usize, budget: usize, to_eof: bool) {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut got = false;
         let mut eof = false;
@@ -961,7 +966,7 @@ impl Server {
                     if watched {
                         events::pump(self, key);
                     }
-                    if n < want {
+                    if n < want && !to_eof {
                         // A short read from a pipe took all it held (under the pipe's lock),
                         // so the next write finds it empty and wakes epoll again: the read
                         // that would only say EAGAIN is not needed.
@@ -996,7 +1001,7 @@ impl Server {
 
     fn service_hot(&mut self) {
         for (key, stream) in std::mem::take(&mut self.hot) {
-            self.read_pipe(key, stream, PIPE_BYTES_PER_TURN);
+            self.read_pipe(key, stream, PIPE_BYTES_PER_TURN, false);
         }
     }
 
@@ -1119,7 +1124,7 @@ impl Server {
             // Whatever the pipes hold now was written before the exit: read it first.
             let nstreams = self.table.get(key).map_or(0, |p| p.streams.len());
             for s in 0..nstreams {
-                self.read_pipe(key, s, EXIT_DRAIN_BYTES);
+                self.read_pipe(key, s, EXIT_DRAIN_BYTES, true);
             }
             let exit = Exit {
                 ended: r.ended,

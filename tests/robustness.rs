@@ -1030,3 +1030,38 @@ fn running_out_of_descriptors_on_accept_backs_off_and_recovers() {
     let id = create(&mut c, "true", &[]);
     assert_eq!(wait_exit(&mut c, &id)["exitCode"], 0);
 }
+
+/// The drain at exit reads to the EOF that is already there, whatever order the loop
+/// sees SIGCHLD and the pipe's readiness in: a stream that ended inside a character hands
+/// out U+FFFD for it instead of holding the byte back as if more could come. The bad order
+/// needs a command that exits before its pipe is registered, so several clients keep the
+/// daemon busy to make it likely.
+#[test]
+fn a_finished_stream_never_holds_back_its_last_incomplete_character() {
+    let d = Daemon::start(&[]);
+    let socket = d.socket.clone();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket).expect("connect");
+                c.timeout = Some(WAIT);
+                for round in 0..60 {
+                    let r = ok(&mut c, "bash/exec", json!({"command": "printf 'a\\303'"}));
+                    assert_eq!(r["stdout"], "a\u{fffd}", "worker {w} round {round}: {r}");
+                    assert_eq!(r["offset"], 2, "worker {w} round {round}: {r}");
+                    let id = create(&mut c, "printf", &["b\\303"]);
+                    wait_exit(&mut c, &id);
+                    let out = output(&mut c, &id);
+                    assert_eq!(
+                        out["output"], "b\u{fffd}",
+                        "worker {w} round {round}: {out}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker saw a held-back character");
+    }
+}
