@@ -13,16 +13,6 @@ use std::time::Instant;
 
 // ---- helpers ---------------------------------------------------------------------------
 
-/// Creates a terminal from full `terminal/create` params.
-#[track_caller]
-fn create_with(c: &mut Client, params: Value) -> String {
-    let r = ok(c, "terminal/create", params);
-    r["terminalId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("terminalId missing in {r}"))
-        .to_string()
-}
-
 /// Waits for the exit and returns the final `terminal/output`.
 #[track_caller]
 fn run_to_end(c: &mut Client, id: &str) -> Value {

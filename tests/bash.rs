@@ -275,30 +275,6 @@ fn gather(c: &mut Client, session: &str, command_id: &str, from: (u64, u64)) -> 
     }
 }
 
-/// Whether any live process is in process group `pgid`.
-fn group_alive(pgid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            return false;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        // state ppid pgrp ...
-        let live = !matches!(rest.first(), Some(&"Z") | Some(&"X"));
-        live && rest.get(2).and_then(|s| s.parse::<i32>().ok()) == Some(pgid)
-    })
-}
-
 /// Runs `line` with bash locally and returns its stdout.
 fn local_stdout(line: &str) -> Vec<u8> {
     let out = std::process::Command::new("bash")

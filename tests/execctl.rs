@@ -139,32 +139,6 @@ fn next_line(rx: &mpsc::Receiver<String>) -> String {
         .unwrap_or_else(|e| panic!("no line from execctl within {WAIT:?}: {e}"))
 }
 
-/// Whether any live process is in process group `pgid`.
-fn group_alive(pgid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            return false;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        // After the command name: state, ppid, pgrp.
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let state = rest.first().copied().unwrap_or("");
-        rest.get(2).and_then(|s| s.parse::<i32>().ok()) == Some(pgid)
-            && state != "Z"
-            && state != "X"
-    })
-}
-
 /// The terminals the daemon lists.
 #[track_caller]
 fn terminals(c: &mut Client) -> Vec<Value> {

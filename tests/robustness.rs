@@ -18,16 +18,6 @@ use std::time::Instant;
 
 // ---- helpers ---------------------------------------------------------------------------
 
-/// Creates a terminal from full `terminal/create` params.
-#[track_caller]
-fn create_with(c: &mut Client, params: Value) -> String {
-    let r = ok(c, "terminal/create", params);
-    r["terminalId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("terminalId missing in {r}"))
-        .to_string()
-}
-
 /// Creates a terminal in session `s` running `sh -c script` with a ring of `limit` bytes.
 #[track_caller]
 fn create_sh(c: &mut Client, script: &str, limit: u64) -> String {

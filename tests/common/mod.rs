@@ -146,19 +146,39 @@ pub fn unsafe_kill(pid: i32, sig: i32) {
     }
 }
 
+/// The fields of `/proc/PID/stat` after the parenthesised command name: state, ppid,
+/// pgrp, ...
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit(')').next()?;
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
+/// Pids of every process on the machine.
+fn all_pids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect()
+}
+
+fn is_live(fields: &[String]) -> bool {
+    !matches!(fields.first().map(String::as_str), Some("Z" | "X"))
+}
+
 /// Whether a pid names a live (not zombie) process.
 pub fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // The state follows the parenthesised command name.
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|s| s.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
-    }
+    stat_fields(pid).is_some_and(|f| is_live(&f))
+}
+
+/// Whether any live process is in process group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    all_pids().into_iter().any(|pid| {
+        stat_fields(pid)
+            .is_some_and(|f| is_live(&f) && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid))
+    })
 }
 
 /// Resident set size of a process in KiB.
@@ -174,30 +194,15 @@ pub fn rss_kb(pid: i32) -> u64 {
 
 /// Children of `pid` that are zombies.
 pub fn zombie_children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if rest.first() == Some(&"Z")
-            && rest.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(pid)
-        {
-            out.push(p);
-        }
-    }
-    out
+    all_pids()
+        .into_iter()
+        .filter(|&p| {
+            stat_fields(p).is_some_and(|f| {
+                f.first().map(String::as_str) == Some("Z")
+                    && f.get(1).and_then(|pp| pp.parse().ok()) == Some(pid)
+            })
+        })
+        .collect()
 }
 
 /// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
@@ -233,6 +238,16 @@ pub fn err(c: &mut Client, method: &str, params: Value) -> (i64, String, Option<
         }) => (code, message, data),
         Err(e) => panic!("{method} {params}: transport error {e}"),
     }
+}
+
+/// `terminal/create` with the given params; returns the terminal id.
+#[track_caller]
+pub fn create_with(c: &mut Client, params: Value) -> String {
+    let r = ok(c, "terminal/create", params);
+    r["terminalId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("terminalId missing in {r}"))
+        .to_string()
 }
 
 /// Creates a terminal in session `s` and returns its id.
