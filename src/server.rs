@@ -258,7 +258,7 @@ pub fn log(line: std::fmt::Arguments) {
 
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
-    pub fn new(cfg: Config) -> io::Result<Server> {
+    pub fn new(mut cfg: Config) -> io::Result<Server> {
         process::cloexec_inherited();
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
@@ -287,6 +287,10 @@ impl Server {
         ) {
             Some(std_listener) => {
                 std_listener.set_nonblocking(true)?;
+                // Report the socket systemd bound, not the path flags would have chosen.
+                if let Some(path) = std_listener.local_addr()?.as_pathname() {
+                    cfg.socket = path.to_path_buf();
+                }
                 (UnixListener::from_std(std_listener), None)
             }
             None => (bind(&cfg)?, Some(cfg.socket.clone())),
@@ -334,8 +338,13 @@ impl Server {
     /// Runs until shutdown completes.
     pub fn run(mut self) -> io::Result<()> {
         log(format_args!(
-            "listening on {} (pid {})",
+            "listening on {}{} (pid {})",
             self.cfg.socket.display(),
+            if self.socket_file.is_none() {
+                ", passed by systemd"
+            } else {
+                ""
+            },
             std::process::id()
         ));
         let mut events = Events::with_capacity(1024);

@@ -1315,3 +1315,67 @@ fn a_variable_given_twice_takes_its_last_value() {
     wait_exit(&mut c, &id);
     assert_eq!(output(&mut c, &id)["output"], "2\n1\n");
 }
+
+/// systemd socket activation: with `LISTEN_PID` = its pid and `LISTEN_FDS=1`, execd serves
+/// the listener on fd 3 and neither creates nor removes a socket file.
+#[test]
+fn systemd_socket_activation_serves_fd_3() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let place = TempDir::new();
+    let path = place.path().join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let fd = listener.as_raw_fd();
+    let unused = place.path().join("never-created.sock");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" --socket "$1""#)
+        .arg(env!("CARGO_BIN_EXE_execd"))
+        .arg(&unused)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: dup2 and fcntl are async-signal-safe; they put the listener on fd 3 without
+    // close-on-exec (dup2 onto itself would change nothing, so then the flag is cleared).
+    unsafe {
+        cmd.pre_exec(move || {
+            let rc = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn execd through sh");
+    drop(listener); // the daemon holds its own copy now
+    let mut d = Daemon {
+        child: Some(child),
+        socket: path.clone(),
+        dir: TempDir::new(),
+    };
+    let mut c = {
+        let mut client = None;
+        wait_until("execd serves the activated socket", || {
+            client = Client::connect(&path).ok();
+            client.is_some()
+        });
+        client.expect("connected")
+    };
+    c.timeout = Some(WAIT);
+    let id = create(&mut c, "echo", &["activated"]);
+    wait_exit(&mut c, &id);
+    assert_eq!(output(&mut c, &id)["output"], "activated\n");
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init["_meta"]["execd"]["socket"], path.display().to_string());
+    assert!(!unused.exists(), "no socket file is created");
+    drop(c);
+    assert_eq!(d.terminate(), Some(0));
+    assert!(
+        path.exists(),
+        "an activated socket file is not execd's to remove"
+    );
+}
