@@ -40,24 +40,6 @@ fn list(c: &mut Client) -> Vec<Value> {
         .clone()
 }
 
-/// The `terminal/list` entry of one terminal.
-#[track_caller]
-fn entry(c: &mut Client, id: &str) -> Value {
-    list(c)
-        .into_iter()
-        .find(|t| t["terminalId"] == id)
-        .unwrap_or_else(|| panic!("{id} is not in terminal/list"))
-}
-
-/// The leader pid of a terminal, from `terminal/list`.
-#[track_caller]
-fn pid_of(c: &mut Client, id: &str) -> i32 {
-    let e = entry(c, id);
-    e["pid"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("pid missing in {e}")) as i32
-}
-
 /// A command that runs until `gate` exists, then exits 0: lets a test decide when a
 /// command ends without guessing at durations.
 fn gated(gate: &Path) -> Value {
@@ -225,7 +207,7 @@ fn incomplete_character_is_held_back_while_running_and_bad_bytes_are_replaced() 
             "sh", gate]}),
     );
     wait_until("the first bytes arrive", || {
-        entry(&mut c, &id)["outputBytes"] == 3
+        terminal_entry(&mut c, &id)["outputBytes"] == 3
     });
     let out = output(&mut c, &id);
     assert_eq!(
@@ -270,7 +252,7 @@ fn output_written_right_before_exit_is_all_there() {
         );
         assert_eq!(text.len(), 1 << 20, "the default ring keeps 1 MiB");
         assert_eq!(out["truncated"], true);
-        assert_eq!(entry(&mut c, &id)["outputBytes"], 3_000_004);
+        assert_eq!(terminal_entry(&mut c, &id)["outputBytes"], 3_000_004);
         release(&mut c, &id);
     }
 }
@@ -526,7 +508,7 @@ fn parked_wait_survives_another_client_disconnecting_mid_request() {
     );
     // And the daemon still accepts new clients.
     let mut c = d.client();
-    assert_eq!(entry(&mut c, &id)["exitStatus"]["exitCode"], 0);
+    assert_eq!(terminal_entry(&mut c, &id)["exitStatus"]["exitCode"], 0);
     release(&mut a, &id);
     assert_no_panic(&d);
 }
@@ -689,7 +671,7 @@ fn env_and_cwd_are_honoured() {
         out["output"].as_str().expect("output"),
         format!("hello world ü\n\n{}\n", cwd.display())
     );
-    assert_eq!(entry(&mut c, &id)["cwd"], json!(cwd));
+    assert_eq!(terminal_entry(&mut c, &id)["cwd"], json!(cwd));
     release(&mut c, &id);
 
     // The daemon's own environment is passed on under the request's variables.
@@ -768,7 +750,7 @@ fn list_shows_pid_start_and_usage() {
     let mut c = d.client();
     let id = create_with(&mut c, gated(&gate));
 
-    let e = entry(&mut c, &id);
+    let e = terminal_entry(&mut c, &id);
     assert_eq!(e["sessionId"], "s");
     assert_eq!(e["command"], "sh");
     assert_eq!(e["args"][0], "-c");
@@ -798,7 +780,7 @@ fn list_shows_pid_start_and_usage() {
 
     open_gate(&gate);
     wait_exit(&mut c, &id);
-    let e = entry(&mut c, &id);
+    let e = terminal_entry(&mut c, &id);
     let status = &e["exitStatus"];
     assert_eq!(status["exitCode"], 0, "{e}");
     assert_eq!(status["signal"], Value::Null, "{e}");

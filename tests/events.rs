@@ -230,19 +230,6 @@ fn create_sh(c: &mut Client, script: &str, limit: Option<u64>) -> String {
     r["terminalId"].as_str().expect("terminalId").to_string()
 }
 
-/// The terminal's entry in `terminal/list`.
-#[track_caller]
-fn listed(c: &mut Client, id: &str) -> Value {
-    let r = ok(c, "terminal/list", json!({}));
-    r["terminals"]
-        .as_array()
-        .expect("terminals")
-        .iter()
-        .find(|t| t["terminalId"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("{id} not listed: {r}"))
-}
-
 /// The byte at `offset` of `yes abcdefghij`.
 fn yes_byte(offset: u64) -> u8 {
     b"abcdefghij\n"[(offset % 11) as usize]
@@ -368,7 +355,7 @@ fn stalled_subscriber_gets_a_gap_and_does_not_bloat_the_daemon() {
     let mut last_bytes = 0;
     let deadline = Instant::now() + WAIT * 6;
     loop {
-        let t = listed(&mut b, &id);
+        let t = terminal_entry(&mut b, &id);
         answers += 1;
         let rss = d.rss_kb();
         assert!(rss > 0, "cannot read the daemon's RSS");
@@ -431,7 +418,7 @@ fn stalled_subscriber_gets_a_gap_and_does_not_bloat_the_daemon() {
     assert_eq!(exit["exitCode"], 0, "{exit}");
     assert_eq!(exit["status"], "completed", "{exit}");
     // A's connection still works.
-    let t = listed(&mut a, &id);
+    let t = terminal_entry(&mut a, &id);
     assert_eq!(t["outputBytes"], total + 3);
     assert!(d.rss_kb() < bound_kb);
 }
@@ -684,7 +671,7 @@ fn subscribe_offsets_resume_and_stale_ones_gap() {
         None,
     );
     wait_until("ten bytes are out", || {
-        listed(&mut c, &id)["outputBytes"] == 10
+        terminal_entry(&mut c, &id)["outputBytes"] == 10
     });
     let mut c4 = d.client();
     subscribe(&mut c4, json!({"id": id, "offset": 4}));

@@ -139,15 +139,6 @@ fn next_line(rx: &mpsc::Receiver<String>) -> String {
         .unwrap_or_else(|e| panic!("no line from execctl within {WAIT:?}: {e}"))
 }
 
-/// The terminals the daemon lists.
-#[track_caller]
-fn terminals(c: &mut Client) -> Vec<Value> {
-    ok(c, "terminal/list", json!({}))["terminals"]
-        .as_array()
-        .expect("terminals")
-        .clone()
-}
-
 /// The bash command `id` as `bash/commands` lists it.
 #[track_caller]
 fn bash_command(c: &mut Client, id: &str) -> Value {

@@ -28,28 +28,6 @@ fn create_sh(c: &mut Client, script: &str, limit: u64) -> String {
     )
 }
 
-/// The `terminal/list` entry of one terminal.
-#[track_caller]
-fn entry(c: &mut Client, id: &str) -> Value {
-    let r = ok(c, "terminal/list", json!({"sessionId": "s"}));
-    r["terminals"]
-        .as_array()
-        .unwrap_or_else(|| panic!("terminals missing in {r}"))
-        .iter()
-        .find(|t| t["terminalId"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("{id} is not in terminal/list: {r}"))
-}
-
-/// The leader pid of a terminal, from `terminal/list`.
-#[track_caller]
-fn pid_of(c: &mut Client, id: &str) -> i32 {
-    let e = entry(c, id);
-    e["pid"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("pid missing in {e}")) as i32
-}
-
 #[track_caller]
 fn assert_no_panic(d: &Daemon) {
     let log = d.log();
@@ -205,7 +183,7 @@ fn sighup_does_not_stop_the_daemon_or_its_commands() {
 
     assert!(pid_alive(d.pid()), "execd died of SIGHUP:\n{}", d.log());
     // The same connection and a new one are both still served.
-    let e = entry(&mut c, &id);
+    let e = terminal_entry(&mut c, &id);
     assert!(e.get("exitStatus").is_none(), "command ended: {e}");
     assert!(pid_alive(pid), "the command died with the SIGHUP");
     let out = output(&mut c, &id);
@@ -944,7 +922,7 @@ fn a_daemon_started_with_signals_blocked_still_works_and_unblocks_commands() {
     let sleeper_pid = pid_of(&mut c, &sleeper);
     unsafe_kill(d.pid(), libc::SIGHUP);
     wait_until("the log mentions SIGHUP", || d.log().contains("SIGHUP"));
-    let e = entry(&mut c, &sleeper);
+    let e = terminal_entry(&mut c, &sleeper);
     assert!(e.get("exitStatus").is_none(), "{e}");
 
     // SIGTERM stops it cleanly, taking the running command along.

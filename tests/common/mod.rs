@@ -250,6 +250,34 @@ pub fn create_with(c: &mut Client, params: Value) -> String {
         .to_string()
 }
 
+/// Every terminal the caller has, from `terminal/list`.
+#[track_caller]
+pub fn terminals(c: &mut Client) -> Vec<Value> {
+    let r = ok(c, "terminal/list", json!({}));
+    r["terminals"]
+        .as_array()
+        .unwrap_or_else(|| panic!("terminals missing in {r}"))
+        .clone()
+}
+
+/// The `terminal/list` entry of one terminal.
+#[track_caller]
+pub fn terminal_entry(c: &mut Client, id: &str) -> Value {
+    terminals(c)
+        .into_iter()
+        .find(|t| t["terminalId"] == id)
+        .unwrap_or_else(|| panic!("{id} is not in terminal/list"))
+}
+
+/// The leader pid of a terminal, from `terminal/list`.
+#[track_caller]
+pub fn pid_of(c: &mut Client, id: &str) -> i32 {
+    let e = terminal_entry(c, id);
+    e["pid"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("pid missing in {e}")) as i32
+}
+
 /// Creates a terminal in session `s` and returns its id.
 #[track_caller]
 pub fn create(c: &mut Client, command: &str, args: &[&str]) -> String {
