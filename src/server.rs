@@ -547,7 +547,10 @@ impl Server {
     /// more is owed. A connection still busy after a few rounds gets the next turn.
     fn flush_dirty(&mut self) {
         const ROUNDS: usize = 8;
-        let dirty = std::mem::take(&mut self.dirty);
+        // A connection is marked once per message queued to it; flush it once.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable_by_key(|t| t.0);
+        dirty.dedup();
         for token in dirty {
             for round in 0.. {
                 let Some(conn) = self.conns.get_mut(&token) else {
