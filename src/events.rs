@@ -198,6 +198,7 @@ pub fn pump(s: &mut Server, key: Key) {
         let Some(conn) = s.conns.get_mut(&sub.conn) else {
             continue; // its connection is gone
         };
+        let queued_before = conn.pending_out();
         if sub.lagging && conn.below_half() {
             catch_up(p, &mut sub, conn.out_buf());
         }
@@ -214,7 +215,11 @@ pub fn pump(s: &mut Server, key: Key) {
             out.extend_from_slice(b"}}\n");
             sub.done = true;
         }
-        touched.push(sub.conn);
+        // Only a connection that got bytes needs a flush: marking the others would make
+        // the loop poll again at once, for ever, while a quiet command is watched.
+        if conn.pending_out() != queued_before {
+            touched.push(sub.conn);
+        }
         if sub.done && p.streams.iter().all(|st| !st.open()) {
             conn.subs.retain(|k| *k != key);
             continue; // nothing more can come

@@ -319,3 +319,14 @@ pub fn read_response(c: &mut Client) -> Value {
         }
     }
 }
+
+/// CPU time (user + system) a process has used, in clock ticks, from `/proc/PID/stat`.
+pub fn cpu_ticks(pid: i32) -> u64 {
+    // utime and stime are fields 14 and 15 of stat; `stat_fields` starts at field 3.
+    stat_fields(pid)
+        .map(|f| {
+            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            tick(11) + tick(12)
+        })
+        .unwrap_or(0)
+}
