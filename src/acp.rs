@@ -1,6 +1,6 @@
 //! The ACP terminal methods (protocol v1): `initialize`, `terminal/create`, `output`,
-//! `wait_for_exit`, `kill`, `release`, and the `terminal/list` extension. Params in, results
-//! out; the server parks what has to wait.
+//! `wait_for_exit`, `kill`, `release`, and the `terminal/list` extension. Each reads the
+//! core and returns a `Step`; starting a command is a `Step::Launch` the loop carries out.
 //!
 //! A terminal merges stdout and stderr into one pipe so their order is kept, retains the
 //! newest `outputByteLimit` bytes, and belongs to the `sessionId` it was created under:
@@ -8,30 +8,23 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::core::{Caller, Core, Step, Wait};
+use crate::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
 use crate::process::{Program, Stdio3};
 use crate::rpc::{Params, RpcError};
-use crate::server::{validate_dir, validate_env, Caller, Launch, Outcome, Server, Wait};
-use crate::table::{Family, Key, KillReason, Proc};
+use crate::table::{Family, Key, KillReason};
+use crate::view;
 
 /// The ACP protocol version spoken.
 pub const PROTOCOL_VERSION: u64 = 1;
 
-/// Whether `command` may be executed directly without a shell: one plain word of letters,
-/// digits and `_ . / + - , : @ %`.
-pub fn plain_word(command: &str) -> bool {
-    !command.is_empty()
-        && command
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_./+-,:@%".contains(&b))
-}
-
 /// `initialize`: what execd is and what it allows.
-pub fn initialize(s: &mut Server, p: &Params) -> Result<Value, RpcError> {
+pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     if p.opt_value("protocolVersion").is_some() {
         p.opt_u64("protocolVersion")?;
     }
-    let c = &s.cfg;
-    Ok(json!({
+    let c = &core.cfg;
+    Ok(Step::Done(json!({
         "protocolVersion": PROTOCOL_VERSION,
         "clientCapabilities": { "terminal": true },
         "serverInfo": { "name": "execd", "version": env!("CARGO_PKG_VERSION") },
@@ -40,6 +33,7 @@ pub fn initialize(s: &mut Server, p: &Params) -> Result<Value, RpcError> {
             "maxProcesses": c.max_processes,
             "maxRetained": c.max_retained,
             "maxMessage": c.max_message,
+            "maxBatch": c.max_batch,
             "clientBuffer": c.client_buffer,
             "outputLimit": c.output_limit,
             "maxOutputLimit": c.max_output_limit,
@@ -49,14 +43,14 @@ pub fn initialize(s: &mut Server, p: &Params) -> Result<Value, RpcError> {
             "maxSessions": c.max_sessions,
         },
         "_meta": { "execd": {
-            "uptimeMs": s.now.duration_since(s.started).as_millis() as u64,
+            "uptimeMs": core.now.duration_since(core.started).as_millis() as u64,
             "pid": std::process::id(),
-            "socket": s.cfg.socket.display().to_string(),
-            "running": s.table.running(),
-            "sessions": s.table.sessions.len(),
-            "clients": s.conns.len(),
+            "socket": c.socket.display().to_string(),
+            "running": core.table.running(),
+            "sessions": core.table.sessions.len(),
+            "clients": core.clients.len(),
         }},
-    }))
+    })))
 }
 
 /// Parses ACP's `env: [{name, value}]`.
@@ -86,8 +80,8 @@ fn env_list(p: &Params) -> Result<Vec<(String, String)>, RpcError> {
         .collect()
 }
 
-/// `terminal/create`: starts the command and answers with its id at once.
-pub fn create(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+/// `terminal/create`: asks the loop to start the command; answered with its id at once.
+pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let session_id = p.str("sessionId")?;
     let command = p.str("command")?;
     if command.is_empty() {
@@ -103,11 +97,11 @@ pub fn create(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcE
     validate_env("env", &env)?;
     let cwd = match p.opt_str("cwd")? {
         Some(dir) => validate_dir("cwd", dir)?,
-        None => s.cfg.workdir.clone(),
+        None => core.cfg.workdir.clone(),
     };
     let ring_capacity = match p.opt_u64("outputByteLimit")? {
-        Some(n) => n.min(s.cfg.max_output_limit as u64) as usize,
-        None => s.cfg.output_limit,
+        Some(n) => n.min(core.cfg.max_output_limit as u64) as usize,
+        None => core.cfg.output_limit,
     };
     let program = if !args.is_empty() || plain_word(command) {
         Program::Direct {
@@ -116,16 +110,15 @@ pub fn create(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcE
         }
     } else {
         Program::Shell {
-            shell: s.cfg.shell.clone(),
+            shell: core.cfg.shell.clone(),
             line: command.to_string(),
         }
     };
-    let key = s.launch(Launch {
+    Ok(Step::Launch(Box::new(LaunchRequest {
         family: Family::Terminal {
             session_id: session_id.to_string(),
         },
-        owner: caller.uid,
-        conn: caller.conn,
+        peer: caller.peer(),
         program,
         command: command.to_string(),
         args,
@@ -134,100 +127,90 @@ pub fn create(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcE
         stdio: Stdio3::Merged,
         ring_capacity,
         prefix: "term",
-    })?;
-    let id = s.table.get(key).map(|p| p.id.clone()).unwrap_or_default();
-    Ok(json!({ "terminalId": id }))
+        after: After::Terminal,
+    })))
+}
+
+/// After `terminal/create` started its command: `{terminalId}`.
+pub fn after_create(core: &mut Core, key: Key) -> Result<Step, RpcError> {
+    let id = core
+        .table
+        .get(key)
+        .map(|p| p.id.clone())
+        .ok_or_else(|| RpcError::internal("terminal vanished"))?;
+    Ok(Step::Done(json!({ "terminalId": id })))
 }
 
 /// Finds the caller's terminal named by `terminalId` under `sessionId`.
-fn lookup(s: &Server, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
+fn lookup(core: &Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
     let session_id = p.str("sessionId")?;
     let terminal_id = p.str("terminalId")?;
-    s.table
-        .find(terminal_id, caller.uid)
-        .filter(|k| {
-            s.table.get(*k).is_some_and(
-                |t| matches!(&t.family, Family::Terminal { session_id: sid } if sid == session_id),
-            )
-        })
+    core.table
+        .find_in(
+            terminal_id,
+            caller.uid,
+            |t| matches!(&t.family, Family::Terminal { session_id: sid } if sid == session_id),
+        )
         .ok_or_else(|| RpcError::not_found("terminal", terminal_id))
 }
 
-/// `{exitCode, signal}` of an exited process (both null while it runs).
-pub fn exit_status(p: &Proc) -> Value {
-    let (code, signal) = p.exit_fields();
-    json!({ "exitCode": code, "signal": signal })
-}
-
 /// `terminal/output`: the retained tail, never blocking.
-pub fn output(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
-    let key = lookup(s, caller, p)?;
-    let t = s
+pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    let t = core
         .table
         .get(key)
         .ok_or_else(|| RpcError::internal("terminal vanished"))?;
     let stream = &t.streams[0];
     let ring = &stream.ring;
-    let (from, to) = ring.utf8_window(ring.start(), ring.end(), stream.open());
+    let (from, to) = ring.utf8_window(ring.start(), ring.end(), stream.open);
     let mut out = Map::new();
     out.insert("output".into(), ring.text(from, to).into());
     out.insert("truncated".into(), (ring.start() > 0).into());
     if t.exit.is_some() {
-        out.insert("exitStatus".into(), exit_status(t));
+        out.insert("exitStatus".into(), view::exit_status(t));
     }
-    Ok(Value::Object(out))
+    Ok(Step::Done(Value::Object(out)))
 }
 
 /// `terminal/wait_for_exit`: parked until the command exits.
-pub fn wait_for_exit(s: &mut Server, caller: &Caller, p: &Params) -> Outcome {
-    match lookup(s, caller, p) {
-        Ok(key) => Outcome::Park {
-            wait: Wait::Exit(key),
-            deadline: None,
-        },
-        Err(e) => Outcome::Done(Err(e)),
-    }
-}
-
-/// `terminal/kill`: group SIGTERM, SIGKILL after the grace; answered once the leader exited.
-pub fn kill(s: &mut Server, caller: &Caller, p: &Params) -> Outcome {
-    let key = match lookup(s, caller, p) {
-        Ok(k) => k,
-        Err(e) => return Outcome::Done(Err(e)),
-    };
-    s.kill_proc(key, KillReason::Killed);
-    Outcome::Park {
-        wait: Wait::Killed(key),
+pub fn wait_for_exit(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    Ok(Step::Park {
+        wait: Wait::Exit(key),
         deadline: None,
-    }
-}
-
-/// `terminal/release`: kills what runs and forgets the id.
-pub fn release(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
-    let key = lookup(s, caller, p)?;
-    s.release(key);
-    Ok(json!({}))
-}
-
-/// Rusage and duration of an exited process, under `_meta.execd`.
-pub fn usage_meta(p: &Proc) -> Value {
-    let Some(e) = &p.exit else { return Value::Null };
-    json!({
-        "durationMs": p.duration().as_millis() as u64,
-        "userMs": e.usage.user.as_millis() as u64,
-        "systemMs": e.usage.system.as_millis() as u64,
-        "maxRssKb": e.usage.max_rss_kb,
     })
 }
 
+/// `terminal/kill`: SIGTERM to the tree, SIGKILL to what is left after the grace;
+/// answered once the leader exited.
+pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    core.kill(key, KillReason::Request);
+    Ok(Step::Park {
+        wait: Wait::Killed(key),
+        deadline: None,
+    })
+}
+
+/// `terminal/release`: kills what runs and forgets the id.
+pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    core.release(key, KillReason::Release);
+    Ok(Step::Done(json!({})))
+}
+
 /// `terminal/list` (extension): the caller's terminals, newest first.
-pub fn list(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("sessionId")?;
-    let terminals: Vec<Value> = s
+    let terminals: Vec<Value> = core
         .table
         .list(caller.uid)
         .into_iter()
-        .filter(|t| matches!(&t.family, Family::Terminal { session_id } if only.is_none_or(|o| o == session_id)))
+        .filter(|t| {
+            matches!(&t.family, Family::Terminal { session_id }
+                if only.is_none_or(|o| o == session_id))
+        })
         .map(|t| {
             let mut v = json!({
                 "terminalId": t.id,
@@ -240,33 +223,12 @@ pub fn list(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcErr
                 "outputBytes": t.output_bytes(),
             });
             if t.exit.is_some() {
-                let mut status = exit_status(t);
-                status["_meta"] = json!({ "execd": usage_meta(t) });
+                let mut status = view::exit_status(t);
+                status["_meta"] = json!({ "execd": view::usage_meta(t) });
                 v["exitStatus"] = status;
             }
             v
         })
         .collect();
-    Ok(json!({ "terminals": terminals }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plain_words_run_without_a_shell() {
-        for w in [
-            "ls",
-            "/bin/true",
-            "cargo-nextest",
-            "a_b.c+d,e:f@g%h",
-            "x86_64",
-        ] {
-            assert!(plain_word(w), "{w}");
-        }
-        for w in ["", "ls -l", "echo $HOME", "a;b", "a|b", "a'b", "é"] {
-            assert!(!plain_word(w), "{w}");
-        }
-    }
+    Ok(Step::Done(json!({ "terminals": terminals })))
 }

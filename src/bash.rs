@@ -1,136 +1,39 @@
 //! The bash pipe API as JSON-RPC: `bash/exec`, `output`, `write`, `kill` and sessions. The
 //! objects are those of the published API (`snake_case`); an HTTP `data` is our `result`.
+//! Each method reads the core and returns a `Step`.
 //!
 //! A bash command always runs as `SHELL -c command` with stdin a pipe and stdout and stderr
-//! in separate rings. A session is API-level state (its default directory and its
-//! commands); `cd` inside a command does not carry over. Several commands of one session
-//! may run at once. Finished commands beyond the newest `BASH_HISTORY` of a session are
-//! dropped oldest first.
+//! in separate rings. A session is API-level state of its owner (its default directory and
+//! its commands); `cd` inside a command does not carry over. Several commands of one
+//! session may run at once. Finished commands beyond the newest `BASH_HISTORY` of a
+//! session are dropped oldest first.
 
-use std::collections::VecDeque;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::config::BASH_HISTORY;
+use crate::core::{Caller, Core, Effect, Step, Wait};
+use crate::launch::{validate_dir, validate_env, After, LaunchRequest};
 use crate::process::{self, Program, Stdio3};
-use crate::ring::middle_cut;
 use crate::rpc::{rfc3339, Params, RpcError};
-use crate::server::{
-    log, validate_dir, validate_env, Caller, Launch, Outcome, Server, Timer, Wait,
-};
-use crate::table::{Family, Key, KillReason, Proc, Session};
+use crate::table::{Family, Key, Session, SessionKey};
+use crate::view;
 
 /// `max_output_length` when the request names none.
 pub const DEFAULT_MAX_OUTPUT_LENGTH: u64 = 50_000;
 /// `wait_timeout` of `bash/output` when the request names none.
 pub const DEFAULT_WAIT_TIMEOUT: f64 = 30.0;
 
-const STREAM_NAMES: [&str; 2] = ["stdout", "stderr"];
-
 fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-/// `{command_id, command, status, exit_code}` (+ `signal` when a signal ended it).
-pub fn command_info(p: &Proc) -> Value {
-    let mut v = Map::new();
-    v.insert("command_id".into(), p.id.clone().into());
-    v.insert("command".into(), p.command.clone().into());
-    v.insert("status".into(), p.status().into());
-    add_exit(&mut v, p);
-    Value::Object(v)
-}
-
-/// `exit_code`, and `signal` only when a signal ended the command.
-fn add_exit(v: &mut Map<String, Value>, p: &Proc) {
-    let (code, signal) = p.exit_fields();
-    v.insert("exit_code".into(), code.into());
-    if let Some(sig) = signal {
-        v.insert("signal".into(), sig.into());
-    }
-}
-
-/// The whole retained text of one stream and the offset it reaches.
-fn whole_text(p: &Proc, stream: usize) -> (String, u64) {
-    let s = &p.streams[stream];
-    let (from, to) = s.ring.utf8_window(s.ring.start(), s.ring.end(), s.open());
-    (s.ring.text(from, to), to)
-}
-
-/// The `bash/exec` result for a command as it stands.
-pub fn exec_result(p: &Proc, max_len: usize) -> Value {
-    let (stdout, offset) = whole_text(p, 0);
-    let (stderr, stderr_offset) = whole_text(p, 1);
-    let mut v = Map::new();
-    v.insert("session_id".into(), p.session_id().into());
-    v.insert("command_id".into(), p.id.clone().into());
-    v.insert("command".into(), p.command.clone().into());
-    v.insert("status".into(), p.status().into());
-    v.insert("stdout".into(), middle_cut(stdout, max_len).into());
-    v.insert("stderr".into(), middle_cut(stderr, max_len).into());
-    add_exit(&mut v, p);
-    v.insert("offset".into(), offset.into());
-    v.insert("stderr_offset".into(), stderr_offset.into());
-    Value::Object(v)
-}
-
-/// What one stream holds past `from`: `(text, next offset, skipped)`.
-fn read_from(p: &Proc, stream: usize, from: u64) -> (String, u64, u64) {
-    let s = &p.streams[stream];
-    let ring = &s.ring;
-    let start = ring.start();
-    let skipped = start.saturating_sub(from);
-    let from = from.max(start);
-    if from >= ring.end() {
-        // Past the end: nothing, and the end to continue from.
-        return (String::new(), s.text_end().min(from), skipped);
-    }
-    let (ws, we) = ring.utf8_window(from, ring.end(), s.open());
-    if ws >= we {
-        // Continuation bytes of a character begun before `from` are passed over.
-        return (String::new(), ws, skipped + (ws - from));
-    }
-    (ring.text(ws, we), we, skipped + (ws - from))
-}
-
-/// Whether `bash/output` with `wait` has something to answer with: text past the offset,
-/// bytes skipped (an offset older than what is retained), or an offset past the end
-/// (a stale one, answered at once with `""` and the end).
-pub fn has_output_past(p: &Proc, from: [u64; 2]) -> bool {
-    p.streams.iter().zip(from).any(|(s, from)| {
-        let ring = &s.ring;
-        if from < ring.start() || from > ring.end() {
-            return true;
-        }
-        let (ws, we) = ring.utf8_window(from, ring.end(), s.open());
-        ws < we
-    })
-}
-
-/// The `bash/output` result from the given offsets.
-pub fn output_result(p: &Proc, from: [u64; 2]) -> Value {
-    let mut v = Map::new();
-    v.insert("session_id".into(), p.session_id().into());
-    for (i, name) in STREAM_NAMES.iter().enumerate() {
-        let (text, next, skipped) = read_from(p, i, from[i]);
-        let offset_field = if i == 0 { "offset" } else { "stderr_offset" };
-        v.insert((*name).into(), text.into());
-        v.insert(offset_field.into(), next.into());
-        if skipped > 0 {
-            v.insert(format!("{name}_skipped"), skipped.into());
-        }
-    }
-    v.insert("command".into(), command_info(p));
-    Value::Object(v)
-}
-
-fn session_info(s: &Server, sess: &Session) -> Value {
+fn session_info(core: &Core, sess: &Session) -> Value {
     let current = sess
         .commands
         .iter()
         .rev()
-        .filter_map(|k| s.table.get(*k))
+        .filter_map(|k| core.table.get(*k))
         .find(|p| p.running())
         .map(|p| p.command.clone());
     json!({
@@ -144,55 +47,9 @@ fn session_info(s: &Server, sess: &Session) -> Value {
     })
 }
 
-/// Finds the caller's session `id`, creating it (under that id, or a new one when `id` is
-/// absent or empty) when `create` allows. Marks it used.
-fn open_session(
-    s: &mut Server,
-    caller: &Caller,
-    id: Option<&str>,
-    exec_dir: Option<&str>,
-    create: bool,
-) -> Result<String, RpcError> {
-    let dir = exec_dir.map(|d| validate_dir("exec_dir", d)).transpose()?;
-    let id = match id.filter(|i| !i.is_empty()) {
-        Some(i) => i.to_string(),
-        None if create => s.table.new_session_id(),
-        None => return Err(RpcError::invalid_params("session_id", "required")),
-    };
-    match s.table.sessions.get(&id) {
-        Some(sess) if !crate::table::visible(sess.owner, caller.uid) => {
-            return Err(RpcError::not_found("session", &id));
-        }
-        Some(_) => {}
-        None if !create => return Err(RpcError::not_found("session", &id)),
-        None => {
-            if s.table.sessions.len() >= s.cfg.max_sessions {
-                return Err(RpcError::limit("max-sessions", s.cfg.max_sessions));
-            }
-            let now_wall = SystemTime::now();
-            s.table.sessions.insert(
-                id.clone(),
-                Session {
-                    id: id.clone(),
-                    owner: caller.uid,
-                    workdir: s.cfg.workdir.clone(),
-                    created_wall: now_wall,
-                    last_used: s.now,
-                    last_used_wall: now_wall,
-                    commands: VecDeque::new(),
-                    command_count: 0,
-                    idle_timer: None,
-                },
-            );
-            arm_idle(s, &id, s.now + s.cfg.session_idle);
-        }
-    }
-    let now = s.now;
-    s.table.touch_session(&id, now);
-    if let (Some(dir), Some(sess)) = (dir, s.table.sessions.get_mut(&id)) {
-        sess.workdir = dir;
-    }
-    Ok(id)
+/// The caller's session named in `session_id` (which must exist).
+fn existing_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<SessionKey, RpcError> {
+    core.open_session(caller.uid, Some(p.str("session_id")?), None, false)
 }
 
 /// Parses `env: {NAME: value}`.
@@ -217,15 +74,8 @@ fn env_map(p: &Params) -> Result<Vec<(String, String)>, RpcError> {
         .collect()
 }
 
-/// `bash/exec`.
-pub fn exec(s: &mut Server, caller: &Caller, p: &Params) -> Outcome {
-    match exec_inner(s, caller, p) {
-        Ok(o) => o,
-        Err(e) => Outcome::Done(Err(e)),
-    }
-}
-
-fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, RpcError> {
+/// `bash/exec`: asks the loop to start the line in the session (created if needed).
+pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let command = p.str("command")?;
     if command.is_empty() {
         return Err(RpcError::invalid_params("command", "empty"));
@@ -238,25 +88,25 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
     let max_len = p
         .opt_u64("max_output_length")?
         .unwrap_or(DEFAULT_MAX_OUTPUT_LENGTH) as usize;
-    let existed = p
-        .opt_str("session_id")?
-        .is_some_and(|id| s.table.sessions.contains_key(id));
-    let session = open_session(
-        s,
-        caller,
-        p.opt_str("session_id")?,
-        p.opt_str("exec_dir")?,
-        true,
-    )?;
-    let cwd = s.table.sessions[&session].workdir.clone();
-    let launched = s.launch(Launch {
+    let dir = p
+        .opt_str("exec_dir")?
+        .map(|d| validate_dir("exec_dir", d))
+        .transpose()?;
+    let requested = p.opt_str("session_id")?.filter(|s| !s.is_empty());
+    let existed = requested.is_some_and(|id| {
+        core.table
+            .sessions
+            .contains_key(&(caller.uid, id.to_string()))
+    });
+    let session = core.open_session(caller.uid, requested, dir, true)?;
+    let cwd = core.table.sessions[&session].workdir.clone();
+    Ok(Step::Launch(Box::new(LaunchRequest {
         family: Family::Bash {
-            session_id: session.clone(),
+            session_id: session.1,
         },
-        owner: caller.uid,
-        conn: caller.conn,
+        peer: caller.peer(),
         program: Program::Shell {
-            shell: s.cfg.shell.clone(),
+            shell: core.cfg.shell.clone(),
             line: command.to_string(),
         },
         command: command.to_string(),
@@ -264,70 +114,83 @@ fn exec_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
         env,
         cwd,
         stdio: Stdio3::Separate,
-        ring_capacity: s.cfg.output_limit,
+        ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
-    });
-    let key = match launched {
-        Ok(k) => k,
+        after: After::BashExec {
+            async_mode,
+            timeout,
+            hard_timeout,
+            max_len,
+            created_session: !existed,
+        },
+    })))
+}
+
+/// After `bash/exec` tried to start its command: arm the hard timeout and answer now
+/// (`async_mode`) or when it exits or the soft timeout passes, counted from the start.
+pub fn after_exec(
+    core: &mut Core,
+    req: &LaunchRequest,
+    started: Result<Key, RpcError>,
+) -> Result<Step, RpcError> {
+    let After::BashExec {
+        async_mode,
+        timeout,
+        hard_timeout,
+        max_len,
+        created_session,
+    } = req.after
+    else {
+        return Err(RpcError::internal("bash/exec tail for another request"));
+    };
+    let key = match started {
+        Ok(key) => key,
         Err(e) => {
             // A session this call made for a command that never started is not kept.
-            if !existed {
-                forget_session(s, &session);
+            if created_session {
+                core.forget_session(&(req.peer.uid, req.family.session_id().to_string()));
             }
             return Err(e);
         }
     };
     if let Some(h) = hard_timeout {
-        let t = s.timers.add(s.now + seconds(h), Timer::HardTimeout { key });
-        if let Some(p) = s.table.get_mut(key) {
-            p.hard_timer = Some(t);
-        }
+        core.arm_hard_timeout(key, seconds(h));
     }
     if async_mode {
-        let p = s
+        let p = core
             .table
             .get(key)
             .ok_or_else(|| RpcError::internal("command vanished"))?;
-        return Ok(Outcome::Done(Ok(exec_result(p, max_len))));
+        return Ok(Step::Done(view::exec_result(p, max_len)));
     }
-    Ok(Outcome::Park {
+    Ok(Step::Park {
         wait: Wait::BashExec { key, max_len },
-        deadline: timeout.map(|t| s.now + seconds(t)),
+        deadline: timeout.map(|t| core.now + seconds(t)),
     })
 }
 
 /// The command a request names (`command_id`, which must be of the session), else `pick`.
 fn target(
-    s: &Server,
+    core: &Core,
     caller: &Caller,
-    session: &str,
+    session: &SessionKey,
     command_id: Option<&str>,
-    pick: impl Fn(&Server) -> Option<Key>,
+    pick: impl Fn(&Core) -> Option<Key>,
 ) -> Result<Option<Key>, RpcError> {
     match command_id {
-        Some(id) => s
+        Some(id) => core
             .table
-            .find(id, caller.uid)
-            .filter(|k| {
-                s.table.get(*k).is_some_and(
-                    |p| matches!(&p.family, Family::Bash { session_id } if session_id == session),
-                )
+            .find_in(id, caller.uid, |p| {
+                p.session_key().as_ref() == Some(session)
             })
             .map(Some)
             .ok_or_else(|| RpcError::not_found("command", id)),
-        None => Ok(pick(s)),
+        None => Ok(pick(core)),
     }
 }
 
 /// `bash/output`.
-pub fn output(s: &mut Server, caller: &Caller, p: &Params) -> Outcome {
-    match output_inner(s, caller, p) {
-        Ok(o) => o,
-        Err(e) => Outcome::Done(Err(e)),
-    }
-}
-
-fn output_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, RpcError> {
+pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let from = [
         p.opt_u64("offset")?.unwrap_or(0),
         p.opt_u64("stderr_offset")?.unwrap_or(0),
@@ -336,34 +199,37 @@ fn output_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, 
     let wait_timeout = p
         .opt_seconds("wait_timeout")?
         .unwrap_or(DEFAULT_WAIT_TIMEOUT);
-    let session = open_session(s, caller, Some(p.str("session_id")?), None, false)?;
-    let key = target(s, caller, &session, p.opt_str("command_id")?, |s| {
-        s.table.newest_command(&session)
+    let session = existing_session(core, caller, p)?;
+    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table.newest_command(&session)
     })?
-    .ok_or_else(|| RpcError::invalid_state(format!("no command in session {session}")))?;
+    .ok_or_else(|| RpcError::invalid_state(format!("no command in session {}", session.1)))?;
     if wait {
-        return Ok(Outcome::Park {
+        return Ok(Step::Park {
             wait: Wait::BashOutput { key, from },
-            deadline: Some(s.now + seconds(wait_timeout)),
+            deadline: Some(core.now + seconds(wait_timeout)),
         });
     }
-    let p = s
+    let p = core
         .table
         .get(key)
         .ok_or_else(|| RpcError::internal("command vanished"))?;
-    Ok(Outcome::Done(Ok(output_result(p, from))))
+    Ok(Step::Done(view::output_result(p, from)))
 }
 
-/// `bash/write`: queue input for the command's stdin.
-pub fn write(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+/// `bash/write`: queue input for the command's stdin; the loop writes it as the pipe
+/// takes it.
+pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let input = p.str("input")?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
-    let session = open_session(s, caller, Some(p.str("session_id")?), None, false)?;
-    let key = target(s, caller, &session, p.opt_str("command_id")?, |s| {
-        s.table.newest_running(&session)
+    let session = existing_session(core, caller, p)?;
+    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table.newest_running(&session)
     })?
-    .ok_or_else(|| RpcError::invalid_state(format!("no running command in session {session}")))?;
-    let proc_ = s
+    .ok_or_else(|| {
+        RpcError::invalid_state(format!("no running command in session {}", session.1))
+    })?;
+    let proc_ = core
         .table
         .get_mut(key)
         .ok_or_else(|| RpcError::internal("command vanished"))?;
@@ -378,7 +244,7 @@ pub fn write(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcEr
         .stdin
         .as_mut()
         .ok_or_else(|| RpcError::internal("bash command without stdin"))?;
-    if stdin.fd.is_none() || stdin.eof_requested {
+    if !stdin.open || stdin.eof_requested {
         return Err(closed_stdin(&id, stdin.undelivered));
     }
     if stdin.buf.len() + input.len() > stdin.capacity {
@@ -386,14 +252,8 @@ pub fn write(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcEr
     }
     stdin.buf.extend(input.as_bytes());
     stdin.eof_requested = eof;
-    s.flush_stdin(key);
-    // The pipe may have broken just now (the command closed its stdin): say so at once.
-    if let Some(stdin) = s.table.get(key).and_then(|p| p.stdin.as_ref()) {
-        if stdin.fd.is_none() && stdin.undelivered > 0 {
-            return Err(closed_stdin(&id, stdin.undelivered));
-        }
-    }
-    Ok(json!({ "written": input.len() }))
+    core.out.push(Effect::FlushStdin(key));
+    Ok(Step::Done(json!({ "written": input.len() })))
 }
 
 fn closed_stdin(id: &str, undelivered: u64) -> RpcError {
@@ -405,15 +265,8 @@ fn closed_stdin(id: &str, undelivered: u64) -> RpcError {
     RpcError::invalid_state(msg).with_data(json!({ "undelivered": undelivered }))
 }
 
-/// `bash/kill`: a signal to the command's process group.
-pub fn kill(s: &mut Server, caller: &Caller, p: &Params) -> Outcome {
-    match kill_inner(s, caller, p) {
-        Ok(o) => o,
-        Err(e) => Outcome::Done(Err(e)),
-    }
-}
-
-fn kill_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, RpcError> {
+/// `bash/kill`: a signal to the command's tree.
+pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let name = p.opt_str("signal")?.unwrap_or("SIGTERM");
     let sig = process::signal_by_name(name).ok_or_else(|| {
         RpcError::invalid_params(
@@ -421,48 +274,45 @@ fn kill_inner(s: &mut Server, caller: &Caller, p: &Params) -> Result<Outcome, Rp
             format!("unknown signal {name:?}; use SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP or SIGCONT"),
         )
     })?;
-    let session = open_session(s, caller, Some(p.str("session_id")?), None, false)?;
-    let key = target(s, caller, &session, p.opt_str("command_id")?, |s| {
-        s.table
+    let session = existing_session(core, caller, p)?;
+    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table
             .newest_running(&session)
-            .or_else(|| s.table.newest_command(&session))
+            .or_else(|| c.table.newest_command(&session))
     })?
-    .ok_or_else(|| RpcError::invalid_state(format!("no command in session {session}")))?;
-    let proc_ = s
-        .table
-        .get_mut(key)
-        .ok_or_else(|| RpcError::internal("command vanished"))?;
-    if !proc_.running() {
-        return Ok(Outcome::Done(Ok(command_info(proc_))));
+    .ok_or_else(|| RpcError::invalid_state(format!("no command in session {}", session.1)))?;
+    let running = core.table.get(key).is_some_and(|p| p.running());
+    if running {
+        core.signal(key, sig);
     }
-    process::signal_group(proc_.pid, sig);
-    log(format_args!(
-        "{} sent {}",
-        proc_.id,
-        process::signal_name(sig)
-    ));
-    if sig == libc::SIGSTOP || sig == libc::SIGCONT {
-        return Ok(Outcome::Done(Ok(command_info(proc_))));
+    if !running || sig == libc::SIGSTOP || sig == libc::SIGCONT {
+        let p = core
+            .table
+            .get(key)
+            .ok_or_else(|| RpcError::internal("command vanished"))?;
+        return Ok(Step::Done(view::command_info(p)));
     }
-    proc_.signalled = true;
     // Answer when it ends, or after the kill grace with whatever state it is in.
-    Ok(Outcome::Park {
+    Ok(Step::Park {
         wait: Wait::BashKill(key),
-        deadline: Some(s.now + s.cfg.kill_grace),
+        deadline: Some(core.now + core.cfg.kill_grace),
     })
 }
 
 /// `bash/commands {session_id?}` (extension): the caller's bash commands, newest first,
 /// with what `execctl ps` shows.
-pub fn commands(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("session_id")?;
-    let list: Vec<Value> = s
+    let list: Vec<Value> = core
         .table
         .list(caller.uid)
         .into_iter()
-        .filter(|c| matches!(&c.family, Family::Bash { session_id } if only.is_none_or(|o| o == session_id)))
+        .filter(|c| {
+            matches!(&c.family, Family::Bash { session_id }
+                if only.is_none_or(|o| o == session_id))
+        })
         .map(|c| {
-            let mut v = match command_info(c) {
+            let mut v = match view::command_info(c) {
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
@@ -473,123 +323,51 @@ pub fn commands(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, Rp
             v.insert("stdout_bytes".into(), c.streams[0].ring.end().into());
             v.insert("stderr_bytes".into(), c.streams[1].ring.end().into());
             if c.exit.is_some() {
-                v.insert("_meta".into(), json!({ "execd": crate::acp::usage_meta(c) }));
+                v.insert("_meta".into(), json!({ "execd": view::usage_meta(c) }));
             }
             Value::Object(v)
         })
         .collect();
-    Ok(json!({ "commands": list }))
+    Ok(Step::Done(json!({ "commands": list })))
 }
 
-/// `bash/sessions`: the caller's sessions, oldest first.
-pub fn sessions(s: &mut Server, caller: &Caller) -> Result<Value, RpcError> {
-    let mut list: Vec<&Session> = s
+/// `bash/sessions`: the caller's own sessions, oldest first.
+pub fn sessions(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
+    let mut list: Vec<&Session> = core
         .table
         .sessions
         .values()
-        .filter(|x| crate::table::visible(x.owner, caller.uid))
+        .filter(|x| x.owner == caller.uid)
         .collect();
     list.sort_by(|a, b| a.created_wall.cmp(&b.created_wall).then(a.id.cmp(&b.id)));
-    Ok(Value::Array(
-        list.into_iter().map(|x| session_info(s, x)).collect(),
-    ))
+    Ok(Step::Done(Value::Array(
+        list.into_iter().map(|x| session_info(core, x)).collect(),
+    )))
 }
 
 /// `bash/sessions/create`: a new session, or an existing one unchanged.
-pub fn create_session(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let requested = p.opt_str("session_id")?;
-    let exists = requested.is_some_and(|id| s.table.session(id, caller.uid).is_some());
-    let exec_dir = if exists { None } else { p.opt_str("exec_dir")? };
-    let id = open_session(s, caller, requested, exec_dir, true)?;
-    Ok(session_info(s, &s.table.sessions[&id]))
+    let exists = requested.is_some_and(|id| {
+        core.table
+            .sessions
+            .contains_key(&(caller.uid, id.to_string()))
+    });
+    let dir = match p.opt_str("exec_dir")? {
+        Some(d) if !exists => Some(validate_dir("exec_dir", d)?),
+        _ => None,
+    };
+    let key = core.open_session(caller.uid, requested, dir, true)?;
+    Ok(Step::Done(session_info(core, &core.table.sessions[&key])))
 }
 
 /// `bash/sessions/close`: kills its running commands and frees it.
-pub fn close_session(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn close_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let id = p.str("session_id")?;
-    if s.table.session(id, caller.uid).is_none() {
+    let key = (caller.uid, id.to_string());
+    if !core.table.sessions.contains_key(&key) {
         return Err(RpcError::not_found("session", id));
     }
-    close(s, id);
-    Ok(json!({}))
-}
-
-/// Frees a session: running commands are killed (and forgotten once reaped), finished ones
-/// dropped now.
-fn close(s: &mut Server, id: &str) {
-    let Some(sess) = s.table.sessions.get(id) else {
-        return;
-    };
-    let keys: Vec<Key> = sess.commands.iter().copied().collect();
-    for key in keys {
-        let running = s.table.get(key).is_some_and(Proc::running);
-        if running {
-            if let Some(p) = s.table.get_mut(key) {
-                p.kill = Some(KillReason::Killed);
-            }
-            s.release(key);
-        } else {
-            s.drop_finished(key);
-        }
-    }
-    forget_session(s, id);
-    log(format_args!("session {id} closed"));
-}
-
-/// Removes a session and its idle timer.
-fn forget_session(s: &mut Server, id: &str) {
-    if let Some(t) = s.table.sessions.remove(id).and_then(|x| x.idle_timer) {
-        s.timers.cancel(t);
-    }
-}
-
-/// (Re)arms a session's idle check at `at`.
-fn arm_idle(s: &mut Server, id: &str, at: std::time::Instant) {
-    let t = s.timers.add(
-        at,
-        Timer::SessionIdle {
-            session: id.to_string(),
-        },
-    );
-    if let Some(old) = s
-        .table
-        .sessions
-        .get_mut(id)
-        .and_then(|x| x.idle_timer.replace(t))
-    {
-        s.timers.cancel(old);
-    }
-}
-
-/// Drops the session's finished commands beyond the history limit.
-pub fn trim_history(s: &mut Server, session: &str) {
-    for key in s.table.history_overflow(session, BASH_HISTORY) {
-        s.drop_finished(key);
-    }
-}
-
-/// The idle timer of a session fired: close it, or look again later.
-pub fn check_idle(s: &mut Server, session: &str) {
-    let idle = s.cfg.session_idle;
-    if s.table
-        .idle_sessions(s.now, idle)
-        .iter()
-        .any(|x| x == session)
-    {
-        log(format_args!(
-            "session {session} idle for {} s",
-            idle.as_secs()
-        ));
-        close(s, session);
-        return;
-    }
-    let Some(sess) = s.table.sessions.get(session) else {
-        return;
-    };
-    let next = if s.table.session_busy(session) {
-        s.now + idle
-    } else {
-        sess.last_used + idle
-    };
-    arm_idle(s, session, next.max(s.now + Duration::from_millis(10)));
+    core.close_session(&key);
+    Ok(Step::Done(json!({})))
 }

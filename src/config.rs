@@ -6,6 +6,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::process::Rlimit;
+
 /// Most concurrent client connections.
 pub const DEFAULT_MAX_CLIENTS: usize = 1024;
 /// Most commands running at once, both method families together.
@@ -14,6 +16,8 @@ pub const DEFAULT_MAX_PROCESSES: usize = 1024;
 pub const DEFAULT_MAX_RETAINED: usize = 1024;
 /// Longest request line in bytes.
 pub const DEFAULT_MAX_MESSAGE: usize = 1 << 20;
+/// Most elements of one batch; a larger batch is refused whole.
+pub const DEFAULT_MAX_BATCH: usize = 1000;
 /// Cap on one connection's outgoing buffer; output events past it become a `Gap`.
 pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
 /// Output ring capacity when a request names none.
@@ -45,6 +49,7 @@ pub struct Config {
     pub max_processes: usize,
     pub max_retained: usize,
     pub max_message: usize,
+    pub max_batch: usize,
     pub client_buffer: usize,
     pub output_limit: usize,
     pub max_output_limit: usize,
@@ -61,40 +66,33 @@ pub struct Config {
     pub run_as: Option<String>,
 }
 
-/// A resource limit `--rlimit` may set for commands.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rlimit {
-    Cpu,
-    As,
-    Nofile,
-    Nproc,
-    Fsize,
-    Core,
-}
-
-impl Rlimit {
-    /// The name `--rlimit` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Rlimit::Cpu => "cpu",
-            Rlimit::As => "as",
-            Rlimit::Nofile => "nofile",
-            Rlimit::Nproc => "nproc",
-            Rlimit::Fsize => "fsize",
-            Rlimit::Core => "core",
+impl Default for Config {
+    /// Every documented default; the socket path is left empty (see `resolve_socket`).
+    fn default() -> Config {
+        Config {
+            socket: PathBuf::new(),
+            socket_mode: DEFAULT_SOCKET_MODE,
+            socket_group: None,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            max_clients: DEFAULT_MAX_CLIENTS,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            max_retained: DEFAULT_MAX_RETAINED,
+            max_message: DEFAULT_MAX_MESSAGE,
+            max_batch: DEFAULT_MAX_BATCH,
+            client_buffer: DEFAULT_CLIENT_BUFFER,
+            output_limit: DEFAULT_OUTPUT_LIMIT,
+            max_output_limit: DEFAULT_MAX_OUTPUT_LIMIT,
+            stdin_buffer: DEFAULT_STDIN_BUFFER,
+            kill_grace: DEFAULT_KILL_GRACE,
+            session_idle: DEFAULT_SESSION_IDLE,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            shell: default_shell(),
+            clean_env: false,
+            workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+            rlimits: Vec::new(),
+            run_as: None,
         }
-    }
-
-    fn parse(name: &str) -> Option<Rlimit> {
-        Some(match name {
-            "cpu" => Rlimit::Cpu,
-            "as" => Rlimit::As,
-            "nofile" => Rlimit::Nofile,
-            "nproc" => Rlimit::Nproc,
-            "fsize" => Rlimit::Fsize,
-            "core" => Rlimit::Core,
-            _ => return None,
-        })
     }
 }
 
@@ -124,6 +122,7 @@ options:
   --max-processes N        commands running at once (default 1024)
   --max-retained N         exited unreleased terminals per owner (default 1024)
   --max-message BYTES      longest request line (default 1M)
+  --max-batch N            most requests in one batch (default 1000)
   --client-buffer BYTES    outgoing buffer per connection (default 4M)
   --output-limit BYTES     output ring when a request names none (default 1M)
   --max-output-limit BYTES largest output ring a request may ask (default 64M)
@@ -227,29 +226,7 @@ fn default_shell() -> PathBuf {
 /// Parses the daemon's arguments (without the program name).
 pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, String> {
     let mut socket = None;
-    let mut cfg = Config {
-        socket: PathBuf::new(),
-        socket_mode: DEFAULT_SOCKET_MODE,
-        socket_group: None,
-        allow_uids: Vec::new(),
-        allow_gids: Vec::new(),
-        max_clients: DEFAULT_MAX_CLIENTS,
-        max_processes: DEFAULT_MAX_PROCESSES,
-        max_retained: DEFAULT_MAX_RETAINED,
-        max_message: DEFAULT_MAX_MESSAGE,
-        client_buffer: DEFAULT_CLIENT_BUFFER,
-        output_limit: DEFAULT_OUTPUT_LIMIT,
-        max_output_limit: DEFAULT_MAX_OUTPUT_LIMIT,
-        stdin_buffer: DEFAULT_STDIN_BUFFER,
-        kill_grace: DEFAULT_KILL_GRACE,
-        session_idle: DEFAULT_SESSION_IDLE,
-        max_sessions: DEFAULT_MAX_SESSIONS,
-        shell: default_shell(),
-        clean_env: false,
-        workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
-        rlimits: Vec::new(),
-        run_as: None,
-    };
+    let mut cfg = Config::default();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -281,6 +258,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--max-retained" => cfg.max_retained = parse_num(&flag, &value()?)?,
             "--max-sessions" => cfg.max_sessions = parse_num(&flag, &value()?)?,
             "--max-message" => cfg.max_message = parse_size(&value()?)?,
+            "--max-batch" => cfg.max_batch = parse_num(&flag, &value()?)?,
             "--client-buffer" => cfg.client_buffer = parse_size(&value()?)?,
             "--output-limit" => cfg.output_limit = parse_size(&value()?)?,
             "--max-output-limit" => cfg.max_output_limit = parse_size(&value()?)?,
@@ -307,6 +285,9 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             }
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
+    }
+    if cfg.max_batch == 0 {
+        return Err("--max-batch must be at least 1".into());
     }
     if cfg.max_message < 64 {
         return Err("--max-message must be at least 64 bytes".into());

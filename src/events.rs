@@ -11,117 +11,83 @@
 //!   resumes from the live edge. `Exit` and responses always go through.
 //! - `Exit` follows everything the command wrote before it exited. Output that lingering
 //!   descendants write later still follows as `Output` until the pipe closes.
+//! - The pump reports only the connections it queued bytes for: a subscriber with nothing
+//!   to send asks the loop for nothing (no flush, no wake-up).
 
 use std::io::Write;
 
-use mio::Token;
 use serde_json::{json, Value};
 
-use crate::acp;
-use crate::conn::Conn;
+use crate::core::{Caller, Core, Effect, Step};
 use crate::ring::Ring;
 use crate::rpc::{self, Params, RpcError};
-use crate::server::{Caller, Server};
-use crate::table::{Family, Key, Proc, Sub};
+use crate::table::{ConnId, Family, Key, Proc, Sub, Table};
+use crate::view;
 
 /// Largest `Output` chunk, in bytes.
 const CHUNK: u64 = 64 << 10;
 
+/// A connection's outgoing buffer as the pump sees it.
+pub trait Outbox {
+    /// Under the cap: room for output events.
+    fn has_room(&self) -> bool;
+    /// Below half the cap: a lagging subscriber may resume.
+    fn below_half(&self) -> bool;
+    /// Bytes queued and not yet written.
+    fn pending(&self) -> usize;
+    /// The buffer itself, for events written in place.
+    fn buf(&mut self) -> &mut Vec<u8>;
+}
+
+/// The outboxes of every connection, by id.
+pub trait Outboxes {
+    fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox>;
+}
+
 /// `events/subscribe {id, offset?, stderr_offset?}`.
-pub fn subscribe(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn subscribe(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let id = p.str("id")?;
     let next = [
         p.opt_u64("offset")?.unwrap_or(0),
         p.opt_u64("stderr_offset")?.unwrap_or(0),
     ];
-    let key = s
+    let key = core
         .table
         .find(id, caller.uid)
         .ok_or_else(|| RpcError::not_found("terminal or command", id))?;
-    if let Family::Bash { session_id } =
-        s.table
-            .get(key)
-            .map(|p| p.family.clone())
-            .unwrap_or(Family::Terminal {
-                session_id: String::new(),
-            })
-    {
-        let now = s.now;
-        s.table.touch_session(&session_id, now);
-    }
-    let proc_ = s
-        .table
-        .get_mut(key)
-        .ok_or_else(|| RpcError::internal("vanished"))?;
-    proc_.subs.retain(|x| x.conn != caller.conn);
-    proc_.subs.push(Sub {
-        conn: caller.conn,
-        next,
-        lagging: false,
-        done: false,
-    });
-    if let Some(c) = s.conns.get_mut(&caller.conn) {
-        if !c.subs.contains(&key) {
-            c.subs.push(key);
-        }
-    }
+    core.touch_session_of(key);
+    core.table.subscribe(key, caller.conn, next);
     // Delivery starts after the response is queued.
-    s.defer_pump(key);
-    Ok(json!({}))
+    core.out.push(Effect::Pump(key));
+    Ok(Step::Done(json!({})))
 }
 
 /// `events/unsubscribe {id}`.
-pub fn unsubscribe(s: &mut Server, caller: &Caller, p: &Params) -> Result<Value, RpcError> {
+pub fn unsubscribe(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let id = p.str("id")?;
-    let key = s
+    let key = core
         .table
         .find(id, caller.uid)
         .ok_or_else(|| RpcError::not_found("terminal or command", id))?;
-    detach(s, key, caller.conn);
-    Ok(json!({}))
-}
-
-fn detach(s: &mut Server, key: Key, conn: Token) {
-    if let Some(p) = s.table.get_mut(key) {
-        p.subs.retain(|x| x.conn != conn);
-    }
-    if let Some(c) = s.conns.get_mut(&conn) {
-        c.subs.retain(|k| *k != key);
-    }
-}
-
-/// A connection closed: forget its subscriptions.
-pub fn drop_conn(s: &mut Server, conn: Token, subs: Vec<Key>) {
-    for key in subs {
-        if let Some(p) = s.table.get_mut(key) {
-            p.subs.retain(|x| x.conn != conn);
-        }
-    }
-}
-
-/// A process is being forgotten: its subscribers' connections let go of it.
-pub fn drop_proc(s: &mut Server, key: Key) {
-    let conns: Vec<Token> = match s.table.get(key) {
-        Some(p) => p.subs.iter().map(|x| x.conn).collect(),
-        None => return,
-    };
-    for c in conns {
-        if let Some(c) = s.conns.get_mut(&c) {
-            c.subs.retain(|k| *k != key);
-        }
-    }
+    core.table.unsubscribe(key, caller.conn);
+    Ok(Step::Done(json!({})))
 }
 
 /// A connection's buffer drained below half its cap: lagging subscribers get their `Gap`
-/// and resume from the live edge.
-pub fn on_room(s: &mut Server, conn: Token) {
-    let Some(c) = s.conns.get(&conn) else { return };
-    if !c.below_half() {
-        return;
+/// and resume from the live edge. Returns the connections that got bytes.
+pub fn on_room(table: &mut Table, conn: ConnId, outs: &mut dyn Outboxes) -> Vec<ConnId> {
+    let below_half = outs.outbox(conn).is_some_and(|o| o.below_half());
+    if !below_half {
+        return Vec::new();
     }
-    for key in c.subs.clone() {
-        pump(s, key);
+    let keys = table.subs_of.get(&conn).cloned().unwrap_or_default();
+    let mut touched = Vec::new();
+    for key in keys {
+        touched.extend(pump(table, key, outs));
     }
+    touched.sort_unstable();
+    touched.dedup();
+    touched
 }
 
 fn stream_name(p: &Proc, stream: usize) -> &'static str {
@@ -138,11 +104,16 @@ fn write_event_head(out: &mut Vec<u8>, kind: &str) {
     out.extend_from_slice(b"\",\"payload\":");
 }
 
-fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u64) {
-    write_event_head(out, "Gap");
-    let payload = json!({ "id": id, "stream": stream, "offset": offset, "skipped": skipped });
-    rpc::write_json(out, &payload);
+/// Appends a whole `event` notification with a JSON payload.
+pub fn write_event(out: &mut Vec<u8>, kind: &str, payload: &Value) {
+    write_event_head(out, kind);
+    rpc::write_json(out, payload);
     out.extend_from_slice(b"}}\n");
+}
+
+fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u64) {
+    let payload = json!({ "id": id, "stream": stream, "offset": offset, "skipped": skipped });
+    write_event(out, "Gap", &payload);
 }
 
 /// An `Output` event for `[from, to)` of `ring`, escaped straight from the ring: text that
@@ -166,72 +137,54 @@ fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     out.extend_from_slice(b"}}}\n");
 }
 
-/// The `Exit` payload.
-pub fn exit_payload(p: &Proc) -> Value {
-    let (code, signal) = p.exit_fields();
-    let meta = acp::usage_meta(p);
-    json!({
-        "id": p.id,
-        "exitCode": code,
-        "signal": signal,
-        "status": p.status(),
-        "durationMs": meta["durationMs"],
-        "userMs": meta["userMs"],
-        "systemMs": meta["systemMs"],
-        "maxRssKb": meta["maxRssKb"],
-    })
-}
-
 /// Delivers what each subscriber of `key` is owed, as far as its connection has room.
-pub fn pump(s: &mut Server, key: Key) {
-    let Some(p) = s.table.procs.get_mut(&key) else {
-        return;
+/// Returns the connections it queued bytes for (those, and only those, need a flush).
+pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Vec<ConnId> {
+    let Some(p) = table.procs.get_mut(&key) else {
+        return Vec::new();
     };
     if p.subs.is_empty() {
-        return;
+        return Vec::new();
     }
     let mut subs = std::mem::take(&mut p.subs);
-    let p = &s.table.procs[&key];
+    let p = &table.procs[&key];
     let mut keep = Vec::with_capacity(subs.len());
-    let mut touched = Vec::with_capacity(subs.len());
+    let mut touched = Vec::new();
+    let mut finished = Vec::new();
     for mut sub in subs.drain(..) {
-        let Some(conn) = s.conns.get_mut(&sub.conn) else {
+        let Some(out) = outs.outbox(sub.conn) else {
             continue; // its connection is gone
         };
-        let queued_before = conn.pending_out();
-        if sub.lagging && conn.below_half() {
-            catch_up(p, &mut sub, conn.out_buf());
+        let before = out.pending();
+        if sub.lagging && out.below_half() {
+            catch_up(p, &mut sub, out.buf());
         }
         for i in 0..p.streams.len() {
-            deliver(p, i, &mut sub, conn);
+            deliver(p, i, &mut sub, out);
         }
         if p.exit.is_some() && !sub.done {
             if sub.lagging {
-                catch_up(p, &mut sub, conn.out_buf());
+                catch_up(p, &mut sub, out.buf());
             }
-            let out = conn.out_buf();
-            write_event_head(out, "Exit");
-            rpc::write_json(out, &exit_payload(p));
-            out.extend_from_slice(b"}}\n");
+            write_event(out.buf(), "Exit", &view::exit_event(p));
             sub.done = true;
         }
-        // Only a connection that got bytes needs a flush: marking the others would make
-        // the loop poll again at once, for ever, while a quiet command is watched.
-        if conn.pending_out() != queued_before {
+        if out.pending() != before {
             touched.push(sub.conn);
         }
-        if sub.done && p.streams.iter().all(|st| !st.open()) {
-            conn.subs.retain(|k| *k != key);
+        if sub.done && p.streams.iter().all(|st| !st.open) {
+            finished.push(sub.conn);
             continue; // nothing more can come
         }
         keep.push(sub);
     }
-    if let Some(p) = s.table.procs.get_mut(&key) {
+    if let Some(p) = table.procs.get_mut(&key) {
         p.subs = keep;
     }
-    for t in touched {
-        s.mark_dirty(t);
+    for conn in finished {
+        table.unlink_sub(conn, key);
     }
+    touched
 }
 
 /// Announces everything a lagging subscriber missed as one `Gap` per stream and moves it
@@ -254,7 +207,7 @@ fn catch_up(p: &Proc, sub: &mut Sub, out: &mut Vec<u8>) {
 }
 
 /// Queues `Output` events for one stream until it is caught up or the connection is full.
-fn deliver(p: &Proc, i: usize, sub: &mut Sub, conn: &mut Conn) {
+fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) {
     if sub.lagging {
         return;
     }
@@ -264,34 +217,93 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, conn: &mut Conn) {
     let start = ring.start();
     if sub.next[i] < start {
         // Dropped from the ring before this subscriber got them.
-        gap_event(
-            conn.out_buf(),
-            &p.id,
-            name,
-            sub.next[i],
-            start - sub.next[i],
-        );
+        gap_event(out.buf(), &p.id, name, sub.next[i], start - sub.next[i]);
         sub.next[i] = start;
     }
     let end = ring.end();
     while sub.next[i] < end {
-        if !conn.has_room() {
+        if !out.has_room() {
             sub.lagging = true;
             return;
         }
         let next = sub.next[i];
         let chunk_end = end.min(next + CHUNK);
-        let (ws, we) = ring.utf8_window(next, chunk_end, st.open() || chunk_end < end);
-        let out = conn.out_buf();
+        let (ws, we) = ring.utf8_window(next, chunk_end, st.open || chunk_end < end);
+        let buf = out.buf();
         if ws > next {
             // Continuation bytes of a character whose start this subscriber never had.
-            gap_event(out, &p.id, name, next, ws - next);
+            gap_event(buf, &p.id, name, next, ws - next);
             sub.next[i] = ws;
         }
         if ws >= we {
             return; // only an incomplete character so far
         }
-        output_event(out, &p.id, name, ring, ws, we);
+        output_event(buf, &p.id, name, ring, ws, we);
         sub.next[i] = we;
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A connection's outgoing buffer with a cap, and nothing behind it.
+    #[derive(Default)]
+    pub struct FakeOut {
+        pub buf: Vec<u8>,
+        pub cap: usize,
+    }
+
+    impl Outbox for FakeOut {
+        fn has_room(&self) -> bool {
+            self.buf.len() < self.cap
+        }
+        fn below_half(&self) -> bool {
+            self.buf.len() < self.cap / 2
+        }
+        fn pending(&self) -> usize {
+            self.buf.len()
+        }
+        fn buf(&mut self) -> &mut Vec<u8> {
+            &mut self.buf
+        }
+    }
+
+    #[derive(Default)]
+    pub struct FakeOuts(pub HashMap<ConnId, FakeOut>);
+
+    impl Outboxes for FakeOuts {
+        fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
+            self.0.get_mut(&conn).map(|o| o as &mut dyn Outbox)
+        }
+    }
+
+    impl FakeOuts {
+        pub fn with(conns: &[(usize, usize)]) -> FakeOuts {
+            FakeOuts(
+                conns
+                    .iter()
+                    .map(|&(c, cap)| {
+                        (
+                            ConnId(c),
+                            FakeOut {
+                                buf: Vec::new(),
+                                cap,
+                            },
+                        )
+                    })
+                    .collect(),
+            )
+        }
+
+        /// Takes the events queued for `conn` so far (as the socket would).
+        pub fn drain(&mut self, conn: usize) -> Vec<Value> {
+            let out = self.0.get_mut(&ConnId(conn)).expect("conn");
+            let text = String::from_utf8(std::mem::take(&mut out.buf)).expect("utf-8");
+            text.lines()
+                .map(|l| serde_json::from_str(l).expect("json"))
+                .collect()
+        }
     }
 }

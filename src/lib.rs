@@ -3,29 +3,41 @@
 //! One single-threaded mio loop serves JSON-RPC 2.0 over a Unix socket: the ACP terminal
 //! methods, a bash pipe API and Wire-style live events, all from one process table.
 //!
-//! Crate map (data flows down this list and back up only through `server`):
-//! - `config`: every flag and its documented default; socket path resolution.
-//! - `rpc`: JSON-RPC framing, parsing, error codes, params access. Pure.
-//! - `server`: the loop: Poll, listener, connections, pipes, signals, timers, dispatch.
-//! - `conn`: one client connection: line reader, capped write buffer, interest.
-//! - `acp`, `bash`, `events`: one method family each: params in, results out.
-//! - `table`: processes and sessions, fed events and `now`. Pure.
-//! - `ring`: fixed-capacity output rings with absolute offsets and UTF-8 windows. Pure.
-//! - `timers`: the deadline heap. Pure.
-//! - `process`: spawn, group kill, `wait4` reaping, peer credentials. All `unsafe` is here.
-//! - `client`: a small blocking client for `execctl`, tests and benches.
+//! The house (data flows down and comes back up only as return values and effects):
+//! - `server`: the loop only: Poll, listener, signals, connections, pipes, spawner. Turns
+//!   a `Step` into action (`settle`) and carries out the core's `Effect`s (`apply`).
+//! - `dispatch`: method name -> family function; a started command -> the family's tail.
+//! - `acp`, `bash`, `events`: one method family each, `fn(&mut Core, &Caller, &Params)
+//!   -> Result<Step, RpcError>`.
+//! - `core`: every piece of state and every decision (parking, kills, release, sessions,
+//!   shutdown), with a fake clock in its tests. `table`: the state it keeps.
+//! - `launch`: the one `LaunchRequest` every spawn goes through, and its validation.
+//! - `view`: one rendering of exits, statuses and usage.
+//! - `ring`, `timers`, `rpc`: pure building blocks (rings, deadline heap, JSON-RPC).
+//! - `conn`: a client's socket, codec, batches and capped output buffer.
+//! - `pipes`, `contain`, `process`, `systemd`, `audit`: descriptors and system calls
+//!   (every `unsafe` is in `process`), the loop's tools.
+//! - `config`: every flag; `client`: a small blocking client for `execctl`, tests, benches.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acp;
+pub mod audit;
 pub mod bash;
 pub mod client;
 pub mod config;
 pub mod conn;
+pub mod contain;
+pub mod core;
+pub mod dispatch;
 pub mod events;
+pub mod launch;
+pub mod pipes;
 pub mod process;
 pub mod ring;
 pub mod rpc;
 pub mod server;
+pub mod systemd;
 pub mod table;
 pub mod timers;
+pub mod view;

@@ -16,7 +16,43 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::Rlimit;
+/// A resource limit `--rlimit` may set for commands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rlimit {
+    Cpu,
+    As,
+    Nofile,
+    Nproc,
+    Fsize,
+    Core,
+}
+
+impl Rlimit {
+    /// The name `--rlimit` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rlimit::Cpu => "cpu",
+            Rlimit::As => "as",
+            Rlimit::Nofile => "nofile",
+            Rlimit::Nproc => "nproc",
+            Rlimit::Fsize => "fsize",
+            Rlimit::Core => "core",
+        }
+    }
+
+    /// The resource `--rlimit` names.
+    pub fn parse(name: &str) -> Option<Rlimit> {
+        Some(match name {
+            "cpu" => Rlimit::Cpu,
+            "as" => Rlimit::As,
+            "nofile" => Rlimit::Nofile,
+            "nproc" => Rlimit::Nproc,
+            "fsize" => Rlimit::Fsize,
+            "core" => Rlimit::Core,
+            _ => return None,
+        })
+    }
+}
 
 /// What to execute.
 #[derive(Debug, Clone)]
@@ -372,15 +408,19 @@ pub struct Spawner {
 impl Spawner {
     /// Build this after the daemon's signal handlers are installed: they are what a child
     /// must reset. `child_nofile` is the descriptor limit to give back (see `raise_nofile`).
+    /// `withheld` names variables of the daemon's environment no command may see.
     pub fn new(
         clean_env: bool,
+        withheld: &[&str],
         rlimits: &[(Rlimit, u64)],
         child_nofile: Option<(u64, u64)>,
     ) -> io::Result<Spawner> {
         let vars: Vec<(OsString, OsString)> = if clean_env {
             Vec::new()
         } else {
-            std::env::vars_os().collect()
+            std::env::vars_os()
+                .filter(|(k, _)| !withheld.iter().any(|w| k == *w))
+                .collect()
         };
         let path_var = vars
             .iter()
@@ -790,27 +830,68 @@ pub fn chown_group(path: &Path, gid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, None, Some(gid))
 }
 
-/// Takes the listening socket systemd passed (fd 3) when `LISTEN_PID` is us and
-/// `LISTEN_FDS` is 1.
-pub fn systemd_listener(
-    listen_pid: Option<OsString>,
-    listen_fds: Option<OsString>,
-) -> Option<std::os::unix::net::UnixListener> {
-    let pid: i32 = listen_pid?.to_str()?.parse().ok()?;
-    let fds: i32 = listen_fds?.to_str()?.parse().ok()?;
-    // SAFETY: getpid cannot fail.
-    if pid != unsafe { libc::getpid() } || fds != 1 {
-        return None;
+/// Checks that `fd` is a listening Unix stream socket (what systemd socket activation
+/// must pass).
+pub fn check_listening_unix_socket(fd: RawFd) -> io::Result<()> {
+    let option = |name: libc::c_int| -> io::Result<libc::c_int> {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: pointers to a live int and its length; getsockopt writes at most `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(value)
+    };
+    let what = |s: &str| io::Error::new(io::ErrorKind::InvalidInput, s.to_string());
+    if option(libc::SO_DOMAIN)? != libc::AF_UNIX {
+        return Err(what("not an AF_UNIX socket"));
     }
-    const SD_LISTEN_FDS_START: RawFd = 3;
-    // SAFETY: systemd hands fd 3 to exactly this pid (checked above) as the listening
-    // socket; nothing else in the process owns it.
-    let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(SD_LISTEN_FDS_START) };
-    // SAFETY: setting FD_CLOEXEC on the fd we now own.
+    if option(libc::SO_TYPE)? != libc::SOCK_STREAM {
+        return Err(what("not a stream socket"));
+    }
+    if option(libc::SO_ACCEPTCONN)? == 0 {
+        return Err(what("not listening"));
+    }
+    Ok(())
+}
+
+/// Takes ownership of a listening socket passed at `fd` (checked by
+/// `check_listening_unix_socket`), close-on-exec from now on.
+pub fn take_listener(fd: RawFd) -> std::os::unix::net::UnixListener {
+    // SAFETY: setting FD_CLOEXEC on a descriptor number has no memory effects.
     unsafe {
-        libc::fcntl(SD_LISTEN_FDS_START, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
     }
-    Some(listener)
+    // SAFETY: the caller checked that `fd` is a listening socket passed to exactly this
+    // process; nothing else in the process owns it.
+    unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) }
+}
+
+/// Writes to a stream socket without blocking and without SIGPIPE, whatever the
+/// descriptor's own mode (the journal's stream, shared with no one, is left as it was).
+pub fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for `buf.len()` bytes of reading.
+    let n = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Every signal by its conventional name.

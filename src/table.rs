@@ -1,18 +1,19 @@
-//! The process table and the bash sessions: what runs, who owns it, what it printed, how
-//! it ended. Fed events and `now` by the server; makes no system calls.
+//! The process table, the bash sessions and the subscriptions: what runs, who owns it,
+//! what it printed, how it ended, who watches it. State only: no descriptor, token or timer
+//! lives here, and nothing here makes a system call. The core feeds it events and `now`.
 //!
 //! Invariants:
 //! - A process is found by its public id (`term_N`, `cmd_N`) only while it is not
 //!   released; a released one stays (hidden) until it is reaped and its waiters answered.
 //! - `running` counts processes whose leader has not been reaped.
-//! - Foreign ids look exactly like unknown ones: `find` takes the caller's uid.
+//! - Foreign ids look exactly like unknown ones: every lookup takes the caller's uid.
+//! - Sessions live in one namespace per owner: a name reveals nothing about another
+//!   owner's sessions, and two owners may both use `default`.
+//! - `subs_of` and each process's `subs` list the same subscriptions.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
-
-use mio::Token;
 
 use crate::process::{Ended, Usage};
 use crate::ring::Ring;
@@ -20,63 +21,118 @@ use crate::ring::Ring;
 /// Internal key of a process record; never reused.
 pub type Key = u64;
 
+/// A client connection as the core knows it; the loop maps it to its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub usize);
+
+/// A bash session: its owner and its name in that owner's namespace.
+pub type SessionKey = (u32, String);
+
 /// Which protocol created the process.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Family {
-    /// An ACP terminal: stdout and stderr merged into one stream.
+    /// An ACP terminal: stdout and stderr merged into one stream. `session_id` is the ACP
+    /// session the client named, nothing execd manages.
     Terminal { session_id: String },
-    /// A bash command in a bash session: stdout and stderr apart, stdin a pipe.
+    /// A bash command in a bash session of its owner: stdout and stderr apart, stdin a pipe.
     Bash { session_id: String },
 }
 
-/// Why the daemon ended a command, when it did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum KillReason {
-    /// `terminal/kill`, `bash/kill`, release, session close or shutdown.
-    Killed,
-    /// The bash `hard_timeout` passed.
-    TimedOut,
+impl Family {
+    pub fn session_id(&self) -> &str {
+        match self {
+            Family::Terminal { session_id } | Family::Bash { session_id } => session_id,
+        }
+    }
+
+    pub fn is_bash(&self) -> bool {
+        matches!(self, Family::Bash { .. })
+    }
 }
 
-/// One output stream: its ring and its pipe.
+/// Why the daemon ended a command, when it did. Named as the audit log names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// `terminal/kill`.
+    Request,
+    /// `terminal/release`, or a retained terminal evicted past `--max-retained`.
+    Release,
+    /// The bash `hard_timeout` passed.
+    Timeout,
+    /// `bash/sessions/close`, or an idle session closed.
+    SessionClose,
+    /// The daemon is stopping.
+    Shutdown,
+}
+
+impl KillReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillReason::Request => "request",
+            KillReason::Release => "release",
+            KillReason::Timeout => "timeout",
+            KillReason::SessionClose => "session close",
+            KillReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// One output stream: its ring, and whether its pipe may still deliver.
 #[derive(Debug)]
 pub struct Stream {
     pub ring: Ring,
-    /// The read end; `None` once EOF was seen or the process was released.
-    pub fd: Option<File>,
-    pub token: Token,
-    /// The pipe was found full once and has been grown.
-    pub grown: bool,
+    /// False once EOF was seen or the process was released.
+    pub open: bool,
 }
 
 impl Stream {
-    /// Whether more bytes may still arrive.
-    pub fn open(&self) -> bool {
-        self.fd.is_some()
+    pub fn new(capacity: usize) -> Stream {
+        Stream {
+            ring: Ring::new(capacity),
+            open: true,
+        }
     }
 
     /// The end of what may be handed out as text now (an incomplete trailing character of
     /// an open stream is held back).
     pub fn text_end(&self) -> u64 {
         self.ring
-            .utf8_window(self.ring.start(), self.ring.end(), self.open())
+            .utf8_window(self.ring.start(), self.ring.end(), self.open)
             .1
     }
 }
 
-/// A command's stdin: a fixed-capacity buffer drained into the pipe as it accepts.
+/// A command's stdin: a fixed-capacity buffer the loop drains into the pipe as it accepts.
 #[derive(Debug)]
 pub struct Stdin {
-    pub fd: Option<File>,
-    pub token: Token,
     pub buf: VecDeque<u8>,
     pub capacity: usize,
     /// Close the pipe once `buf` drains.
     pub eof_requested: bool,
-    /// Whether the pipe is registered for WRITABLE.
-    pub registered: bool,
+    /// False once the pipe is closed (drained after `eof`, broken, exit or release).
+    pub open: bool,
     /// Bytes accepted but never delivered (the command closed its stdin or exited).
     pub undelivered: u64,
+}
+
+impl Stdin {
+    pub fn new(capacity: usize) -> Stdin {
+        Stdin {
+            buf: VecDeque::new(),
+            capacity,
+            eof_requested: false,
+            open: true,
+            undelivered: 0,
+        }
+    }
+
+    /// Marks the pipe closed, counting what never got through.
+    pub fn close(&mut self) {
+        self.open = false;
+        self.undelivered += self.buf.len() as u64;
+        self.buf.clear();
+        self.buf.shrink_to_fit();
+    }
 }
 
 /// How a command ended.
@@ -90,13 +146,21 @@ pub struct Exit {
 /// One subscriber of a process's output (see `events`).
 #[derive(Debug, Clone)]
 pub struct Sub {
-    pub conn: Token,
+    pub conn: ConnId,
     /// Next offset to deliver, per stream.
     pub next: [u64; 2],
     /// The subscriber fell behind its connection's cap; a `Gap` is owed per stream.
     pub lagging: bool,
     /// `Exit` has been delivered.
     pub done: bool,
+}
+
+/// Who started a command: the peer's credentials.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
 }
 
 /// One command, terminal or bash.
@@ -106,6 +170,7 @@ pub struct Proc {
     /// Public id: `term_N` or `cmd_N`.
     pub id: String,
     pub family: Family,
+    /// The uid that owns it (the peer's).
     pub owner: u32,
     /// What the client asked to run (program, or the shell line).
     pub command: String,
@@ -118,61 +183,18 @@ pub struct Proc {
     pub streams: Vec<Stream>,
     pub stdin: Option<Stdin>,
     pub exit: Option<Exit>,
+    /// Set when the daemon starts ending it; a later kill only waits for this one.
     pub kill: Option<KillReason>,
     /// `bash/kill` sent it a terminating signal: ending by a signal then means `killed`.
     pub signalled: bool,
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
     pub released: bool,
-    /// Its process group may still have members (true while the leader runs; after that,
-    /// as last seen). A group known empty is never signalled: its number may be reused.
-    pub group_alive: bool,
-    /// The bash `hard_timeout`, cancelled when the command exits first.
-    pub hard_timer: Option<crate::timers::TimerId>,
     /// Parked requests interested in this process.
     pub waiters: Vec<u64>,
     pub subs: Vec<Sub>,
 }
 
 impl Proc {
-    /// A just-started process: running, unreleased, nothing waiting or subscribed.
-    #[allow(clippy::too_many_arguments)] // one field each; a builder would add nothing
-    pub fn started(
-        key: Key,
-        id: String,
-        family: Family,
-        owner: u32,
-        command: String,
-        args: Vec<String>,
-        cwd: PathBuf,
-        pid: i32,
-        started: Instant,
-        streams: Vec<Stream>,
-        stdin: Option<Stdin>,
-    ) -> Proc {
-        Proc {
-            key,
-            id,
-            family,
-            owner,
-            command,
-            args,
-            cwd,
-            pid,
-            started,
-            started_wall: SystemTime::now(),
-            streams,
-            stdin,
-            exit: None,
-            kill: None,
-            signalled: false,
-            released: false,
-            group_alive: true,
-            hard_timer: None,
-            waiters: Vec::new(),
-            subs: Vec::new(),
-        }
-    }
-
     pub fn running(&self) -> bool {
         self.exit.is_none()
     }
@@ -192,21 +214,10 @@ impl Proc {
             return "running";
         };
         match (self.kill, exit.ended) {
-            (Some(KillReason::TimedOut), _) => "timed_out",
-            (Some(KillReason::Killed), _) => "killed",
+            (Some(KillReason::Timeout), _) => "timed_out",
+            (Some(_), _) => "killed",
             (None, Ended::Signal(_)) if self.signalled => "killed",
             _ => "completed",
-        }
-    }
-
-    /// `(exit code, signal name)` as every protocol reports them: a code with no signal
-    /// when it exited, no code and the signal's name when a signal ended it, and neither
-    /// while it runs.
-    pub fn exit_fields(&self) -> (Option<i32>, Option<String>) {
-        match self.exit.map(|e| e.ended) {
-            Some(Ended::Code(c)) => (Some(c), None),
-            Some(Ended::Signal(sig)) => (None, Some(crate::process::signal_name(sig))),
-            None => (None, None),
         }
     }
 
@@ -218,8 +229,14 @@ impl Proc {
     }
 
     pub fn session_id(&self) -> &str {
+        self.family.session_id()
+    }
+
+    /// The bash session it belongs to, if it is a bash command.
+    pub fn session_key(&self) -> Option<SessionKey> {
         match &self.family {
-            Family::Terminal { session_id } | Family::Bash { session_id } => session_id,
+            Family::Bash { session_id } => Some((self.owner, session_id.clone())),
+            Family::Terminal { .. } => None,
         }
     }
 }
@@ -236,8 +253,6 @@ pub struct Session {
     /// Commands in start order (finished ones beyond the history limit are dropped).
     pub commands: VecDeque<Key>,
     pub command_count: u64,
-    /// The pending idle check, cancelled when the session closes.
-    pub idle_timer: Option<crate::timers::TimerId>,
 }
 
 /// Whether `caller` may see something owned by `owner`: the owner itself, or root.
@@ -245,13 +260,15 @@ pub fn visible(owner: u32, caller: u32) -> bool {
     owner == caller || caller == 0
 }
 
-/// All processes and sessions.
+/// All processes, sessions and subscriptions.
 #[derive(Debug, Default)]
 pub struct Table {
     pub procs: HashMap<Key, Proc>,
     ids: HashMap<String, Key>,
     pids: HashMap<i32, Key>,
-    pub sessions: HashMap<String, Session>,
+    pub sessions: HashMap<SessionKey, Session>,
+    /// The processes each connection subscribes to.
+    pub subs_of: HashMap<ConnId, Vec<Key>>,
     next_key: Key,
     next_session: u64,
     running: usize,
@@ -275,8 +292,8 @@ impl Table {
         self.ids.insert(p.id.clone(), p.key);
         self.pids.insert(p.pid, p.key);
         self.running += 1;
-        if let Family::Bash { session_id } = &p.family {
-            if let Some(s) = self.sessions.get_mut(session_id) {
+        if let Some(sk) = p.session_key() {
+            if let Some(s) = self.sessions.get_mut(&sk) {
                 s.commands.push_back(p.key);
                 s.command_count += 1;
             }
@@ -286,9 +303,15 @@ impl Table {
 
     /// The key of the visible, unreleased process with public id `id`.
     pub fn find(&self, id: &str, caller: u32) -> Option<Key> {
+        self.find_in(id, caller, |_| true)
+    }
+
+    /// The key of the visible, unreleased process `id` that also satisfies `belongs`
+    /// (a terminal of the named ACP session, a command of the named bash session).
+    pub fn find_in(&self, id: &str, caller: u32, belongs: impl Fn(&Proc) -> bool) -> Option<Key> {
         let key = *self.ids.get(id)?;
         let p = self.procs.get(&key)?;
-        visible(p.owner, caller).then_some(key)
+        (visible(p.owner, caller) && belongs(p)).then_some(key)
     }
 
     pub fn get(&self, key: Key) -> Option<&Proc> {
@@ -304,11 +327,6 @@ impl Table {
         self.pids.get(&pid).copied()
     }
 
-    /// Whether a running process of ours leads group `pgid` (so the number is in use).
-    pub fn leads_group(&self, pgid: i32) -> bool {
-        self.pids.contains_key(&pgid)
-    }
-
     /// Records an exit. Returns the terminals to release because their owner now keeps
     /// more than `max_retained` exited ones (oldest first).
     pub fn record_exit(&mut self, key: Key, exit: Exit, max_retained: usize) -> Vec<Key> {
@@ -321,7 +339,7 @@ impl Table {
         p.exit = Some(exit);
         self.pids.remove(&p.pid);
         self.running -= 1;
-        if p.released || !matches!(p.family, Family::Terminal { .. }) {
+        if p.released || p.family.is_bash() {
             return Vec::new();
         }
         let q = self.exited_terminals.entry(p.owner).or_default();
@@ -346,7 +364,7 @@ impl Table {
         }
     }
 
-    /// Forgets a process entirely.
+    /// Forgets a process entirely, with its subscriptions.
     pub fn remove(&mut self, key: Key) -> Option<Proc> {
         let p = self.procs.remove(&key)?;
         self.ids.remove(&p.id);
@@ -360,10 +378,13 @@ impl Table {
                 self.exited_terminals.remove(&p.owner);
             }
         }
-        if let Family::Bash { session_id } = &p.family {
-            if let Some(s) = self.sessions.get_mut(session_id) {
+        if let Some(sk) = p.session_key() {
+            if let Some(s) = self.sessions.get_mut(&sk) {
                 s.commands.retain(|k| *k != key);
             }
+        }
+        for sub in &p.subs {
+            self.unlink_sub(sub.conn, key);
         }
         Some(p)
     }
@@ -379,33 +400,78 @@ impl Table {
         v
     }
 
-    /// A fresh bash session id that no session uses.
-    pub fn new_session_id(&mut self) -> String {
+    // ---- subscriptions -----------------------------------------------------------------
+
+    /// Subscribes `conn` to `key` from the offsets `next` (replacing an earlier
+    /// subscription of the same connection).
+    pub fn subscribe(&mut self, key: Key, conn: ConnId, next: [u64; 2]) -> bool {
+        let Some(p) = self.procs.get_mut(&key) else {
+            return false;
+        };
+        p.subs.retain(|s| s.conn != conn);
+        p.subs.push(Sub {
+            conn,
+            next,
+            lagging: false,
+            done: false,
+        });
+        let keys = self.subs_of.entry(conn).or_default();
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+        true
+    }
+
+    pub fn unsubscribe(&mut self, key: Key, conn: ConnId) {
+        if let Some(p) = self.procs.get_mut(&key) {
+            p.subs.retain(|s| s.conn != conn);
+        }
+        self.unlink_sub(conn, key);
+    }
+
+    /// A connection is gone: its subscriptions go with it.
+    pub fn drop_conn(&mut self, conn: ConnId) {
+        for key in self.subs_of.remove(&conn).unwrap_or_default() {
+            if let Some(p) = self.procs.get_mut(&key) {
+                p.subs.retain(|s| s.conn != conn);
+            }
+        }
+    }
+
+    /// Removes `key` from `conn`'s list (the process side is the caller's business).
+    pub fn unlink_sub(&mut self, conn: ConnId, key: Key) {
+        if let Some(keys) = self.subs_of.get_mut(&conn) {
+            keys.retain(|k| *k != key);
+            if keys.is_empty() {
+                self.subs_of.remove(&conn);
+            }
+        }
+    }
+
+    // ---- sessions ----------------------------------------------------------------------
+
+    /// A fresh bash session name that `owner` does not use.
+    pub fn new_session_id(&mut self, owner: u32) -> String {
         loop {
             self.next_session += 1;
             let id = format!("session_{}", self.next_session);
-            if !self.sessions.contains_key(&id) {
+            if !self.sessions.contains_key(&(owner, id.clone())) {
                 return id;
             }
         }
     }
 
-    /// The visible session `id`.
-    pub fn session(&self, id: &str, caller: u32) -> Option<&Session> {
-        self.sessions.get(id).filter(|s| visible(s.owner, caller))
-    }
-
     /// Marks a session used now.
-    pub fn touch_session(&mut self, id: &str, now: Instant) {
-        if let Some(s) = self.sessions.get_mut(id) {
+    pub fn touch_session(&mut self, key: &SessionKey, now: Instant) {
+        if let Some(s) = self.sessions.get_mut(key) {
             s.last_used = now;
             s.last_used_wall = SystemTime::now();
         }
     }
 
     /// Whether any command of the session is running.
-    pub fn session_busy(&self, id: &str) -> bool {
-        self.sessions.get(id).is_some_and(|s| {
+    pub fn session_busy(&self, key: &SessionKey) -> bool {
+        self.sessions.get(key).is_some_and(|s| {
             s.commands
                 .iter()
                 .any(|k| self.procs.get(k).is_some_and(Proc::running))
@@ -413,13 +479,13 @@ impl Table {
     }
 
     /// The session's newest command.
-    pub fn newest_command(&self, session: &str) -> Option<Key> {
-        self.sessions.get(session)?.commands.back().copied()
+    pub fn newest_command(&self, key: &SessionKey) -> Option<Key> {
+        self.sessions.get(key)?.commands.back().copied()
     }
 
     /// The session's newest running command.
-    pub fn newest_running(&self, session: &str) -> Option<Key> {
-        let s = self.sessions.get(session)?;
+    pub fn newest_running(&self, key: &SessionKey) -> Option<Key> {
+        let s = self.sessions.get(key)?;
         s.commands
             .iter()
             .rev()
@@ -429,8 +495,8 @@ impl Table {
 
     /// Finished commands of the session beyond the newest `keep` finished ones, oldest
     /// first: the ones to drop.
-    pub fn history_overflow(&self, session: &str, keep: usize) -> Vec<Key> {
-        let Some(s) = self.sessions.get(session) else {
+    pub fn history_overflow(&self, key: &SessionKey, keep: usize) -> Vec<Key> {
+        let Some(s) = self.sessions.get(key) else {
             return Vec::new();
         };
         let finished: Vec<Key> = s
@@ -442,17 +508,20 @@ impl Table {
         finished[..finished.len().saturating_sub(keep)].to_vec()
     }
 
-    /// Sessions unused for `idle` and running nothing at `now`.
-    pub fn idle_sessions(&self, now: Instant, idle: Duration) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .sessions
-            .values()
-            .filter(|s| now.saturating_duration_since(s.last_used) >= idle)
-            .filter(|s| !self.session_busy(&s.id))
-            .map(|s| s.id.clone())
-            .collect();
-        v.sort();
-        v
+    /// Whether the session has been unused for `idle` and runs nothing at `now`.
+    pub fn session_idle(&self, key: &SessionKey, now: Instant, idle: Duration) -> bool {
+        self.sessions.get(key).is_some_and(|s| {
+            now.saturating_duration_since(s.last_used) >= idle && !self.session_busy(key)
+        })
+    }
+
+    /// The least recently used session that runs nothing: the one to evict at the cap.
+    pub fn lru_quiet_session(&self) -> Option<SessionKey> {
+        self.sessions
+            .iter()
+            .filter(|(k, _)| !self.session_busy(k))
+            .min_by_key(|(k, s)| (s.last_used, (*k).clone()))
+            .map(|(k, _)| k.clone())
     }
 }
 
@@ -462,21 +531,26 @@ mod tests {
 
     fn proc(t: &mut Table, prefix: &str, family: Family, owner: u32, pid: i32) -> Key {
         let (key, id) = t.next_ids(prefix);
-        let cwd = PathBuf::from("/");
-        let p = Proc::started(
+        t.insert(Proc {
             key,
             id,
             family,
             owner,
-            "true".into(),
-            vec![],
-            cwd,
+            command: "true".into(),
+            args: vec![],
+            cwd: PathBuf::from("/"),
             pid,
-            Instant::now(),
-            vec![],
-            None,
-        );
-        t.insert(p);
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+            streams: vec![],
+            stdin: None,
+            exit: None,
+            kill: None,
+            signalled: false,
+            released: false,
+            waiters: vec![],
+            subs: vec![],
+        });
         key
     }
 
@@ -494,9 +568,10 @@ mod tests {
         }
     }
 
-    fn session(t: &mut Table, id: &str, owner: u32, now: Instant) {
+    fn session(t: &mut Table, id: &str, owner: u32, now: Instant) -> SessionKey {
+        let key = (owner, id.to_string());
         t.sessions.insert(
-            id.into(),
+            key.clone(),
             Session {
                 id: id.into(),
                 owner,
@@ -506,9 +581,9 @@ mod tests {
                 last_used_wall: SystemTime::now(),
                 commands: VecDeque::new(),
                 command_count: 0,
-                idle_timer: None,
             },
         );
+        key
     }
 
     #[test]
@@ -520,6 +595,8 @@ mod tests {
         assert_eq!(t.find(&id, 1001), None);
         assert_eq!(t.find(&id, 0), Some(k));
         assert_eq!(t.find("term_999", 1000), None);
+        assert_eq!(t.find_in(&id, 1000, |p| p.session_id() == "s"), Some(k));
+        assert_eq!(t.find_in(&id, 1000, |p| p.session_id() == "t"), None);
     }
 
     #[test]
@@ -544,12 +621,33 @@ mod tests {
     }
 
     #[test]
-    fn removing_a_running_process_fixes_the_count() {
+    fn removing_a_running_process_fixes_the_count_and_its_subscriptions() {
         let mut t = Table::default();
         let k = proc(&mut t, "term", term("s"), 1, 10);
+        assert!(t.subscribe(k, ConnId(5), [0, 0]));
+        assert_eq!(t.subs_of[&ConnId(5)], vec![k]);
         t.remove(k);
         assert_eq!(t.running(), 0);
         assert_eq!(t.by_pid(10), None);
+        assert!(t.subs_of.is_empty());
+    }
+
+    #[test]
+    fn subscriptions_are_indexed_both_ways() {
+        let mut t = Table::default();
+        let a = proc(&mut t, "term", term("s"), 1, 10);
+        let b = proc(&mut t, "term", term("s"), 1, 11);
+        t.subscribe(a, ConnId(1), [0, 0]);
+        t.subscribe(a, ConnId(1), [5, 0]); // replaces, does not add
+        t.subscribe(b, ConnId(1), [0, 0]);
+        t.subscribe(a, ConnId(2), [0, 0]);
+        assert_eq!(t.get(a).unwrap().subs.len(), 2);
+        assert_eq!(t.get(a).unwrap().subs[0].next, [5, 0]);
+        t.unsubscribe(b, ConnId(1));
+        assert_eq!(t.subs_of[&ConnId(1)], vec![a]);
+        t.drop_conn(ConnId(1));
+        assert_eq!(t.get(a).unwrap().subs.len(), 1);
+        assert!(!t.subs_of.contains_key(&ConnId(1)));
     }
 
     #[test]
@@ -573,7 +671,7 @@ mod tests {
     fn bash_history_keeps_the_newest_finished_commands() {
         let mut t = Table::default();
         let now = Instant::now();
-        session(&mut t, "b", 1, now);
+        let b = session(&mut t, "b", 1, now);
         let bash = || Family::Bash {
             session_id: "b".into(),
         };
@@ -586,45 +684,67 @@ mod tests {
         }
         assert_eq!(t.get(keys[0]).unwrap().status(), "completed");
         // keys[4] still runs and never counts against the history.
-        assert_eq!(t.history_overflow("b", 2), vec![keys[0], keys[1]]);
-        assert_eq!(t.newest_command("b"), Some(keys[4]));
-        assert_eq!(t.newest_running("b"), Some(keys[4]));
+        assert_eq!(t.history_overflow(&b, 2), vec![keys[0], keys[1]]);
+        assert_eq!(t.newest_command(&b), Some(keys[4]));
+        assert_eq!(t.newest_running(&b), Some(keys[4]));
         t.remove(keys[0]);
-        assert_eq!(t.sessions["b"].commands.len(), 4);
-        assert_eq!(t.sessions["b"].command_count, 5);
+        assert_eq!(t.sessions[&b].commands.len(), 4);
+        assert_eq!(t.sessions[&b].command_count, 5);
     }
 
     #[test]
-    fn idle_sessions_with_a_fake_clock() {
+    fn sessions_are_per_owner() {
+        let mut t = Table::default();
+        let now = Instant::now();
+        let mine = session(&mut t, "default", 1000, now);
+        let yours = session(&mut t, "default", 1001, now);
+        proc(
+            &mut t,
+            "cmd",
+            Family::Bash {
+                session_id: "default".into(),
+            },
+            1000,
+            50,
+        );
+        assert!(t.session_busy(&mine));
+        assert!(
+            !t.session_busy(&yours),
+            "the other owner's session is its own"
+        );
+        assert_eq!(t.sessions[&yours].commands.len(), 0);
+    }
+
+    #[test]
+    fn idle_and_least_recently_used_sessions_with_a_fake_clock() {
         let mut t = Table::default();
         let t0 = Instant::now();
         let idle = Duration::from_secs(60);
-        session(&mut t, "a", 1, t0);
-        session(&mut t, "b", 1, t0);
-        session(&mut t, "c", 1, t0);
+        let a = session(&mut t, "a", 1, t0);
+        let b = session(&mut t, "b", 1, t0 + Duration::from_secs(1));
+        let c = session(&mut t, "c", 1, t0);
         let bash = Family::Bash {
             session_id: "c".into(),
         };
         proc(&mut t, "cmd", bash, 1, 400);
-        assert!(t
-            .idle_sessions(t0 + Duration::from_secs(59), idle)
-            .is_empty());
-        t.touch_session("b", t0 + Duration::from_secs(30));
+        assert!(!t.session_idle(&a, t0 + Duration::from_secs(59), idle));
+        t.touch_session(&b, t0 + Duration::from_secs(30));
         // "a" is idle; "b" was used since; "c" runs a command, which keeps it alive.
-        assert_eq!(
-            t.idle_sessions(t0 + Duration::from_secs(61), idle),
-            vec!["a"]
-        );
-        assert_eq!(
-            t.idle_sessions(t0 + Duration::from_secs(91), idle),
-            vec!["a", "b"]
-        );
+        let at = t0 + Duration::from_secs(61);
+        assert!(t.session_idle(&a, at, idle));
+        assert!(!t.session_idle(&b, at, idle));
+        assert!(!t.session_idle(&c, at, idle));
+        // The least recently used session running nothing is "a", never the busy "c".
+        assert_eq!(t.lru_quiet_session(), Some(a.clone()));
+        t.sessions.remove(&a);
+        assert_eq!(t.lru_quiet_session(), Some(b));
     }
 
     #[test]
     fn session_ids_do_not_collide_with_chosen_ones() {
         let mut t = Table::default();
         session(&mut t, "session_1", 1, Instant::now());
-        assert_eq!(t.new_session_id(), "session_2");
+        assert_eq!(t.new_session_id(1), "session_2");
+        assert_eq!(t.new_session_id(2), "session_3");
     }
 }

@@ -1256,12 +1256,17 @@ fn sessions_create_list_and_close() {
     assert!(sessions(&mut c).is_empty());
 }
 
+/// At `--max-sessions` every session is busy: a new one is refused with `-32003`.
 #[test]
-fn the_session_cap_is_a_limit_error() {
+fn the_session_cap_is_a_limit_error_when_every_session_is_busy() {
     let d = Daemon::start(&["--max-sessions", "2"]);
     let mut c = d.client();
     create_session(&mut c, json!({"session_id": "one"}));
-    let r = exec(&mut c, json!({"command": "true"}));
+    exec(
+        &mut c,
+        json!({"command": "sleep 30", "session_id": "one", "async_mode": true}),
+    );
+    let r = exec(&mut c, json!({"command": "sleep 30", "async_mode": true}));
     let two = str_of(&r, "session_id").to_string();
     for (method, params) in [
         ("bash/sessions/create", json!({"session_id": "three"})),
@@ -1286,6 +1291,40 @@ fn the_session_cap_is_a_limit_error() {
     close_session(&mut c, "one");
     let three = create_session(&mut c, json!({"session_id": "three"}));
     assert_eq!(three["session_id"], "three");
+}
+
+/// At `--max-sessions` with sessions that run nothing, the least recently used of those
+/// is closed to make room: a loop of one-off sessions never exhausts the daemon.
+#[test]
+fn the_session_cap_evicts_the_least_recently_used_idle_session() {
+    let d = Daemon::start(&["--max-sessions", "3"]);
+    let mut c = d.client();
+    exec(
+        &mut c,
+        json!({"command": "sleep 30", "session_id": "busy", "async_mode": true}),
+    );
+    exec(&mut c, json!({"command": "true", "session_id": "old"}));
+    exec(&mut c, json!({"command": "true", "session_id": "newer"}));
+    // "busy" is the least recently used, but runs a command: "old" goes instead.
+    let r = exec(&mut c, json!({"command": "echo hi", "session_id": "fresh"}));
+    assert_eq!(r["stdout"], "hi\n");
+    let mut names: Vec<String> = sessions(&mut c)
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["busy", "fresh", "newer"]);
+    // Sessions made without a name, in a loop, keep working past the cap.
+    for i in 0..10 {
+        let r = exec(&mut c, json!({"command": format!("echo {i}")}));
+        assert_eq!(r["stdout"], format!("{i}\n"));
+    }
+    assert_eq!(sessions(&mut c).len(), 3);
+    assert!(
+        d.log().contains("closed to make room"),
+        "the eviction is logged: {}",
+        d.log()
+    );
 }
 
 #[test]

@@ -125,12 +125,22 @@ fn error_codes_for_bad_messages() {
     expect_error(&next(&mut c), -32600, json!(3));
     send_raw(&mut c, r#"{"jsonrpc":"2.0","id":4,"method":7}"#);
     expect_error(&next(&mut c), -32600, json!(4));
-    for params in ["[]", "[1,2]", "\"x\"", "5", "true"] {
+    for params in ["\"x\"", "5", "true"] {
         send_raw(
             &mut c,
             &format!(r#"{{"jsonrpc":"2.0","id":5,"method":"terminal/list","params":{params}}}"#),
         );
         expect_error(&next(&mut c), -32600, json!(5));
+    }
+    // By position (an array) is a JSON-RPC 2.0 form execd does not take: invalid params.
+    for params in ["[]", "[1,2]"] {
+        send_raw(
+            &mut c,
+            &format!(r#"{{"jsonrpc":"2.0","id":5,"method":"terminal/list","params":{params}}}"#),
+        );
+        let m = next(&mut c);
+        expect_error(&m, -32602, json!(5));
+        assert_eq!(m["error"]["data"]["field"], "params", "{m}");
     }
     send_raw(&mut c, "42");
     expect_error(&next(&mut c), -32600, Value::Null);

@@ -214,10 +214,11 @@ fn sighup_does_not_stop_the_daemon_or_its_commands() {
 /// growing; the connection keeps working.
 #[test]
 fn a_batch_cannot_make_the_daemon_buffer_without_bound() {
+    // Over the default --max-batch, which this test raises to reach the buffer cap.
     const N: u64 = 2000;
     const SIZE: usize = 60_000;
     const CAP: u64 = 64 << 10;
-    let d = Daemon::start(&["--client-buffer", "64K"]);
+    let d = Daemon::start(&["--client-buffer", "64K", "--max-batch", "5000"]);
     let mut c = d.client();
     let id = x_terminal(&mut c, SIZE);
 

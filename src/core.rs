@@ -1,0 +1,1116 @@
+//! The core: every piece of state the daemon keeps and every decision it makes, below the
+//! loop and without a descriptor. Method families read and change it and return a `Step`;
+//! the core's own transitions (a parked request resolved, a kill escalated, a session
+//! closed for idleness) push `Effect`s, which the loop carries out. Time comes in as
+//! `now`, so every transition is unit-tested with a fake clock.
+//!
+//! Invariants:
+//! - A parked request is answered exactly once: when its condition holds, its deadline
+//!   passes, its process is forgotten, or the daemon stops. A request whose connection
+//!   closed is dropped unanswered.
+//! - A kill is one SIGTERM to the tree and, after `--kill-grace`, one SIGKILL to whatever
+//!   of it is left (even when the leader died of the SIGTERM). A second kill of a command
+//!   already being killed only waits for the first.
+//! - A released process is hidden at once and forgotten (`sweep`) once it has exited,
+//!   nobody waits on it and the loop has delivered its last events.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::audit::Log;
+use crate::config::{Config, BASH_HISTORY};
+use crate::contain::Stage;
+use crate::launch::LaunchRequest;
+use crate::process::{Ended, Stdio3, Usage};
+use crate::rpc::{ReqNo, RpcError};
+use crate::table::{
+    ConnId, Exit, Key, KillReason, Peer, Proc, Session, SessionKey, Stdin, Stream, Table,
+};
+use crate::timers::{TimerId, Timers};
+use crate::view;
+
+/// Who is calling: the connection and the peer's credentials.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub conn: ConnId,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
+}
+
+impl Caller {
+    pub fn peer(&self) -> Peer {
+        Peer {
+            uid: self.uid,
+            gid: self.gid,
+            pid: self.pid,
+        }
+    }
+}
+
+/// What a parked request waits for.
+#[derive(Debug, Clone)]
+pub enum Wait {
+    /// `terminal/wait_for_exit`.
+    Exit(Key),
+    /// `terminal/kill`: answered `{}` once the leader exited.
+    Killed(Key),
+    /// Synchronous `bash/exec`.
+    BashExec { key: Key, max_len: usize },
+    /// `bash/output` with `wait`.
+    BashOutput { key: Key, from: [u64; 2] },
+    /// `bash/kill`: answered once the command ended or the grace passed.
+    BashKill(Key),
+}
+
+impl Wait {
+    fn key(&self) -> Key {
+        match self {
+            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) => *k,
+            Wait::BashExec { key, .. } | Wait::BashOutput { key, .. } => *key,
+        }
+    }
+}
+
+/// What a method family wants done with a request.
+#[derive(Debug)]
+pub enum Step {
+    /// Answer now.
+    Done(Value),
+    /// Answer when `wait` holds, or at `deadline` with the state then.
+    Park {
+        wait: Wait,
+        deadline: Option<Instant>,
+    },
+    /// Start a command (through the gate), then run its `After` tail.
+    Launch(Box<LaunchRequest>),
+}
+
+/// What the core asks the loop to do.
+#[derive(Debug)]
+pub enum Effect {
+    /// Answer a request of a connection.
+    Reply {
+        conn: ConnId,
+        req: ReqNo,
+        result: Result<Value, RpcError>,
+    },
+    /// End a command's tree, one stage.
+    End { key: Key, stage: Stage },
+    /// Send a signal to a command's tree (`bash/kill`).
+    Signal { key: Key, sig: i32 },
+    /// Stop reading a command's output (release, history trimming).
+    ClosePipes(Key),
+    /// Write what waits for a command's stdin.
+    FlushStdin(Key),
+    /// Close a command's stdin pipe.
+    CloseStdin(Key),
+    /// Deliver what subscribers of a command are owed.
+    Pump(Key),
+}
+
+/// Everything the core waits for in time.
+#[derive(Debug, Clone, PartialEq)]
+enum Timer {
+    /// SIGKILL what is left of a tree after the grace.
+    Escalate(Key),
+    /// A parked request's deadline (soft timeout, `wait_timeout`, kill answer).
+    Deadline(u64),
+    /// A bash command's `hard_timeout`.
+    HardTimeout(Key),
+    /// Check a bash session for idleness.
+    SessionIdle(SessionKey),
+}
+
+#[derive(Debug)]
+struct Parked {
+    conn: ConnId,
+    req: ReqNo,
+    wait: Wait,
+    timer: Option<TimerId>,
+}
+
+/// The daemon's state.
+#[derive(Debug)]
+pub struct Core {
+    pub cfg: Config,
+    pub table: Table,
+    timers: Timers<Timer>,
+    parked: HashMap<u64, Parked>,
+    next_park: u64,
+    hard_timers: HashMap<Key, TimerId>,
+    idle_timers: HashMap<SessionKey, TimerId>,
+    /// Released processes to forget once nothing needs them (see `sweep`).
+    forget: Vec<Key>,
+    /// Connected clients, with the peer each one is.
+    pub clients: HashMap<ConnId, Peer>,
+    pub now: Instant,
+    pub started: Instant,
+    /// The daemon log's queue (the loop writes it out).
+    pub log: Log,
+    /// Shutdown has begun: no new work is taken.
+    pub stopping: bool,
+    /// Effects for the loop, in the order they arose.
+    pub out: Vec<Effect>,
+}
+
+impl Core {
+    pub fn new(cfg: Config, now: Instant, log: Log) -> Core {
+        Core {
+            cfg,
+            table: Table::default(),
+            timers: Timers::default(),
+            parked: HashMap::new(),
+            next_park: 0,
+            hard_timers: HashMap::new(),
+            idle_timers: HashMap::new(),
+            forget: Vec::new(),
+            clients: HashMap::new(),
+            now,
+            started: now,
+            log,
+            stopping: false,
+            out: Vec::new(),
+        }
+    }
+
+    /// The earliest time a timer of the core is due.
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        self.timers.next_deadline()
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn fire_due(&mut self, now: Instant) {
+        self.now = now;
+        while let Some(t) = self.timers.pop_due(now) {
+            match t {
+                Timer::Escalate(key) => self.out.push(Effect::End {
+                    key,
+                    stage: Stage::Kill,
+                }),
+                Timer::Deadline(park) => {
+                    if let Some(p) = self.parked.get_mut(&park) {
+                        p.timer = None;
+                    }
+                    self.resolve(park, true);
+                }
+                Timer::HardTimeout(key) => {
+                    self.hard_timers.remove(&key);
+                    self.kill(key, KillReason::Timeout);
+                }
+                Timer::SessionIdle(session) => {
+                    self.idle_timers.remove(&session);
+                    self.check_idle(&session);
+                }
+            }
+        }
+    }
+
+    // ---- connections -------------------------------------------------------------------
+
+    pub fn connected(&mut self, conn: ConnId, peer: Peer) {
+        self.clients.insert(conn, peer);
+    }
+
+    /// A connection closed: its parked requests have nobody to answer (the processes go
+    /// on), and its subscriptions end.
+    pub fn disconnected(&mut self, conn: ConnId) {
+        self.clients.remove(&conn);
+        let gone: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.conn == conn)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.unpark(id);
+        }
+        self.table.drop_conn(conn);
+    }
+
+    /// Requests of `conn` parked now.
+    pub fn parked_by(&self, conn: ConnId) -> usize {
+        self.parked.values().filter(|p| p.conn == conn).count()
+    }
+
+    // ---- parked requests ---------------------------------------------------------------
+
+    /// Parks request `req` of `conn` until `wait` holds or `deadline` passes. It may hold
+    /// already (an exited command, output already past the offset): then it is answered now.
+    pub fn park(&mut self, conn: ConnId, req: ReqNo, wait: Wait, deadline: Option<Instant>) {
+        let id = self.next_park;
+        self.next_park += 1;
+        let key = wait.key();
+        let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline(id)));
+        self.parked.insert(
+            id,
+            Parked {
+                conn,
+                req,
+                wait,
+                timer,
+            },
+        );
+        match self.table.get_mut(key) {
+            Some(p) => {
+                p.waiters.push(id);
+                self.resolve(id, false);
+            }
+            None => self.resolve(id, true),
+        }
+    }
+
+    /// Answers parked request `id` if its condition holds (or `expired`).
+    fn resolve(&mut self, id: u64, expired: bool) {
+        let Some(p) = self.parked.get(&id) else {
+            return;
+        };
+        let result = match (self.table.get(p.wait.key()), &p.wait) {
+            (None, _) => Some(Err(RpcError::not_found("process", "released"))),
+            (Some(proc_), Wait::Exit(_)) => {
+                proc_.exit.is_some().then(|| Ok(view::exit_status(proc_)))
+            }
+            (Some(proc_), Wait::Killed(_)) => proc_.exit.is_some().then(|| Ok(json!({}))),
+            (Some(proc_), Wait::BashExec { max_len, .. }) => {
+                (expired || proc_.exit.is_some()).then(|| Ok(view::exec_result(proc_, *max_len)))
+            }
+            (Some(proc_), Wait::BashOutput { from, .. }) => {
+                (expired || proc_.exit.is_some() || view::has_output_past(proc_, *from))
+                    .then(|| Ok(view::output_result(proc_, *from)))
+            }
+            (Some(proc_), Wait::BashKill(_)) => {
+                (expired || proc_.exit.is_some()).then(|| Ok(view::command_info(proc_)))
+            }
+        };
+        let Some(result) = result else { return };
+        if let Some(p) = self.unpark(id) {
+            self.out.push(Effect::Reply {
+                conn: p.conn,
+                req: p.req,
+                result,
+            });
+        }
+    }
+
+    /// Takes a parked request out of every index: its timer and its process's waiters.
+    fn unpark(&mut self, id: u64) -> Option<Parked> {
+        let p = self.parked.remove(&id)?;
+        if let Some(t) = p.timer {
+            self.timers.cancel(t);
+        }
+        if let Some(proc_) = self.table.get_mut(p.wait.key()) {
+            proc_.waiters.retain(|w| *w != id);
+        }
+        Some(p)
+    }
+
+    /// Re-checks every parked request on process `key`.
+    pub fn wake(&mut self, key: Key) {
+        let Some(p) = self.table.get(key) else { return };
+        if p.waiters.is_empty() {
+            return;
+        }
+        for id in p.waiters.clone() {
+            self.resolve(id, false);
+        }
+    }
+
+    // ---- a command's life --------------------------------------------------------------
+
+    /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
+    pub fn started(&mut self, req: &LaunchRequest, key: Key, id: String, pid: i32) {
+        let (streams, stdin) = match req.stdio {
+            Stdio3::Merged => (vec![Stream::new(req.ring_capacity)], None),
+            Stdio3::Separate => (
+                vec![
+                    Stream::new(req.ring_capacity),
+                    Stream::new(req.ring_capacity),
+                ],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
+        };
+        self.log.line(format_args!(
+            "{id} started: pid {pid} uid {} cwd {} command {:?}{}",
+            req.peer.uid,
+            req.cwd.display(),
+            req.command,
+            if req.args.is_empty() {
+                String::new()
+            } else {
+                format!(" args {:?}", req.args)
+            }
+        ));
+        self.table.insert(Proc {
+            key,
+            id,
+            family: req.family.clone(),
+            owner: req.peer.uid,
+            command: req.command.clone(),
+            args: req.args.clone(),
+            cwd: req.cwd.clone(),
+            pid,
+            started: self.now,
+            started_wall: SystemTime::now(),
+            streams,
+            stdin,
+            exit: None,
+            kill: None,
+            signalled: false,
+            released: false,
+            waiters: Vec::new(),
+            subs: Vec::new(),
+        });
+    }
+
+    /// Appends bytes read from output stream `stream` of `key` to its ring.
+    pub fn output(&mut self, key: Key, stream: usize, data: &[u8]) {
+        if let Some(s) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.streams.get_mut(stream))
+        {
+            s.ring.push(data);
+        }
+    }
+
+    /// Output stream `stream` of `key` reached its end.
+    pub fn eof(&mut self, key: Key, stream: usize) {
+        if let Some(s) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.streams.get_mut(stream))
+        {
+            s.open = false;
+        }
+        self.out.push(Effect::Pump(key));
+        self.wake(key);
+    }
+
+    /// The leader of `key` was reaped (after its pipes were drained of what they held).
+    pub fn exited(&mut self, key: Key, ended: Ended, usage: Usage) {
+        let exit = Exit {
+            ended,
+            usage,
+            at: self.now,
+        };
+        let evict = self.table.record_exit(key, exit, self.cfg.max_retained);
+        self.close_stdin(key);
+        if let Some(t) = self.hard_timers.remove(&key) {
+            self.timers.cancel(t);
+        }
+        let Some(p) = self.table.get(key) else { return };
+        self.log.line(format_args!(
+            "{} exited: {} after {} ms",
+            p.id,
+            view::describe_exit(p),
+            p.duration().as_millis()
+        ));
+        let (released, session) = (p.released, p.session_key());
+        self.out.push(Effect::Pump(key));
+        self.wake(key);
+        if released {
+            self.forget.push(key);
+        }
+        for k in evict {
+            self.release(k, KillReason::Release);
+        }
+        if let Some(s) = session {
+            for k in self.table.history_overflow(&s, BASH_HISTORY) {
+                self.drop_finished(k);
+            }
+        }
+    }
+
+    /// Starts ending a command: SIGTERM to its tree now, SIGKILL to what is left after the
+    /// grace. A command already being killed is left to that kill.
+    pub fn kill(&mut self, key: Key, reason: KillReason) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if !p.running() || p.kill.is_some() {
+            return;
+        }
+        p.kill = Some(reason);
+        self.end_tree(key);
+    }
+
+    /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
+    fn end_tree(&mut self, key: Key) {
+        self.out.push(Effect::End {
+            key,
+            stage: Stage::Term,
+        });
+        self.timers
+            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key));
+    }
+
+    /// A signal from `bash/kill` to a running command's tree.
+    pub fn signal(&mut self, key: Key, sig: i32) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if !p.running() {
+            return;
+        }
+        if sig != libc::SIGSTOP && sig != libc::SIGCONT {
+            p.signalled = true;
+        }
+        self.log.line(format_args!(
+            "{} sent {}",
+            p.id,
+            crate::process::signal_name(sig)
+        ));
+        self.out.push(Effect::Signal { key, sig });
+    }
+
+    /// Release: hide the id, stop reading, end what runs (or what an exited command left
+    /// in its tree). Parked waiters still get the exit.
+    pub fn release(&mut self, key: Key, reason: KillReason) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        let running = p.running();
+        for s in &mut p.streams {
+            s.open = false;
+        }
+        self.log.line(format_args!("{} released", p.id));
+        self.table.hide(key);
+        self.out.push(Effect::ClosePipes(key));
+        self.close_stdin(key);
+        if running {
+            self.kill(key, reason);
+        } else {
+            // The leader is gone; descendants that kept its tree alive are not wanted.
+            self.end_tree(key);
+            self.out.push(Effect::Pump(key));
+            self.forget.push(key);
+        }
+    }
+
+    /// Marks a command's stdin closed (counting what never got through) and has the loop
+    /// close its pipe.
+    pub fn close_stdin(&mut self, key: Key) {
+        if let Some(stdin) = self.table.get_mut(key).and_then(|p| p.stdin.as_mut()) {
+            if stdin.open {
+                stdin.close();
+                self.out.push(Effect::CloseStdin(key));
+            }
+        }
+    }
+
+    /// Removes a finished command from view (bash history trimming, session close).
+    fn drop_finished(&mut self, key: Key) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if p.running() {
+            return;
+        }
+        for s in &mut p.streams {
+            s.open = false;
+        }
+        let waiters = p.waiters.clone();
+        self.table.hide(key);
+        self.out.push(Effect::ClosePipes(key));
+        for w in waiters {
+            self.resolve(w, true);
+        }
+        self.forget.push(key);
+    }
+
+    /// Forgets released, exited processes that nobody waits on any more. The loop calls
+    /// it after carrying out the effects, so their last events were delivered first.
+    pub fn sweep(&mut self) {
+        for key in std::mem::take(&mut self.forget) {
+            let done = self
+                .table
+                .get(key)
+                .is_some_and(|p| p.released && p.exit.is_some() && p.waiters.is_empty());
+            if done {
+                self.table.remove(key);
+            }
+        }
+    }
+
+    /// Arms a bash command's hard timeout.
+    pub fn arm_hard_timeout(&mut self, key: Key, after: Duration) {
+        let t = self.timers.add(self.now + after, Timer::HardTimeout(key));
+        if let Some(old) = self.hard_timers.insert(key, t) {
+            self.timers.cancel(old);
+        }
+    }
+
+    // ---- bash sessions -----------------------------------------------------------------
+
+    /// Finds the caller's session `id`, or creates it (under that name, or a new one when
+    /// `id` is absent or empty) when `create`. At `--max-sessions` the least recently used
+    /// session running nothing is closed to make room; only when every session is busy is
+    /// the new one refused. Counts as use; `dir` becomes its default directory.
+    pub fn open_session(
+        &mut self,
+        owner: u32,
+        id: Option<&str>,
+        dir: Option<PathBuf>,
+        create: bool,
+    ) -> Result<SessionKey, RpcError> {
+        let name = match id.filter(|i| !i.is_empty()) {
+            Some(i) => i.to_string(),
+            None if create => self.table.new_session_id(owner),
+            None => return Err(RpcError::invalid_params("session_id", "required")),
+        };
+        let key = (owner, name);
+        if !self.table.sessions.contains_key(&key) {
+            if !create {
+                return Err(RpcError::not_found("session", &key.1));
+            }
+            if self.table.sessions.len() >= self.cfg.max_sessions {
+                let Some(victim) = self.table.lru_quiet_session() else {
+                    return Err(RpcError::limit("max-sessions", self.cfg.max_sessions));
+                };
+                self.log.line(format_args!(
+                    "session {} of uid {} closed to make room (max-sessions {})",
+                    victim.1, victim.0, self.cfg.max_sessions
+                ));
+                self.close_session(&victim);
+            }
+            let now_wall = SystemTime::now();
+            self.table.sessions.insert(
+                key.clone(),
+                Session {
+                    id: key.1.clone(),
+                    owner,
+                    workdir: self.cfg.workdir.clone(),
+                    created_wall: now_wall,
+                    last_used: self.now,
+                    last_used_wall: now_wall,
+                    commands: Default::default(),
+                    command_count: 0,
+                },
+            );
+            self.arm_idle(&key, self.now + self.cfg.session_idle);
+        }
+        self.table.touch_session(&key, self.now);
+        if let (Some(dir), Some(s)) = (dir, self.table.sessions.get_mut(&key)) {
+            s.workdir = dir;
+        }
+        Ok(key)
+    }
+
+    /// Counts a request on a bash command as use of its session.
+    pub fn touch_session_of(&mut self, key: Key) {
+        if let Some(sk) = self.table.get(key).and_then(Proc::session_key) {
+            self.table.touch_session(&sk, self.now);
+        }
+    }
+
+    /// Frees a session: running commands are killed (and forgotten once reaped), finished
+    /// ones dropped now.
+    pub fn close_session(&mut self, key: &SessionKey) {
+        let Some(s) = self.table.sessions.get(key) else {
+            return;
+        };
+        let keys: Vec<Key> = s.commands.iter().copied().collect();
+        for k in keys {
+            if self.table.get(k).is_some_and(Proc::running) {
+                self.release(k, KillReason::SessionClose);
+            } else {
+                self.drop_finished(k);
+            }
+        }
+        self.forget_session(key);
+        self.log.line(format_args!("session {} closed", key.1));
+    }
+
+    /// Removes a session record and its idle timer (a session whose only command never
+    /// started is not kept).
+    pub fn forget_session(&mut self, key: &SessionKey) {
+        self.table.sessions.remove(key);
+        if let Some(t) = self.idle_timers.remove(key) {
+            self.timers.cancel(t);
+        }
+    }
+
+    /// (Re)arms a session's idle check at `at`.
+    fn arm_idle(&mut self, key: &SessionKey, at: Instant) {
+        let t = self.timers.add(at, Timer::SessionIdle(key.clone()));
+        if let Some(old) = self.idle_timers.insert(key.clone(), t) {
+            self.timers.cancel(old);
+        }
+    }
+
+    /// A session's idle timer fired: close it, or look again when it could next be idle.
+    fn check_idle(&mut self, key: &SessionKey) {
+        let idle = self.cfg.session_idle;
+        if self.table.session_idle(key, self.now, idle) {
+            self.log.line(format_args!(
+                "session {} idle for {} s",
+                key.1,
+                idle.as_secs()
+            ));
+            self.close_session(key);
+            return;
+        }
+        let Some(s) = self.table.sessions.get(key) else {
+            return;
+        };
+        let next = if self.table.session_busy(key) {
+            self.now + idle
+        } else {
+            s.last_used + idle
+        };
+        self.arm_idle(key, next.max(self.now + Duration::from_millis(10)));
+    }
+
+    // ---- shutdown ----------------------------------------------------------------------
+
+    /// Begins a stop: every running command is killed, and what exited commands left in
+    /// their trees is ended too.
+    pub fn begin_shutdown(&mut self) {
+        if self.stopping {
+            return;
+        }
+        self.stopping = true;
+        self.log.line(format_args!(
+            "shutting down: killing {} running command(s)",
+            self.table.running()
+        ));
+        let mut keys: Vec<Key> = self.table.procs.keys().copied().collect();
+        keys.sort_unstable();
+        for key in keys {
+            match self.table.get(key).map(Proc::running) {
+                Some(true) => self.kill(key, KillReason::Shutdown),
+                Some(false) => self.end_tree(key),
+                None => {}
+            }
+        }
+    }
+
+    /// Answers everything still parked: from state where it can be, else `-32007`.
+    pub fn answer_all_parked(&mut self) {
+        let mut ids: Vec<u64> = self.parked.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.resolve(id, true);
+            if let Some(p) = self.unpark(id) {
+                self.out.push(Effect::Reply {
+                    conn: p.conn,
+                    req: p.req,
+                    result: Err(RpcError::shutting_down()),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::tests::FakeOuts;
+    use crate::events::{self};
+    use crate::launch::After;
+    use crate::process::Program;
+    use crate::table::Family;
+
+    const C1: ConnId = ConnId(1);
+    const C2: ConnId = ConnId(2);
+
+    fn core() -> Core {
+        let cfg = Config {
+            kill_grace: Duration::from_secs(2),
+            session_idle: Duration::from_secs(60),
+            max_sessions: 3,
+            ..Config::default()
+        };
+        Core::new(cfg, Instant::now(), Log::new(false))
+    }
+
+    fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
+        LaunchRequest {
+            family,
+            peer: Peer {
+                uid: 1000,
+                gid: 1000,
+                pid: 42,
+            },
+            program: Program::Direct {
+                program: "true".into(),
+                args: vec![],
+            },
+            command: "true".into(),
+            args: vec![],
+            env: vec![],
+            cwd: "/".into(),
+            stdio,
+            ring_capacity: 64,
+            prefix: "term",
+            after: After::Terminal,
+        }
+    }
+
+    /// Starts a fake terminal (pid = key + 1000) and returns its key.
+    fn terminal(c: &mut Core) -> Key {
+        let req = request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, key as i32 + 1000);
+        key
+    }
+
+    fn bash(c: &mut Core, session: &str) -> Key {
+        let sk = c.open_session(1000, Some(session), None, true).unwrap();
+        assert_eq!(sk.0, 1000);
+        let req = request(
+            Family::Bash {
+                session_id: session.into(),
+            },
+            Stdio3::Separate,
+        );
+        let (key, id) = c.table.next_ids("cmd");
+        c.started(&req, key, id, key as i32 + 1000);
+        key
+    }
+
+    fn replies(c: &mut Core) -> Vec<(ConnId, ReqNo, Result<Value, RpcError>)> {
+        let mut v = Vec::new();
+        for e in std::mem::take(&mut c.out) {
+            if let Effect::Reply { conn, req, result } = e {
+                v.push((conn, req, result));
+            }
+        }
+        v
+    }
+
+    fn ends(c: &mut Core) -> Vec<(Key, Stage)> {
+        std::mem::take(&mut c.out)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::End { key, stage } => Some((key, stage)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn later(c: &mut Core, d: Duration) {
+        let at = c.now + d;
+        c.fire_due(at);
+    }
+
+    #[test]
+    fn a_wait_for_exit_parks_until_the_exit() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.park(C1, ReqNo(7), Wait::Exit(k), None);
+        assert!(replies(&mut c).is_empty(), "still running");
+        assert_eq!(c.parked_by(C1), 1);
+        c.exited(k, Ended::Code(3), Usage::default());
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, C1);
+        assert_eq!(r[0].1, ReqNo(7));
+        assert_eq!(
+            r[0].2.as_ref().unwrap(),
+            &json!({"exitCode": 3, "signal": null})
+        );
+        assert_eq!(c.parked_by(C1), 0);
+        // Already exited: answered at once.
+        c.park(C2, ReqNo(1), Wait::Exit(k), None);
+        assert_eq!(replies(&mut c).len(), 1);
+    }
+
+    #[test]
+    fn bash_output_wait_answers_on_output_past_the_offset_or_the_deadline() {
+        let mut c = core();
+        let k = bash(&mut c, "w");
+        let deadline = c.now + Duration::from_secs(5);
+        c.park(
+            C1,
+            ReqNo(1),
+            Wait::BashOutput {
+                key: k,
+                from: [0, 0],
+            },
+            Some(deadline),
+        );
+        assert!(replies(&mut c).is_empty(), "nothing yet");
+        c.output(k, 0, b"abc");
+        c.wake(k);
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].1, ReqNo(1));
+        assert_eq!(r[0].2.as_ref().unwrap()["stdout"], "abc");
+        c.park(
+            C1,
+            ReqNo(2),
+            Wait::BashOutput {
+                key: k,
+                from: [3, 0],
+            },
+            Some(deadline),
+        );
+        assert!(replies(&mut c).is_empty(), "nothing past offset 3");
+        // The other answers at its deadline, with nothing new.
+        later(&mut c, Duration::from_secs(4));
+        assert!(replies(&mut c).is_empty());
+        later(&mut c, Duration::from_secs(1));
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].2.as_ref().unwrap()["stdout"], "");
+        assert_eq!(r[0].2.as_ref().unwrap()["offset"], 3);
+    }
+
+    #[test]
+    fn a_disconnected_client_leaves_nothing_parked() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.park(C1, ReqNo(1), Wait::Exit(k), None);
+        c.park(
+            C2,
+            ReqNo(1),
+            Wait::Exit(k),
+            Some(c.now + Duration::from_secs(1)),
+        );
+        c.disconnected(C2);
+        assert_eq!(c.parked_by(C2), 0);
+        assert_eq!(c.table.get(k).unwrap().waiters.len(), 1);
+        later(&mut c, Duration::from_secs(2));
+        c.exited(k, Ended::Code(0), Usage::default());
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, C1);
+    }
+
+    #[test]
+    fn kill_escalates_after_the_grace_even_when_the_leader_died() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.kill(k, KillReason::Request);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        // A second kill waits for the first: no new SIGTERM, no second escalation.
+        c.kill(k, KillReason::Request);
+        assert!(ends(&mut c).is_empty());
+        // The leader dies of the SIGTERM; a descendant may not have.
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        std::mem::take(&mut c.out);
+        later(&mut c, Duration::from_millis(1999));
+        assert!(ends(&mut c).is_empty());
+        later(&mut c, Duration::from_millis(1));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)], "exactly one SIGKILL");
+        assert_eq!(c.table.get(k).unwrap().status(), "killed");
+    }
+
+    #[test]
+    fn release_of_a_running_command_kills_it_and_forgets_it_once_reaped() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        let id = c.table.get(k).unwrap().id.clone();
+        c.park(C1, ReqNo(1), Wait::Exit(k), None);
+        c.release(k, KillReason::Release);
+        assert_eq!(c.table.find(&id, 1000), None, "hidden at once");
+        let effects = std::mem::take(&mut c.out);
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::ClosePipes(x) if *x == k)));
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term } if *key == k)));
+        c.sweep();
+        assert!(c.table.get(k).is_some(), "kept until reaped");
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        assert_eq!(
+            replies(&mut c).len(),
+            1,
+            "the parked waiter still gets the exit"
+        );
+        c.sweep();
+        assert!(
+            c.table.get(k).is_none(),
+            "forgotten once reaped and answered"
+        );
+    }
+
+    #[test]
+    fn release_of_an_exited_command_ends_its_leftovers_and_forgets_it() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.exited(k, Ended::Code(0), Usage::default());
+        std::mem::take(&mut c.out);
+        c.release(k, KillReason::Release);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        c.sweep();
+        assert!(c.table.get(k).is_none());
+        later(&mut c, Duration::from_secs(2));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    #[test]
+    fn a_hard_timeout_kills_and_reports_timed_out() {
+        let mut c = core();
+        let k = bash(&mut c, "h");
+        c.arm_hard_timeout(k, Duration::from_secs(3));
+        later(&mut c, Duration::from_secs(3));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        assert_eq!(c.table.get(k).unwrap().status(), "timed_out");
+    }
+
+    #[test]
+    fn idle_sessions_close_and_busy_ones_stay() {
+        let mut c = core();
+        let k = bash(&mut c, "busy");
+        c.open_session(1000, Some("quiet"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(61));
+        let quiet = (1000, "quiet".to_string());
+        let busy = (1000, "busy".to_string());
+        assert!(!c.table.sessions.contains_key(&quiet), "idle: closed");
+        assert!(
+            c.table.sessions.contains_key(&busy),
+            "a running command keeps it"
+        );
+        c.exited(k, Ended::Code(0), Usage::default());
+        later(&mut c, Duration::from_secs(59));
+        assert!(
+            c.table.sessions.contains_key(&busy),
+            "used by the exit just now"
+        );
+        later(&mut c, Duration::from_secs(62));
+        assert!(!c.table.sessions.contains_key(&busy));
+    }
+
+    #[test]
+    fn at_the_session_cap_the_least_recently_used_quiet_session_makes_room() {
+        let mut c = core(); // max_sessions 3
+        bash(&mut c, "a"); // busy
+        c.open_session(1000, Some("b"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(1));
+        c.open_session(1000, Some("c"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(1));
+        c.open_session(1000, Some("d"), None, true).unwrap();
+        let names: Vec<String> = {
+            let mut v: Vec<String> = c.table.sessions.keys().map(|k| k.1.clone()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names, ["a", "c", "d"], "b was the oldest quiet one");
+        // Every session busy: refused.
+        let mut c = core();
+        bash(&mut c, "x");
+        bash(&mut c, "y");
+        bash(&mut c, "z");
+        let e = c.open_session(1000, Some("w"), None, true).unwrap_err();
+        assert_eq!(e.code, crate::rpc::LIMIT_REACHED);
+    }
+
+    #[test]
+    fn closing_a_session_releases_running_commands_and_drops_finished_ones() {
+        let mut c = core();
+        let done = bash(&mut c, "s");
+        let running = bash(&mut c, "s");
+        c.exited(done, Ended::Code(0), Usage::default());
+        std::mem::take(&mut c.out);
+        c.close_session(&(1000, "s".to_string()));
+        assert_eq!(ends(&mut c), vec![(running, Stage::Term)]);
+        c.sweep();
+        assert!(c.table.get(done).is_none());
+        assert!(c.table.get(running).is_some());
+        c.exited(running, Ended::Signal(libc::SIGTERM), Usage::default());
+        assert_eq!(c.table.get(running).unwrap().status(), "killed");
+        c.sweep();
+        assert!(c.table.get(running).is_none());
+    }
+
+    #[test]
+    fn shutdown_kills_everything_and_answers_the_parked() {
+        let mut c = core();
+        let a = terminal(&mut c);
+        let b = terminal(&mut c);
+        c.exited(b, Ended::Code(0), Usage::default());
+        c.park(C1, ReqNo(1), Wait::Exit(a), None);
+        std::mem::take(&mut c.out);
+        c.begin_shutdown();
+        assert_eq!(ends(&mut c), vec![(a, Stage::Term), (b, Stage::Term)]);
+        c.exited(a, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.answer_all_parked();
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].2.is_ok());
+    }
+
+    #[test]
+    fn a_subscriber_with_nothing_to_send_asks_for_no_wake_up() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.table.subscribe(k, C1, [0, 0]);
+        let mut outs = FakeOuts::with(&[(1, 1 << 20)]);
+        assert!(
+            events::pump(&mut c.table, k, &mut outs).is_empty(),
+            "nothing written: no connection to flush"
+        );
+        assert!(events::on_room(&mut c.table, C1, &mut outs).is_empty());
+        c.output(k, 0, b"hi\n");
+        assert_eq!(events::pump(&mut c.table, k, &mut outs), vec![C1]);
+        let ev = outs.drain(1);
+        assert_eq!(ev[0]["params"]["payload"]["data"], "hi\n");
+        // Caught up: quiet again.
+        assert!(events::pump(&mut c.table, k, &mut outs).is_empty());
+        assert!(events::on_room(&mut c.table, C1, &mut outs).is_empty());
+    }
+
+    #[test]
+    fn a_lagging_subscriber_gets_one_gap_and_resumes_at_the_live_edge() {
+        let mut c = core();
+        let k = terminal(&mut c); // ring of 64 bytes
+        c.table.subscribe(k, C1, [0, 0]);
+        let mut outs = FakeOuts::with(&[(1, 200)]);
+        c.output(k, 0, &[b'a'; 60]);
+        events::pump(&mut c.table, k, &mut outs);
+        c.output(k, 0, &[b'b'; 60]);
+        events::pump(&mut c.table, k, &mut outs);
+        // Over the cap of 200 now: lagging, more output is not queued.
+        let queued = outs.0[&C1].buf.len();
+        assert!(queued >= 200, "{queued}");
+        c.output(k, 0, &[b'c'; 60]);
+        assert!(events::pump(&mut c.table, k, &mut outs).is_empty());
+        assert!(c.table.get(k).unwrap().subs[0].lagging);
+        // The socket takes it all: one Gap for what was missed, then live output.
+        let seen = outs.drain(1);
+        assert_eq!(seen.len(), 2);
+        assert_eq!(events::on_room(&mut c.table, C1, &mut outs), vec![C1]);
+        let ev = outs.drain(1);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0]["params"]["type"], "Gap");
+        assert_eq!(ev[0]["params"]["payload"]["offset"], 120);
+        assert_eq!(ev[0]["params"]["payload"]["skipped"], 60);
+        c.output(k, 0, b"d");
+        events::pump(&mut c.table, k, &mut outs);
+        let ev = outs.drain(1);
+        assert_eq!(ev[0]["params"]["payload"]["offset"], 180);
+        assert_eq!(ev[0]["params"]["payload"]["data"], "d");
+    }
+
+    #[test]
+    fn exit_reaches_subscribers_of_a_released_command_before_it_is_forgotten() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.table.subscribe(k, C1, [0, 0]);
+        c.release(k, KillReason::Release);
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        let mut outs = FakeOuts::with(&[(1, 1 << 20)]);
+        for e in std::mem::take(&mut c.out) {
+            if let Effect::Pump(key) = e {
+                events::pump(&mut c.table, key, &mut outs);
+            }
+        }
+        c.sweep();
+        assert!(c.table.get(k).is_none());
+        assert!(c.table.subs_of.is_empty(), "the subscription went with it");
+        let ev = outs.drain(1);
+        assert_eq!(ev.last().unwrap()["params"]["type"], "Exit");
+    }
+}

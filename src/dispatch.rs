@@ -1,0 +1,87 @@
+//! The tables a newcomer looks for: which function serves each method, and which tail a
+//! started command's family runs. Every front end (JSON-RPC lines today) calls through
+//! here, so a method behaves the same whoever asks.
+
+use serde_json::{Map, Value};
+
+use crate::core::{Caller, Core, Step};
+use crate::launch::{After, LaunchRequest};
+use crate::rpc::{Params, RpcError};
+use crate::table::Key;
+use crate::{acp, bash, events};
+
+/// A method: reads and changes the core, returns what to do with the request.
+pub type Method = fn(&mut Core, &Caller, &Params) -> Result<Step, RpcError>;
+
+/// The method called `name`. Every method is also found under its name with a leading
+/// `_`, the form ACP SDKs give extension methods (`ext_method("bash/exec")` sends
+/// `_bash/exec`).
+pub fn method(name: &str) -> Option<Method> {
+    let name = name.strip_prefix('_').unwrap_or(name);
+    Some(match name {
+        "initialize" => acp::initialize,
+        "terminal/create" => acp::create,
+        "terminal/output" => acp::output,
+        "terminal/wait_for_exit" => acp::wait_for_exit,
+        "terminal/kill" => acp::kill,
+        "terminal/release" => acp::release,
+        "terminal/list" => acp::list,
+        "bash/exec" => bash::exec,
+        "bash/output" => bash::output,
+        "bash/write" => bash::write,
+        "bash/kill" => bash::kill,
+        "bash/sessions" => bash::sessions,
+        "bash/commands" => bash::commands,
+        "bash/sessions/create" => bash::create_session,
+        "bash/sessions/close" => bash::close_session,
+        "events/subscribe" => events::subscribe,
+        "events/unsubscribe" => events::unsubscribe,
+        _ => return None,
+    })
+}
+
+/// Runs method `name` for `caller`.
+pub fn call(
+    core: &mut Core,
+    caller: &Caller,
+    name: &str,
+    params: &Map<String, Value>,
+) -> Result<Step, RpcError> {
+    if core.stopping {
+        return Err(RpcError::shutting_down());
+    }
+    let f = method(name).ok_or_else(|| RpcError::method_not_found(name))?;
+    f(core, caller, &Params(params))
+}
+
+/// The family's tail once the loop tried to start `req`: what to answer, or to wait for.
+pub fn after_launch(
+    core: &mut Core,
+    req: &LaunchRequest,
+    started: Result<Key, RpcError>,
+) -> Result<Step, RpcError> {
+    match req.after {
+        After::Terminal => acp::after_create(core, started?),
+        After::BashExec { .. } => bash::after_exec(core, req, started),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_method_is_found_with_and_without_a_leading_underscore() {
+        for name in [
+            "initialize",
+            "terminal/create",
+            "bash/exec",
+            "events/subscribe",
+        ] {
+            assert!(method(name).is_some(), "{name}");
+            assert!(method(&format!("_{name}")).is_some(), "_{name}");
+        }
+        assert!(method("nope").is_none());
+        assert!(method("__bash/exec").is_none(), "one underscore only");
+    }
+}

@@ -1,0 +1,144 @@
+//! What a method family asks to start: the one `LaunchRequest` that policy, audit and the
+//! spawner all read, and the validation every family applies to its parts (environment,
+//! working directory, the plain-word rule for running without a shell).
+//!
+//! A family builds a `LaunchRequest` from its params and returns it as `Step::Launch`; the
+//! loop then gates it, spawns it, and hands the new process to the family's `After` tail.
+//! A family never spawns anything itself.
+
+use std::path::PathBuf;
+
+use crate::process::{Program, Stdio3};
+use crate::rpc::{os_error_text, RpcError};
+use crate::table::{Family, Peer};
+
+/// What the family does once the command is started (or failed to start).
+#[derive(Debug, Clone)]
+pub enum After {
+    /// ACP `terminal/create`: answer `{terminalId}`.
+    Terminal,
+    /// `bash/exec`.
+    BashExec {
+        async_mode: bool,
+        /// Soft timeout in seconds: answer `running` after it (synchronous only).
+        timeout: Option<f64>,
+        /// Kill after this many seconds.
+        hard_timeout: Option<f64>,
+        max_len: usize,
+        /// The call created its session: a failed start does not keep it.
+        created_session: bool,
+    },
+}
+
+/// Everything about one command to start, and who asks.
+#[derive(Debug, Clone)]
+pub struct LaunchRequest {
+    pub family: Family,
+    /// The peer asking; the command is owned by `peer.uid`.
+    pub peer: Peer,
+    pub program: Program,
+    /// What the client asked to run, for listings, logs and approvals.
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub stdio: Stdio3,
+    pub ring_capacity: usize,
+    /// `term` or `cmd`: the public id's prefix.
+    pub prefix: &'static str,
+    pub after: After,
+}
+
+/// Whether `command` may be executed directly without a shell: one plain word of letters,
+/// digits and `_ . / + - , : @ %`.
+pub fn plain_word(command: &str) -> bool {
+    !command.is_empty()
+        && command
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./+-,:@%".contains(&b))
+}
+
+/// Checks request environment variables: a name must be non-empty and hold no `=` or NUL,
+/// a value no NUL.
+pub fn validate_env(field: &str, vars: &[(String, String)]) -> Result<(), RpcError> {
+    for (name, value) in vars {
+        if name.is_empty() {
+            return Err(RpcError::invalid_params(field, "empty variable name"));
+        }
+        if name.contains('=') || name.contains('\0') {
+            return Err(RpcError::invalid_params(
+                field,
+                format!("variable name {name:?} holds '=' or NUL"),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(RpcError::invalid_params(
+                field,
+                format!("value of {name:?} holds NUL"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a working directory: absolute, existing, a directory.
+pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
+    let path = PathBuf::from(dir);
+    if !path.is_absolute() {
+        return Err(RpcError::invalid_params(
+            field,
+            format!("{dir:?} is not an absolute path"),
+        ));
+    }
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_dir() => Ok(path),
+        Ok(_) => Err(RpcError::invalid_params(
+            field,
+            format!("{dir:?} is not a directory"),
+        )),
+        Err(e) => Err(RpcError::invalid_params(
+            field,
+            format!("{dir:?}: {}", os_error_text(&e)),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_words_run_without_a_shell() {
+        for w in [
+            "ls",
+            "/bin/true",
+            "cargo-nextest",
+            "a_b.c+d,e:f@g%h",
+            "x86_64",
+        ] {
+            assert!(plain_word(w), "{w}");
+        }
+        for w in ["", "ls -l", "echo $HOME", "a;b", "a|b", "a'b", "é"] {
+            assert!(!plain_word(w), "{w}");
+        }
+    }
+
+    #[test]
+    fn environment_names_and_values_are_checked() {
+        let ok = vec![("A".to_string(), "x=y".to_string())];
+        assert!(validate_env("env", &ok).is_ok());
+        for (k, v) in [("", "x"), ("A=B", "x"), ("A\0", "x"), ("A", "x\0y")] {
+            let e = validate_env("env", &[(k.into(), v.into())]).unwrap_err();
+            assert_eq!(e.data.unwrap()["field"], "env");
+        }
+    }
+
+    #[test]
+    fn working_directories_are_checked() {
+        assert!(validate_dir("cwd", "/").is_ok());
+        for bad in ["relative", "/no/such/dir/here", "/proc/self/status"] {
+            let e = validate_dir("cwd", bad).unwrap_err();
+            assert_eq!(e.data.unwrap()["field"], "cwd", "{bad}");
+        }
+    }
+}

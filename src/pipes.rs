@@ -1,0 +1,240 @@
+//! The pipes of every command, and their tokens: output read ends, registered READABLE,
+//! read into the command's rings by the loop; stdin write ends, registered WRITABLE only
+//! while input waits for them.
+//!
+//! Invariants:
+//! - Every descriptor here is non-blocking and close-on-exec (the spawner made it so).
+//! - A token maps to a pipe only while that pipe is open; an event for a token no longer
+//!   held is ignored by the loop.
+//! - A pipe found full is grown once (to 1 MiB, if the system allows), so a chatty command
+//!   needs fewer wakeups while quiet ones keep the default size.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use mio::unix::pipe::{Receiver, Sender};
+use mio::{Interest, Registry, Token};
+
+use crate::process;
+use crate::table::{Key, Stdin};
+
+/// A pipe's default capacity on Linux; a read this large means the pipe was full.
+const DEFAULT_PIPE_SIZE: usize = 64 << 10;
+
+/// What a token stands for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Source {
+    Out { key: Key, stream: usize },
+    Stdin { key: Key },
+}
+
+/// What one read found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Got {
+    Data(usize),
+    /// Nothing to read now.
+    Empty,
+    /// The write end is closed everywhere (or the pipe failed): nothing more will come.
+    Eof,
+}
+
+/// What flushing stdin came to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Flushed {
+    /// Input still waits for room in the pipe.
+    Waiting,
+    /// Everything queued was written; the pipe stays open.
+    Written,
+    /// The pipe is closed now: drained after an `eof`, or broken (the command closed its
+    /// stdin or exited). The caller marks the stdin closed.
+    Closed,
+}
+
+#[derive(Debug)]
+struct OutPipe {
+    rx: Receiver,
+    token: Token,
+    grown: bool,
+}
+
+#[derive(Debug)]
+struct InPipe {
+    tx: Sender,
+    token: Token,
+    registered: bool,
+}
+
+#[derive(Debug, Default)]
+struct ProcPipes {
+    outs: Vec<Option<OutPipe>>,
+    stdin: Option<InPipe>,
+}
+
+/// Every command's pipes.
+#[derive(Debug, Default)]
+pub struct Pipes {
+    sources: HashMap<Token, Source>,
+    procs: HashMap<Key, ProcPipes>,
+}
+
+impl Pipes {
+    /// Takes a started command's pipes: `outs` in stream order, and its stdin, if a pipe.
+    /// Output pipes are registered READABLE at once; `token` hands out fresh tokens.
+    pub fn add(
+        &mut self,
+        registry: &Registry,
+        key: Key,
+        outs: Vec<OwnedFd>,
+        stdin: Option<OwnedFd>,
+        mut token: impl FnMut() -> Token,
+    ) -> io::Result<()> {
+        let mut entry = ProcPipes::default();
+        for (stream, fd) in outs.into_iter().enumerate() {
+            let mut rx = Receiver::from(fd);
+            let t = token();
+            if let Err(e) = registry.register(&mut rx, t, Interest::READABLE) {
+                self.procs.insert(key, entry);
+                self.close_all(registry, key);
+                return Err(e);
+            }
+            self.sources.insert(t, Source::Out { key, stream });
+            entry.outs.push(Some(OutPipe {
+                rx,
+                token: t,
+                grown: false,
+            }));
+        }
+        if let Some(fd) = stdin {
+            let t = token();
+            self.sources.insert(t, Source::Stdin { key });
+            entry.stdin = Some(InPipe {
+                tx: Sender::from(fd),
+                token: t,
+                registered: false,
+            });
+        }
+        self.procs.insert(key, entry);
+        Ok(())
+    }
+
+    pub fn source(&self, token: Token) -> Option<Source> {
+        self.sources.get(&token).copied()
+    }
+
+    /// Whether output stream `stream` of `key` is still open.
+    pub fn is_open(&self, key: Key, stream: usize) -> bool {
+        self.procs
+            .get(&key)
+            .and_then(|p| p.outs.get(stream))
+            .is_some_and(Option::is_some)
+    }
+
+    /// Reads what one output pipe holds into `buf` (one `read`).
+    pub fn read(&mut self, key: Key, stream: usize, buf: &mut [u8]) -> Got {
+        let Some(pipe) = self
+            .procs
+            .get_mut(&key)
+            .and_then(|p| p.outs.get_mut(stream))
+            .and_then(Option::as_mut)
+        else {
+            return Got::Eof;
+        };
+        loop {
+            return match pipe.rx.read(buf) {
+                Ok(0) => Got::Eof,
+                Ok(n) => {
+                    if n == DEFAULT_PIPE_SIZE && !pipe.grown {
+                        pipe.grown = true;
+                        process::grow_pipe(pipe.rx.as_raw_fd());
+                    }
+                    Got::Data(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Got::Empty,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => Got::Eof,
+            };
+        }
+    }
+
+    /// Deregisters and closes one output pipe.
+    pub fn close_out(&mut self, registry: &Registry, key: Key, stream: usize) {
+        let Some(slot) = self
+            .procs
+            .get_mut(&key)
+            .and_then(|p| p.outs.get_mut(stream))
+        else {
+            return;
+        };
+        if let Some(mut pipe) = slot.take() {
+            let _ = registry.deregister(&mut pipe.rx);
+            self.sources.remove(&pipe.token);
+        }
+    }
+
+    /// Writes pending stdin as far as the pipe takes it; closes the pipe once an `eof`
+    /// has drained or the pipe broke. Registers WRITABLE while input still waits.
+    pub fn flush_stdin(&mut self, registry: &Registry, key: Key, stdin: &mut Stdin) -> Flushed {
+        let Some(pipe) = self.procs.get_mut(&key).and_then(|p| p.stdin.as_mut()) else {
+            return Flushed::Closed;
+        };
+        let mut broken = false;
+        while !stdin.buf.is_empty() {
+            let (a, _) = stdin.buf.as_slices();
+            match pipe.tx.write(a) {
+                Ok(n) => {
+                    stdin.buf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // EPIPE: the command closed its stdin or exited. Not a crash: the
+                    // input is counted as undelivered and reported.
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        if broken || (stdin.buf.is_empty() && stdin.eof_requested) {
+            self.close_stdin(registry, key);
+            return Flushed::Closed;
+        }
+        let want = !stdin.buf.is_empty();
+        if want != pipe.registered {
+            let r = if want {
+                registry.register(&mut pipe.tx, pipe.token, Interest::WRITABLE)
+            } else {
+                registry.deregister(&mut pipe.tx)
+            };
+            if r.is_ok() {
+                pipe.registered = want;
+            }
+        }
+        if want {
+            Flushed::Waiting
+        } else {
+            Flushed::Written
+        }
+    }
+
+    /// Closes a command's stdin pipe.
+    pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
+        let Some(mut pipe) = self.procs.get_mut(&key).and_then(|p| p.stdin.take()) else {
+            return;
+        };
+        if pipe.registered {
+            let _ = registry.deregister(&mut pipe.tx);
+        }
+        self.sources.remove(&pipe.token);
+    }
+
+    /// Closes every pipe of `key` and forgets it.
+    pub fn close_all(&mut self, registry: &Registry, key: Key) {
+        let n = self.procs.get(&key).map_or(0, |p| p.outs.len());
+        for stream in 0..n {
+            self.close_out(registry, key, stream);
+        }
+        self.close_stdin(registry, key);
+        self.procs.remove(&key);
+    }
+}
