@@ -511,7 +511,12 @@ fn logs_prints_retained_output() {
     let o = ctl_code(&d, &["logs", &id], 0);
     assert_eq!(o.stdout, "one\ntwo\n");
 
-    let b = ctl_code(&d, &["exec", "echo out1; echo err1 >&2"], 0);
+    // A named session keeps its commands after `exec` returns.
+    let b = ctl_code(
+        &d,
+        &["exec", "--session", "keep", "echo out1; echo err1 >&2"],
+        0,
+    );
     assert_eq!(b.stdout, "out1\n");
     let r = ok(&mut c, "bash/commands", json!({}));
     let id = r["commands"][0]["command_id"]
@@ -827,4 +832,19 @@ fn every_subcommand_has_help() {
     assert_eq!(o.code, Some(2), "{o:?}");
     let o = run_cmd(command(nowhere, &[]));
     assert_eq!(o.code, Some(2), "{o:?}");
+}
+
+/// `execctl exec` without `--session` makes a session for its one command and closes it
+/// once the command is done: a loop of them never reaches `--max-sessions` (256).
+#[test]
+fn exec_without_a_session_leaves_no_session_behind() {
+    let d = Daemon::start(&[]);
+    for i in 0..300 {
+        let o = ctl(&d, &["exec", &format!("echo {i}")]);
+        assert_eq!(o.code, Some(0), "call {i}: {o:?}");
+        assert_eq!(o.stdout, format!("{i}\n"), "call {i}");
+    }
+    let mut c = d.client();
+    let left = ok(&mut c, "bash/sessions", json!({}));
+    assert_eq!(left, json!([]), "sessions left behind");
 }

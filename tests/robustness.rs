@@ -1034,3 +1034,77 @@ fn a_finished_stream_never_holds_back_its_last_incomplete_character() {
         w.join().expect("a worker saw a held-back character");
     }
 }
+
+/// A daemon whose stderr is a pipe nobody reads (a stuck journal stream, a paused
+/// terminal) keeps serving: its log waits in a bounded queue and what does not fit is
+/// counted, then reported once the reader comes back.
+#[test]
+fn a_stalled_log_reader_never_stops_the_daemon() {
+    use std::os::fd::FromRawFd;
+    let dir = TempDir::new();
+    let socket = dir.path().join("execd.sock");
+    let mut fds = [0i32; 2];
+    // SAFETY: a valid array for pipe(2) to fill.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: pipe(2) returned two fresh descriptors that nothing else owns.
+    let (mut reader, writer) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_execd"))
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(writer))
+        .spawn()
+        .expect("spawn execd");
+    let d = Daemon {
+        child: Some(child),
+        socket: socket.clone(),
+        dir,
+    };
+    wait_until("execd listens", || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let mut c = d.client();
+    // Each start logs its 10 KiB argument: 200 of them are 2 MiB of log, far more than
+    // the 64 KiB pipe and the 1 MiB queue hold.
+    let arg = "x".repeat(10 << 10);
+    for _ in 0..200 {
+        let id = create(&mut c, "true", &[&arg]);
+        wait_exit(&mut c, &id);
+        ok(
+            &mut c,
+            "terminal/release",
+            json!({"sessionId": "s", "terminalId": id}),
+        );
+    }
+    let init = ok(&mut c, "initialize", json!({}));
+    assert_eq!(init["protocolVersion"], 1);
+    // The reader comes back: the log drains and says what it lost.
+    let mut text = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    wait_until("the drop report", || {
+        // Reading makes room; a request makes the loop turn and write the next part.
+        let _ = ok(&mut c, "terminal/list", json!({}));
+        set_nonblocking(&reader);
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&text).contains("log line(s) dropped")
+    });
+}
+
+fn set_nonblocking(f: &std::fs::File) {
+    // SAFETY: fcntl on a descriptor this test owns.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+}

@@ -485,6 +485,7 @@ fn cmd_exec(ctx: &Ctx, mut args: Args) -> Res<u8> {
         "async_mode": async_mode,
         "max_output_length": 0,
     });
+    let own_session = session.is_none();
     if let Some(s) = session {
         params["session_id"] = json!(s);
     }
@@ -498,6 +499,14 @@ fn cmd_exec(ctx: &Ctx, mut args: Args) -> Res<u8> {
         params["hard_timeout"] = json!(h);
     }
     let r = c.call("bash/exec", params)?;
+    // A session made for this one command goes with it once the command is done; one
+    // still running keeps it (the daemon closes it when idle, or evicts it at the cap).
+    if own_session && r["status"] != "running" {
+        let _ = c.call(
+            "bash/sessions/close",
+            json!({"session_id": r["session_id"]}),
+        );
+    }
     if ctx.json {
         print_json(&r);
     } else {
