@@ -37,6 +37,7 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "clientBuffer": c.client_buffer,
             "outputLimit": c.output_limit,
             "maxOutputLimit": c.max_output_limit,
+            "maxOutputMemory": c.max_output_memory,
             "stdinBuffer": c.stdin_buffer,
             "killGraceMs": c.kill_grace.as_millis() as u64,
             "sessionIdleMs": c.session_idle.as_millis() as u64,
@@ -49,6 +50,11 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "running": core.table.running(),
             "sessions": core.table.sessions.len(),
             "clients": core.clients.len(),
+            "outputMemory": {
+                "used": core.table.memory.total,
+                "budget": c.max_output_memory,
+                "released": core.table.memory.released,
+            },
         }},
     })))
 }
@@ -154,22 +160,54 @@ fn lookup(core: &Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
         .ok_or_else(|| RpcError::not_found("terminal", terminal_id))
 }
 
-/// `terminal/output`: the retained tail, never blocking.
+/// `terminal/output`: the retained tail, never blocking. An execd extension reads a slice:
+/// `_meta.execd.offset` (absolute, like bash output offsets) and `_meta.execd.length`
+/// (at most that many bytes), for clients whose line length is bounded. Every answer says
+/// in `_meta.execd` where its text starts and ends and how many bytes are no longer
+/// retained (`dropped`).
 pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
+    let slice = p.opt_object("_meta")?.map(|m| m.get("execd").cloned());
+    let (offset, length) = match slice.flatten() {
+        Some(Value::Object(m)) => {
+            let q = Params(&m);
+            (q.opt_u64("offset")?, q.opt_u64("length")?)
+        }
+        Some(Value::Null) | None => (None, None),
+        Some(_) => {
+            return Err(RpcError::invalid_params(
+                "_meta.execd",
+                "expected an object",
+            ))
+        }
+    };
     let t = core
         .table
         .get(key)
         .ok_or_else(|| RpcError::internal("terminal vanished"))?;
     let stream = &t.streams[0];
     let ring = &stream.ring;
-    let (from, to) = ring.utf8_window(ring.start(), ring.end(), stream.open);
+    let from = offset.unwrap_or(0).max(ring.start());
+    let to = match length {
+        Some(n) => from.saturating_add(n).min(ring.end()),
+        None => ring.end(),
+    };
+    let (from, to) = ring.utf8_window(from, to, stream.open || to < ring.end());
     let mut out = Map::new();
     out.insert("output".into(), ring.text(from, to).into());
     out.insert("truncated".into(), (ring.start() > 0).into());
     if t.exit.is_some() {
         out.insert("exitStatus".into(), view::exit_status(t));
     }
+    out.insert(
+        "_meta".into(),
+        json!({ "execd": {
+            "offset": from,
+            "nextOffset": to,
+            "end": ring.end(),
+            "dropped": ring.start(),
+        }}),
+    );
     Ok(Step::Done(Value::Object(out)))
 }
 
@@ -200,23 +238,27 @@ pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rpc
     Ok(Step::Done(json!({})))
 }
 
-/// `terminal/list` (extension): the caller's terminals, newest first.
+/// `terminal/list` (extension): the caller's terminals, newest first, a page at a time
+/// (`limit`, default 256; `cursor` from the previous page's `nextCursor`). Long command
+/// lines are cut to a few KiB with a marker.
 pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("sessionId")?;
-    let terminals: Vec<Value> = core
-        .table
-        .list(caller.uid)
+    let page = view::Page::from_params(p, "cursor")?;
+    let all = core.table.list(caller.uid);
+    let terminals = all.into_iter().filter(|t| {
+        matches!(&t.family, Family::Terminal { session_id }
+            if only.is_none_or(|o| o == session_id))
+    });
+    let (items, next) = page.take(terminals);
+    let terminals: Vec<Value> = items
         .into_iter()
-        .filter(|t| {
-            matches!(&t.family, Family::Terminal { session_id }
-                if only.is_none_or(|o| o == session_id))
-        })
         .map(|t| {
+            let (command, args) = view::cut_command_line(&t.command, &t.args);
             let mut v = json!({
                 "terminalId": t.id,
                 "sessionId": t.session_id(),
-                "command": t.command,
-                "args": t.args,
+                "command": command,
+                "args": args,
                 "cwd": t.cwd.display().to_string(),
                 "pid": t.pid,
                 "startedAt": crate::rpc::rfc3339(t.started_wall),
@@ -230,5 +272,9 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             v
         })
         .collect();
-    Ok(Step::Done(json!({ "terminals": terminals })))
+    let mut out = json!({ "terminals": terminals });
+    if let Some(cursor) = next {
+        out["nextCursor"] = cursor.into();
+    }
+    Ok(Step::Done(out))
 }

@@ -299,23 +299,29 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     })
 }
 
-/// `bash/commands {session_id?}` (extension): the caller's bash commands, newest first,
-/// with what `execctl ps` shows.
+/// `bash/commands {session_id?, limit?, cursor?}` (extension): the caller's bash
+/// commands, newest first, with what `execctl ps` shows, a page at a time (`next_cursor`
+/// names the next page). Long command lines are cut to a few KiB with a marker.
 pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("session_id")?;
-    let list: Vec<Value> = core
-        .table
-        .list(caller.uid)
+    let page = view::Page::from_params(p, "cursor")?;
+    let all = core.table.list(caller.uid);
+    let commands = all.into_iter().filter(|c| {
+        matches!(&c.family, Family::Bash { session_id }
+            if only.is_none_or(|o| o == session_id))
+    });
+    let (items, next) = page.take(commands);
+    let list: Vec<Value> = items
         .into_iter()
-        .filter(|c| {
-            matches!(&c.family, Family::Bash { session_id }
-                if only.is_none_or(|o| o == session_id))
-        })
         .map(|c| {
             let mut v = match view::command_info(c) {
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
+            v.insert(
+                "command".into(),
+                view::cut_command_line(&c.command, &[]).0.into(),
+            );
             v.insert("session_id".into(), c.session_id().into());
             v.insert("pid".into(), c.pid.into());
             v.insert("cwd".into(), c.cwd.display().to_string().into());
@@ -328,7 +334,11 @@ pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rp
             Value::Object(v)
         })
         .collect();
-    Ok(Step::Done(json!({ "commands": list })))
+    let mut out = json!({ "commands": list });
+    if let Some(cursor) = next {
+        out["next_cursor"] = cursor.into();
+    }
+    Ok(Step::Done(out))
 }
 
 /// `bash/sessions`: the caller's own sessions, oldest first.

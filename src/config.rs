@@ -24,6 +24,8 @@ pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1 << 20;
 /// Largest output ring a request may ask for; larger asks are clamped.
 pub const DEFAULT_MAX_OUTPUT_LIMIT: usize = 64 << 20;
+/// All output memory the daemon holds, every ring together (committed bytes).
+pub const DEFAULT_MAX_OUTPUT_MEMORY: usize = 256 << 20;
 /// Input waiting for a command's stdin, per command.
 pub const DEFAULT_STDIN_BUFFER: usize = 64 << 10;
 /// Time between SIGTERM and SIGKILL when a command is killed.
@@ -53,6 +55,7 @@ pub struct Config {
     pub client_buffer: usize,
     pub output_limit: usize,
     pub max_output_limit: usize,
+    pub max_output_memory: usize,
     pub stdin_buffer: usize,
     pub kill_grace: Duration,
     pub session_idle: Duration,
@@ -83,6 +86,7 @@ impl Default for Config {
             client_buffer: DEFAULT_CLIENT_BUFFER,
             output_limit: DEFAULT_OUTPUT_LIMIT,
             max_output_limit: DEFAULT_MAX_OUTPUT_LIMIT,
+            max_output_memory: DEFAULT_MAX_OUTPUT_MEMORY,
             stdin_buffer: DEFAULT_STDIN_BUFFER,
             kill_grace: DEFAULT_KILL_GRACE,
             session_idle: DEFAULT_SESSION_IDLE,
@@ -126,6 +130,9 @@ options:
   --client-buffer BYTES    outgoing buffer per connection (default 4M)
   --output-limit BYTES     output ring when a request names none (default 1M)
   --max-output-limit BYTES largest output ring a request may ask (default 64M)
+  --max-output-memory BYTES
+                           all output the daemon holds, every ring together
+                           (default 256M); a non-root owner holds at most half
   --stdin-buffer BYTES     pending stdin per command (default 64K)
   --kill-grace DURATION    SIGTERM to SIGKILL delay (default 2s)
   --session-idle DURATION  close bash sessions idle this long (default 1h)
@@ -262,6 +269,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--client-buffer" => cfg.client_buffer = parse_size(&value()?)?,
             "--output-limit" => cfg.output_limit = parse_size(&value()?)?,
             "--max-output-limit" => cfg.max_output_limit = parse_size(&value()?)?,
+            "--max-output-memory" => cfg.max_output_memory = parse_size(&value()?)?,
             "--stdin-buffer" => cfg.stdin_buffer = parse_size(&value()?)?,
             "--kill-grace" => cfg.kill_grace = parse_duration(&value()?)?,
             "--session-idle" => cfg.session_idle = parse_duration(&value()?)?,
@@ -291,6 +299,9 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
     }
     if cfg.max_message < 64 {
         return Err("--max-message must be at least 64 bytes".into());
+    }
+    if cfg.max_output_memory < 1 << 20 {
+        return Err("--max-output-memory must be at least 1M".into());
     }
     if cfg.client_buffer < 64 << 10 {
         return Err("--client-buffer must be at least 64K".into());

@@ -29,6 +29,9 @@ use crate::rpc::{self, Frame, Framer, Id, Message, Parsed, ReqNo, Request, RpcEr
 /// output, so back-pressure on the outgoing buffer does not bound them.
 pub const MAX_WAITING: usize = 4096;
 
+/// The ACP notification that cancels a request still waiting for its answer.
+const CANCEL: &str = "$/cancel_request";
+
 /// What the peer sent that the loop must act on.
 #[derive(Debug)]
 pub enum Incoming {
@@ -43,6 +46,8 @@ pub enum Incoming {
         id: Id,
         result: Result<Value, Value>,
     },
+    /// `$/cancel_request {requestId}` named this still-unanswered request.
+    Cancel(ReqNo),
 }
 
 /// What a read pass found.
@@ -275,6 +280,20 @@ impl Conn {
                 None
             }
             Message::Response { id, result } => Some(Incoming::Response { id, result }),
+            Message::Request(Request {
+                id: None,
+                method,
+                params,
+            }) if method == CANCEL => {
+                // ACP's cancellation: a notification naming one of our open requests.
+                let target = params.get("requestId")?;
+                self.open.iter().find_map(|(req, to)| {
+                    let id = match to {
+                        Pending::Single(id) | Pending::Batch { id, .. } => id,
+                    };
+                    (id.to_value() == *target).then_some(Incoming::Cancel(*req))
+                })
+            }
             Message::Request(Request {
                 id: None,
                 method,

@@ -1,15 +1,23 @@
-//! Fixed-capacity byte ring with absolute offsets.
+//! Bounded byte ring with absolute offsets, grown on demand within a memory budget.
 //!
 //! A command's output stream is kept in one `Ring`. Every byte has an absolute offset: the
-//! number of bytes the stream produced before it. The ring retains the newest `capacity`
-//! bytes; older ones are dropped and only counted (`start()` is the offset of the oldest
-//! retained byte, which is also the number of bytes dropped).
+//! number of bytes the stream produced before it. The ring retains the newest bytes up to
+//! its `limit`; older ones are dropped and only counted (`start()` is the offset of the
+//! oldest retained byte, which is also the number of bytes dropped).
+//!
+//! Memory is committed as output arrives, not up front: the storage grows (doubling, from
+//! a small first step) while the stream is young, each step granted by the caller's
+//! budget (`growth_for`, then `grow`). When the storage is full and no more is granted
+//! (or the limit is reached), the ring stops growing and wraps within what it holds,
+//! dropping its oldest bytes: a bounded ring whose capacity is what it was given. All of
+//! a ring's memory can be given back (`discard`): its bytes then count as dropped.
 //!
 //! Invariants:
-//! - `start() <= end()` and `end() - start() <= capacity()`.
-//! - Memory is reserved on the first write, never before, and never grows past `capacity`:
-//!   a thousand idle commands cost nothing but their bookkeeping.
-//! - The byte at absolute offset `o` lives at index `o % capacity` once written.
+//! - `start() <= end()` and `end() - start() <= committed() <= limit()` (after `discard`,
+//!   `start() == end()`).
+//! - While growing, the bytes of `[base, end)` lie at `buf[0..end - base]`; once wrapped,
+//!   the byte at offset `o` lives at `(o - base) % buf.len()`, which agrees with the
+//!   growing layout at the moment of wrapping (every stored offset is below the size).
 //!
 //! Text rules (see `utf8_window`): a window handed to a client never starts inside a
 //! multi-byte UTF-8 character, and an incomplete character at the end of a stream that may
@@ -18,27 +26,42 @@
 /// Longest UTF-8 encoding of one character, in bytes.
 const MAX_CHAR_LEN: usize = 4;
 
-/// A fixed-capacity byte ring addressed by absolute stream offsets.
+/// The first storage a ring commits: small, so that a thousand commands that each print
+/// a line cost a thousand small buffers, not a thousand rings' worth.
+const FIRST_STEP: usize = 4 << 10;
+
+/// A bounded byte ring addressed by absolute stream offsets.
 #[derive(Debug)]
 pub struct Ring {
     buf: Vec<u8>,
-    capacity: usize,
+    limit: usize,
+    /// The offset stored at `buf[0]` when the storage was (re)started.
+    base: u64,
     end: u64,
+    /// The storage is full and fixed; new bytes overwrite the oldest.
+    wrapped: bool,
 }
 
 impl Ring {
-    /// A ring that will retain at most `capacity` bytes. Nothing is allocated yet.
-    pub fn new(capacity: usize) -> Ring {
+    /// A ring that will retain at most `limit` bytes. Nothing is allocated yet.
+    pub fn new(limit: usize) -> Ring {
         Ring {
             buf: Vec::new(),
-            capacity,
+            limit,
+            base: 0,
             end: 0,
+            wrapped: false,
         }
     }
 
-    /// The most bytes this ring retains.
+    /// The most bytes this ring may retain.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.limit
+    }
+
+    /// Bytes of memory the ring holds now.
+    pub fn committed(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Offset one past the newest byte: the total number of bytes ever pushed.
@@ -53,38 +76,97 @@ impl Ring {
 
     /// Number of bytes currently retained.
     pub fn retained(&self) -> usize {
-        self.end.min(self.capacity as u64) as usize
+        if self.wrapped {
+            (self.end - self.base).min(self.buf.len() as u64) as usize
+        } else {
+            self.buf.len()
+        }
     }
 
-    /// Appends `data`, dropping the oldest bytes when the ring is full.
-    pub fn push(&mut self, data: &[u8]) {
+    /// How many more bytes of storage the ring would like before taking `n` more bytes
+    /// (0 when it has room, has wrapped, or is at its limit).
+    pub fn growth_for(&self, n: usize) -> usize {
+        let have = self.buf.capacity();
+        let need = self.buf.len() + n;
+        if self.wrapped || need <= have || have >= self.limit {
+            return 0;
+        }
+        let target = need.max(have * 2).max(FIRST_STEP).min(self.limit);
+        target - have
+    }
+
+    /// Commits `bytes` more of storage (what the budget granted of `growth_for`).
+    pub fn grow(&mut self, bytes: usize) {
+        if self.wrapped || bytes == 0 {
+            return;
+        }
+        let target = (self.buf.capacity() + bytes).min(self.limit);
+        self.buf.reserve_exact(target - self.buf.len());
+    }
+
+    /// Appends `data` within the storage the ring holds: when it is full the ring wraps,
+    /// dropping the oldest bytes. Never allocates more than was granted.
+    pub fn append(&mut self, data: &[u8]) {
         let total = data.len() as u64;
-        let cap = self.capacity;
-        if cap == 0 || data.is_empty() {
+        if data.is_empty() {
+            return;
+        }
+        if !self.wrapped {
+            let room = self.buf.capacity() - self.buf.len();
+            if data.len() <= room {
+                self.buf.extend_from_slice(data);
+                self.end += total;
+                return;
+            }
+            // Full, and no more is coming: wrap within what is held. Every stored offset
+            // is below the size, so `(o - base) % size` is where each already lies.
+            self.wrapped = true;
+            let size = self.buf.capacity();
+            self.buf.resize(size, 0);
+        }
+        let cap = self.buf.len();
+        if cap == 0 {
             self.end += total;
+            self.base = self.end;
             return;
         }
         // Only the last `cap` bytes of a huge write can survive it.
         let data = &data[data.len().saturating_sub(cap)..];
         let first_offset = self.end + total - data.len() as u64;
-        let pos = (first_offset % cap as u64) as usize;
-        if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(cap);
-        }
-        if self.buf.len() == pos && pos + data.len() <= cap {
-            // Filling for the first time: append without touching the untouched tail.
-            self.buf.extend_from_slice(data);
-        } else {
-            if self.buf.len() < cap {
-                // This write fills or wraps the ring, so every slot is about to be live.
-                self.buf.resize(cap, 0);
-            }
-            let first = data.len().min(cap - pos);
-            self.buf[pos..pos + first].copy_from_slice(&data[..first]);
-            let rest = &data[first..];
-            self.buf[..rest.len()].copy_from_slice(rest);
-        }
+        let pos = ((first_offset - self.base) % cap as u64) as usize;
+        let first = data.len().min(cap - pos);
+        self.buf[pos..pos + first].copy_from_slice(&data[..first]);
+        let rest = &data[first..];
+        self.buf[..rest.len()].copy_from_slice(rest);
         self.end += total;
+    }
+
+    /// Appends `data`, growing up to the limit without asking anyone (for rings outside
+    /// any budget, and tests).
+    pub fn push(&mut self, data: &[u8]) {
+        let want = self.growth_for(data.len());
+        self.grow(want);
+        self.append(data);
+    }
+
+    /// Gives back all of the ring's memory; what it held counts as dropped. Returns the
+    /// bytes freed. Later output starts a fresh, growing storage.
+    pub fn discard(&mut self) -> usize {
+        let freed = self.buf.capacity();
+        self.buf = Vec::new();
+        self.base = self.end;
+        self.wrapped = false;
+        freed
+    }
+
+    /// Index in `buf` of retained offset `o`.
+    fn index(&self, o: u64) -> usize {
+        let rel = o - self.base;
+        if self.wrapped {
+            (rel % self.buf.len() as u64) as usize
+        } else {
+            rel as usize
+        }
     }
 
     /// The retained bytes in `[from, to)` as at most two slices, oldest first. The range is
@@ -95,13 +177,12 @@ impl Ring {
         if from >= to {
             return (&[], &[]);
         }
-        let cap = self.capacity as u64;
-        let pos = (from % cap) as usize;
+        let pos = self.index(from);
         let len = (to - from) as usize;
-        if pos + len <= self.capacity {
+        if pos + len <= self.buf.len() {
             (&self.buf[pos..pos + len], &[])
         } else {
-            let first = self.capacity - pos;
+            let first = self.buf.len() - pos;
             (&self.buf[pos..], &self.buf[..len - first])
         }
     }
@@ -111,7 +192,7 @@ impl Ring {
         if at < self.start() || at >= self.end {
             return None;
         }
-        Some(self.buf[(at % self.capacity as u64) as usize])
+        Some(self.buf[self.index(at)])
     }
 
     /// Narrows `[from, to)` (clamped to what is retained) to a window fit to hand out as
@@ -216,7 +297,7 @@ mod tests {
     #[test]
     fn empty_ring_allocates_nothing() {
         let r = Ring::new(1 << 20);
-        assert_eq!(r.buf.capacity(), 0);
+        assert_eq!(r.committed(), 0);
         assert_eq!((r.start(), r.end()), (0, 0));
         assert_eq!(r.text(0, 10), "");
     }
@@ -350,6 +431,71 @@ mod tests {
         r.push("\u{e9}\u{e9}".as_bytes()); // wraps
         let (s, e) = r.utf8_window(r.start(), r.end(), false);
         assert_eq!(r.text(s, e), "34\u{e9}\u{e9}");
+    }
+
+    #[test]
+    fn storage_grows_as_output_arrives_up_to_the_limit() {
+        let mut r = Ring::new(1 << 20);
+        r.push(b"hello");
+        assert_eq!(r.committed(), FIRST_STEP, "a small first step");
+        r.push(&[b'x'; 10_000]);
+        assert_eq!(
+            r.committed(),
+            10_005,
+            "what the write needs, more than double"
+        );
+        r.push(b"y");
+        assert_eq!(r.committed(), 20_010, "doubling");
+        r.push(&vec![b'y'; 2 << 20]);
+        assert_eq!(r.committed(), 1 << 20, "never past the limit");
+        assert_eq!(r.retained(), 1 << 20);
+        assert_eq!(r.start(), 10_006 + (2 << 20) - (1 << 20));
+    }
+
+    #[test]
+    fn a_ring_denied_growth_wraps_within_what_it_holds() {
+        let mut r = Ring::new(1 << 20);
+        let want = r.growth_for(3);
+        assert_eq!(want, FIRST_STEP);
+        r.grow(want);
+        r.append(b"abc");
+        // The budget grants nothing more: the ring keeps its newest 4 KiB.
+        assert_eq!(r.growth_for(10_000), 10_003 - FIRST_STEP);
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        r.append(&data);
+        assert_eq!(r.committed(), FIRST_STEP);
+        assert_eq!(r.end(), 10_003);
+        assert_eq!(r.start(), 10_003 - FIRST_STEP as u64);
+        assert_eq!(contents(&r), &data[data.len() - FIRST_STEP..]);
+        assert_eq!(r.growth_for(1), 0, "a wrapped ring asks for nothing more");
+        r.append(b"zz");
+        assert_eq!(&contents(&r)[FIRST_STEP - 2..], b"zz");
+    }
+
+    #[test]
+    fn a_ring_granted_nothing_counts_everything_as_dropped() {
+        let mut r = Ring::new(1 << 20);
+        r.append(b"lost");
+        assert_eq!((r.start(), r.end()), (4, 4));
+        assert_eq!(r.committed(), 0);
+    }
+
+    #[test]
+    fn discard_gives_memory_back_and_reports_the_drop() {
+        let mut r = Ring::new(64);
+        r.push(b"0123456789");
+        assert!(r.discard() > 0);
+        assert_eq!(r.committed(), 0);
+        assert_eq!((r.start(), r.end()), (10, 10));
+        assert_eq!(r.text(0, 10), "");
+        // Later output starts afresh at its own offsets.
+        r.push(b"abc");
+        assert_eq!((r.start(), r.end()), (10, 13));
+        assert_eq!(contents(&r), b"abc");
+        r.push(&[b'z'; 100]);
+        assert_eq!(r.retained(), 64);
+        assert_eq!(r.end(), 113);
+        assert_eq!(contents(&r), [b'z'; 64]);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub const LIMIT_REACHED: i64 = -32003;
 pub const SPAWN_FAILED: i64 = -32004;
 /// The daemon is shutting down.
 pub const SHUTTING_DOWN: i64 = -32007;
+/// The client cancelled the request (`$/cancel_request`).
+pub const REQUEST_CANCELLED: i64 = -32800;
 
 /// A JSON-RPC error object.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +98,10 @@ impl RpcError {
 
     pub fn shutting_down() -> RpcError {
         RpcError::new(SHUTTING_DOWN, "server shutting down")
+    }
+
+    pub fn cancelled() -> RpcError {
+        RpcError::new(REQUEST_CANCELLED, "request cancelled")
     }
 
     fn to_value(&self) -> Value {
@@ -509,6 +515,14 @@ impl<'a> Params<'a> {
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(_) => Err(RpcError::invalid_params(field, "expected an array")),
+        }
+    }
+
+    pub fn opt_object(&self, field: &str) -> Result<Option<&'a Map<String, Value>>, RpcError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(m)),
+            Some(_) => Err(RpcError::invalid_params(field, "expected an object")),
         }
     }
 

@@ -181,9 +181,55 @@ fn bind(cfg: &Config) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// What keeps a peer that `--allow-uid`/`--allow-gid` admits from connecting at all: the
+/// socket file's mode (and group), or a directory on its path it may not search. The
+/// daemon checks credentials only of peers that got through the file system.
+fn access_warnings(cfg: &Config) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut warnings = Vec::new();
+    let mode = cfg.socket_mode;
+    for uid in &cfg.allow_uids {
+        if mode & 0o002 == 0 && (cfg.socket_group.is_none() || mode & 0o020 == 0) {
+            warnings.push(format!(
+                "--allow-uid {uid}: the socket's mode {mode:04o} lets only its owner{} connect; \
+                 widen it with --socket-mode 0666, or 0660 with a --socket-group uid {uid} is in",
+                if mode & 0o020 != 0 { " and group" } else { "" }
+            ));
+        }
+    }
+    for gid in &cfg.allow_gids {
+        let group_ok = cfg.socket_group == Some(*gid) && mode & 0o020 != 0;
+        if !group_ok && mode & 0o002 == 0 {
+            warnings.push(format!(
+                "--allow-gid {gid}: the socket's mode {mode:04o} and group keep group {gid} out; \
+                 use --socket-group {gid} --socket-mode 0660"
+            ));
+        }
+    }
+    if !cfg.allow_uids.is_empty() || !cfg.allow_gids.is_empty() {
+        let mut dir = cfg.socket.parent();
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(meta) = std::fs::metadata(d) {
+                if meta.mode() & 0o001 == 0 {
+                    warnings.push(format!(
+                        "{} (mode {:04o}) is not searchable by other users: peers admitted by \
+                         --allow-uid/--allow-gid cannot reach the socket inside it",
+                        d.display(),
+                        meta.mode() & 0o7777
+                    ));
+                    break;
+                }
+            }
+            dir = d.parent();
+        }
+    }
+    warnings
+}
+
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
     pub fn new(mut cfg: Config) -> io::Result<Server> {
+        process::tune_allocator();
         process::cloexec_inherited();
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
@@ -237,6 +283,12 @@ impl Server {
                 let _ = std::fs::remove_file(path);
             }
             return Err(e);
+        }
+        let mut log = log;
+        if socket_file.is_some() {
+            for warning in access_warnings(&cfg) {
+                log.line(format_args!("warning: {warning}"));
+            }
         }
         let now = Instant::now();
         Ok(Server {
@@ -488,6 +540,10 @@ impl Server {
                 } => self.request(token, req, &method, &params),
                 // No request from execd to clients is outstanding yet: nothing to match.
                 Incoming::Response { .. } => {}
+                Incoming::Cancel(req) => {
+                    self.core.cancel(ConnId(token.0), req);
+                    self.apply();
+                }
             }
         }
         self.dirty.push(token);

@@ -199,6 +199,11 @@ impl Proc {
         self.exit.is_none()
     }
 
+    /// Bytes of memory its rings hold.
+    pub fn committed(&self) -> usize {
+        self.streams.iter().map(|s| s.ring.committed()).sum()
+    }
+
     /// Total bytes of output produced so far, all streams.
     pub fn output_bytes(&self) -> u64 {
         self.streams.iter().map(|s| s.ring.end()).sum()
@@ -255,6 +260,36 @@ pub struct Session {
     pub command_count: u64,
 }
 
+/// Output memory held: committed ring storage, in all and per owner.
+#[derive(Debug, Default)]
+pub struct Memory {
+    pub total: usize,
+    by_owner: HashMap<u32, usize>,
+    /// Bytes of retained output of exited commands given back to stay within the budget.
+    pub released: u64,
+}
+
+impl Memory {
+    pub fn of(&self, owner: u32) -> usize {
+        self.by_owner.get(&owner).copied().unwrap_or(0)
+    }
+
+    pub fn add(&mut self, owner: u32, bytes: usize) {
+        self.total += bytes;
+        *self.by_owner.entry(owner).or_default() += bytes;
+    }
+
+    pub fn sub(&mut self, owner: u32, bytes: usize) {
+        self.total = self.total.saturating_sub(bytes);
+        if let Some(n) = self.by_owner.get_mut(&owner) {
+            *n = n.saturating_sub(bytes);
+            if *n == 0 {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+}
+
 /// Whether `caller` may see something owned by `owner`: the owner itself, or root.
 pub fn visible(owner: u32, caller: u32) -> bool {
     owner == caller || caller == 0
@@ -269,6 +304,8 @@ pub struct Table {
     pub sessions: HashMap<SessionKey, Session>,
     /// The processes each connection subscribes to.
     pub subs_of: HashMap<ConnId, Vec<Key>>,
+    /// Output memory held by every ring together.
+    pub memory: Memory,
     next_key: Key,
     next_session: u64,
     running: usize,
@@ -386,6 +423,7 @@ impl Table {
         for sub in &p.subs {
             self.unlink_sub(sub.conn, key);
         }
+        self.memory.sub(p.owner, p.committed());
         Some(p)
     }
 

@@ -317,8 +317,33 @@ enum Target {
     Bash { id: String, session: String },
 }
 
+/// Every entry of a paged listing (`terminal/list` under `terminals`, `bash/commands`
+/// under `commands`), following its cursor to the end, wrapped as the first page was.
+fn list_all(c: &mut Client, method: &str, key: &str) -> Res<Value> {
+    let next_field = if method == "terminal/list" {
+        "nextCursor"
+    } else {
+        "next_cursor"
+    };
+    let mut all = Vec::new();
+    let mut cursor: Option<Value> = None;
+    loop {
+        let mut params = json!({ "limit": 4096 });
+        if let Some(c) = cursor.take() {
+            params["cursor"] = c;
+        }
+        let page = c.call(method, params)?;
+        all.extend(page[key].as_array().cloned().unwrap_or_default());
+        match page.get(next_field) {
+            Some(Value::String(next)) => cursor = Some(json!(next)),
+            _ => break,
+        }
+    }
+    Ok(json!({ key: all }))
+}
+
 fn locate(c: &mut Client, id: &str) -> Res<Target> {
-    let terms = c.call("terminal/list", json!({}))?;
+    let terms = list_all(c, "terminal/list", "terminals")?;
     if let Some(t) = terms["terminals"]
         .as_array()
         .into_iter()
@@ -330,7 +355,7 @@ fn locate(c: &mut Client, id: &str) -> Res<Target> {
             session: t["sessionId"].as_str().unwrap_or_default().to_string(),
         });
     }
-    let cmds = c.call("bash/commands", json!({}))?;
+    let cmds = list_all(c, "bash/commands", "commands")?;
     if let Some(b) = cmds["commands"]
         .as_array()
         .into_iter()
@@ -635,8 +660,8 @@ fn cmd_ps(ctx: &Ctx, args: Args) -> Res<u8> {
         Err(usage_err(format!("unexpected argument {a:?}")))
     })?;
     let mut c = ctx.connect()?;
-    let terms = c.call("terminal/list", json!({}))?;
-    let cmds = c.call("bash/commands", json!({}))?;
+    let terms = list_all(&mut c, "terminal/list", "terminals")?;
+    let cmds = list_all(&mut c, "bash/commands", "commands")?;
     let mut all: Vec<Value> = Vec::new();
     for t in terms["terminals"].as_array().into_iter().flatten() {
         let exit = &t["exitStatus"];
@@ -894,8 +919,8 @@ fn cmd_status(ctx: &Ctx, args: Args) -> Res<u8> {
     })?;
     let mut c = ctx.connect()?;
     let init = c.call("initialize", json!({"protocolVersion": 1, "clientInfo": {"name": "execctl", "version": env!("CARGO_PKG_VERSION")}}))?;
-    let terms = c.call("terminal/list", json!({}))?;
-    let cmds = c.call("bash/commands", json!({}))?;
+    let terms = list_all(&mut c, "terminal/list", "terminals")?;
+    let cmds = list_all(&mut c, "bash/commands", "commands")?;
     let sessions = c.call("bash/sessions", json!({}))?;
     let meta = &init["_meta"]["execd"];
     let count = |v: &Value| v.as_array().map_or(0, Vec::len);
@@ -923,6 +948,7 @@ fn cmd_status(ctx: &Ctx, args: Args) -> Res<u8> {
         "bashCommands": count(&cmds["commands"]),
         "runningBashCommands": running_cmds,
         "sessions": count(&sessions),
+        "outputMemory": meta["outputMemory"],
         "limits": init["limits"],
     });
     if ctx.json {
@@ -931,7 +957,7 @@ fn cmd_status(ctx: &Ctx, args: Args) -> Res<u8> {
     }
     let up = meta["uptimeMs"].as_u64().unwrap_or(0) / 1000;
     let mut out = format!(
-        "execd {} (pid {}) on {}\nuptime      {}h{:02}m{:02}s\nrunning     {} ({} terminals, {} bash commands; all users: {})\nterminals   {}\nbash        {} commands in {} sessions\nclients     {}\nlimits\n",
+        "execd {} (pid {}) on {}\nuptime      {}h{:02}m{:02}s\nrunning     {} ({} terminals, {} bash commands; all users: {})\nterminals   {}\nbash        {} commands in {} sessions\nclients     {}\noutput      {} of {} bytes held ({} released to stay within it)\nlimits\n",
         status["version"].as_str().unwrap_or("?"),
         status["pid"],
         status["socket"].as_str().unwrap_or("?"),
@@ -946,6 +972,9 @@ fn cmd_status(ctx: &Ctx, args: Args) -> Res<u8> {
         status["bashCommands"],
         status["sessions"],
         status["clients"],
+        meta["outputMemory"]["used"],
+        meta["outputMemory"]["budget"],
+        meta["outputMemory"]["released"],
     );
     if let Some(limits) = init["limits"].as_object() {
         for (k, v) in limits {
