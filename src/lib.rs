@@ -33,6 +33,7 @@ pub mod dispatch;
 pub mod events;
 pub mod launch;
 pub mod pipes;
+pub mod policy;
 pub mod process;
 pub mod ring;
 pub mod rpc;

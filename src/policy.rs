@@ -1,0 +1,2252 @@
+//! The command policy: rules from a JSON file, and the shell-line splitter they judge by.
+//!
+//! Every command passes one gate before it starts (PROTOCOL 7): `Policy::judge` looks at a
+//! direct argv or a shell line and answers `allow`, `ask` or `deny`, with the rule that
+//! decided and every rule that matched. Pure: no I/O except `Policy::load` reading its file.
+//!
+//! Invariants:
+//! - A `Policy` value has passed every load check: rule names are non-empty, unique and not
+//!   `default`/`unparsed`; patterns and their words are non-empty; every `match` example
+//!   matches its rule and no `not_match` example does. A file that fails any check yields
+//!   one single-line error naming the rule and the problem, never a partial policy.
+//! - `by_first` maps every alternative of every rule's first pattern element to the indices
+//!   of the rules that have it, ascending (file order). `judge` tries only those rules, so
+//!   its cost follows the rules a command could match, not the size of the file.
+//! - Strictest wins (`allow < ask < deny`). A line that is not fully readable never gets a
+//!   weaker decision than its readable parts, nor weaker than `unparsed`.
+//! - `split_line` is total: any input (unterminated quotes, NULs, megabytes) returns in
+//!   linear time without panicking. What it cannot read exactly it flags `unparsed`; it
+//!   never guesses a reading that could hide a command from the rules.
+//!
+//! What the splitter does not do: wrappers such as `env`, `sudo`, `exec`, `xargs`, `nohup`
+//! or `timeout` are ordinary commands, judged by their own argv; a policy that cares about
+//! what they run names them in rules. Policy is about intent, not a sandbox (PROTOCOL 9
+//! holds a command once it runs).
+//!
+//! Error positions: `rule #N` counts rules from 1 (as a person reads the file);
+//! `pattern[i]`, `match[i]` and the like are 0-based JSON array indices.
+
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// A policy decision. The derived order is strictness: `Allow < Ask < Deny`, so the
+/// strictest of several decisions is their maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Decision {
+    /// Start the command.
+    Allow,
+    /// Park the command until an approver answers.
+    Ask,
+    /// Refuse the command.
+    Deny,
+}
+
+impl Decision {
+    /// The word used in the policy file, in audit records and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Ask => "ask",
+            Decision::Deny => "deny",
+        }
+    }
+
+    /// The decision a policy file spells `word`, if any.
+    fn from_word(word: &str) -> Option<Decision> {
+        match word {
+            "allow" => Some(Decision::Allow),
+            "ask" => Some(Decision::Ask),
+            "deny" => Some(Decision::Deny),
+            _ => None,
+        }
+    }
+}
+
+/// What is judged.
+#[derive(Debug, Clone, Copy)]
+pub enum Judged<'a> {
+    /// A direct command: argv[0] is the program as given (maybe a path), then its args.
+    Argv(&'a [String]),
+    /// A shell line (run as SHELL -c LINE).
+    Line(&'a str),
+}
+
+/// Who asks: the peer's credentials, for rules limited by `uids`/`gids`.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer<'a> {
+    /// The peer's user id.
+    pub uid: u32,
+    /// Every group the peer is in (primary and supplementary).
+    pub gids: &'a [u32],
+}
+
+/// A rule that matched one simple command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's decision.
+    pub decision: Decision,
+    /// The simple command it matched.
+    pub argv: Vec<String>,
+}
+
+/// The outcome of judging one command or line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The strictest decision that applies.
+    pub decision: Decision,
+    /// The deciding rule's name; "default" when no rule matched, "unparsed" when the
+    /// unparsed fallback decided.
+    pub rule: String,
+    /// The deciding rule's justification, if it has one.
+    pub justification: Option<String>,
+    /// Every rule that matched, per simple command in order, rules in file order: what
+    /// `execctl policy check` shows.
+    pub hits: Vec<Hit>,
+    /// The line was (partly) not a plain script.
+    pub unparsed: bool,
+}
+
+/// One rule of the policy file, checked.
+#[derive(Debug, Clone)]
+struct Rule {
+    name: String,
+    /// An argv prefix: element `i` lists the words argv[i] may be (alternatives).
+    pattern: Vec<Vec<String>>,
+    decision: Decision,
+    /// `None`: every peer. `Some`: only peers whose uid is listed (never empty).
+    uids: Option<Vec<u32>>,
+    /// `None`: every peer. `Some`: only peers in one of these groups (never empty).
+    gids: Option<Vec<u32>>,
+    justification: Option<String>,
+}
+
+impl Rule {
+    /// Whether the rule applies to `peer`: every condition it states must hold.
+    fn applies_to(&self, peer: &Peer<'_>) -> bool {
+        let uid_ok = self.uids.as_ref().is_none_or(|u| u.contains(&peer.uid));
+        let gid_ok = self
+            .gids
+            .as_ref()
+            .is_none_or(|g| peer.gids.iter().any(|gid| g.contains(gid)));
+        uid_ok && gid_ok
+    }
+
+    /// Whether `argv` starts with the pattern. The first element also matches the
+    /// basename of a program given with a path.
+    fn matches(&self, argv: &[String]) -> bool {
+        argv.len() >= self.pattern.len()
+            && self
+                .pattern
+                .iter()
+                .zip(argv)
+                .enumerate()
+                .all(|(i, (alternatives, word))| {
+                    alternatives
+                        .iter()
+                        .any(|alt| alt == word || (i == 0 && alt == basename(word)))
+                })
+    }
+}
+
+/// A checked policy: what `--policy FILE` holds, ready to judge.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The decision for a simple command no rule matches.
+    default: Decision,
+    /// The decision for a line that is not (entirely) a plain script.
+    unparsed: Decision,
+    rules: Vec<Rule>,
+    /// First-word index: each alternative of a rule's first element -> rule indices,
+    /// ascending. See the module invariants.
+    by_first: HashMap<String, Vec<usize>>,
+}
+
+impl Default for Policy {
+    /// The policy without a file: every command is allowed (PROTOCOL 7.1).
+    ///
+    /// `unparsed` is `allow` here, not the file's default `ask`: with no file the protocol
+    /// promises that every command runs, and `echo $(date)` is a command too.
+    fn default() -> Policy {
+        Policy {
+            default: Decision::Allow,
+            unparsed: Decision::Allow,
+            rules: Vec::new(),
+            by_first: HashMap::new(),
+        }
+    }
+}
+
+/// The fields a policy file may have at the top level.
+const TOP_FIELDS: &str = "default, unparsed, rules";
+/// The fields a rule may have.
+const RULE_FIELDS: [&str; 8] = [
+    "name",
+    "pattern",
+    "decision",
+    "uids",
+    "gids",
+    "justification",
+    "match",
+    "not_match",
+];
+/// Rule names that verdicts use for "no rule": a rule may not take them.
+const RESERVED_NAMES: [&str; 2] = ["default", "unparsed"];
+
+impl Policy {
+    /// Parses and checks a policy file's text (PROTOCOL 7.1). The error is one line that
+    /// names the rule and the problem.
+    pub fn parse(text: &str) -> Result<Policy, String> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| format!("policy is not valid JSON: {e}"))?;
+        let top = match &value {
+            Value::Object(fields) => fields,
+            other => return Err(format!("policy must be a JSON object, not {}", kind(other))),
+        };
+        if let Some(key) = top
+            .keys()
+            .find(|k| !matches!(k.as_str(), "default" | "unparsed" | "rules"))
+        {
+            return Err(format!(
+                "unknown field {key:?} at the top level (known: {TOP_FIELDS})"
+            ));
+        }
+        let default = match top.get("default") {
+            None => Decision::Allow,
+            Some(v) => decision_of(v).map_err(|e| format!("\"default\" {e}"))?,
+        };
+        let unparsed = match top.get("unparsed") {
+            None => Decision::Ask,
+            Some(v) => decision_of(v).map_err(|e| format!("\"unparsed\" {e}"))?,
+        };
+        let entries: &[Value] = match top.get("rules") {
+            // A file may set only the defaults; it then has no rules.
+            None => &[],
+            Some(Value::Array(entries)) => entries,
+            Some(other) => return Err(format!("\"rules\" must be an array, not {}", kind(other))),
+        };
+
+        let mut rules = Vec::with_capacity(entries.len());
+        let mut positions: HashMap<String, usize> = HashMap::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            let rule = parse_rule(i + 1, entry, &positions)?;
+            positions.insert(rule.name.clone(), i + 1);
+            rules.push(rule);
+        }
+
+        let mut by_first: HashMap<String, Vec<usize>> = HashMap::new();
+        for (index, rule) in rules.iter().enumerate() {
+            for word in rule.pattern.iter().take(1).flatten() {
+                let list = by_first.entry(word.clone()).or_default();
+                // A rule listing the same first word twice is indexed once.
+                if list.last() != Some(&index) {
+                    list.push(index);
+                }
+            }
+        }
+        Ok(Policy {
+            default,
+            unparsed,
+            rules,
+            by_first,
+        })
+    }
+
+    /// Reads and parses a policy file. The error names the file, then the problem.
+    pub fn load(path: &Path) -> Result<Policy, String> {
+        // Escaped so that the message stays one line whatever the path holds.
+        let shown = path.display().to_string().escape_debug().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+        Policy::parse(&text).map_err(|e| format!("{shown}: {e}"))
+    }
+
+    /// How many rules the policy has.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Judges a direct command or a shell line for `peer` (PROTOCOL 7.2).
+    pub fn judge(&self, what: &Judged<'_>, peer: &Peer<'_>) -> Verdict {
+        let (direct, split) = match *what {
+            // A direct `sh -c WORD` is judged as itself and as the line it runs. The line
+            // counts as already one level deep: its own nested shells are not read.
+            Judged::Argv(argv) => (
+                Some(argv),
+                shell_script(argv).map_or_else(Split::default, |line| split_at(line, 1)),
+            ),
+            Judged::Line(line) => (None, split_line(line)),
+        };
+        let commands = direct
+            .into_iter()
+            .chain(split.commands.iter().map(Vec::as_slice));
+        self.decide(commands, split.unparsed, peer)
+    }
+
+    /// The verdict for these simple commands, read from a line that was `unparsed` or not.
+    fn decide<'c>(
+        &self,
+        commands: impl Iterator<Item = &'c [String]>,
+        unparsed: bool,
+        peer: &Peer<'_>,
+    ) -> Verdict {
+        let mut hits = Vec::new();
+        // The strictest matching rule so far, and among rules with that decision the
+        // first in file order.
+        let mut best: Option<(Decision, usize)> = None;
+        let mut some_unmatched = false;
+        for argv in commands {
+            let mut matched = false;
+            for index in self.candidates(argv.first().map(String::as_str)) {
+                let Some(rule) = self.rules.get(index) else {
+                    continue;
+                };
+                if !rule.applies_to(peer) || !rule.matches(argv) {
+                    continue;
+                }
+                matched = true;
+                hits.push(Hit {
+                    rule: rule.name.clone(),
+                    decision: rule.decision,
+                    argv: argv.to_vec(),
+                });
+                best = match best {
+                    Some((d, i)) if d > rule.decision || (d == rule.decision && i <= index) => {
+                        Some((d, i))
+                    }
+                    _ => Some((rule.decision, index)),
+                };
+            }
+            some_unmatched |= !matched;
+        }
+
+        // `None` < `Some(_)`: with no readable command at all there is nothing to weigh.
+        let readable = best
+            .map(|(d, _)| d)
+            .max(some_unmatched.then_some(self.default));
+        let (decision, rule, justification) = match (best, readable) {
+            (Some((d, index)), Some(r)) if d == r => match self.rules.get(index) {
+                Some(rule) => (d, rule.name.clone(), rule.justification.clone()),
+                None => (d, "default".to_owned(), None),
+            },
+            (_, Some(r)) => (r, "default".to_owned(), None),
+            // An empty line (or one of comments only) runs nothing; it gets `default`.
+            (_, None) => (self.default, "default".to_owned(), None),
+        };
+        // PROTOCOL 7.2 says an unparsed line gets `unparsed` "unless the strictest readable
+        // decision is already deny". Taking the maximum is that rule, and also keeps a
+        // readable `ask` from being lowered to a configured `unparsed: allow`.
+        if unparsed && Some(self.unparsed) > readable {
+            return Verdict {
+                decision: self.unparsed,
+                rule: "unparsed".to_owned(),
+                justification: None,
+                hits,
+                unparsed,
+            };
+        }
+        Verdict {
+            decision,
+            rule,
+            justification,
+            hits,
+            unparsed,
+        }
+    }
+
+    /// The rules whose first element could match a command whose program is `program`: by
+    /// the word as given and by its basename, merged in file order.
+    fn candidates(&self, program: Option<&str>) -> Candidates<'_> {
+        let list = |word: &str| self.by_first.get(word).map_or(&[][..], Vec::as_slice);
+        match program {
+            None => Candidates { a: &[], b: &[] },
+            Some(word) => {
+                let base = basename(word);
+                let b = if base == word { &[][..] } else { list(base) };
+                Candidates { a: list(word), b }
+            }
+        }
+    }
+}
+
+/// Two ascending lists of rule indices, merged without duplicates.
+struct Candidates<'p> {
+    a: &'p [usize],
+    b: &'p [usize],
+}
+
+impl Iterator for Candidates<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match (self.a.split_first(), self.b.split_first()) {
+            (Some((&x, rest_a)), Some((&y, rest_b))) => {
+                if x <= y {
+                    self.a = rest_a;
+                }
+                if y <= x {
+                    self.b = rest_b;
+                }
+                Some(x.min(y))
+            }
+            (Some((&x, rest)), None) => {
+                self.a = rest;
+                Some(x)
+            }
+            (None, Some((&y, rest))) => {
+                self.b = rest;
+                Some(y)
+            }
+            (None, None) => None,
+        }
+    }
+}
+
+/// The last path component of a program as given (`/usr/bin/rm` -> `rm`).
+fn basename(program: &str) -> &str {
+    match program.rfind('/') {
+        Some(slash) => &program[slash + 1..],
+        None => program,
+    }
+}
+
+/// How a JSON value is named in errors.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A decision field's value, or the tail of an error about it.
+fn decision_of(value: &Value) -> Result<Decision, String> {
+    match value {
+        Value::String(word) => Decision::from_word(word)
+            .ok_or_else(|| format!("must be \"allow\", \"ask\" or \"deny\", not {word:?}")),
+        other => Err(format!(
+            "must be a string (\"allow\", \"ask\" or \"deny\"), not {}",
+            kind(other)
+        )),
+    }
+}
+
+/// Parses and checks rule number `position` (from 1). `earlier` holds the names taken by
+/// the rules before it, with their positions.
+fn parse_rule(
+    position: usize,
+    entry: &Value,
+    earlier: &HashMap<String, usize>,
+) -> Result<Rule, String> {
+    let fields = match entry {
+        Value::Object(fields) => fields,
+        other => {
+            return Err(format!(
+                "rule #{position}: must be an object, not {}",
+                kind(other)
+            ))
+        }
+    };
+    let name = match fields.get("name") {
+        None => return Err(format!("rule #{position}: \"name\" is missing")),
+        Some(Value::String(name)) if name.is_empty() => {
+            return Err(format!("rule #{position}: \"name\" is empty"))
+        }
+        Some(Value::String(name)) => name.clone(),
+        Some(other) => {
+            return Err(format!(
+                "rule #{position}: \"name\" must be a string, not {}",
+                kind(other)
+            ))
+        }
+    };
+    if RESERVED_NAMES.contains(&name.as_str()) {
+        return Err(format!(
+            "rule {name:?} (#{position}): the names \"default\" and \"unparsed\" are reserved \
+             for verdicts no rule decided"
+        ));
+    }
+    if let Some(first) = earlier.get(&name) {
+        return Err(format!(
+            "rule {name:?} (#{position}): the name is already used by rule #{first}"
+        ));
+    }
+    // Debug formatting quotes the name and escapes anything that would break the line.
+    let label = format!("rule {name:?}");
+    if let Some(key) = fields.keys().find(|k| !RULE_FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "{label}: unknown field {key:?} (known: {})",
+            RULE_FIELDS.join(", ")
+        ));
+    }
+    let pattern = parse_pattern(&label, fields.get("pattern"))?;
+    let decision = match fields.get("decision") {
+        None => return Err(format!("{label}: \"decision\" is missing")),
+        Some(v) => decision_of(v).map_err(|e| format!("{label}: \"decision\" {e}"))?,
+    };
+    let uids = parse_ids(&label, "uids", fields.get("uids"))?;
+    let gids = parse_ids(&label, "gids", fields.get("gids"))?;
+    let justification = match fields.get("justification") {
+        None => None,
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(other) => {
+            return Err(format!(
+                "{label}: \"justification\" must be a string, not {}",
+                kind(other)
+            ))
+        }
+    };
+    let rule = Rule {
+        name,
+        pattern,
+        decision,
+        uids,
+        gids,
+        justification,
+    };
+    check_examples(&label, &rule, fields)?;
+    Ok(rule)
+}
+
+/// A rule's `pattern`: a non-empty array of non-empty words or non-empty word lists.
+fn parse_pattern(label: &str, value: Option<&Value>) -> Result<Vec<Vec<String>>, String> {
+    let elements = match value {
+        None => return Err(format!("{label}: \"pattern\" is missing")),
+        Some(Value::Array(elements)) => elements,
+        Some(other) => {
+            return Err(format!(
+                "{label}: \"pattern\" must be an array, not {}",
+                kind(other)
+            ))
+        }
+    };
+    if elements.is_empty() {
+        return Err(format!("{label}: \"pattern\" is empty"));
+    }
+    elements
+        .iter()
+        .enumerate()
+        .map(|(i, element)| match element {
+            Value::String(word) if word.is_empty() => {
+                Err(format!("{label}: pattern[{i}] is an empty string"))
+            }
+            Value::String(word) => Ok(vec![word.clone()]),
+            Value::Array(alternatives) if alternatives.is_empty() => Err(format!(
+                "{label}: pattern[{i}] is an empty list of alternatives"
+            )),
+            Value::Array(alternatives) => alternatives
+                .iter()
+                .enumerate()
+                .map(|(j, alternative)| match alternative {
+                    Value::String(word) if word.is_empty() => {
+                        Err(format!("{label}: pattern[{i}][{j}] is an empty string"))
+                    }
+                    Value::String(word) => Ok(word.clone()),
+                    other => Err(format!(
+                        "{label}: pattern[{i}][{j}] must be a string, not {}",
+                        kind(other)
+                    )),
+                })
+                .collect(),
+            other => Err(format!(
+                "{label}: pattern[{i}] must be a string or an array of strings, not {}",
+                kind(other)
+            )),
+        })
+        .collect()
+}
+
+/// A rule's `uids` or `gids`: absent, or a non-empty array of 32-bit ids.
+fn parse_ids(label: &str, field: &str, value: Option<&Value>) -> Result<Option<Vec<u32>>, String> {
+    let items = match value {
+        None => return Ok(None),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(format!(
+                "{label}: {field:?} must be an array of ids, not {}",
+                kind(other)
+            ))
+        }
+    };
+    // An empty list would make the rule apply to no one: surely a mistake, and a silent
+    // one for a `deny` rule.
+    if items.is_empty() {
+        return Err(format!(
+            "{label}: {field:?} is empty (the rule would apply to no one)"
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "{label}: {field}[{i}] must be an integer from 0 to {}",
+                        u32::MAX
+                    )
+                })
+        })
+        .collect::<Result<Vec<u32>, String>>()
+        .map(Some)
+}
+
+/// Checks a rule's `match` and `not_match` examples against its pattern (uids and gids
+/// aside). An example matches when the pattern matches one of its simple commands.
+fn check_examples(label: &str, rule: &Rule, fields: &Map<String, Value>) -> Result<(), String> {
+    for (field, must_match) in [("match", true), ("not_match", false)] {
+        let examples = match fields.get(field) {
+            None => continue,
+            Some(Value::Array(examples)) => examples,
+            Some(other) => {
+                return Err(format!(
+                    "{label}: {field:?} must be an array of command lines, not {}",
+                    kind(other)
+                ))
+            }
+        };
+        for (i, example) in examples.iter().enumerate() {
+            let Value::String(line) = example else {
+                return Err(format!(
+                    "{label}: {field}[{i}] must be a string, not {}",
+                    kind(example)
+                ));
+            };
+            let matched = split_line(line).commands.iter().any(|c| rule.matches(c));
+            if matched != must_match {
+                let problem = if must_match {
+                    "does not match its pattern"
+                } else {
+                    "matches its pattern"
+                };
+                return Err(format!("{label}: {field} example {line:?} {problem}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The splitter (PROTOCOL 7.2)
+// ---------------------------------------------------------------------------------------
+
+/// A shell line split into simple commands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    /// The simple commands read, in order: each an argv, assignments and redirections
+    /// removed, `sh -c WORD` replaced by WORD's commands. Never an empty argv.
+    pub commands: Vec<Vec<String>>,
+    /// The line is not (entirely) a plain script. `commands` then holds what could be read
+    /// before the first construct that could not.
+    pub unparsed: bool,
+}
+
+/// Splits a shell line into its simple commands, or says it is not a plain script.
+pub fn split_line(line: &str) -> Split {
+    split_at(line, 0)
+}
+
+/// Shells whose `-c WORD` is read as a line (by basename). The brief's four plus the
+/// common `ash`/`ksh`/`mksh`, which take `-c` the same way.
+const SHELLS: [&str; 7] = ["sh", "bash", "dash", "zsh", "ash", "ksh", "mksh"];
+
+/// Words that open or close a compound command when they are the first word; a plain
+/// script has none (bash's reserved words).
+const RESERVED_WORDS: [&str; 22] = [
+    "if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for",
+    "select", "function", "in", "time", "coproc", "{", "}", "!", "[[", "]]",
+];
+
+/// Builtins whose arguments are shell code: their argv says nothing of what they run.
+const CODE_BUILTINS: [&str; 2] = ["eval", "trap"];
+
+/// Splits `line`, `depth` levels of `sh -c` deep: at depth 0 a `sh -c WORD` is replaced by
+/// WORD's commands; deeper, it is kept as it is and the line counts as unparsed, since
+/// what it runs is not read.
+fn split_at(line: &str, depth: u8) -> Split {
+    let mut lexer = Lexer {
+        s: line.as_bytes(),
+        i: 0,
+    };
+    let mut out = Split::default();
+    let mut words: Vec<String> = Vec::new();
+    // The current simple command has begun (a word, an assignment or a redirection).
+    let mut started = false;
+    // The last separator was `&&`, `||`, `|` or `|&`: a command must follow.
+    let mut pending = false;
+    loop {
+        let token = match lexer.next() {
+            Ok(token) => token,
+            Err(NotPlain) => {
+                out.unparsed = true;
+                break;
+            }
+        };
+        match token {
+            Token::End => {
+                // `a &&` at the end is a syntax error: bash runs none of it.
+                if pending && !started {
+                    out.unparsed = true;
+                }
+                break;
+            }
+            Token::Word(word) => {
+                if words.is_empty() {
+                    if word.assignment {
+                        started = true;
+                        continue;
+                    }
+                    if opens_compound(&word) {
+                        out.unparsed = true;
+                        break;
+                    }
+                }
+                words.push(word.text);
+                started = true;
+            }
+            Token::Redirect => match lexer.next() {
+                Ok(Token::Word(_)) => started = true,
+                _ => {
+                    out.unparsed = true;
+                    break;
+                }
+            },
+            Token::Sep(sep) => {
+                if !started {
+                    // Blank lines are fine, and so is a line break after `&&`, `||`, `|`;
+                    // any other separator with no command before it is a syntax error.
+                    if sep == Sep::Newline {
+                        continue;
+                    }
+                    out.unparsed = true;
+                    break;
+                }
+                emit(&mut out, std::mem::take(&mut words), depth);
+                started = false;
+                pending = matches!(sep, Sep::AndOr | Sep::Pipe);
+            }
+        }
+    }
+    // The last command, or (when unparsed) the words of the command that was being read
+    // when reading stopped: they are a true prefix of its argv, so rules may judge them.
+    emit(&mut out, words, depth);
+    out
+}
+
+/// Whether a command's first word makes it something other than a simple command.
+fn opens_compound(word: &Word) -> bool {
+    // Quoting stops a reserved word (`"if"` is a command named if) but not a builtin.
+    (!word.quoted && RESERVED_WORDS.contains(&word.text.as_str()))
+        || CODE_BUILTINS.contains(&word.text.as_str())
+        // `/bin/r? -rf x` runs whatever the glob finds; the program must be read exactly.
+        || word.glob
+}
+
+/// Adds one simple command to `out`, reading a `sh -c WORD` as WORD's commands.
+fn emit(out: &mut Split, argv: Vec<String>, depth: u8) {
+    if argv.is_empty() {
+        return;
+    }
+    let nested = shell_script(&argv).map(|line| (depth == 0).then(|| split_at(line, depth + 1)));
+    match nested {
+        Some(Some(inner)) => {
+            out.commands.extend(inner.commands);
+            out.unparsed |= inner.unparsed;
+        }
+        Some(None) => {
+            out.unparsed = true;
+            out.commands.push(argv);
+        }
+        None => out.commands.push(argv),
+    }
+}
+
+/// The script a shell runs when `argv` is `SHELL [options] -c WORD [args]`: the options
+/// are short letters (`-c`, `-lc`, `-ec`, `-l -c`), long options (`--login`) or `-o NAME`.
+fn shell_script(argv: &[String]) -> Option<&str> {
+    let program = argv.first()?;
+    if !SHELLS.contains(&basename(program)) {
+        return None;
+    }
+    let mut command_mode = false;
+    let mut i = 1;
+    while let Some(arg) = argv.get(i) {
+        let arg = arg.as_str();
+        if arg == "--" || arg == "-" {
+            i += 1;
+            break;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            // The two long options that take a value: skip it too.
+            i += if matches!(long, "rcfile" | "init-file") {
+                2
+            } else {
+                1
+            };
+            continue;
+        }
+        let letters = match arg.strip_prefix('-').or_else(|| arg.strip_prefix('+')) {
+            Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphabetic()) => l,
+            // The first operand: the script when `-c` was given.
+            _ => break,
+        };
+        if arg.starts_with('-') && letters.contains('c') {
+            command_mode = true;
+        }
+        // `-o NAME` / `-O NAME` (and `+o`): the name is the option's, not the script.
+        i += if letters.contains(['o', 'O']) { 2 } else { 1 };
+    }
+    if command_mode {
+        argv.get(i).map(String::as_str)
+    } else {
+        None
+    }
+}
+
+/// The rest of the line is not a plain script.
+struct NotPlain;
+
+/// A separator between simple commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sep {
+    /// A line break.
+    Newline,
+    /// `;`
+    Semi,
+    /// `&&` or `||`
+    AndOr,
+    /// `|` or `|&`
+    Pipe,
+}
+
+/// One token of a plain script.
+enum Token {
+    Word(Word),
+    Sep(Sep),
+    /// A redirection operator (its fd number, if any, included); its target word follows.
+    Redirect,
+    End,
+}
+
+/// A word after quote removal, with what the parser needs to know of its spelling.
+struct Word {
+    text: String,
+    /// Some part was quoted or backslash-escaped.
+    quoted: bool,
+    /// A leading `NAME=value` (or `NAME+=value`) with a bare, valid name.
+    assignment: bool,
+    /// Holds a bare glob (`*`, `?`, `[...]`): bash may replace it with file names.
+    glob: bool,
+}
+
+/// Bytes that end a bare word.
+fn is_meta(b: u8) -> bool {
+    matches!(
+        b,
+        b' ' | b'\t' | b'\n' | b';' | b'&' | b'|' | b'<' | b'>' | b'(' | b')'
+    )
+}
+
+/// A valid shell variable name.
+fn is_name(bytes: &[u8]) -> bool {
+    match bytes.split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_alphabetic() || *first == b'_')
+                && rest.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        }
+        None => false,
+    }
+}
+
+/// The tokenizer. It works on bytes: every byte it acts on is ASCII, so the words it cuts
+/// out are whole UTF-8. Every call consumes input or returns `End`/`NotPlain`, so reading
+/// a line is linear in its length.
+struct Lexer<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Lexer<'_> {
+    /// The byte `k` places ahead.
+    fn at(&self, k: usize) -> Option<u8> {
+        self.s.get(self.i + k).copied()
+    }
+
+    fn next(&mut self) -> Result<Token, NotPlain> {
+        loop {
+            match (self.at(0), self.at(1)) {
+                (None, _) => return Ok(Token::End),
+                (Some(b' ' | b'\t'), _) => self.i += 1,
+                // Line continuation: gone before bash tokenizes.
+                (Some(b'\\'), Some(b'\n')) => self.i += 2,
+                (Some(b'#'), _) => {
+                    // A comment runs to the line break, which still separates commands.
+                    let rest = self.s.get(self.i..).unwrap_or_default();
+                    self.i += rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+                }
+                (Some(b'\n'), _) => {
+                    self.i += 1;
+                    return Ok(Token::Sep(Sep::Newline));
+                }
+                // `;;`, `;&`: case arms.
+                (Some(b';'), Some(b';' | b'&')) => return Err(NotPlain),
+                (Some(b';'), _) => {
+                    self.i += 1;
+                    return Ok(Token::Sep(Sep::Semi));
+                }
+                (Some(b'&'), Some(b'&')) => {
+                    self.i += 2;
+                    return Ok(Token::Sep(Sep::AndOr));
+                }
+                (Some(b'&'), Some(b'>')) => {
+                    // `&>` and `&>>`: stdout and stderr to a file.
+                    self.i += 2;
+                    if self.at(0) == Some(b'>') {
+                        self.i += 1;
+                    }
+                    return Ok(Token::Redirect);
+                }
+                // A lone `&` runs the command in the background.
+                (Some(b'&'), _) => return Err(NotPlain),
+                (Some(b'|'), Some(b'|')) => {
+                    self.i += 2;
+                    return Ok(Token::Sep(Sep::AndOr));
+                }
+                (Some(b'|'), Some(b'&')) => {
+                    self.i += 2;
+                    return Ok(Token::Sep(Sep::Pipe));
+                }
+                (Some(b'|'), _) => {
+                    self.i += 1;
+                    return Ok(Token::Sep(Sep::Pipe));
+                }
+                (Some(b'<' | b'>'), _) => return self.redirect(),
+                // Subshells, function definitions, arithmetic `((`.
+                (Some(b'(' | b')'), _) => return Err(NotPlain),
+                (Some(_), _) => {
+                    let word = self.word()?;
+                    // `2>&1`: a bare number right before `<`/`>` is the fd redirected.
+                    let fd_number = !word.quoted
+                        && !word.text.is_empty()
+                        && word.text.bytes().all(|b| b.is_ascii_digit());
+                    if fd_number && matches!(self.at(0), Some(b'<' | b'>')) {
+                        return self.redirect();
+                    }
+                    return Ok(Token::Word(word));
+                }
+            }
+        }
+    }
+
+    /// A redirection operator at `<` or `>`: `<`, `>`, `>>`, `>|`, `<>`, `<&`, `>&`.
+    /// Here-documents, here-strings and process substitution are not plain.
+    fn redirect(&mut self) -> Result<Token, NotPlain> {
+        match (self.at(0), self.at(1)) {
+            (Some(b'<'), Some(b'<')) | (Some(b'<' | b'>'), Some(b'(')) => Err(NotPlain),
+            (Some(b'<'), Some(b'&' | b'>')) | (Some(b'>'), Some(b'>' | b'&' | b'|')) => {
+                self.i += 2;
+                Ok(Token::Redirect)
+            }
+            (Some(b'<' | b'>'), _) => {
+                self.i += 1;
+                Ok(Token::Redirect)
+            }
+            _ => Err(NotPlain),
+        }
+    }
+
+    /// A word starting at a byte that is not a metacharacter: bare parts, `'single'` and
+    /// `"double"` quotes, backslash escapes. Any expansion is `NotPlain`.
+    fn word(&mut self) -> Result<Word, NotPlain> {
+        let mut buf: Vec<u8> = Vec::new();
+        // Length of `buf` when the first quoted or escaped byte was added.
+        let mut first_quoted: Option<usize> = None;
+        // Index in `buf` of the first bare `=`.
+        let mut first_eq: Option<usize> = None;
+        let mut glob = false;
+        let mut open_bracket = false;
+        let mut open_brace = false;
+        while let Some(b) = self.at(0) {
+            match b {
+                _ if is_meta(b) => break,
+                // NUL cannot reach a shell in an argument: the line is not what runs.
+                0 | b'`' => return Err(NotPlain),
+                b'\'' => {
+                    first_quoted.get_or_insert(buf.len());
+                    let rest = self.s.get(self.i + 1..).unwrap_or_default();
+                    let Some(end) = rest.iter().position(|&c| c == b'\'') else {
+                        return Err(NotPlain);
+                    };
+                    let quoted = &rest[..end];
+                    if quoted.contains(&0) {
+                        return Err(NotPlain);
+                    }
+                    buf.extend_from_slice(quoted);
+                    self.i += end + 2;
+                }
+                b'"' => {
+                    first_quoted.get_or_insert(buf.len());
+                    self.i += 1;
+                    self.double_quoted(&mut buf)?;
+                }
+                b'\\' => match self.at(1) {
+                    Some(b'\n') => self.i += 2,
+                    Some(0) => return Err(NotPlain),
+                    Some(c) => {
+                        first_quoted.get_or_insert(buf.len());
+                        buf.push(c);
+                        self.i += 2;
+                    }
+                    // A backslash ending the line stands for itself.
+                    None => {
+                        first_quoted.get_or_insert(buf.len());
+                        buf.push(b'\\');
+                        self.i += 1;
+                    }
+                },
+                b'$' => match self.at(1) {
+                    // A `$` that ends the word starts nothing: literal, as in `grep a$`.
+                    None | Some(b' ' | b'\t' | b'\n' | b';' | b'&' | b'|' | b'<' | b'>') => {
+                        buf.push(b);
+                        self.i += 1;
+                    }
+                    // `$VAR`, `${..}`, `$(..)`, `$((..))`, `$'..'`, `$".."`.
+                    Some(_) => return Err(NotPlain),
+                },
+                _ => {
+                    match b {
+                        b'*' | b'?' => glob = true,
+                        b'[' => open_bracket = true,
+                        b']' if open_bracket => glob = true,
+                        b'{' => open_brace = true,
+                        // Brace expansion (`{a,b}`, `{1..3}`) makes several words of one.
+                        b',' if open_brace => return Err(NotPlain),
+                        b'.' if open_brace && self.at(1) == Some(b'.') => return Err(NotPlain),
+                        b'=' => {
+                            first_eq.get_or_insert(buf.len());
+                        }
+                        _ => {}
+                    }
+                    buf.push(b);
+                    self.i += 1;
+                }
+            }
+        }
+        let assignment = match first_eq {
+            Some(eq) if first_quoted.is_none_or(|q| q > eq) => {
+                let name = buf.get(..eq).unwrap_or_default();
+                let name = name.strip_suffix(b"+").unwrap_or(name);
+                is_name(name)
+            }
+            _ => false,
+        };
+        let text = String::from_utf8(buf)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        Ok(Word {
+            text,
+            quoted: first_quoted.is_some(),
+            assignment,
+            glob,
+        })
+    }
+
+    /// The inside of a `"double"` quote, after the opening quote, through the closing one.
+    fn double_quoted(&mut self, buf: &mut Vec<u8>) -> Result<(), NotPlain> {
+        loop {
+            match (self.at(0), self.at(1)) {
+                (None, _) | (Some(0 | b'`'), _) => return Err(NotPlain),
+                (Some(b'"'), _) => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                (Some(b'\\'), Some(b'\n')) => self.i += 2,
+                (Some(b'\\'), Some(c @ (b'$' | b'`' | b'"' | b'\\'))) => {
+                    buf.push(c);
+                    self.i += 2;
+                }
+                // Before any other byte a backslash is literal.
+                (Some(b'\\'), _) => {
+                    buf.push(b'\\');
+                    self.i += 1;
+                }
+                // `"a$"`: a `$` right before the closing quote starts nothing.
+                (Some(b'$'), Some(b'"')) => {
+                    buf.push(b'$');
+                    self.i += 1;
+                }
+                (Some(b'$'), _) => return Err(NotPlain),
+                (Some(c), _) => {
+                    buf.push(c);
+                    self.i += 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The policy of PROTOCOL 7.1, verbatim.
+    const EXAMPLE: &str = r#"{
+      "default": "allow",
+      "unparsed": "ask",
+      "rules": [
+        {"name": "no-force-push", "pattern": ["git", "push", ["-f", "--force"]], "decision": "deny",
+         "match": ["git push -f origin main"], "not_match": ["git push origin main"]},
+        {"name": "push", "pattern": ["git", "push"], "decision": "ask",
+         "justification": "pushes leave this machine"},
+        {"name": "read-only-git", "pattern": ["git", ["status", "diff", "log", "show"]], "decision": "allow"},
+        {"name": "rm", "pattern": ["rm"], "decision": "ask", "uids": [1000, 1001]}
+      ]
+    }"#;
+
+    /// A peer no `uids`/`gids` rule in these tests names.
+    const ANYONE: Peer<'static> = Peer {
+        uid: 4242,
+        gids: &[4242],
+    };
+
+    fn words(ws: &[&str]) -> Vec<String> {
+        ws.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    #[track_caller]
+    fn policy(text: &str) -> Policy {
+        match Policy::parse(text) {
+            Ok(p) => p,
+            Err(e) => panic!("policy refused: {e}"),
+        }
+    }
+
+    fn line(p: &Policy, l: &str) -> Verdict {
+        p.judge(&Judged::Line(l), &ANYONE)
+    }
+
+    fn direct(p: &Policy, ws: &[&str]) -> Verdict {
+        p.judge(&Judged::Argv(&words(ws)), &ANYONE)
+    }
+
+    /// Asserts decision and deciding rule.
+    #[track_caller]
+    fn decides(v: &Verdict, decision: Decision, rule: &str) {
+        assert_eq!(
+            (v.decision, v.rule.as_str()),
+            (decision, rule),
+            "verdict {v:?}"
+        );
+    }
+
+    fn hit_names(v: &Verdict) -> Vec<&str> {
+        v.hits.iter().map(|h| h.rule.as_str()).collect()
+    }
+
+    // ---- matching -----------------------------------------------------------------
+
+    #[test]
+    fn protocol_example_loads() {
+        let p = policy(EXAMPLE);
+        assert_eq!(p.rule_count(), 4);
+        assert_eq!(Decision::Deny.as_str(), "deny");
+        assert_eq!(Decision::Ask.as_str(), "ask");
+        assert_eq!(Decision::Allow.as_str(), "allow");
+        assert!(Decision::Allow < Decision::Ask && Decision::Ask < Decision::Deny);
+    }
+
+    #[test]
+    fn patterns_are_argv_prefixes_with_alternatives() {
+        let p = policy(EXAMPLE);
+        decides(
+            &line(&p, "git push -f origin main"),
+            Decision::Deny,
+            "no-force-push",
+        );
+        decides(
+            &line(&p, "git push --force"),
+            Decision::Deny,
+            "no-force-push",
+        );
+        let push = line(&p, "git push origin main");
+        decides(&push, Decision::Ask, "push");
+        assert_eq!(
+            push.justification.as_deref(),
+            Some("pushes leave this machine")
+        );
+        // Exactly as long as the pattern still matches.
+        decides(&line(&p, "git push"), Decision::Ask, "push");
+        decides(&line(&p, "git status"), Decision::Allow, "read-only-git");
+        decides(
+            &line(&p, "git log --oneline -5"),
+            Decision::Allow,
+            "read-only-git",
+        );
+        // Shorter than the pattern, or another word: no rule.
+        decides(&line(&p, "git"), Decision::Allow, "default");
+        decides(&line(&p, "git pull"), Decision::Allow, "default");
+        decides(&line(&p, "git stash"), Decision::Allow, "default");
+        // A word must equal the pattern element, not merely start with it.
+        decides(&line(&p, "git pushy"), Decision::Allow, "default");
+        assert!(line(&p, "git pushy").hits.is_empty());
+        // The force flag must be the third word: a prefix, not a search.
+        decides(&line(&p, "git push origin -f"), Decision::Ask, "push");
+    }
+
+    #[test]
+    fn first_word_matches_the_basename_of_a_path() {
+        let p = policy(
+            r#"{"rules": [
+              {"name": "rm", "pattern": ["rm"], "decision": "deny"},
+              {"name": "git-rm", "pattern": ["git", "rm"], "decision": "ask"},
+              {"name": "opt-tool", "pattern": ["/opt/tool"], "decision": "ask"}
+            ]}"#,
+        );
+        decides(
+            &direct(&p, &["/usr/bin/rm", "-rf", "x"]),
+            Decision::Deny,
+            "rm",
+        );
+        decides(&line(&p, "/bin/rm x"), Decision::Deny, "rm");
+        decides(&line(&p, "./rm x"), Decision::Deny, "rm");
+        decides(&line(&p, "rmdir x"), Decision::Allow, "default");
+        decides(&line(&p, "/usr/bin/git rm x"), Decision::Ask, "git-rm");
+        // Only the first element: a path in a later word is a different word.
+        decides(&line(&p, "git /bin/rm"), Decision::Allow, "default");
+        // A pattern with a path matches that path only.
+        decides(&line(&p, "/opt/tool run"), Decision::Ask, "opt-tool");
+        decides(&line(&p, "tool run"), Decision::Allow, "default");
+        decides(&line(&p, "/usr/opt/tool run"), Decision::Allow, "default");
+    }
+
+    #[test]
+    fn strictest_wins_and_the_first_rule_with_it_decides() {
+        let p = policy(
+            r#"{"rules": [
+              {"name": "git", "pattern": ["git"], "decision": "allow"},
+              {"name": "push-1", "pattern": ["git", "push"], "decision": "ask", "justification": "one"},
+              {"name": "push-2", "pattern": ["git", "push"], "decision": "ask", "justification": "two"},
+              {"name": "curl", "pattern": ["curl"], "decision": "deny", "justification": "network"},
+              {"name": "pipe-to-sh", "pattern": ["sh"], "decision": "deny"}
+            ]}"#,
+        );
+        let v = line(&p, "git push");
+        decides(&v, Decision::Ask, "push-1");
+        assert_eq!(v.justification.as_deref(), Some("one"));
+        assert_eq!(hit_names(&v), ["git", "push-1", "push-2"]);
+        assert!(v.hits.iter().all(|h| h.argv == words(&["git", "push"])));
+
+        let v = line(&p, "git status && curl -s x | sh");
+        decides(&v, Decision::Deny, "curl");
+        assert_eq!(v.justification.as_deref(), Some("network"));
+        assert_eq!(hit_names(&v), ["git", "curl", "pipe-to-sh"]);
+        assert_eq!(v.hits[1].argv, words(&["curl", "-s", "x"]));
+        assert_eq!(v.hits[1].decision, Decision::Deny);
+
+        // File order, not line order, names the decider.
+        decides(&line(&p, "sh x; curl y"), Decision::Deny, "curl");
+    }
+
+    #[test]
+    fn unmatched_commands_get_the_default() {
+        let p = policy(
+            r#"{"default": "ask", "rules": [
+              {"name": "ls", "pattern": ["ls"], "decision": "allow"},
+              {"name": "make", "pattern": ["make"], "decision": "ask"}
+            ]}"#,
+        );
+        decides(&line(&p, "ls -la"), Decision::Allow, "ls");
+        // One unmatched command is enough for the default to count.
+        let v = line(&p, "ls && cargo build");
+        decides(&v, Decision::Ask, "default");
+        assert_eq!(hit_names(&v), ["ls"]);
+        // A rule with the winning decision is named rather than "default".
+        decides(&line(&p, "cargo build && make"), Decision::Ask, "make");
+        // Nothing to run: the default.
+        let v = line(&p, "");
+        decides(&v, Decision::Ask, "default");
+        assert!(v.hits.is_empty() && !v.unparsed);
+        decides(&line(&p, "# only a comment\n"), Decision::Ask, "default");
+        decides(&direct(&p, &[]), Decision::Ask, "default");
+
+        let p = policy(
+            r#"{"default": "deny", "rules": [{"name": "ls", "pattern": ["ls"], "decision": "ask"}]}"#,
+        );
+        decides(&line(&p, "ls"), Decision::Ask, "ls");
+        decides(&line(&p, "ls; whoami"), Decision::Deny, "default");
+    }
+
+    #[test]
+    fn uids_and_gids_limit_who_a_rule_applies_to() {
+        let p = policy(
+            r#"{"rules": [
+              {"name": "rm-users", "pattern": ["rm"], "decision": "ask", "uids": [1000, 1001]},
+              {"name": "docker-group", "pattern": ["docker"], "decision": "deny", "gids": [999]},
+              {"name": "both", "pattern": ["shutdown"], "decision": "deny", "uids": [1000], "gids": [27]}
+            ]}"#,
+        );
+        let judge =
+            |l: &str, uid: u32, gids: &[u32]| p.judge(&Judged::Line(l), &Peer { uid, gids });
+        decides(&judge("rm x", 1000, &[1000]), Decision::Ask, "rm-users");
+        decides(&judge("rm x", 1001, &[]), Decision::Ask, "rm-users");
+        decides(&judge("rm x", 0, &[0]), Decision::Allow, "default");
+        assert!(judge("rm x", 0, &[0]).hits.is_empty());
+        // Any of the peer's groups will do.
+        decides(
+            &judge("docker ps", 5, &[5, 999, 7]),
+            Decision::Deny,
+            "docker-group",
+        );
+        decides(&judge("docker ps", 5, &[5, 7]), Decision::Allow, "default");
+        // Both stated conditions must hold.
+        decides(
+            &judge("shutdown now", 1000, &[1000, 27]),
+            Decision::Deny,
+            "both",
+        );
+        decides(
+            &judge("shutdown now", 1000, &[1000]),
+            Decision::Allow,
+            "default",
+        );
+        decides(
+            &judge("shutdown now", 1001, &[27]),
+            Decision::Allow,
+            "default",
+        );
+    }
+
+    #[test]
+    fn direct_shell_c_is_judged_as_itself_and_as_its_line() {
+        let p = policy(EXAMPLE);
+        let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
+        decides(&v, Decision::Deny, "no-force-push");
+        assert_eq!(hit_names(&v), ["read-only-git", "no-force-push", "push"]);
+        assert_eq!(v.hits[1].argv, words(&["git", "push", "-f", "origin"]));
+        assert!(!v.unparsed);
+        decides(
+            &direct(&p, &["/bin/sh", "-c", "git push"]),
+            Decision::Ask,
+            "push",
+        );
+        decides(
+            &direct(&p, &["dash", "-ec", "git push"]),
+            Decision::Ask,
+            "push",
+        );
+        decides(
+            &direct(&p, &["bash", "-l", "-c", "git push"]),
+            Decision::Ask,
+            "push",
+        );
+        decides(
+            &direct(&p, &["zsh", "--login", "-c", "git push"]),
+            Decision::Ask,
+            "push",
+        );
+        decides(
+            &direct(&p, &["sh", "-o", "pipefail", "-c", "git push"]),
+            Decision::Ask,
+            "push",
+        );
+        // Positional arguments after the script do not change it.
+        decides(
+            &direct(&p, &["sh", "-c", "git push", "sh", "x"]),
+            Decision::Ask,
+            "push",
+        );
+        // Not a shell, or no -c: just the argv.
+        decides(
+            &direct(&p, &["python3", "-c", "git push"]),
+            Decision::Allow,
+            "default",
+        );
+        decides(
+            &direct(&p, &["bash", "git push"]),
+            Decision::Allow,
+            "default",
+        );
+        // The argv itself is judged too.
+        let shells =
+            policy(r#"{"rules": [{"name": "no-bash", "pattern": ["bash"], "decision": "deny"}]}"#);
+        decides(
+            &direct(&shells, &["bash", "-c", "ls"]),
+            Decision::Deny,
+            "no-bash",
+        );
+        // An unreadable script is unparsed.
+        let v = direct(&p, &["sh", "-c", "echo $(id)"]);
+        decides(&v, Decision::Ask, "unparsed");
+        assert!(v.unparsed);
+        // One level only: a shell inside the script is not read, and says so.
+        let v = direct(&p, &["bash", "-c", "sh -c 'git push -f'"]);
+        decides(&v, Decision::Ask, "unparsed");
+        assert!(v.unparsed && v.hits.is_empty());
+        // A direct argv never goes through a shell: its words are taken as they are.
+        decides(
+            &direct(&p, &["echo", "$(rm -rf /)", "&"]),
+            Decision::Allow,
+            "default",
+        );
+        assert!(!direct(&p, &["echo", "$(rm -rf /)"]).unparsed);
+    }
+
+    #[test]
+    fn unparsed_lines_get_at_least_the_unparsed_decision() {
+        let p = policy(EXAMPLE);
+        let v = line(&p, "echo $(id)");
+        decides(&v, Decision::Ask, "unparsed");
+        assert!(v.unparsed && v.justification.is_none());
+        // The readable part is already deny: it decides.
+        let v = line(&p, "git push -f $(git remote | head -1)");
+        decides(&v, Decision::Deny, "no-force-push");
+        assert!(v.unparsed);
+        // Equal, not stricter: the readable rule keeps the name.
+        decides(
+            &line(&p, "git push origin `git branch --show-current`"),
+            Decision::Ask,
+            "push",
+        );
+        decides(&line(&p, "sleep 100 &"), Decision::Ask, "unparsed");
+        decides(&line(&p, "git status"), Decision::Allow, "read-only-git");
+        assert!(!line(&p, "git status").unparsed);
+
+        let strict = policy(
+            r#"{"unparsed": "deny", "rules": [{"name": "push", "pattern": ["git", "push"], "decision": "ask"}]}"#,
+        );
+        decides(
+            &line(&strict, "git push; echo `id`"),
+            Decision::Deny,
+            "unparsed",
+        );
+        decides(&line(&strict, "(ls)"), Decision::Deny, "unparsed");
+
+        // A lenient `unparsed` never weakens what the readable part asks.
+        let lenient = policy(
+            r#"{"unparsed": "allow", "rules": [{"name": "push", "pattern": ["git", "push"], "decision": "ask"}]}"#,
+        );
+        decides(&line(&lenient, "git push $REMOTE"), Decision::Ask, "push");
+        decides(&line(&lenient, "echo $HOME"), Decision::Allow, "default");
+    }
+
+    #[test]
+    fn the_default_policy_allows_everything() {
+        let p = Policy::default();
+        assert_eq!(p.rule_count(), 0);
+        decides(&line(&p, "rm -rf /tmp/x"), Decision::Allow, "default");
+        decides(&direct(&p, &["/bin/rm", "x"]), Decision::Allow, "default");
+        let v = line(&p, "echo $(date) &");
+        assert_eq!(v.decision, Decision::Allow);
+        assert!(v.unparsed);
+        decides(&line(&p, "$(date)"), Decision::Allow, "unparsed");
+        // A file with no fields keeps the file defaults: unparsed asks.
+        decides(&line(&policy("{}"), "$(date)"), Decision::Ask, "unparsed");
+        decides(&line(&policy("{}"), "date"), Decision::Allow, "default");
+    }
+
+    #[test]
+    fn a_thousand_rules_are_found_through_the_first_word_index() {
+        let decisions = ["allow", "ask", "deny"];
+        let rules: Vec<String> = (0..1000)
+            .map(|i| {
+                format!(
+                    r#"{{"name": "r{i}", "pattern": ["tool{i}", ["run", "start"]], "decision": "{}"}}"#,
+                    decisions[i % 3]
+                )
+            })
+            .collect();
+        let text = format!(r#"{{"default": "ask", "rules": [{}]}}"#, rules.join(",\n"));
+        let p = policy(&text);
+        assert_eq!(p.rule_count(), 1000);
+        // Only the rules a program could match are tried.
+        assert_eq!(p.candidates(Some("tool500")).collect::<Vec<_>>(), [500]);
+        assert_eq!(
+            p.candidates(Some("/opt/bin/tool999")).collect::<Vec<_>>(),
+            [999]
+        );
+        assert_eq!(p.candidates(Some("ls")).count(), 0);
+        assert_eq!(p.candidates(None).count(), 0);
+
+        let v = line(&p, "tool500 run --fast");
+        decides(&v, Decision::Deny, "r500");
+        assert_eq!(hit_names(&v), ["r500"]);
+        decides(&line(&p, "/opt/bin/tool999 start"), Decision::Allow, "r999");
+        decides(&line(&p, "tool998 start x"), Decision::Deny, "r998");
+        decides(&line(&p, "tool5 stop"), Decision::Ask, "default");
+        let v = line(&p, "tool1 run && tool3 start | tool2 run; tool4 run");
+        decides(&v, Decision::Deny, "r2");
+        assert_eq!(hit_names(&v), ["r1", "r3", "r2", "r4"]);
+        // Every rule is reachable, and only by its own program.
+        for i in (0..1000).step_by(37) {
+            let v = line(&p, &format!("tool{i} start"));
+            assert_eq!(hit_names(&v), [format!("r{i}")]);
+            assert_eq!(v.decision.as_str(), decisions[i % 3]);
+        }
+    }
+
+    #[test]
+    fn candidates_merge_the_path_and_its_basename_in_file_order() {
+        let p = policy(
+            r#"{"rules": [
+              {"name": "path", "pattern": ["/opt/tool"], "decision": "allow"},
+              {"name": "base", "pattern": ["tool"], "decision": "allow"},
+              {"name": "both", "pattern": [["/opt/tool", "tool", "tool"], "x"], "decision": "allow"},
+              {"name": "other", "pattern": ["other"], "decision": "allow"},
+              {"name": "base-again", "pattern": ["tool", "x"], "decision": "ask"}
+            ]}"#,
+        );
+        assert_eq!(
+            p.candidates(Some("/opt/tool")).collect::<Vec<_>>(),
+            [0, 1, 2, 4]
+        );
+        assert_eq!(p.candidates(Some("tool")).collect::<Vec<_>>(), [1, 2, 4]);
+        assert_eq!(
+            p.candidates(Some("/usr/tool")).collect::<Vec<_>>(),
+            [1, 2, 4]
+        );
+        let v = line(&p, "/opt/tool x");
+        assert_eq!(hit_names(&v), ["path", "base", "both", "base-again"]);
+        decides(&v, Decision::Ask, "base-again");
+    }
+
+    // ---- load errors --------------------------------------------------------------
+
+    /// Asserts that `text` is refused with exactly `message`, on one line.
+    #[track_caller]
+    fn refused(text: &str, message: &str) {
+        match Policy::parse(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => {
+                assert!(!e.contains('\n'), "multi-line error: {e:?}");
+                assert_eq!(e, message);
+            }
+        }
+    }
+
+    /// A policy whose only rule is `rule` (a JSON object's inside).
+    fn one_rule(rule: &str) -> String {
+        format!(r#"{{"rules": [{{{rule}}}]}}"#)
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_json_object() {
+        let e = Policy::parse("{").expect_err("not JSON");
+        assert!(e.starts_with("policy is not valid JSON: "), "{e}");
+        assert!(!e.contains('\n'));
+        let e = Policy::parse("").expect_err("empty");
+        assert!(e.starts_with("policy is not valid JSON: "), "{e}");
+        refused("[]", "policy must be a JSON object, not an array");
+        refused("null", "policy must be a JSON object, not null");
+    }
+
+    #[test]
+    fn refuses_bad_top_level_fields() {
+        refused(
+            r#"{"rule": []}"#,
+            r#"unknown field "rule" at the top level (known: default, unparsed, rules)"#,
+        );
+        refused(
+            r#"{"default": "maybe"}"#,
+            r#""default" must be "allow", "ask" or "deny", not "maybe""#,
+        );
+        refused(
+            r#"{"unparsed": 1}"#,
+            r#""unparsed" must be a string ("allow", "ask" or "deny"), not a number"#,
+        );
+        refused(
+            r#"{"rules": {}}"#,
+            r#""rules" must be an array, not an object"#,
+        );
+    }
+
+    #[test]
+    fn refuses_rules_without_a_usable_name_by_position() {
+        refused(
+            r#"{"rules": ["git"]}"#,
+            "rule #1: must be an object, not a string",
+        );
+        refused(
+            r#"{"rules": [{"name": "a", "pattern": ["a"], "decision": "allow"}, {"pattern": ["b"], "decision": "deny"}]}"#,
+            r#"rule #2: "name" is missing"#,
+        );
+        refused(
+            &one_rule(r#""name": "", "pattern": ["a"], "decision": "allow""#),
+            r#"rule #1: "name" is empty"#,
+        );
+        refused(
+            &one_rule(r#""name": 7, "pattern": ["a"], "decision": "allow""#),
+            r#"rule #1: "name" must be a string, not a number"#,
+        );
+    }
+
+    #[test]
+    fn refuses_reserved_and_duplicate_names() {
+        refused(
+            &one_rule(r#""name": "default", "pattern": ["a"], "decision": "allow""#),
+            r#"rule "default" (#1): the names "default" and "unparsed" are reserved for verdicts no rule decided"#,
+        );
+        refused(
+            &one_rule(r#""name": "unparsed", "pattern": ["a"], "decision": "allow""#),
+            r#"rule "unparsed" (#1): the names "default" and "unparsed" are reserved for verdicts no rule decided"#,
+        );
+        refused(
+            r#"{"rules": [
+              {"name": "a", "pattern": ["a"], "decision": "allow"},
+              {"name": "b", "pattern": ["b"], "decision": "allow"},
+              {"name": "a", "pattern": ["c"], "decision": "deny"}
+            ]}"#,
+            r#"rule "a" (#3): the name is already used by rule #1"#,
+        );
+    }
+
+    #[test]
+    fn refuses_unknown_rule_fields() {
+        refused(
+            &one_rule(r#""name": "a", "patern": ["a"], "decision": "allow""#),
+            r#"rule "a": unknown field "patern" (known: name, pattern, decision, uids, gids, justification, match, not_match)"#,
+        );
+    }
+
+    #[test]
+    fn refuses_bad_patterns() {
+        let with = |pattern: &str| {
+            one_rule(&format!(
+                r#""name": "p", "pattern": {pattern}, "decision": "deny""#
+            ))
+        };
+        refused(
+            &one_rule(r#""name": "p", "decision": "deny""#),
+            r#"rule "p": "pattern" is missing"#,
+        );
+        refused(
+            &with(r#""git push""#),
+            r#"rule "p": "pattern" must be an array, not a string"#,
+        );
+        refused(&with("[]"), r#"rule "p": "pattern" is empty"#);
+        refused(
+            &with(r#"["git", ""]"#),
+            r#"rule "p": pattern[1] is an empty string"#,
+        );
+        refused(
+            &with(r#"["git", []]"#),
+            r#"rule "p": pattern[1] is an empty list of alternatives"#,
+        );
+        refused(
+            &with(r#"["git", ["", "push"]]"#),
+            r#"rule "p": pattern[1][0] is an empty string"#,
+        );
+        refused(
+            &with(r#"["git", ["push", null]]"#),
+            r#"rule "p": pattern[1][1] must be a string, not null"#,
+        );
+        refused(
+            &with(r#"[{"word": "git"}]"#),
+            r#"rule "p": pattern[0] must be a string or an array of strings, not an object"#,
+        );
+        refused(
+            &with(r#"["git", [["push"]]]"#),
+            r#"rule "p": pattern[1][0] must be a string, not an array"#,
+        );
+    }
+
+    #[test]
+    fn refuses_bad_decisions() {
+        refused(
+            &one_rule(r#""name": "d", "pattern": ["a"]"#),
+            r#"rule "d": "decision" is missing"#,
+        );
+        refused(
+            &one_rule(r#""name": "d", "pattern": ["a"], "decision": "block""#),
+            r#"rule "d": "decision" must be "allow", "ask" or "deny", not "block""#,
+        );
+        refused(
+            &one_rule(r#""name": "d", "pattern": ["a"], "decision": "Deny""#),
+            r#"rule "d": "decision" must be "allow", "ask" or "deny", not "Deny""#,
+        );
+        refused(
+            &one_rule(r#""name": "d", "pattern": ["a"], "decision": true"#),
+            r#"rule "d": "decision" must be a string ("allow", "ask" or "deny"), not a boolean"#,
+        );
+    }
+
+    #[test]
+    fn refuses_bad_ids_and_justifications() {
+        let with = |extra: &str| {
+            one_rule(&format!(
+                r#""name": "u", "pattern": ["a"], "decision": "ask", {extra}"#
+            ))
+        };
+        refused(
+            &with(r#""uids": 1000"#),
+            r#"rule "u": "uids" must be an array of ids, not a number"#,
+        );
+        refused(
+            &with(r#""uids": [1000, -1]"#),
+            r#"rule "u": uids[1] must be an integer from 0 to 4294967295"#,
+        );
+        refused(
+            &with(r#""uids": [1.5]"#),
+            r#"rule "u": uids[0] must be an integer from 0 to 4294967295"#,
+        );
+        refused(
+            &with(r#""uids": ["1000"]"#),
+            r#"rule "u": uids[0] must be an integer from 0 to 4294967295"#,
+        );
+        refused(
+            &with(r#""gids": [0, 4294967296]"#),
+            r#"rule "u": gids[1] must be an integer from 0 to 4294967295"#,
+        );
+        refused(
+            &with(r#""uids": []"#),
+            r#"rule "u": "uids" is empty (the rule would apply to no one)"#,
+        );
+        refused(
+            &with(r#""gids": []"#),
+            r#"rule "u": "gids" is empty (the rule would apply to no one)"#,
+        );
+        refused(
+            &with(r#""justification": ["x"]"#),
+            r#"rule "u": "justification" must be a string, not an array"#,
+        );
+        // The largest id is fine.
+        policy(&with(r#""uids": [0, 4294967295]"#));
+    }
+
+    #[test]
+    fn refuses_examples_that_disagree_with_their_rule() {
+        let with = |extra: &str| {
+            one_rule(&format!(
+                r#""name": "no-force-push", "pattern": ["git", "push", ["-f", "--force"]], "decision": "deny", {extra}"#
+            ))
+        };
+        refused(
+            &with(r#""match": ["git push origin main"]"#),
+            r#"rule "no-force-push": match example "git push origin main" does not match its pattern"#,
+        );
+        refused(
+            &with(r#""match": ["git push -f", "git push"]"#),
+            r#"rule "no-force-push": match example "git push" does not match its pattern"#,
+        );
+        refused(
+            &with(r#""not_match": ["cd repo && git push --force"]"#),
+            r#"rule "no-force-push": not_match example "cd repo && git push --force" matches its pattern"#,
+        );
+        refused(
+            &with(r#""match": "git push -f""#),
+            r#"rule "no-force-push": "match" must be an array of command lines, not a string"#,
+        );
+        refused(
+            &with(r#""not_match": [42]"#),
+            r#"rule "no-force-push": not_match[0] must be a string, not a number"#,
+        );
+        // Examples are split like any line: chains, `sh -c`, readable parts of unparsed
+        // lines, paths. uids/gids do not matter to them.
+        policy(&with(
+            r#""uids": [1], "match": ["make && git push -f", "bash -lc 'git push --force'",
+               "git push -f $(git remote)", "/usr/bin/git push -f"],
+               "not_match": ["git push", "echo 'git push -f'", "git status; git push origin"]"#,
+        ));
+    }
+
+    #[test]
+    fn the_first_problem_is_reported_and_names_stay_on_one_line() {
+        // Rule 1 is fine, rule 2 is the first bad one; rule 3 is never reached.
+        refused(
+            r#"{"rules": [
+              {"name": "ok", "pattern": ["a"], "decision": "allow"},
+              {"name": "bad", "pattern": ["b"], "decision": "nope"},
+              {"name": "worse"}
+            ]}"#,
+            r#"rule "bad": "decision" must be "allow", "ask" or "deny", not "nope""#,
+        );
+        refused(
+            &one_rule(r#""name": "two\nlines \"q\"", "pattern": [], "decision": "allow""#),
+            r#"rule "two\nlines \"q\"": "pattern" is empty"#,
+        );
+        refused(
+            &one_rule(r#""name": "x", "pattern": ["a"], "decision": "allow", "match": ["b\nc"]"#),
+            r#"rule "x": match example "b\nc" does not match its pattern"#,
+        );
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("execd-policy-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let missing = dir.join("missing.json");
+        let e = Policy::load(&missing).expect_err("missing file");
+        assert!(
+            e.starts_with(&format!("{}: cannot read: ", missing.display())),
+            "{e}"
+        );
+
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, r#"{"rules": [{"name": "x", "pattern": ["a"]}]}"#).expect("write");
+        let e = Policy::load(&bad).expect_err("bad file");
+        assert_eq!(
+            e,
+            format!(r#"{}: rule "x": "decision" is missing"#, bad.display())
+        );
+
+        let good = dir.join("good.json");
+        std::fs::write(&good, EXAMPLE).expect("write");
+        assert_eq!(Policy::load(&good).map(|p| p.rule_count()), Ok(4));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    // ---- the splitter -------------------------------------------------------------
+
+    /// Asserts what `split_line(line)` reads.
+    #[track_caller]
+    fn splits(line: &str, commands: &[&[&str]], unparsed: bool) {
+        let expected = Split {
+            commands: commands.iter().map(|c| words(c)).collect(),
+            unparsed,
+        };
+        assert_eq!(split_line(line), expected, "line {line:?}");
+    }
+
+    #[test]
+    fn splits_chains_and_pipelines() {
+        splits("ls -la", &[&["ls", "-la"]], false);
+        splits(
+            "ps aux | grep x | head",
+            &[&["ps", "aux"], &["grep", "x"], &["head"]],
+            false,
+        );
+        splits("cd x && make", &[&["cd", "x"], &["make"]], false);
+        splits(
+            "cargo build --release && cargo test -- --nocapture",
+            &[
+                &["cargo", "build", "--release"],
+                &["cargo", "test", "--", "--nocapture"],
+            ],
+            false,
+        );
+        splits("a || b", &[&["a"], &["b"]], false);
+        splits("a ; b", &[&["a"], &["b"]], false);
+        splits("a;b;", &[&["a"], &["b"]], false);
+        splits("a |& b", &[&["a"], &["b"]], false);
+        splits(
+            "make||echo failed",
+            &[&["make"], &["echo", "failed"]],
+            false,
+        );
+        splits(
+            "git status\ngit diff\n",
+            &[&["git", "status"], &["git", "diff"]],
+            false,
+        );
+        splits("\n\n  ls\n\n", &[&["ls"]], false);
+        // A line break may follow `&&`, `||` and `|`.
+        splits(
+            "cargo fmt &&\n  cargo clippy",
+            &[&["cargo", "fmt"], &["cargo", "clippy"]],
+            false,
+        );
+        splits(
+            "cd /repo && git fetch origin && git rebase origin/main",
+            &[
+                &["cd", "/repo"],
+                &["git", "fetch", "origin"],
+                &["git", "rebase", "origin/main"],
+            ],
+            false,
+        );
+    }
+
+    #[test]
+    fn splits_quotes_and_escapes() {
+        splits(
+            r#"git commit -m "fix: a thing""#,
+            &[&["git", "commit", "-m", "fix: a thing"]],
+            false,
+        );
+        splits(
+            "python3 -c 'print(1)'",
+            &[&["python3", "-c", "print(1)"]],
+            false,
+        );
+        splits("echo 'a;b'", &[&["echo", "a;b"]], false);
+        splits(
+            r#"grep -r "foo|bar" ."#,
+            &[&["grep", "-r", "foo|bar", "."]],
+            false,
+        );
+        splits(
+            r#"echo "say \"hi\"" 'it''s'"#,
+            &[&["echo", "say \"hi\"", "its"]],
+            false,
+        );
+        splits(
+            r"echo a\ b \; c\\d",
+            &[&["echo", "a b", ";", "c\\d"]],
+            false,
+        );
+        splits(r#"echo 'a\nb' "c\d""#, &[&["echo", "a\\nb", "c\\d"]], false);
+        splits(
+            "echo '$HOME' \"\\$HOME\"",
+            &[&["echo", "$HOME", "$HOME"]],
+            false,
+        );
+        splits(
+            r#"echo "price: 5$" grep a$"#,
+            &[&["echo", "price: 5$", "grep", "a$"]],
+            false,
+        );
+        splits("echo '' \"\"", &[&["echo", "", ""]], false);
+        splits(
+            "git log --format='%h %s' -n 5",
+            &[&["git", "log", "--format=%h %s", "-n", "5"]],
+            false,
+        );
+        splits(
+            "find . -name '*.rs' -exec grep -l foo {} +",
+            &[&[
+                "find", ".", "-name", "*.rs", "-exec", "grep", "-l", "foo", "{}", "+",
+            ]],
+            false,
+        );
+        splits(
+            "cat file.txt | python3 -c \"import sys; print(sys.stdin.read())\"",
+            &[
+                &["cat", "file.txt"],
+                &["python3", "-c", "import sys; print(sys.stdin.read())"],
+            ],
+            false,
+        );
+        splits("echo héllo 'wörld'", &[&["echo", "héllo", "wörld"]], false);
+        // Globs in arguments are left as written.
+        splits(
+            "grep -n TODO src/*.rs | wc -l",
+            &[&["grep", "-n", "TODO", "src/*.rs"], &["wc", "-l"]],
+            false,
+        );
+    }
+
+    #[test]
+    fn splits_assignments_redirections_comments_continuations() {
+        splits("FOO=1 cmd", &[&["cmd"]], false);
+        splits(
+            "RUST_LOG=debug CARGO_TERM_COLOR=never PATH+=:/x cargo test",
+            &[&["cargo", "test"]],
+            false,
+        );
+        // Only leading assignments; later ones are arguments.
+        splits(
+            "docker run -e FOO=bar img",
+            &[&["docker", "run", "-e", "FOO=bar", "img"]],
+            false,
+        );
+        // A quoted name is no assignment.
+        splits("\"FOO\"=1 x", &[&["FOO=1", "x"]], false);
+        splits("VAR=1", &[], false);
+        splits(
+            "cargo test 2>&1 | tail -n 20",
+            &[&["cargo", "test"], &["tail", "-n", "20"]],
+            false,
+        );
+        splits("ls > out.txt", &[&["ls"]], false);
+        splits("echo hi >> log.txt 2>/dev/null", &[&["echo", "hi"]], false);
+        splits("npm install &> /dev/null", &[&["npm", "install"]], false);
+        splits("sort < in.txt > 'out file.txt'", &[&["sort"]], false);
+        splits(
+            "cmd 1>&2; echo err >&2",
+            &[&["cmd"], &["echo", "err"]],
+            false,
+        );
+        splits("> out.txt echo hi", &[&["echo", "hi"]], false);
+        splits("> out.txt", &[], false);
+        // `a2>x` is a word then a redirection; `2>x` redirects fd 2.
+        splits("echo a2>x 2>y", &[&["echo", "a2"]], false);
+        splits("ls # list files", &[&["ls"]], false);
+        splits("# just a comment", &[], false);
+        splits(
+            "ls#no-comment a #c\nmake",
+            &[&["ls#no-comment", "a"], &["make"]],
+            false,
+        );
+        splits(
+            "make \\\n  -j4 \\\n  all",
+            &[&["make", "-j4", "all"]],
+            false,
+        );
+        splits("ec\\\nho hi", &[&["echo", "hi"]], false);
+        splits(
+            "pytest -k \"not slow\" -x -q 2>&1 | head -50",
+            &[&["pytest", "-k", "not slow", "-x", "-q"], &["head", "-50"]],
+            false,
+        );
+    }
+
+    #[test]
+    fn splits_shell_c_once() {
+        splits(
+            "bash -lc 'git status && git diff'",
+            &[&["git", "status"], &["git", "diff"]],
+            false,
+        );
+        splits("sh -c \"npm test\"", &[&["npm", "test"]], false);
+        splits("/bin/bash -c 'ls'", &[&["ls"]], false);
+        splits(
+            "cd /repo && bash -c \"cargo fmt && cargo clippy\"",
+            &[&["cd", "/repo"], &["cargo", "fmt"], &["cargo", "clippy"]],
+            false,
+        );
+        // Not a plain script inside: the whole is unparsed, what was read is kept.
+        splits("bash -c 'echo $(id)'", &[&["echo"]], true);
+        // Deeper than one level is not read.
+        splits("bash -c \"sh -c 'ls'\"", &[&["sh", "-c", "ls"]], true);
+        // `env` is an ordinary command.
+        splits(
+            "/usr/bin/env bash -c 'ls'",
+            &[&["/usr/bin/env", "bash", "-c", "ls"]],
+            false,
+        );
+        splits("bash script.sh", &[&["bash", "script.sh"]], false);
+    }
+
+    #[test]
+    fn flags_what_is_not_a_plain_script() {
+        splits("echo $(date)", &[&["echo"]], true);
+        splits("echo `whoami`", &[&["echo"]], true);
+        splits("echo $HOME", &[&["echo"]], true);
+        splits("cat \"$HOME/x\"", &[&["cat"]], true);
+        splits("echo ${PATH}", &[&["echo"]], true);
+        splits("echo $((1+2))", &[&["echo"]], true);
+        splits("echo $'\\x41'", &[&["echo"]], true);
+        splits("export PATH=/x:$PATH", &[&["export"]], true);
+        splits("sleep 10 &", &[&["sleep", "10"]], true);
+        splits(
+            "curl -s https://x.y/z?a=1&b=2",
+            &[&["curl", "-s", "https://x.y/z?a=1"]],
+            true,
+        );
+        splits("cat <<EOF\nhello\nEOF", &[&["cat"]], true);
+        splits("cat <<< \"hi\"", &[&["cat"]], true);
+        splits("diff <(ls a) <(ls b)", &[&["diff"]], true);
+        splits("for f in *; do echo $f; done", &[], true);
+        splits("if true; then ls; fi", &[], true);
+        splits("while true; do sleep 1; done", &[], true);
+        splits("ls; case x in a) ;; esac", &[&["ls"]], true);
+        splits("(cd x; make)", &[], true);
+        splits("{ a; b; }", &[], true);
+        splits("f() { echo hi; }", &[&["f"]], true);
+        splits("function f { echo hi; }", &[], true);
+        splits("echo {a,b}", &[&["echo"]], true);
+        splits("echo {1..3}", &[&["echo"]], true);
+        splits("time make", &[], true);
+        splits("! grep -q x f", &[], true);
+        splits("eval \"rm -rf /\"", &[], true);
+        splits("/bin/r? -rf x", &[], true);
+        splits("ls && [[ -f x ]]", &[&["ls"]], true);
+        splits("echo 'unterminated", &[&["echo"]], true);
+        splits("ls; echo \"unterminated", &[&["ls"], &["echo"]], true);
+        splits("a && ", &[&["a"]], true);
+        splits("a |", &[&["a"]], true);
+        splits("; ls", &[], true);
+        splits("a && && b", &[&["a"]], true);
+        splits("ls >", &[&["ls"]], true);
+        splits("ls\0; rm x", &[], true);
+        // `[` alone is the test command, not a glob.
+        splits(
+            "[ -f x ] && echo y",
+            &[&["[", "-f", "x", "]"], &["echo", "y"]],
+            false,
+        );
+    }
+
+    #[test]
+    fn splits_huge_and_odd_inputs_in_passing() {
+        let long = "ls && ".repeat(20_000) + "ls";
+        let s = split_line(&long);
+        assert_eq!(s.commands.len(), 20_001);
+        assert!(!s.unparsed);
+        let quotes = "'".repeat(100_001);
+        assert!(split_line(&quotes).unparsed);
+        let backslashes = "\\".repeat(100_001);
+        assert_eq!(split_line(&backslashes).commands.len(), 1);
+        let word = "a".repeat(1 << 20);
+        assert_eq!(split_line(&word).commands, [[word.clone()]]);
+        assert!(split_line(&"(".repeat(10_000)).unparsed);
+        assert_eq!(
+            split_line("\t\r\n"),
+            Split {
+                commands: vec![vec!["\r".to_owned()]],
+                unparsed: false
+            }
+        );
+    }
+
+    // ---- properties ---------------------------------------------------------------
+
+    /// Shell syntax and a few plain characters, for strings that hit every lexer branch.
+    const SHELLISH: &[char] = &[
+        '\'', '"', '$', '\\', '`', '|', '&', ';', '<', '>', '(', ')', '{', '}', '[', ']', ' ',
+        '\n', '\t', '=', '#', '*', '?', ',', '.', '!', '\0', 'a', 'b', 'c', 's', 'h', '-', '1',
+        '2', 'é',
+    ];
+
+    fn shellish() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(SHELLISH), 0..160)
+            .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    /// JSON trees using the policy file's field names, to reach deep into `parse`.
+    fn policy_like_json() -> impl Strategy<Value = Value> {
+        const KEYS: &[&str] = &[
+            "default",
+            "unparsed",
+            "rules",
+            "name",
+            "pattern",
+            "decision",
+            "uids",
+            "gids",
+            "justification",
+            "match",
+            "not_match",
+            "other",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            prop::sample::select(vec![
+                "allow", "ask", "deny", "git", "push", "-f", "", "default"
+            ])
+            .prop_map(Value::from),
+            shellish().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 96, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::vec((prop::sample::select(KEYS), inner), 0..8).prop_map(
+                    |fields| {
+                        Value::Object(
+                            fields
+                                .into_iter()
+                                .map(|(k, v)| ((*k).to_owned(), v))
+                                .collect(),
+                        )
+                    }
+                ),
+            ]
+        })
+    }
+
+    /// What holds for the split of any line, and judging it does not panic.
+    fn split_holds(text: &str) -> Result<(), TestCaseError> {
+        let split = split_line(text);
+        prop_assert!(split.commands.iter().all(|c| !c.is_empty()));
+        let v = line(&policy(EXAMPLE), text);
+        prop_assert_eq!(v.unparsed, split.unparsed);
+        if split.unparsed {
+            // The example policy says `unparsed: ask`: never weaker than that.
+            prop_assert!(v.decision >= Decision::Ask);
+        }
+        Ok(())
+    }
+
+    /// A word as written in a plain script, and the word it stands for.
+    fn plain_word() -> impl Strategy<Value = (String, String)> {
+        prop_oneof![
+            "[a-zA-Z0-9._/-]{1,8}".prop_map(|w| (w.clone(), w)),
+            "[a-zA-Z0-9 ;|&$()<>.*_/#{},=\"-]{0,8}".prop_map(|w| (format!("'{w}'"), w)),
+            "[a-zA-Z0-9 ;|&()<>.*_/#{},='-]{0,8}".prop_map(|w| (format!("\"{w}\""), w)),
+        ]
+    }
+
+    /// A plain script of 1 to 5 simple commands, and the argvs it stands for.
+    fn plain_script() -> impl Strategy<Value = (String, Vec<Vec<String>>)> {
+        let command = (
+            "(/usr/bin/)?[a-z]{1,6}[0-9]",
+            prop::collection::vec(plain_word(), 0..5),
+        );
+        let separator = prop::sample::select(vec![
+            " && ", "&&", " || ", "||", "; ", ";", " | ", "|", " |& ", "\n", " &&\n ",
+        ]);
+        prop::collection::vec((command, separator), 1..6).prop_map(|parts| {
+            let mut text = String::new();
+            let mut argvs = Vec::new();
+            let last = parts.len() - 1;
+            for (i, ((program, args), separator)) in parts.into_iter().enumerate() {
+                text.push_str(&program);
+                let mut argv = vec![program];
+                for (written, word) in args {
+                    text.push(' ');
+                    text.push_str(&written);
+                    argv.push(word);
+                }
+                if i < last {
+                    text.push_str(separator);
+                }
+                argvs.push(argv);
+            }
+            (text, argvs)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn split_line_takes_any_string(text in any::<String>()) {
+            split_holds(&text)?;
+        }
+
+        #[test]
+        fn split_line_takes_shellish_strings(text in shellish()) {
+            split_holds(&text)?;
+        }
+
+        #[test]
+        fn parse_takes_any_string(text in any::<String>()) {
+            if let Err(e) = Policy::parse(&text) {
+                prop_assert!(!e.contains('\n'));
+            }
+        }
+
+        #[test]
+        fn parse_takes_policy_like_json(value in policy_like_json()) {
+            if let Err(e) = Policy::parse(&value.to_string()) {
+                prop_assert!(!e.contains('\n'));
+            }
+        }
+
+        #[test]
+        fn parse_takes_shellish_names_patterns_and_examples(
+            word in shellish(),
+            example in shellish(),
+        ) {
+            let text = serde_json::json!({"rules": [{
+                "name": word, "pattern": [word, [word, "x"]], "decision": "ask",
+                "not_match": [example],
+            }]})
+            .to_string();
+            match Policy::parse(&text) {
+                Ok(p) => {
+                    prop_assert_eq!(p.rule_count(), 1);
+                    let _ = line(&p, &example);
+                }
+                Err(e) => prop_assert!(!e.contains('\n')),
+            }
+        }
+
+        #[test]
+        fn plain_scripts_split_into_exactly_their_words((text, argvs) in plain_script()) {
+            let split = split_line(&text);
+            prop_assert_eq!(split, Split { commands: argvs.clone(), unparsed: false });
+            // Through `bash -c`, once, double-quoting what has no `"` or `\`.
+            if !text.contains(['"', '\\', '$', '`']) {
+                let wrapped = format!("bash -c \"{text}\"");
+                prop_assert_eq!(split_line(&wrapped), Split { commands: argvs, unparsed: false });
+            }
+        }
+    }
+}
