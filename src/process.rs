@@ -777,16 +777,27 @@ pub fn unblock_signals(sigs: &[i32]) {
     }
 }
 
-/// Has the allocator return large freed buffers to the system at once. glibc raises its
-/// mmap threshold as large blocks are freed, and then keeps freed output rings (up to
-/// 32 MiB each) on its heap: after a churn of commands the daemon would sit at hundreds
-/// of megabytes with nothing running. A fixed threshold of 64 KiB keeps every ring's
-/// storage past its first steps in its own mapping, unmapped when freed.
+/// Has the allocator give large freed buffers back to the system at once. glibc raises
+/// its mmap threshold as large blocks are freed, and then serves later output rings from
+/// its heap, where freed ones stay: after a churn of commands the daemon would sit at
+/// tens of megabytes with nothing running. A fixed threshold keeps every ring's storage
+/// past 64 KiB in its own mapping, unmapped when freed.
 pub fn tune_allocator() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only changes the allocator's parameters; called before any thread.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
+    }
+}
+
+/// Hands freed heap memory back to the system (glibc keeps freed blocks, and after a
+/// churn of commands whose output rings came and went the daemon would otherwise sit at
+/// many times its idle size with nothing running). Called after large frees.
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory at the heap's top and in its arenas.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -67,6 +67,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// How often shutdown looks again for what is left of killed trees.
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
+/// Output memory freed since the last trim that makes the heap worth trimming.
+const TRIM_AFTER: usize = 16 << 20;
 /// How long a looked-up user identity (supplementary groups) is reused.
 const IDENTITY_TTL: Duration = Duration::from_secs(60);
 
@@ -138,6 +140,8 @@ pub struct Server {
     shutdown: Option<Shutdown>,
     accept_paused: bool,
     uid: u32,
+    /// The most output memory held since the heap was last trimmed.
+    memory_peak: usize,
     /// The daemon log's descriptor, and whether it waits for WRITABLE.
     log_out: Option<Out>,
     log_registered: bool,
@@ -313,6 +317,7 @@ impl Server {
             uid: process::current_uid(),
             log_out,
             log_registered: false,
+            memory_peak: 0,
         })
     }
 
@@ -627,6 +632,13 @@ impl Server {
             }
         }
         self.core.sweep();
+        // Give the heap back once much output memory was freed since it last was.
+        let held = self.core.table.memory.total;
+        self.memory_peak = self.memory_peak.max(held);
+        if self.memory_peak - held >= TRIM_AFTER {
+            process::trim_heap();
+            self.memory_peak = held;
+        }
     }
 
     /// Delivers events owed to `key`'s subscribers; marks the connections that got some.

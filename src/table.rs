@@ -424,6 +424,13 @@ impl Table {
             self.unlink_sub(sub.conn, key);
         }
         self.memory.sub(p.owner, p.committed());
+        // Give back what a burst of commands made the indexes grow to (amortised: only
+        // when three quarters stand empty).
+        if self.procs.capacity() > 64 && self.procs.len() < self.procs.capacity() / 4 {
+            self.procs.shrink_to_fit();
+            self.ids.shrink_to_fit();
+            self.pids.shrink_to_fit();
+        }
         Some(p)
     }
 
