@@ -13,7 +13,7 @@ use crate::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest
 use crate::process::{Program, Stdio3};
 use crate::rpc::{Params, RpcError};
 use crate::table::{Family, Key, KillReason};
-use crate::view;
+use crate::{events, view};
 
 /// The ACP protocol version spoken.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -109,6 +109,20 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         Some(n) => n.min(core.cfg.max_output_limit as u64) as usize,
         None => core.cfg.output_limit,
     };
+    // execd's extensions under `_meta.execd`: a subscription from the first byte, and a
+    // stdin pipe the client feeds with `terminal/write`.
+    let meta = execd_meta(p)?;
+    let m = Params(&meta);
+    let subscribe = m
+        .opt_object("subscribe")?
+        .map(|o| events::sub_opts(&Params(o)))
+        .transpose()?
+        .map(|opts| (caller.conn, opts));
+    let stdio = if m.opt_bool("stdin")?.unwrap_or(false) {
+        Stdio3::MergedWithStdin
+    } else {
+        Stdio3::Merged
+    };
     let program = if !args.is_empty() || plain_word(command) {
         Program::Direct {
             program: command.to_string(),
@@ -130,9 +144,10 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         args,
         env,
         cwd,
-        stdio: Stdio3::Merged,
+        stdio,
         ring_capacity,
         prefix: "term",
+        subscribe,
         after: After::Terminal,
     })))
 }
@@ -160,6 +175,28 @@ fn lookup(core: &Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
         .ok_or_else(|| RpcError::not_found("terminal", terminal_id))
 }
 
+/// The `_meta.execd` object of a request (empty when absent).
+fn execd_meta(p: &Params) -> Result<Map<String, Value>, RpcError> {
+    match p.opt_object("_meta")?.and_then(|m| m.get("execd")) {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(_) => Err(RpcError::invalid_params(
+            "_meta.execd",
+            "expected an object",
+        )),
+    }
+}
+
+/// `terminal/write {sessionId, terminalId, input, encoding?, eof?, wait?}` (extension):
+/// input for a terminal created with `_meta.execd.stdin`, as `bash/write` takes it.
+pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    let data = crate::bash::write_input(p)?;
+    let eof = p.opt_bool("eof")?.unwrap_or(false);
+    let wait = p.opt_bool("wait")?.unwrap_or(false);
+    core.write_stdin(key, data, eof, wait)
+}
+
 /// `terminal/output`: the retained tail, never blocking. An execd extension reads a slice:
 /// `_meta.execd.offset` (absolute, like bash output offsets) and `_meta.execd.length`
 /// (at most that many bytes), for clients whose line length is bounded. Every answer says
@@ -167,20 +204,9 @@ fn lookup(core: &Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
 /// retained (`dropped`).
 pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
-    let slice = p.opt_object("_meta")?.map(|m| m.get("execd").cloned());
-    let (offset, length) = match slice.flatten() {
-        Some(Value::Object(m)) => {
-            let q = Params(&m);
-            (q.opt_u64("offset")?, q.opt_u64("length")?)
-        }
-        Some(Value::Null) | None => (None, None),
-        Some(_) => {
-            return Err(RpcError::invalid_params(
-                "_meta.execd",
-                "expected an object",
-            ))
-        }
-    };
+    let meta = execd_meta(p)?;
+    let m = Params(&meta);
+    let (offset, length) = (m.opt_u64("offset")?, m.opt_u64("length")?);
     let t = core
         .table
         .get(key)
@@ -221,9 +247,33 @@ pub fn wait_for_exit(core: &mut Core, caller: &Caller, p: &Params) -> Result<Ste
 }
 
 /// `terminal/kill`: SIGTERM to the tree, SIGKILL to what is left after the grace;
-/// answered once the leader exited.
+/// answered once the leader exited. With the extension `_meta.execd.signal` (a name as
+/// `bash/kill` takes), that one signal instead, answered when the leader exits or after
+/// the grace, with `_meta.execd.exited` saying which.
 pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
+    let meta = execd_meta(p)?;
+    if let Some(name) = Params(&meta).opt_str("signal")? {
+        let sig = crate::process::signal_by_name(name).ok_or_else(|| {
+            RpcError::invalid_params("_meta.execd.signal", format!("unknown signal {name:?}"))
+        })?;
+        let running = core.table.get(key).is_some_and(|t| t.running());
+        if !running {
+            return Ok(Step::Done(
+                json!({ "_meta": { "execd": { "exited": true } } }),
+            ));
+        }
+        core.signal(key, sig);
+        if sig == libc::SIGSTOP || sig == libc::SIGCONT {
+            return Ok(Step::Done(
+                json!({ "_meta": { "execd": { "exited": false } } }),
+            ));
+        }
+        return Ok(Step::Park {
+            wait: Wait::Signalled(key),
+            deadline: Some(core.now + core.cfg.kill_grace),
+        });
+    }
     core.kill(key, KillReason::Request);
     Ok(Step::Park {
         wait: Wait::Killed(key),

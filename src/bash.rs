@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::{Caller, Core, Effect, Step, Wait};
+use crate::core::{Caller, Core, Step, Wait};
 use crate::launch::{validate_dir, validate_env, After, LaunchRequest};
 use crate::process::{self, Program, Stdio3};
 use crate::rpc::{rfc3339, Params, RpcError};
@@ -92,6 +92,11 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .opt_str("exec_dir")?
         .map(|d| validate_dir("exec_dir", d))
         .transpose()?;
+    let subscribe = p
+        .opt_object("subscribe")?
+        .map(|o| crate::events::sub_opts(&Params(o)))
+        .transpose()?
+        .map(|opts| (caller.conn, opts));
     let requested = p.opt_str("session_id")?.filter(|s| !s.is_empty());
     let existed = requested.is_some_and(|id| {
         core.table
@@ -116,6 +121,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         stdio: Stdio3::Separate,
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
+        subscribe,
         after: After::BashExec {
             async_mode,
             timeout,
@@ -217,11 +223,26 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
     Ok(Step::Done(view::output_result(p, from)))
 }
 
-/// `bash/write`: queue input for the command's stdin; the loop writes it as the pipe
-/// takes it.
-pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+/// The input of a write: `input` as text, or with `encoding: "base64"` its exact bytes.
+pub fn write_input(p: &Params) -> Result<Vec<u8>, RpcError> {
     let input = p.str("input")?;
+    match p.opt_str("encoding")? {
+        None | Some("text") => Ok(input.as_bytes().to_vec()),
+        Some("base64") => crate::rpc::base64_decode(input)
+            .ok_or_else(|| RpcError::invalid_params("input", "not valid base64")),
+        Some(other) => Err(RpcError::invalid_params(
+            "encoding",
+            format!("{other:?} is neither \"text\" nor \"base64\""),
+        )),
+    }
+}
+
+/// `bash/write {session_id, input, command_id?, eof?, encoding?, wait?}`: queues input
+/// for the command's stdin; the loop writes it as the pipe takes it.
+pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let data = write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
+    let wait = p.opt_bool("wait")?.unwrap_or(false);
     let session = existing_session(core, caller, p)?;
     let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
         c.table.newest_running(&session)
@@ -229,40 +250,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     .ok_or_else(|| {
         RpcError::invalid_state(format!("no running command in session {}", session.1))
     })?;
-    let proc_ = core
-        .table
-        .get_mut(key)
-        .ok_or_else(|| RpcError::internal("command vanished"))?;
-    if !proc_.running() {
-        return Err(RpcError::invalid_state(format!(
-            "command {} has exited",
-            proc_.id
-        )));
-    }
-    let id = proc_.id.clone();
-    let stdin = proc_
-        .stdin
-        .as_mut()
-        .ok_or_else(|| RpcError::internal("bash command without stdin"))?;
-    if !stdin.open || stdin.eof_requested {
-        return Err(closed_stdin(&id, stdin.undelivered));
-    }
-    if stdin.buf.len() + input.len() > stdin.capacity {
-        return Err(RpcError::limit("stdin-buffer", stdin.capacity));
-    }
-    stdin.buf.extend(input.as_bytes());
-    stdin.eof_requested = eof;
-    core.out.push(Effect::FlushStdin(key));
-    Ok(Step::Done(json!({ "written": input.len() })))
-}
-
-fn closed_stdin(id: &str, undelivered: u64) -> RpcError {
-    let msg = if undelivered > 0 {
-        format!("stdin of {id} is closed; {undelivered} bytes of earlier input were not delivered")
-    } else {
-        format!("stdin of {id} is closed")
-    };
-    RpcError::invalid_state(msg).with_data(json!({ "undelivered": undelivered }))
+    core.write_stdin(key, data, eof, wait)
 }
 
 /// `bash/kill`: a signal to the command's tree.

@@ -64,13 +64,20 @@ pub enum Wait {
     BashOutput { key: Key, from: [u64; 2] },
     /// `bash/kill`: answered once the command ended or the grace passed.
     BashKill(Key),
+    /// `terminal/kill` with a signal of the client's: answered once the leader exited or
+    /// the grace passed, saying which.
+    Signalled(Key),
+    /// A write with `wait`: answered once its input fits the stdin buffer.
+    StdinRoom { key: Key, data: Vec<u8>, eof: bool },
 }
 
 impl Wait {
     fn key(&self) -> Key {
         match self {
-            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) => *k,
-            Wait::BashExec { key, .. } | Wait::BashOutput { key, .. } => *key,
+            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => *k,
+            Wait::BashExec { key, .. }
+            | Wait::BashOutput { key, .. }
+            | Wait::StdinRoom { key, .. } => *key,
         }
     }
 }
@@ -219,6 +226,11 @@ impl Core {
     /// on), and its subscriptions end.
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
+        // Commands it subscribed to are pumped again: a lossless subscriber leaving may
+        // free their pipes.
+        for key in self.table.subs_of.get(&conn).cloned().unwrap_or_default() {
+            self.out.push(Effect::Pump(key));
+        }
         let gone: Vec<u64> = self
             .parked
             .iter()
@@ -268,6 +280,24 @@ impl Core {
         let Some(p) = self.parked.get(&id) else {
             return;
         };
+        if let Wait::StdinRoom { key, data, eof } = &p.wait {
+            let result = match queue_stdin(&mut self.table, *key, data, *eof) {
+                Ok(None) => return, // still no room
+                Ok(Some(n)) => {
+                    self.out.push(Effect::FlushStdin(*key));
+                    Ok(json!({ "written": n }))
+                }
+                Err(e) => Err(e),
+            };
+            if let Some(p) = self.unpark(id) {
+                self.out.push(Effect::Reply {
+                    conn: p.conn,
+                    req: p.req,
+                    result,
+                });
+            }
+            return;
+        }
         let result = match (self.table.get(p.wait.key()), &p.wait) {
             (None, _) => Some(Err(RpcError::not_found("process", "released"))),
             (Some(proc_), Wait::Exit(_)) => {
@@ -284,6 +314,9 @@ impl Core {
             (Some(proc_), Wait::BashKill(_)) => {
                 (expired || proc_.exit.is_some()).then(|| Ok(view::command_info(proc_)))
             }
+            (Some(proc_), Wait::Signalled(_)) => (expired || proc_.exit.is_some())
+                .then(|| Ok(json!({ "_meta": { "execd": { "exited": proc_.exit.is_some() } } }))),
+            (Some(_), Wait::StdinRoom { .. }) => None, // handled above
         };
         let Some(result) = result else { return };
         if let Some(p) = self.unpark(id) {
@@ -340,6 +373,10 @@ impl Core {
     pub fn started(&mut self, req: &LaunchRequest, key: Key, id: String, pid: i32) {
         let (streams, stdin) = match req.stdio {
             Stdio3::Merged => (vec![Stream::new(req.ring_capacity)], None),
+            Stdio3::MergedWithStdin => (
+                vec![Stream::new(req.ring_capacity)],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
             Stdio3::Separate => (
                 vec![
                     Stream::new(req.ring_capacity),
@@ -378,7 +415,12 @@ impl Core {
             released: false,
             waiters: Vec::new(),
             subs: Vec::new(),
+            paused: false,
+            drained: false,
         });
+        if let Some((conn, opts)) = req.subscribe {
+            self.table.subscribe(key, conn, [0, 0], opts);
+        }
     }
 
     /// Appends bytes read from output stream `stream` of `key` to its ring. A ring that
@@ -499,6 +541,11 @@ impl Core {
             at: self.now,
         };
         let evict = self.table.record_exit(key, exit, self.cfg.max_retained);
+        if let Some(p) = self.table.get_mut(key) {
+            // The loop read what the pipes held, unless a lossless subscriber holds them
+            // paused: then `drained` comes when they are read again.
+            p.drained = !p.paused;
+        }
         self.close_stdin(key);
         if let Some(t) = self.hard_timers.remove(&key) {
             self.timers.cancel(t);
@@ -522,6 +569,16 @@ impl Core {
         if let Some(s) = session {
             for k in self.table.history_overflow(&s, BASH_HISTORY) {
                 self.drop_finished(k);
+            }
+        }
+    }
+
+    /// After an exit, what the pipes held has been read now: the `Exit` event may follow.
+    pub fn drained(&mut self, key: Key) {
+        if let Some(p) = self.table.get_mut(key) {
+            if p.exit.is_some() && !p.drained {
+                p.drained = true;
+                self.out.push(Effect::Pump(key));
             }
         }
     }
@@ -593,14 +650,53 @@ impl Core {
     }
 
     /// Marks a command's stdin closed (counting what never got through) and has the loop
-    /// close its pipe.
+    /// close its pipe; a write waiting for room learns it never will.
     pub fn close_stdin(&mut self, key: Key) {
         if let Some(stdin) = self.table.get_mut(key).and_then(|p| p.stdin.as_mut()) {
             if stdin.open {
                 stdin.close();
                 self.out.push(Effect::CloseStdin(key));
+                self.wake(key);
             }
         }
+    }
+
+    /// Queues input for a running command's stdin (`bash/write`, `terminal/write`):
+    /// answered at once with `{written}`, or, with `wait`, once it fits the buffer.
+    /// Input that does not fit is otherwise refused whole (`-32003`); so is a write while
+    /// another waits, which keeps input in the order it was sent.
+    pub fn write_stdin(
+        &mut self,
+        key: Key,
+        data: Vec<u8>,
+        eof: bool,
+        wait: bool,
+    ) -> Result<Step, RpcError> {
+        let waiting = self.table.get(key).is_some_and(|p| {
+            p.waiters.iter().any(|w| {
+                self.parked
+                    .get(w)
+                    .is_some_and(|x| matches!(x.wait, Wait::StdinRoom { .. }))
+            })
+        });
+        let capacity = self
+            .table
+            .get(key)
+            .and_then(|p| p.stdin.as_ref())
+            .map_or(0, |s| s.capacity);
+        if !waiting {
+            if let Some(n) = queue_stdin(&mut self.table, key, &data, eof)? {
+                self.out.push(Effect::FlushStdin(key));
+                return Ok(Step::Done(json!({ "written": n })));
+            }
+        }
+        if wait && !waiting && data.len() <= capacity {
+            return Ok(Step::Park {
+                wait: Wait::StdinRoom { key, data, eof },
+                deadline: None,
+            });
+        }
+        Err(RpcError::limit("stdin-buffer", capacity))
     }
 
     /// Removes a finished command from view (bash history trimming, session close).
@@ -807,6 +903,42 @@ impl Core {
     }
 }
 
+/// Puts `data` in `key`'s stdin buffer if it fits: `Some(written)`, or `None` when it
+/// does not fit yet. An error when the command is gone, has exited or its stdin is closed.
+fn queue_stdin(
+    table: &mut Table,
+    key: Key,
+    data: &[u8],
+    eof: bool,
+) -> Result<Option<usize>, RpcError> {
+    let p = table
+        .get_mut(key)
+        .ok_or_else(|| RpcError::not_found("process", "released"))?;
+    if !p.running() {
+        return Err(RpcError::invalid_state(format!("{} has exited", p.id)));
+    }
+    let id = p.id.clone();
+    let stdin = p
+        .stdin
+        .as_mut()
+        .ok_or_else(|| RpcError::invalid_state(format!("{id} has no stdin pipe")))?;
+    if !stdin.open || stdin.eof_requested {
+        let n = stdin.undelivered;
+        let msg = if n > 0 {
+            format!("stdin of {id} is closed; {n} bytes of earlier input were not delivered")
+        } else {
+            format!("stdin of {id} is closed")
+        };
+        return Err(RpcError::invalid_state(msg).with_data(json!({ "undelivered": n })));
+    }
+    if stdin.buf.len() + data.len() > stdin.capacity {
+        return Ok(None);
+    }
+    stdin.buf.extend(data);
+    stdin.eof_requested = eof;
+    Ok(Some(data.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -814,7 +946,7 @@ mod tests {
     use crate::events::{self};
     use crate::launch::After;
     use crate::process::Program;
-    use crate::table::Family;
+    use crate::table::{Family, SubOpts};
 
     const C1: ConnId = ConnId(1);
     const C2: ConnId = ConnId(2);
@@ -848,6 +980,7 @@ mod tests {
             stdio,
             ring_capacity: 64,
             prefix: "term",
+            subscribe: None,
             after: After::Terminal,
         }
     }
@@ -1245,27 +1378,31 @@ mod tests {
     fn a_subscriber_with_nothing_to_send_asks_for_no_wake_up() {
         let mut c = core();
         let k = terminal(&mut c);
-        c.table.subscribe(k, C1, [0, 0]);
+        c.table.subscribe(k, C1, [0, 0], SubOpts::default());
         let mut outs = FakeOuts::with(&[(1, 1 << 20)]);
         assert!(
-            events::pump(&mut c.table, k, &mut outs).is_empty(),
+            events::pump(&mut c.table, k, &mut outs).touched.is_empty(),
             "nothing written: no connection to flush"
         );
-        assert!(events::on_room(&mut c.table, C1, &mut outs).is_empty());
+        assert!(events::on_room(&mut c.table, C1, &mut outs)
+            .touched
+            .is_empty());
         c.output(k, 0, b"hi\n");
-        assert_eq!(events::pump(&mut c.table, k, &mut outs), vec![C1]);
+        assert_eq!(events::pump(&mut c.table, k, &mut outs).touched, vec![C1]);
         let ev = outs.drain(1);
         assert_eq!(ev[0]["params"]["payload"]["data"], "hi\n");
         // Caught up: quiet again.
-        assert!(events::pump(&mut c.table, k, &mut outs).is_empty());
-        assert!(events::on_room(&mut c.table, C1, &mut outs).is_empty());
+        assert!(events::pump(&mut c.table, k, &mut outs).touched.is_empty());
+        assert!(events::on_room(&mut c.table, C1, &mut outs)
+            .touched
+            .is_empty());
     }
 
     #[test]
     fn a_lagging_subscriber_gets_one_gap_and_resumes_at_the_live_edge() {
         let mut c = core();
         let k = terminal(&mut c); // ring of 64 bytes
-        c.table.subscribe(k, C1, [0, 0]);
+        c.table.subscribe(k, C1, [0, 0], SubOpts::default());
         let mut outs = FakeOuts::with(&[(1, 200)]);
         c.output(k, 0, &[b'a'; 60]);
         events::pump(&mut c.table, k, &mut outs);
@@ -1275,12 +1412,15 @@ mod tests {
         let queued = outs.0[&C1].buf.len();
         assert!(queued >= 200, "{queued}");
         c.output(k, 0, &[b'c'; 60]);
-        assert!(events::pump(&mut c.table, k, &mut outs).is_empty());
+        assert!(events::pump(&mut c.table, k, &mut outs).touched.is_empty());
         assert!(c.table.get(k).unwrap().subs[0].lagging);
         // The socket takes it all: one Gap for what was missed, then live output.
         let seen = outs.drain(1);
         assert_eq!(seen.len(), 2);
-        assert_eq!(events::on_room(&mut c.table, C1, &mut outs), vec![C1]);
+        assert_eq!(
+            events::on_room(&mut c.table, C1, &mut outs).touched,
+            vec![C1]
+        );
         let ev = outs.drain(1);
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0]["params"]["type"], "Gap");
@@ -1297,7 +1437,7 @@ mod tests {
     fn exit_reaches_subscribers_of_a_released_command_before_it_is_forgotten() {
         let mut c = core();
         let k = terminal(&mut c);
-        c.table.subscribe(k, C1, [0, 0]);
+        c.table.subscribe(k, C1, [0, 0], SubOpts::default());
         c.release(k, KillReason::Release);
         c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
         let mut outs = FakeOuts::with(&[(1, 1 << 20)]);

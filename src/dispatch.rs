@@ -26,6 +26,7 @@ pub fn method(name: &str) -> Option<Method> {
         "terminal/kill" => acp::kill,
         "terminal/release" => acp::release,
         "terminal/list" => acp::list,
+        "terminal/write" => acp::write,
         "bash/exec" => bash::exec,
         "bash/output" => bash::output,
         "bash/write" => bash::write,

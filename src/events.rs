@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::core::{Caller, Core, Effect, Step};
 use crate::ring::Ring;
 use crate::rpc::{self, Params, RpcError};
-use crate::table::{ConnId, Family, Key, Proc, Sub, Table};
+use crate::table::{ConnId, Family, Key, Proc, Sub, SubOpts, Table};
 use crate::view;
 
 /// Largest `Output` chunk, in bytes.
@@ -44,19 +44,39 @@ pub trait Outboxes {
     fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox>;
 }
 
-/// `events/subscribe {id, offset?, stderr_offset?}`.
+/// A subscription's options from `lossless` and `encoding` (`"text"` or `"base64"`) of
+/// `p`: the params of `events/subscribe`, or the `subscribe` object of a create.
+pub fn sub_opts(p: &Params) -> Result<SubOpts, RpcError> {
+    let base64 = match p.opt_str("encoding")? {
+        None | Some("text") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(RpcError::invalid_params(
+                "encoding",
+                format!("{other:?} is neither \"text\" nor \"base64\""),
+            ))
+        }
+    };
+    Ok(SubOpts {
+        lossless: p.opt_bool("lossless")?.unwrap_or(false),
+        base64,
+    })
+}
+
+/// `events/subscribe {id, offset?, stderr_offset?, lossless?, encoding?}`.
 pub fn subscribe(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let id = p.str("id")?;
     let next = [
         p.opt_u64("offset")?.unwrap_or(0),
         p.opt_u64("stderr_offset")?.unwrap_or(0),
     ];
+    let opts = sub_opts(p)?;
     let key = core
         .table
         .find(id, caller.uid)
         .ok_or_else(|| RpcError::not_found("terminal or command", id))?;
     core.touch_session_of(key);
-    core.table.subscribe(key, caller.conn, next);
+    core.table.subscribe(key, caller.conn, next, opts);
     // Delivery starts after the response is queued.
     core.out.push(Effect::Pump(key));
     Ok(Step::Done(json!({})))
@@ -70,24 +90,37 @@ pub fn unsubscribe(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step,
         .find(id, caller.uid)
         .ok_or_else(|| RpcError::not_found("terminal or command", id))?;
     core.table.unsubscribe(key, caller.conn);
+    // A lossless subscriber leaving may free its command's pipes.
+    core.out.push(Effect::Pump(key));
     Ok(Step::Done(json!({})))
 }
 
+/// What a pump did.
+#[derive(Debug, Default, PartialEq)]
+pub struct Pumped {
+    /// Connections it queued bytes for (those, and only those, need a flush).
+    pub touched: Vec<ConnId>,
+    /// The command's pipes were paused for a lossless subscriber and may be read again.
+    pub resumed: Vec<Key>,
+}
+
 /// A connection's buffer drained below half its cap: lagging subscribers get their `Gap`
-/// and resume from the live edge. Returns the connections that got bytes.
-pub fn on_room(table: &mut Table, conn: ConnId, outs: &mut dyn Outboxes) -> Vec<ConnId> {
+/// and resume from the live edge, lossless ones take what waited for them.
+pub fn on_room(table: &mut Table, conn: ConnId, outs: &mut dyn Outboxes) -> Pumped {
     let below_half = outs.outbox(conn).is_some_and(|o| o.below_half());
     if !below_half {
-        return Vec::new();
+        return Pumped::default();
     }
     let keys = table.subs_of.get(&conn).cloned().unwrap_or_default();
-    let mut touched = Vec::new();
+    let mut all = Pumped::default();
     for key in keys {
-        touched.extend(pump(table, key, outs));
+        let one = pump(table, key, outs);
+        all.touched.extend(one.touched);
+        all.resumed.extend(one.resumed);
     }
-    touched.sort_unstable();
-    touched.dedup();
-    touched
+    all.touched.sort_unstable();
+    all.touched.dedup();
+    all
 }
 
 fn stream_name(p: &Proc, stream: usize) -> &'static str {
@@ -116,6 +149,23 @@ fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u6
     write_event(out, "Gap", &payload);
 }
 
+/// An `Output` event of a base64 subscription: the exact bytes of `[from, to)`.
+fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
+    write_event_head(out, "Output");
+    out.extend_from_slice(b"{\"id\":");
+    rpc::write_json_str(out, id);
+    out.extend_from_slice(b",\"stream\":\"");
+    out.extend_from_slice(stream.as_bytes());
+    out.extend_from_slice(b"\",\"offset\":");
+    let _ = write!(out, "{from}");
+    out.extend_from_slice(b",\"encoding\":\"base64\",\"data\":\"");
+    match ring.slices(from, to) {
+        (one, []) => rpc::base64_encode(out, one),
+        (a, b) => rpc::base64_encode(out, &[a, b].concat()),
+    }
+    out.extend_from_slice(b"\"}}}\n");
+}
+
 /// An `Output` event for `[from, to)` of `ring`, escaped straight from the ring: text that
 /// is valid UTF-8 in one slice (the common case) is never copied into a `String` first.
 fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
@@ -137,20 +187,26 @@ fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     out.extend_from_slice(b"}}}\n");
 }
 
-/// Delivers what each subscriber of `key` is owed, as far as its connection has room.
-/// Returns the connections it queued bytes for (those, and only those, need a flush).
-pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Vec<ConnId> {
+/// Delivers what each subscriber of `key` is owed, as far as its connection has room,
+/// and pauses or resumes the command's pipes for its lossless subscribers.
+pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Pumped {
     let Some(p) = table.procs.get_mut(&key) else {
-        return Vec::new();
+        return Pumped::default();
     };
+    let was_paused = p.paused;
     if p.subs.is_empty() {
-        return Vec::new();
+        p.paused = false;
+        return Pumped {
+            touched: Vec::new(),
+            resumed: if was_paused { vec![key] } else { Vec::new() },
+        };
     }
     let mut subs = std::mem::take(&mut p.subs);
     let p = &table.procs[&key];
     let mut keep = Vec::with_capacity(subs.len());
     let mut touched = Vec::new();
     let mut finished = Vec::new();
+    let mut behind = false;
     for mut sub in subs.drain(..) {
         let Some(out) = outs.outbox(sub.conn) else {
             continue; // its connection is gone
@@ -159,10 +215,17 @@ pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Vec<ConnId>
         if sub.lagging && out.below_half() {
             catch_up(p, &mut sub, out.buf());
         }
+        let mut caught_up = true;
         for i in 0..p.streams.len() {
-            deliver(p, i, &mut sub, out);
+            caught_up &= deliver(p, i, &mut sub, out);
         }
-        if p.exit.is_some() && !sub.done {
+        if sub.opts.lossless && !caught_up {
+            behind = true;
+        }
+        // Exit follows everything read before it; a lossless subscriber gets it only
+        // once it has every byte.
+        let exit_due = p.exit.is_some() && p.drained && !sub.done;
+        if exit_due && (caught_up || !sub.opts.lossless) {
             if sub.lagging {
                 catch_up(p, &mut sub, out.buf());
             }
@@ -178,20 +241,35 @@ pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Vec<ConnId>
         }
         keep.push(sub);
     }
+    let mut resumed = Vec::new();
     if let Some(p) = table.procs.get_mut(&key) {
         p.subs = keep;
+        p.paused = behind;
+        if was_paused && !behind {
+            resumed.push(key);
+        }
     }
     for conn in finished {
         table.unlink_sub(conn, key);
     }
-    touched
+    Pumped { touched, resumed }
+}
+
+/// The end of what a subscriber may be handed of a stream now: every byte for base64,
+/// else up to the last complete character of a stream that may still grow.
+fn deliverable_end(st: &crate::table::Stream, sub: &Sub) -> u64 {
+    if sub.opts.base64 {
+        st.ring.end()
+    } else {
+        st.text_end()
+    }
 }
 
 /// Announces everything a lagging subscriber missed as one `Gap` per stream and moves it
 /// to the live edge.
 fn catch_up(p: &Proc, sub: &mut Sub, out: &mut Vec<u8>) {
     for (i, st) in p.streams.iter().enumerate() {
-        let end = st.text_end();
+        let end = deliverable_end(st, sub);
         if sub.next[i] < end {
             gap_event(
                 out,
@@ -207,9 +285,11 @@ fn catch_up(p: &Proc, sub: &mut Sub, out: &mut Vec<u8>) {
 }
 
 /// Queues `Output` events for one stream until it is caught up or the connection is full.
-fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) {
+/// Returns whether the subscriber has everything deliverable now. A lossy subscriber
+/// that finds no room becomes `lagging`; a lossless one just waits.
+fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) -> bool {
     if sub.lagging {
-        return;
+        return false;
     }
     let st = &p.streams[i];
     let ring = &st.ring;
@@ -223,11 +303,18 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) {
     let end = ring.end();
     while sub.next[i] < end {
         if !out.has_room() {
-            sub.lagging = true;
-            return;
+            if !sub.opts.lossless {
+                sub.lagging = true;
+            }
+            return false;
         }
         let next = sub.next[i];
         let chunk_end = end.min(next + CHUNK);
+        if sub.opts.base64 {
+            base64_event(out.buf(), &p.id, name, ring, next, chunk_end);
+            sub.next[i] = chunk_end;
+            continue;
+        }
         let (ws, we) = ring.utf8_window(next, chunk_end, st.open || chunk_end < end);
         let buf = out.buf();
         if ws > next {
@@ -236,11 +323,12 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) {
             sub.next[i] = ws;
         }
         if ws >= we {
-            return; // only an incomplete character so far
+            break; // only an incomplete character so far
         }
         output_event(buf, &p.id, name, ring, ws, we);
         sub.next[i] = we;
     }
+    sub.next[i] >= deliverable_end(st, sub)
 }
 
 #[cfg(test)]

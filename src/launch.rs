@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use crate::process::{Program, Stdio3};
 use crate::rpc::{os_error_text, RpcError};
-use crate::table::{Family, Peer};
+use crate::table::{ConnId, Family, Peer, SubOpts};
 
 /// What the family does once the command is started (or failed to start).
 #[derive(Debug, Clone)]
@@ -46,6 +46,8 @@ pub struct LaunchRequest {
     pub ring_capacity: usize,
     /// `term` or `cmd`: the public id's prefix.
     pub prefix: &'static str,
+    /// Subscribe this connection from the first byte, as the command starts.
+    pub subscribe: Option<(ConnId, SubOpts)>,
     pub after: After,
 }
 

@@ -71,6 +71,8 @@ pub enum Program {
 pub enum Stdio3 {
     /// stdin `/dev/null`; stdout and stderr share one pipe, so their order is kept.
     Merged,
+    /// stdin a pipe; stdout and stderr share one pipe (a terminal fed by its client).
+    MergedWithStdin,
     /// stdin a pipe; stdout and stderr each their own pipe.
     Separate,
 }
@@ -525,12 +527,18 @@ impl Spawner {
         let (out_r, out_w) = pipe()?;
         // The child's ends of its pipes (ours to close once it has them); a terminal's
         // stdin is the daemon's one /dev/null.
-        let (in_r, err_w, err_r, stdin_w) = match spec.stdio {
-            Stdio3::Merged => (None, None, None, None),
+        let (err_r, err_w) = match spec.stdio {
             Stdio3::Separate => {
-                let (err_r, err_w) = pipe()?;
-                let (in_r, in_w) = pipe()?;
-                (Some(in_r), Some(err_w), Some(err_r), Some(in_w))
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
+            }
+            Stdio3::Merged | Stdio3::MergedWithStdin => (None, None),
+        };
+        let (in_r, stdin_w) = match spec.stdio {
+            Stdio3::Merged => (None, None),
+            Stdio3::Separate | Stdio3::MergedWithStdin => {
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
             }
         };
         let stdin_fd = in_r
@@ -1001,6 +1009,30 @@ pub fn terminal_width() -> Option<usize> {
     // SAFETY: ioctl on fd 1 with a pointer to a live winsize.
     let rc = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
     (rc == 0 && ws.ws_col > 0).then_some(ws.ws_col as usize)
+}
+
+/// The symbolic name of an errno value a spawn can fail with (`"ENOENT"`), for clients
+/// that map it to an exit status; `"E<n>"` for others.
+pub fn errno_name(code: i32) -> String {
+    let name = match code {
+        libc::ENOENT => "ENOENT",
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::ENOEXEC => "ENOEXEC",
+        libc::EISDIR => "EISDIR",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::ELOOP => "ELOOP",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::E2BIG => "E2BIG",
+        libc::ENOMEM => "ENOMEM",
+        libc::ETXTBSY => "ETXTBSY",
+        libc::EAGAIN => "EAGAIN",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EINVAL => "EINVAL",
+        _ => return format!("E{code}"),
+    };
+    name.to_string()
 }
 
 /// Whether process group `pgid` still has a member.

@@ -92,8 +92,14 @@ impl RpcError {
             .with_data(json!({ "limit": name, "value": value.into() }))
     }
 
-    pub fn spawn_failed(err: &std::io::Error) -> RpcError {
+    /// A command that could not be started: the OS error's text, and in `data` the
+    /// program and the errno's name (`ENOENT` is "not found", `EACCES` "not executable").
+    pub fn spawn_failed(program: &str, err: &std::io::Error) -> RpcError {
+        let errno = err
+            .raw_os_error()
+            .map_or_else(|| "EINVAL".to_string(), crate::process::errno_name);
         RpcError::new(SPAWN_FAILED, os_error_text(err))
+            .with_data(json!({ "program": program, "errno": errno }))
     }
 
     pub fn shutting_down() -> RpcError {
@@ -423,6 +429,83 @@ fn needs_escape(w: u64) -> bool {
     let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
     below_space | zero_byte(w ^ (ONES * u64::from(b'"'))) | zero_byte(w ^ (ONES * u64::from(b'\\')))
         != 0
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Appends the standard base64 (with padding) of `bytes`. Output events of base64
+/// subscriptions are encoded here, so it works on whole groups of three at a time.
+/// (Written here rather than taken from a crate: encoding and decoding are the whole
+/// need, a few dozen lines, tested against the RFC 4648 vectors below.)
+pub fn base64_encode(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len().div_ceil(3) * 4);
+    let mut chunks = bytes.chunks_exact(3);
+    for c in &mut chunks {
+        let n = u32::from(c[0]) << 16 | u32::from(c[1]) << 8 | u32::from(c[2]);
+        out.extend_from_slice(&[
+            BASE64[(n >> 18) as usize & 63],
+            BASE64[(n >> 12) as usize & 63],
+            BASE64[(n >> 6) as usize & 63],
+            BASE64[n as usize & 63],
+        ]);
+    }
+    match *chunks.remainder() {
+        [a] => {
+            let n = u32::from(a) << 16;
+            out.extend_from_slice(&[
+                BASE64[(n >> 18) as usize & 63],
+                BASE64[(n >> 12) as usize & 63],
+                b'=',
+                b'=',
+            ]);
+        }
+        [a, b] => {
+            let n = u32::from(a) << 16 | u32::from(b) << 8;
+            out.extend_from_slice(&[
+                BASE64[(n >> 18) as usize & 63],
+                BASE64[(n >> 12) as usize & 63],
+                BASE64[(n >> 6) as usize & 63],
+                b'=',
+            ]);
+        }
+        _ => {}
+    }
+}
+
+/// Decodes standard base64 (padding required when the length is not a multiple of four
+/// is not: unpadded input is accepted too). `None` for anything else.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    fn value(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    }
+    let bytes = text.as_bytes();
+    let body = bytes
+        .strip_suffix(b"==")
+        .or_else(|| bytes.strip_suffix(b"="))
+        .unwrap_or(bytes);
+    if bytes.len() % 4 != 0 && body.len() != bytes.len() {
+        return None; // padding on input whose length is not a multiple of four
+    }
+    if body.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() / 4 * 3 + 2);
+    for group in body.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in group.iter().enumerate() {
+            n |= value(c)? << (18 - 6 * i);
+        }
+        let take = group.len() - 1;
+        out.extend_from_slice(&n.to_be_bytes()[1..1 + take]);
+    }
+    Some(out)
 }
 
 /// Formats a time as RFC 3339 in UTC with millisecond precision, e.g.
@@ -920,6 +1003,40 @@ mod tests {
     }
 
     #[test]
+    fn base64_matches_rfc_4648_and_round_trips() {
+        let vectors = [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ];
+        for (plain, coded) in vectors {
+            let mut out = Vec::new();
+            base64_encode(&mut out, plain.as_bytes());
+            assert_eq!(out, coded.as_bytes(), "{plain}");
+            assert_eq!(base64_decode(coded).as_deref(), Some(plain.as_bytes()));
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        for n in 0..all.len() {
+            let mut out = Vec::new();
+            base64_encode(&mut out, &all[..n]);
+            let text = String::from_utf8(out).unwrap();
+            assert_eq!(base64_decode(&text).unwrap(), &all[..n]);
+            assert_eq!(
+                base64_decode(text.trim_end_matches('=')).unwrap(),
+                &all[..n],
+                "unpadded"
+            );
+        }
+        for bad in ["Z", "Zg=", "Z===", "Zm9v!", "Zm 9v", "=Zm9"] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn rfc3339_dates() {
         use std::time::{Duration, UNIX_EPOCH};
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
@@ -932,9 +1049,11 @@ mod tests {
     #[test]
     fn spawn_errors_carry_the_os_text() {
         let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let err = RpcError::spawn_failed("nosuch", &e);
+        assert_eq!(err.message, "No such file or directory");
         assert_eq!(
-            RpcError::spawn_failed(&e).message,
-            "No such file or directory"
+            err.data,
+            Some(json!({"program": "nosuch", "errno": "ENOENT"}))
         );
     }
 }

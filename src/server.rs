@@ -643,8 +643,23 @@ impl Server {
 
     /// Delivers events owed to `key`'s subscribers; marks the connections that got some.
     fn pump(&mut self, key: Key) {
-        let touched = events::pump(&mut self.core.table, key, &mut ConnOuts(&mut self.conns));
-        self.dirty.extend(touched.into_iter().map(|c| Token(c.0)));
+        let done = events::pump(&mut self.core.table, key, &mut ConnOuts(&mut self.conns));
+        self.after_pump(done);
+    }
+
+    /// Marks the connections a pump wrote to, and reads again the pipes it unpaused (they
+    /// give no new readiness event while their writer waits on a full pipe).
+    fn after_pump(&mut self, done: events::Pumped) {
+        self.dirty
+            .extend(done.touched.into_iter().map(|c| Token(c.0)));
+        for key in done.resumed {
+            let n = self.core.table.get(key).map_or(0, |p| p.streams.len());
+            for s in 0..n {
+                if !self.hot.contains(&(key, s)) {
+                    self.hot.push((key, s));
+                }
+            }
+        }
     }
 
     /// Writes what each connection touched this turn is owed, then closes the finished
@@ -669,17 +684,13 @@ impl Server {
                 }
                 let owed = conn.pending_out();
                 let held_back = conn.read_pending;
-                let touched = events::on_room(
+                let mut done = events::on_room(
                     &mut self.core.table,
                     ConnId(token.0),
                     &mut ConnOuts(&mut self.conns),
                 );
-                self.dirty.extend(
-                    touched
-                        .into_iter()
-                        .filter(|c| c.0 != token.0)
-                        .map(|c| Token(c.0)),
-                );
+                done.touched.retain(|c| c.0 != token.0);
+                self.after_pump(done);
                 if held_back {
                     self.read_requests(token);
                 }
@@ -777,7 +788,11 @@ impl Server {
                     rpc::os_error_text(&e)
                 ),
             );
-            RpcError::spawn_failed(&e)
+            let program = match &req.program {
+                process::Program::Direct { program, .. } => program.clone(),
+                process::Program::Shell { shell, .. } => shell.display().to_string(),
+            };
+            RpcError::spawn_failed(&program, &e)
         })?;
         let (key, id) = self.core.table.next_ids(req.prefix);
         let pid = spawned.pid;
@@ -823,6 +838,12 @@ impl Server {
                 exhausted = false;
                 break;
             };
+            if p.paused {
+                // A lossless subscriber is behind: the command waits on its full pipe
+                // until the subscriber drains (the pump then puts this pipe back here).
+                exhausted = false;
+                break;
+            }
             let watched = !p.subs.is_empty();
             let capacity = p.streams.get(stream).map_or(0, |s| s.ring.capacity());
             let want = if watched {
@@ -870,6 +891,15 @@ impl Server {
             self.pump(key);
             self.core.wake(key);
         }
+        // An exit waits for its drain: every pipe read to empty (or closed), none paused.
+        if let Some(p) = self.core.table.get(key) {
+            if p.exit.is_some() && !p.drained && !p.paused && !exhausted {
+                let all_read = (0..p.streams.len()).all(|s| !self.hot.contains(&(key, s)));
+                if all_read {
+                    self.core.drained(key);
+                }
+            }
+        }
     }
 
     fn service_hot(&mut self) {
@@ -886,8 +916,15 @@ impl Server {
         if !stdin.open {
             return;
         }
-        if self.pipes.flush_stdin(self.poll.registry(), key, stdin) == Flushed::Closed {
+        let before = stdin.buf.len();
+        let flushed = self.pipes.flush_stdin(self.poll.registry(), key, stdin);
+        if flushed == Flushed::Closed {
             stdin.close();
+        }
+        if flushed == Flushed::Closed || stdin.buf.len() < before {
+            // Room, or never any: a write waiting for room can be answered.
+            self.core.wake(key);
+            self.apply();
         }
     }
 

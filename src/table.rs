@@ -143,10 +143,21 @@ pub struct Exit {
     pub at: Instant,
 }
 
+/// How a subscriber wants its output.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SubOpts {
+    /// Never drop output for this subscriber's slowness: the command's pipes stop being
+    /// read while its connection is over its cap.
+    pub lossless: bool,
+    /// `Output` data as base64 of the exact bytes, chunks cut anywhere.
+    pub base64: bool,
+}
+
 /// One subscriber of a process's output (see `events`).
 #[derive(Debug, Clone)]
 pub struct Sub {
     pub conn: ConnId,
+    pub opts: SubOpts,
     /// Next offset to deliver, per stream.
     pub next: [u64; 2],
     /// The subscriber fell behind its connection's cap; a `Gap` is owed per stream.
@@ -192,6 +203,11 @@ pub struct Proc {
     /// Parked requests interested in this process.
     pub waiters: Vec<u64>,
     pub subs: Vec<Sub>,
+    /// A lossless subscriber is behind: its pipes are not read until it catches up.
+    pub paused: bool,
+    /// After the exit, what the pipes held then has been read (or they are closed): the
+    /// `Exit` event may follow. False between an exit and a paused pipe's drain.
+    pub drained: bool,
 }
 
 impl Proc {
@@ -449,13 +465,14 @@ impl Table {
 
     /// Subscribes `conn` to `key` from the offsets `next` (replacing an earlier
     /// subscription of the same connection).
-    pub fn subscribe(&mut self, key: Key, conn: ConnId, next: [u64; 2]) -> bool {
+    pub fn subscribe(&mut self, key: Key, conn: ConnId, next: [u64; 2], opts: SubOpts) -> bool {
         let Some(p) = self.procs.get_mut(&key) else {
             return false;
         };
         p.subs.retain(|s| s.conn != conn);
         p.subs.push(Sub {
             conn,
+            opts,
             next,
             lagging: false,
             done: false,
@@ -595,6 +612,8 @@ mod tests {
             released: false,
             waiters: vec![],
             subs: vec![],
+            paused: false,
+            drained: false,
         });
         key
     }
@@ -669,7 +688,7 @@ mod tests {
     fn removing_a_running_process_fixes_the_count_and_its_subscriptions() {
         let mut t = Table::default();
         let k = proc(&mut t, "term", term("s"), 1, 10);
-        assert!(t.subscribe(k, ConnId(5), [0, 0]));
+        assert!(t.subscribe(k, ConnId(5), [0, 0], SubOpts::default()));
         assert_eq!(t.subs_of[&ConnId(5)], vec![k]);
         t.remove(k);
         assert_eq!(t.running(), 0);
@@ -682,10 +701,10 @@ mod tests {
         let mut t = Table::default();
         let a = proc(&mut t, "term", term("s"), 1, 10);
         let b = proc(&mut t, "term", term("s"), 1, 11);
-        t.subscribe(a, ConnId(1), [0, 0]);
-        t.subscribe(a, ConnId(1), [5, 0]); // replaces, does not add
-        t.subscribe(b, ConnId(1), [0, 0]);
-        t.subscribe(a, ConnId(2), [0, 0]);
+        t.subscribe(a, ConnId(1), [0, 0], SubOpts::default());
+        t.subscribe(a, ConnId(1), [5, 0], SubOpts::default()); // replaces, does not add
+        t.subscribe(b, ConnId(1), [0, 0], SubOpts::default());
+        t.subscribe(a, ConnId(2), [0, 0], SubOpts::default());
         assert_eq!(t.get(a).unwrap().subs.len(), 2);
         assert_eq!(t.get(a).unwrap().subs[0].next, [5, 0]);
         t.unsubscribe(b, ConnId(1));
