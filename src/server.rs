@@ -604,6 +604,20 @@ impl Server {
                     token.0, e.message
                 ));
             }
+            if e.code == rpc::LIMIT_REACHED {
+                let data = e.data.as_ref();
+                let limit = data
+                    .and_then(|d| d["limit"].as_str())
+                    .unwrap_or("limit")
+                    .to_string();
+                let value = data.map_or(Value::Null, |d| d["value"].clone());
+                let uid = self.conns.get(&token).map_or(0, |c| c.peer.uid);
+                self.core.log.refusal(
+                    &limit,
+                    self.core.now,
+                    format_args!("refused a request of uid {uid}: {limit} ({value}) reached"),
+                );
+            }
         }
         if let Some(c) = self.conns.get_mut(&token) {
             c.answer(req, &result);
@@ -759,14 +773,6 @@ impl Server {
     fn launch(&mut self, req: &LaunchRequest) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
-            self.core.log.refusal(
-                "max-processes",
-                self.core.now,
-                format_args!(
-                    "refused a command of uid {}: max-processes ({max})",
-                    req.peer.uid
-                ),
-            );
             return Err(RpcError::limit("max-processes", max));
         }
         let user = self.identity(req.peer);
