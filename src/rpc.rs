@@ -26,6 +26,10 @@ pub const NOT_FOUND: i64 = -32002;
 pub const LIMIT_REACHED: i64 = -32003;
 /// The command could not be started; the message carries the OS error.
 pub const SPAWN_FAILED: i64 = -32004;
+/// The policy denies the command; `data` names the rule.
+pub const DENIED: i64 = -32005;
+/// An approver rejected the command, or none answered; `data` says which.
+pub const NOT_APPROVED: i64 = -32006;
 /// The daemon is shutting down.
 pub const SHUTTING_DOWN: i64 = -32007;
 /// The client cancelled the request (`$/cancel_request`).
@@ -104,6 +108,25 @@ impl RpcError {
 
     pub fn shutting_down() -> RpcError {
         RpcError::new(SHUTTING_DOWN, "server shutting down")
+    }
+
+    pub fn denied(rule: &str, justification: Option<&str>) -> RpcError {
+        let mut data = json!({ "rule": rule });
+        if let Some(j) = justification {
+            data["justification"] = j.into();
+        }
+        let why = justification.map_or(String::new(), |j| format!(": {j}"));
+        RpcError::new(DENIED, format!("denied by policy rule {rule}{why}")).with_data(data)
+    }
+
+    pub fn not_approved(rule: &str, reason: &str, feedback: Option<String>) -> RpcError {
+        let mut data = json!({ "rule": rule, "reason": reason });
+        let mut message = format!("not approved ({reason}; rule {rule})");
+        if let Some(f) = feedback {
+            message.push_str(&format!(": {f}"));
+            data["feedback"] = f.into();
+        }
+        RpcError::new(NOT_APPROVED, message).with_data(data)
     }
 
     pub fn cancelled() -> RpcError {
