@@ -401,7 +401,11 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG => self.log_registered = false,
                     AUDIT => self.audit_registered = false,
-                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed()),
+                    t => self.on_ready(
+                        t,
+                        ev.is_readable() || ev.is_read_closed(),
+                        ev.is_write_closed(),
+                    ),
                 }
             }
             self.service_hot();
@@ -579,11 +583,19 @@ impl Server {
     }
 
     /// A source is ready. For a connection, writing (and resuming what waited for room)
-    /// happens in `flush_dirty`, so only readability matters here.
-    fn on_ready(&mut self, token: Token, readable: bool) {
+    /// happens in `flush_dirty`, so only readability and a hang-up matter here.
+    fn on_ready(&mut self, token: Token, readable: bool, hung_up: bool) {
         if self.conns.contains_key(&token) {
             if readable {
                 self.read_requests(token);
+            }
+            if hung_up {
+                // The peer closed its socket entirely (a half-close only ends reading):
+                // what it sent was carried out just now, and what waits for it (parked
+                // requests, asks for approval) is withdrawn as the connection closes.
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.broken = true;
+                }
             }
             self.dirty.push(token);
             return;
