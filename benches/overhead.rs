@@ -5,8 +5,8 @@
 //! load. It prints medians and the ratio per bench, then a summary table. No thresholds:
 //! the targets are printed beside the figures.
 //!
-//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, parallel,
-//! ingest, stream, memory, scale).
+//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, policy,
+//! parallel, ingest, stream, memory, scale).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -147,6 +147,51 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         format!("{mb:.0} us"),
         format!("{:.2}", mb / ma),
         "<= 1.10".into(),
+    );
+}
+
+/// The spawn round trip of a shell line through `bash/exec`, with a 1,000-rule policy
+/// loaded (the line split and judged) against no policy, interleaved.
+fn bench_policy(rows: &mut Vec<Row>) {
+    let plain = Daemon::start(&[]);
+    let dir = common::TempDir::new();
+    let policy = dir.path().join("policy.json");
+    let rules: Vec<Value> = (0..1000)
+        .map(|i| {
+            json!({"name": format!("r{i}"), "pattern": [format!("tool{i}"), ["run", "test"]],
+                   "decision": if i % 3 == 0 { "deny" } else { "allow" }})
+        })
+        .collect();
+    std::fs::write(&policy, json!({"rules": rules}).to_string()).expect("write policy");
+    let gated = Daemon::start(&["--policy", policy.to_str().expect("utf-8")]);
+    let (mut cp, mut cg) = (client(&plain), client(&gated));
+    let line =
+        json!({"command": "cd /tmp && FOO=1 true 2>&1 | cat > /dev/null", "session_id": "p"});
+    let run = |c: &mut Client| {
+        let r = call(c, "bash/exec", line.clone());
+        assert_eq!(r["status"], "completed", "{r}");
+    };
+    for _ in 0..20 {
+        run(&mut cp);
+        run(&mut cg);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        run(&mut cp);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        run(&mut cg);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "1b bash/exec, 1,000-rule policy vs none".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us"),
+        format!("{:.3}", mb / ma),
+        "<= 1.05".into(),
     );
 }
 
@@ -625,8 +670,9 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 6] = [
+    let benches: [(&str, Bench); 7] = [
         ("spawn", bench_spawn),
+        ("policy", bench_policy),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),
         ("stream", bench_stream),
