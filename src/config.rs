@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::cgroup::{Limits, Mode};
 use crate::process::Rlimit;
 
 /// Most concurrent client connections.
@@ -77,6 +78,11 @@ pub struct Config {
     pub audit: Option<AuditTarget>,
     pub approval_timeout: Duration,
     pub max_pending_approvals: usize,
+    /// `--cgroup auto|off|PATH` (section 9).
+    pub cgroup: Mode,
+    /// `--memory-max`, `--pids-max`, `--cpu-max`: every command's limits; a request may
+    /// only lower them.
+    pub limits: Limits,
 }
 
 /// Where `--audit` sends records.
@@ -117,6 +123,8 @@ impl Default for Config {
             audit: None,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             max_pending_approvals: DEFAULT_MAX_PENDING_APPROVALS,
+            cgroup: Mode::Auto,
+            limits: Limits::default(),
         }
     }
 }
@@ -176,6 +184,13 @@ options:
   --max-pending-approvals N
                            asks waiting at once (default 256)
   --check-policy FILE      validate a policy file (with its examples) and exit
+  --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
+                           delegated cgroup (auto, the default), or process groups
+                           only (off)
+  --memory-max BYTES       memory limit of every command (needs the memory controller)
+  --pids-max N             process limit of every command (needs the pids controller)
+  --cpu-max PERCENT        CPU limit of every command, in percent of one CPU
+                           (needs the cpu controller)
   -h, --help               print this help
   -V, --version            print the version
 
@@ -320,6 +335,17 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
                 });
             }
             "--approval-timeout" => cfg.approval_timeout = parse_duration(&value()?)?,
+            "--cgroup" => cfg.cgroup = Mode::parse(&value()?)?,
+            "--memory-max" => cfg.limits.memory_max = Some(parse_size(&value()?)? as u64),
+            "--pids-max" => cfg.limits.pids_max = Some(parse_num(&flag, &value()?)?),
+            "--cpu-max" => {
+                let v = value()?;
+                let pct: u32 = parse_num(&flag, v.trim_end_matches('%'))?;
+                if pct == 0 {
+                    return Err("--cpu-max must be at least 1 (percent of one CPU)".into());
+                }
+                cfg.limits.cpu_max = Some(pct);
+            }
             "--max-pending-approvals" => cfg.max_pending_approvals = parse_num(&flag, &value()?)?,
             "--rlimit" => {
                 let v = value()?;

@@ -25,6 +25,7 @@ pub mod acp;
 pub mod approvals;
 pub mod audit;
 pub mod bash;
+pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod conn;

@@ -30,7 +30,7 @@ use signal_hook_mio::v1_0::Signals;
 use crate::audit::{Log, Out, Queue};
 use crate::config::Config;
 use crate::conn::{Conn, Fill, Incoming};
-use crate::contain::Contain;
+use crate::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::events::{self, Outbox, Outboxes};
 use crate::launch::LaunchRequest;
@@ -48,7 +48,8 @@ const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const LOG: Token = Token(2);
 const AUDIT: Token = Token(3);
-const FIRST_DYNAMIC: usize = 4;
+const CGROUPS: Token = Token(4);
+const FIRST_DYNAMIC: usize = 5;
 
 /// Size of the buffer pipes and sockets are read into.
 const SCRATCH: usize = 256 << 10;
@@ -68,6 +69,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// How often shutdown looks again for what is left of killed trees.
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
+/// The most often systemd hears a new `STATUS=`.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
 /// How long a looked-up user identity (supplementary groups) is reused.
@@ -81,6 +84,10 @@ enum LoopTimer {
     ShutdownDeadline,
     /// Look again whether shutdown can finish.
     ShutdownRecheck,
+    /// Tell systemd the loop still turns (`WATCHDOG=1`).
+    Watchdog,
+    /// A status change waits for its turn (at most one `STATUS=` a second).
+    Status,
 }
 
 /// Where shutdown is.
@@ -143,6 +150,11 @@ pub struct Server {
     uid: u32,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
+    /// systemd's notification socket, when it gave one.
+    notifier: Option<systemd::Notifier>,
+    /// The last `STATUS=` counts sent, when, and whether a later one waits for its turn.
+    status_sent: Option<((usize, usize), Instant)>,
+    status_pending: bool,
     /// The daemon log's descriptor, and whether it waits for WRITABLE.
     log_out: Option<Out>,
     log_registered: bool,
@@ -171,6 +183,19 @@ fn drain_into(
     if !*registered {
         let _ = registry.deregister(&mut SourceFd(&out.fd()));
     }
+}
+
+/// A limit containment cannot enforce: `-32003` naming the controller it needs.
+fn unavailable(u: &Unavailable) -> RpcError {
+    let c = u.0;
+    RpcError::new(
+        rpc::LIMIT_REACHED,
+        format!(
+            "limit reached: the {c} controller is not available to execd, so a {c} limit \
+             cannot be enforced"
+        ),
+    )
+    .with_data(json!({ "limit": format!("{c}-max"), "value": null, "controller": c }))
 }
 
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
@@ -297,6 +322,28 @@ impl Server {
             })?),
             _ => None,
         };
+        let notifier = systemd::Notifier::from_env(
+            std::env::var_os("NOTIFY_SOCKET"),
+            std::env::var_os("WATCHDOG_USEC"),
+            std::env::var_os("WATCHDOG_PID"),
+        )?;
+        // Before anything is spawned: the daemon may move itself into its cgroup's leaf.
+        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
+        if let Err(u) = contain.check(&cfg.limits) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "--{}-max needs the {} controller, and containment is {}",
+                    u.0,
+                    u.0,
+                    contain.describe()
+                ),
+            ));
+        }
+        if let Some(fd) = contain.events_fd() {
+            poll.registry()
+                .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
+        }
         // The journal stamps its lines itself.
         let log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
         let log_out = Out::stderr().ok();
@@ -334,6 +381,24 @@ impl Server {
         let now = Instant::now();
         let mut core = Core::new(cfg, now, log);
         core.policy = policy;
+        core.containment = (contain.kind(), contain.describe());
+        if let Some(l) = leftovers.filter(|l| l.cgroups > 0) {
+            core.log.line(format_args!(
+                "killed {} process(es) a previous instance left in {} command cgroup(s){}",
+                l.processes,
+                l.cgroups,
+                if l.kept > 0 {
+                    format!("; {} could not be removed yet", l.kept)
+                } else {
+                    String::new()
+                }
+            ));
+            core.record(
+                "leftovers",
+                None,
+                json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept }),
+            );
+        }
         Ok(Server {
             core,
             poll,
@@ -342,7 +407,7 @@ impl Server {
             signals,
             conns: HashMap::new(),
             pipes: Pipes::default(),
-            contain: Contain::default(),
+            contain,
             spawner,
             run_as,
             identities: HashMap::new(),
@@ -359,6 +424,9 @@ impl Server {
             audit_out,
             audit_registered: false,
             memory_peak: 0,
+            notifier,
+            status_sent: None,
+            status_pending: false,
         })
     }
 
@@ -375,8 +443,16 @@ impl Server {
             std::process::id(),
             self.contain.describe()
         ));
+        if let Some(n) = &self.notifier {
+            n.send(&format!("READY=1\nSTATUS={}", self.status_text()));
+            if let Some(every) = n.watchdog {
+                n.send("WATCHDOG=1");
+                self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
+            }
+        }
         let mut events = Events::with_capacity(1024);
         loop {
+            self.notify_status();
             self.write_log();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
@@ -401,6 +477,7 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG => self.log_registered = false,
                     AUDIT => self.audit_registered = false,
+                    CGROUPS => self.contain.on_cgroup_events(),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -420,6 +497,39 @@ impl Server {
         self.core.log.line(format_args!("stopped"));
         self.write_log();
         Ok(())
+    }
+
+    /// What `STATUS=` says: clients and running commands.
+    fn status_text(&self) -> String {
+        format!(
+            "{} client(s), {} running command(s), containment: {}",
+            self.conns.len(),
+            self.core.table.running(),
+            self.contain.kind()
+        )
+    }
+
+    /// Sends `STATUS=` when the counts changed, at most once a second.
+    fn notify_status(&mut self) {
+        if self.notifier.is_none() || self.status_pending {
+            return;
+        }
+        let counts = (self.conns.len(), self.core.table.running());
+        let now = Instant::now();
+        match self.status_sent {
+            Some((last, _)) if last == counts => {}
+            Some((_, at)) if now < at + STATUS_EVERY => {
+                self.status_pending = true;
+                self.timers.add(at + STATUS_EVERY, LoopTimer::Status);
+            }
+            _ => {
+                let text = format!("STATUS={}", self.status_text());
+                if let Some(n) = &self.notifier {
+                    n.send(&text);
+                }
+                self.status_sent = Some((counts, now));
+            }
+        }
     }
 
     fn token(&mut self) -> Token {
@@ -878,12 +988,24 @@ impl Server {
         Some(id)
     }
 
-    /// Starts a command and records it. A spawn failure leaves nothing behind.
+    /// Starts a command and records it: its place (a cgroup with its limits, made before
+    /// the spawn), the spawn, its pipes. A failure at any step leaves nothing behind.
     fn launch(&mut self, req: &LaunchRequest) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
             return Err(RpcError::limit("max-processes", max));
         }
+        let (key, id) = match &req.admitted {
+            Some(a) => (a.key, a.id.clone()),
+            None => self.core.table.next_ids(req.prefix),
+        };
+        let place = self
+            .contain
+            .prepare(&id, &req.limits)
+            .map_err(|e| match e {
+                PrepareError::Unavailable(u) => unavailable(&u),
+                PrepareError::Io(e) => RpcError::internal(format!("{e}")),
+            })?;
         let user = self.identity(req.peer);
         let spec = process::SpawnSpec {
             program: &req.program,
@@ -891,29 +1013,32 @@ impl Server {
             cwd: &req.cwd,
             stdio: req.stdio,
             user: user.as_ref(),
+            cgroup_procs: place.as_ref().map(Place::procs_fd),
         };
-        let spawned = self.spawner.spawn(&spec).map_err(|e| {
-            self.core.log.refusal(
-                "spawn failures",
-                self.core.now,
-                format_args!(
-                    "could not start {:?} for uid {}: {}",
-                    req.command,
-                    req.peer.uid,
-                    rpc::os_error_text(&e)
-                ),
-            );
-            let program = match &req.program {
-                process::Program::Direct { program, .. } => program.clone(),
-                process::Program::Shell { shell, .. } => shell.display().to_string(),
-            };
-            RpcError::spawn_failed(&program, &e)
-        })?;
-        let (key, id) = match &req.admitted {
-            Some(a) => (a.key, a.id.clone()),
-            None => self.core.table.next_ids(req.prefix),
+        let spawned = match self.spawner.spawn(&spec) {
+            Ok(s) => s,
+            Err(e) => {
+                self.contain.abandon(place);
+                self.core.log.refusal(
+                    "spawn failures",
+                    self.core.now,
+                    format_args!(
+                        "could not start {:?} for uid {}: {}",
+                        req.command,
+                        req.peer.uid,
+                        rpc::os_error_text(&e)
+                    ),
+                );
+                let program = match &req.program {
+                    process::Program::Direct { program, .. } => program.clone(),
+                    process::Program::Shell { shell, .. } => shell.display().to_string(),
+                };
+                return Err(RpcError::spawn_failed(&program, &e));
+            }
         };
         let pid = spawned.pid;
+        // From here the tree is held: whatever fails next, it can be ended.
+        self.contain.started(key, pid, place);
         let outs: Vec<_> = std::iter::once(spawned.out).chain(spawned.err).collect();
         let next = &mut self.next_token;
         let added = self
@@ -925,10 +1050,10 @@ impl Server {
             });
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved.
+            self.contain.end(key, crate::contain::Stage::Kill);
             process::signal_group(pid, libc::SIGKILL);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
-        self.contain.started(key, pid);
         let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
         self.core.started(req, key, id, pid, runs_as);
         Ok(key)
@@ -1083,8 +1208,8 @@ impl Server {
             for s in 0..nstreams {
                 self.read_pipe(key, s, EXIT_DRAIN_BYTES, true);
             }
-            self.contain.leader_exited(key);
-            self.core.exited(key, r.ended, r.usage);
+            let tree = self.contain.leader_exited(key);
+            self.core.exited(key, r.ended, r.usage, tree);
             self.apply();
         }
         if orphans {
@@ -1106,6 +1231,15 @@ impl Server {
                     self.finish_shutdown();
                 }
                 LoopTimer::ShutdownRecheck => {}
+                LoopTimer::Watchdog => {
+                    if let Some(n) = &self.notifier {
+                        n.send("WATCHDOG=1");
+                        if let Some(every) = n.watchdog {
+                            self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
+                        }
+                    }
+                }
+                LoopTimer::Status => self.status_pending = false,
             }
         }
     }
@@ -1115,6 +1249,9 @@ impl Server {
     fn begin_shutdown(&mut self) {
         if self.shutdown.is_some() {
             return;
+        }
+        if let Some(n) = &self.notifier {
+            n.send("STOPPING=1");
         }
         self.shutdown = Some(Shutdown::Killing);
         if let Some(mut l) = self.listener.take() {
