@@ -34,6 +34,7 @@ pub mod core;
 pub mod dispatch;
 pub mod events;
 pub mod gate;
+pub mod http;
 pub mod launch;
 pub mod pipes;
 pub mod policy;

@@ -867,6 +867,12 @@ pub fn current_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// The daemon's real gid.
+pub fn current_gid() -> u32 {
+    // SAFETY: getgid cannot fail.
+    unsafe { libc::getgid() }
+}
+
 /// Changes the owner group of a path (the socket file, for `--socket-group`).
 pub fn chown_group(path: &Path, gid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, None, Some(gid))

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mio::net::UnixListener;
+use mio::net::{TcpListener, UnixListener};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token};
 use serde_json::{json, Map, Value};
@@ -29,13 +29,15 @@ use signal_hook_mio::v1_0::Signals;
 
 use crate::audit::{Log, Out, Queue};
 use crate::config::Config;
-use crate::conn::{Conn, Fill, Incoming};
+use crate::conn::{Bounds, Conn, Fill};
 use crate::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::events::{self, Outbox, Outboxes};
+use crate::http;
 use crate::launch::LaunchRequest;
 use crate::pipes::{Flushed, Got, Pipes, Source};
 use crate::process::{self, Identity, PeerCred};
+use crate::rpc::Incoming;
 use crate::rpc::{self, ReqNo, RpcError};
 use crate::table::{ConnId, Key, Peer};
 use crate::timers::Timers;
@@ -129,6 +131,11 @@ pub struct Server {
     poll: Poll,
     listener: Option<UnixListener>,
     socket_file: Option<PathBuf>,
+    /// The HTTP front end's TCP listeners (`--http-listen`), what their requests must
+    /// carry, and whom they run as.
+    http_listeners: HashMap<Token, TcpListener>,
+    http_auth: http::Auth,
+    http_peer: PeerCred,
     signals: Signals,
     conns: HashMap<Token, Conn>,
     pipes: Pipes,
@@ -183,6 +190,111 @@ fn drain_into(
     if !*registered {
         let _ = registry.deregister(&mut SourceFd(&out.fd()));
     }
+}
+
+/// The HTTP front end's TCP side, set up at start (section 11).
+struct HttpFront {
+    listeners: HashMap<Token, TcpListener>,
+    auth: http::Auth,
+    /// Whom TCP requests run as and are owned by.
+    peer: PeerCred,
+}
+
+impl HttpFront {
+    /// Binds every `--http-listen` address, reads the token (refusing a file that others
+    /// may read, or an empty one), and resolves `--http-run-as` (required for a root
+    /// daemon: requests over TCP carry no credentials of their own). The token never
+    /// reaches a log line.
+    fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
+        let me = process::current_uid();
+        let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        let peer = match (&cfg.http_run_as, me) {
+            (Some(user), 0) => {
+                let id = Identity::of_user(user)?;
+                PeerCred {
+                    pid: 0,
+                    uid: id.uid,
+                    gid: id.gid,
+                }
+            }
+            (Some(user), _) => {
+                return Err(refuse(format!(
+                    "--http-run-as {user} needs a daemon running as root"
+                )))
+            }
+            (None, 0) if !cfg.http_listen.is_empty() => {
+                return Err(refuse(
+                    "--http-listen on a root daemon needs --http-run-as USER: requests over \
+                     TCP carry no credentials to run as"
+                        .into(),
+                ))
+            }
+            (None, _) => PeerCred {
+                pid: 0,
+                uid: me,
+                gid: process::current_gid(),
+            },
+        };
+        let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
+            (Some(path), _) => http::Auth::Token(read_token(path)?.into()),
+            (None, true) => http::Auth::Open,
+            (None, false) => http::Auth::Peer,
+        };
+        let mut listeners = HashMap::new();
+        for addr in &cfg.http_listen {
+            let std = std::net::TcpListener::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("--http-listen {addr}: {e}")))?;
+            std.set_nonblocking(true)?;
+            let mut l = TcpListener::from_std(std);
+            let token = Token(*next);
+            *next += 1;
+            poll.registry()
+                .register(&mut l, token, Interest::READABLE)?;
+            listeners.insert(token, l);
+            log.line(format_args!(
+                "HTTP on {addr} ({}), requests run as uid {}",
+                match &auth {
+                    http::Auth::Token(_) => "bearer token required",
+                    _ => "no authentication",
+                },
+                peer.uid
+            ));
+            if matches!(auth, http::Auth::Open) {
+                log.line(format_args!(
+                    "warning: --http-no-auth: any local process that reaches {addr} runs \
+                     commands as uid {}",
+                    peer.uid
+                ));
+            }
+        }
+        Ok(HttpFront {
+            listeners,
+            auth,
+            peer,
+        })
+    }
+}
+
+/// The bearer token in `path`: the file must exist, hold a token, and not be readable by
+/// others.
+fn read_token(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let what = |m: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--http-token-file {}: {m}", path.display()),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| what(&e.to_string()))?;
+    if meta.mode() & 0o004 != 0 {
+        return Err(what("readable by others; chmod o-r it"));
+    }
+    let text = std::fs::read(path).map_err(|e| what(&e.to_string()))?;
+    let token: Vec<u8> = text.trim_ascii().to_vec();
+    if token.is_empty() {
+        return Err(what("empty"));
+    }
+    Ok(token)
 }
 
 /// A limit containment cannot enforce: `-32003` naming the controller it needs.
@@ -345,8 +457,10 @@ impl Server {
                 .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
         }
         // The journal stamps its lines itself.
-        let log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
+        let mut log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
         let log_out = Out::stderr().ok();
+        let mut next_token = FIRST_DYNAMIC;
+        let front = HttpFront::open(&cfg, &poll, &mut next_token, &mut log)?;
         // Last, so a refusal above leaves no socket file behind.
         let activated = systemd::listener(
             std::env::var_os("LISTEN_PID"),
@@ -372,7 +486,6 @@ impl Server {
             }
             return Err(e);
         }
-        let mut log = log;
         if socket_file.is_some() {
             for warning in access_warnings(&cfg) {
                 log.line(format_args!("warning: {warning}"));
@@ -404,6 +517,9 @@ impl Server {
             poll,
             listener: Some(listener),
             socket_file,
+            http_listeners: front.listeners,
+            http_auth: front.auth,
+            http_peer: front.peer,
             signals,
             conns: HashMap::new(),
             pipes: Pipes::default(),
@@ -412,7 +528,7 @@ impl Server {
             run_as,
             identities: HashMap::new(),
             timers: Timers::default(),
-            next_token: FIRST_DYNAMIC,
+            next_token,
             scratch: vec![0; SCRATCH],
             dirty: Vec::new(),
             hot: Vec::new(),
@@ -478,6 +594,7 @@ impl Server {
                     LOG => self.log_registered = false,
                     AUDIT => self.audit_registered = false,
                     CGROUPS => self.contain.on_cgroup_events(),
+                    t if self.http_listeners.contains_key(&t) => self.accept_http(t),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -681,14 +798,80 @@ impl Server {
                 );
                 continue;
             }
-            let (max_message, max_batch, cap) = (cfg.max_message, cfg.max_batch, cfg.client_buffer);
             let token = self.token();
-            let mut conn = Conn::new(stream, token, peer, max_message, max_batch, cap);
-            if conn.register(self.poll.registry()).is_err() {
+            let conn = Conn::unix(stream, token, peer, self.bounds());
+            self.admit(conn, who);
+        }
+    }
+
+    fn bounds(&self) -> Bounds {
+        let cfg = &self.core.cfg;
+        Bounds {
+            max_message: cfg.max_message,
+            max_batch: cfg.max_batch,
+            cap: cfg.client_buffer,
+        }
+    }
+
+    /// Starts serving a new connection.
+    fn admit(&mut self, mut conn: Conn, who: Peer) {
+        if conn.register(self.poll.registry()).is_err() {
+            return;
+        }
+        let token = conn.token;
+        self.conns.insert(token, conn);
+        self.core.connected(ConnId(token.0), who);
+    }
+
+    /// Accepts what waits on HTTP listener `lt`. Its requests run as `--http-run-as`
+    /// (the daemon's own user when it is not root) and prove themselves with the token.
+    fn accept_http(&mut self, lt: Token) {
+        while !self.accept_paused && self.shutdown.is_none() {
+            let Some(listener) = self.http_listeners.get(&lt) else {
+                return;
+            };
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.core.log.refusal(
+                        "accept",
+                        self.core.now,
+                        format_args!("accept failed: {e}; pausing accepts"),
+                    );
+                    self.accept_paused = true;
+                    self.timers
+                        .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
+                    return;
+                }
+            };
+            let peer = self.http_peer;
+            let who = Peer {
+                uid: peer.uid,
+                gid: peer.gid,
+                pid: peer.pid,
+            };
+            let max = self.core.cfg.max_clients;
+            if self.conns.len() >= max {
+                let (status, body) = http::error_body(
+                    rpc::LIMIT_REACHED,
+                    "limit reached: max-clients",
+                    Some(&json!({ "limit": "max-clients", "value": max })),
+                );
+                use std::io::Write;
+                let _ = stream.write(&http::response(status, &body, false, &[]));
+                self.core.record(
+                    "refuse",
+                    Some(who),
+                    json!({ "why": format!("max-clients ({max})") }),
+                );
                 continue;
             }
-            self.conns.insert(token, conn);
-            self.core.connected(ConnId(token.0), who);
+            let _ = stream.set_nodelay(true);
+            let token = self.token();
+            let conn = Conn::http(stream, token, peer, self.bounds(), self.http_auth.clone());
+            self.admit(conn, who);
         }
     }
 
@@ -1224,6 +1407,9 @@ impl Server {
                 LoopTimer::AcceptResume => {
                     self.accept_paused = false;
                     self.accept_all();
+                    for t in self.http_listeners.keys().copied().collect::<Vec<_>>() {
+                        self.accept_http(t);
+                    }
                 }
                 LoopTimer::ShutdownDeadline => {
                     // The grace is over: end whatever is left and stop waiting for it.
@@ -1255,6 +1441,9 @@ impl Server {
         }
         self.shutdown = Some(Shutdown::Killing);
         if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        for (_, mut l) in self.http_listeners.drain() {
             let _ = self.poll.registry().deregister(&mut l);
         }
         self.remove_socket_file();
