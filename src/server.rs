@@ -114,8 +114,13 @@ impl Outbox for Conn {
 }
 
 impl Outboxes for ConnOuts<'_> {
+    /// An HTTP connection has no outbox for events: its stream carries responses only (a
+    /// subscription an HTTP request asked for is dropped as if its connection were gone).
     fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
-        self.0.get_mut(&Token(conn.0)).map(|c| c as &mut dyn Outbox)
+        self.0
+            .get_mut(&Token(conn.0))
+            .filter(|c| !c.is_http())
+            .map(|c| c as &mut dyn Outbox)
     }
 }
 
