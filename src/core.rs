@@ -516,6 +516,7 @@ impl Core {
             subs: Vec::new(),
             paused: false,
             drained: false,
+            read_out: [false; 2],
         });
         if let Some((conn, opts)) = req.subscribe {
             self.table.subscribe(key, conn, [0, 0], opts);
@@ -691,13 +692,27 @@ impl Core {
         }
     }
 
-    /// After an exit, what the pipes held has been read now: the `Exit` event may follow.
-    pub fn drained(&mut self, key: Key) {
-        if let Some(p) = self.table.get_mut(key) {
-            if p.exit.is_some() && !p.drained {
-                p.drained = true;
-                self.out.push(Effect::Pump(key));
-            }
+    /// Output stream `stream` of `key` was just read to empty (or found closed). After an
+    /// exit that found the pipes paused, the `Exit` event may follow once every stream
+    /// has been: each may still hold what was written before the exit.
+    pub fn read_out(&mut self, key: Key, stream: usize) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if p.exit.is_none() || p.drained || p.paused {
+            return;
+        }
+        if let Some(done) = p.read_out.get_mut(stream) {
+            *done = true;
+        }
+        let all = p
+            .streams
+            .iter()
+            .enumerate()
+            .all(|(i, s)| !s.open || p.read_out[i]);
+        if all {
+            p.drained = true;
+            self.out.push(Effect::Pump(key));
         }
     }
 

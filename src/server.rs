@@ -905,6 +905,7 @@ impl Server {
     /// its last incomplete character as U+FFFD instead of holding it back.
     fn read_pipe(&mut self, key: Key, stream: usize, budget: usize, to_eof: bool) {
         if !self.pipes.is_open(key, stream) {
+            self.core.read_out(key, stream);
             return; // closed earlier (EOF, release), or never had one
         }
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -970,14 +971,9 @@ impl Server {
             self.pump(key);
             self.core.wake(key);
         }
-        // An exit waits for its drain: every pipe read to empty (or closed), none paused.
-        if let Some(p) = self.core.table.get(key) {
-            if p.exit.is_some() && !p.drained && !p.paused && !exhausted {
-                let all_read = (0..p.streams.len()).all(|s| !self.hot.contains(&(key, s)));
-                if all_read {
-                    self.core.drained(key);
-                }
-            }
+        // An exit that found this pipe paused waits for every pipe to be read out.
+        if !exhausted {
+            self.core.read_out(key, stream);
         }
     }
 

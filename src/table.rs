@@ -214,6 +214,9 @@ pub struct Proc {
     /// After the exit, what the pipes held then has been read (or they are closed): the
     /// `Exit` event may follow. False between an exit and a paused pipe's drain.
     pub drained: bool,
+    /// Streams read to empty (or closed) since an exit that found the pipes paused;
+    /// `drained` once every stream is.
+    pub read_out: [bool; 2],
 }
 
 impl Proc {
@@ -625,6 +628,7 @@ mod tests {
             subs: vec![],
             paused: false,
             drained: false,
+            read_out: [false; 2],
         });
         key
     }

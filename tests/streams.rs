@@ -111,15 +111,17 @@ fn bash_exec_subscribed_at_creation_keeps_streams_apart_and_exact() {
     let d = Daemon::start(&["--client-buffer", "64K"]);
     let out_file = d.dir.path().join("out");
     let err_file = d.dir.path().join("err");
-    let out_blob = random_bytes(MIB + 7);
-    let err_blob: Vec<u8> = random_bytes(300_001).into_iter().rev().collect();
+    // Both pipes fill while the subscriber is slow, so the exit finds them paused: every
+    // byte of both must still come before the Exit event.
+    let out_blob = random_bytes(6 * MIB + 7);
+    let err_blob: Vec<u8> = random_bytes(3 * MIB + 1).into_iter().rev().collect();
     std::fs::write(&out_file, &out_blob).expect("write");
     std::fs::write(&err_file, &err_blob).expect("write");
     let mut c = d.client();
     let r = ok(
         &mut c,
         "bash/exec",
-        json!({"command": format!("cat '{}'; cat '{}' >&2", out_file.display(), err_file.display()),
+        json!({"command": format!("cat '{}' & cat '{}' >&2; wait", out_file.display(), err_file.display()),
                "async_mode": true,
                "subscribe": {"lossless": true, "encoding": "base64"}}),
     );
