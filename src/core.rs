@@ -406,8 +406,27 @@ impl Core {
         }
     }
 
-    /// `$/cancel_request`: ends request `req` of `conn` with `-32800` if it is parked.
+    /// `$/cancel_request`: ends request `req` of `conn` with `-32800` if it is parked, or
+    /// withdraws it if it waits for an approver (nothing starts).
     pub fn cancel(&mut self, conn: ConnId, req: ReqNo) {
+        let asked = self
+            .approvals
+            .pending
+            .values()
+            .find(|p| p.conn == conn && p.req == Some(req))
+            .map(|p| p.id.clone());
+        if let Some(id) = asked {
+            if let Some(p) = self.approvals.pending.get_mut(&id) {
+                p.req = None; // answered below with -32800, not with the reject
+            }
+            self.resolve_approval(&id, Answer::Reject, "withdrawn", None);
+            self.out.push(Effect::Reply {
+                conn,
+                req,
+                result: Err(RpcError::cancelled()),
+            });
+            return;
+        }
         let found = self
             .parked
             .iter()

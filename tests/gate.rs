@@ -663,3 +663,32 @@ impl NonBlock for std::fs::OpenOptions {
         self.custom_flags(libc::O_NONBLOCK)
     }
 }
+
+/// `$/cancel_request` withdraws a request that waits for an approver: it is answered
+/// `-32800`, the approvers hear it is over, and nothing starts.
+#[test]
+fn cancel_request_withdraws_an_ask() {
+    let (d, _) = daemon_with_policy(&[]);
+    let mut a = approver(&d);
+    let marker = d.dir.path().join("ran");
+    let mut c = d.client();
+    let id = send(
+        &mut c,
+        "bash/exec",
+        json!({"command": format!("rm -f /nonexistent; touch '{}'", marker.display())}),
+    );
+    let req = next_request(&mut a);
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": id}});
+    c.send_line(cancel.to_string().as_bytes()).expect("cancel");
+    match c.wait_response(id) {
+        Err(CallError::Rpc { code, .. }) => assert_eq!(code, -32800),
+        other => panic!("expected -32800, got {other:?}"),
+    }
+    let resolved = next_resolved(&mut a);
+    assert_eq!(resolved["params"]["payload"]["request_id"], req["id"]);
+    assert_eq!(resolved["params"]["payload"]["response"], "reject");
+    answer(&mut a, &req["id"], "approve", None);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "a cancelled ask never starts");
+}
