@@ -24,6 +24,7 @@
 pub mod acp;
 pub mod audit;
 pub mod bash;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;
