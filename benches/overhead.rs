@@ -5,8 +5,8 @@
 //! load. It prints medians and the ratio per bench, then a summary table. No thresholds:
 //! the targets are printed beside the figures.
 //!
-//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, parallel,
-//! ingest, stream, memory, scale).
+//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, policy,
+//! parallel, ingest, stream, memory, scale).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -150,6 +150,51 @@ fn bench_spawn(rows: &mut Vec<Row>) {
     );
 }
 
+/// The spawn round trip of a shell line through `bash/exec`, with a 1,000-rule policy
+/// loaded (the line split and judged) against no policy, interleaved.
+fn bench_policy(rows: &mut Vec<Row>) {
+    let plain = Daemon::start(&[]);
+    let dir = common::TempDir::new();
+    let policy = dir.path().join("policy.json");
+    let rules: Vec<Value> = (0..1000)
+        .map(|i| {
+            json!({"name": format!("r{i}"), "pattern": [format!("tool{i}"), ["run", "test"]],
+                   "decision": if i % 3 == 0 { "deny" } else { "allow" }})
+        })
+        .collect();
+    std::fs::write(&policy, json!({"rules": rules}).to_string()).expect("write policy");
+    let gated = Daemon::start(&["--policy", policy.to_str().expect("utf-8")]);
+    let (mut cp, mut cg) = (client(&plain), client(&gated));
+    let line =
+        json!({"command": "cd /tmp && FOO=1 true 2>&1 | cat > /dev/null", "session_id": "p"});
+    let run = |c: &mut Client| {
+        let r = call(c, "bash/exec", line.clone());
+        assert_eq!(r["status"], "completed", "{r}");
+    };
+    for _ in 0..20 {
+        run(&mut cp);
+        run(&mut cg);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        run(&mut cp);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        run(&mut cg);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "1b bash/exec, 1,000-rule policy vs none".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us"),
+        format!("{:.3}", mb / ma),
+        "<= 1.05".into(),
+    );
+}
+
 // 2. ---------------------------------------------------------------------------------------
 fn bench_parallel(rows: &mut Vec<Row>) {
     const THREADS: usize = 16;
@@ -270,49 +315,13 @@ fn bench_ingest(rows: &mut Vec<Row>) {
 }
 
 // 4. ---------------------------------------------------------------------------------------
-/// Length in bytes of the JSON string starting at `s` (just after its opening quote), once
-/// unescaped, and the index just past its closing quote. E.g. `a\nb"` is 3 bytes.
-fn json_str_len(s: &[u8]) -> (u64, usize) {
-    let mut n = 0u64;
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'"' => return (n, i + 1),
-            b'\\' => {
-                if s.get(i + 1) == Some(&b'u') {
-                    let hex = std::str::from_utf8(&s[i + 2..i + 6]).unwrap_or("0");
-                    let cp = u32::from_str_radix(hex, 16).unwrap_or(0);
-                    n += match cp {
-                        0..=0x7f => 1,
-                        0x80..=0x7ff => 2,
-                        0xd800..=0xdbff => {
-                            i += 6; // the low surrogate follows; together they are 4 bytes
-                            4
-                        }
-                        _ => 3,
-                    };
-                    i += 6;
-                } else {
-                    n += 1;
-                    i += 2;
-                }
-            }
-            _ => {
-                n += 1;
-                i += 1;
-            }
-        }
-    }
-    (n, i)
-}
-
-/// Reads events until Exit; returns (data bytes, gap bytes).
-fn drain_events(c: &mut Client, id: &str) -> (u64, u64) {
-    // Parse only what is needed, as a lean client would: the type, then the data length.
-    let _ = id;
-    let (mut data, mut gaps) = (0u64, 0u64);
+/// Reads a lossless base64 subscription's events until Exit, as a lean client would
+/// (the type, the offset and the data, no `Value` per line), checking every byte against
+/// `expected` at its offset. Returns the bytes received; a Gap fails the bench.
+fn drain_exact(c: &mut Client, expected: &[u8]) -> u64 {
     let stream = c.raw_reader();
     let mut line = Vec::with_capacity(128 << 10);
+    let mut at = 0usize;
     loop {
         line.clear();
         let n = stream.read_until(b'\n', &mut line).expect("read events");
@@ -322,13 +331,31 @@ fn drain_events(c: &mut Client, id: &str) -> (u64, u64) {
         };
         let rest = &line[pos + 8..];
         if rest.starts_with(b"Output") {
-            let d = find(rest, b"\"data\":\"").expect("data");
-            data += json_str_len(&rest[d + 8..]).0;
+            let o = find(rest, b"\"offset\":").expect("offset") + 9;
+            let offset: usize = rest[o..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .fold(0, |n, b| n * 10 + (b - b'0') as usize);
+            assert_eq!(offset, at, "offsets are contiguous");
+            let d = find(rest, b"\"data\":\"").expect("data") + 8;
+            let end = d + rest[d..]
+                .iter()
+                .position(|&b| b == b'"')
+                .expect("end of data");
+            let text = std::str::from_utf8(&rest[d..end]).expect("base64 is ASCII");
+            let bytes = execd::rpc::base64_decode(text).expect("base64");
+            assert!(
+                expected.get(at..at + bytes.len()) == Some(&bytes[..]),
+                "byte mismatch at offset {at}"
+            );
+            at += bytes.len();
         } else if rest.starts_with(b"Gap") {
-            let v: Value = serde_json::from_slice(&line).expect("gap json");
-            gaps += v["params"]["payload"]["skipped"].as_u64().unwrap_or(0);
+            panic!(
+                "a lossless subscription got a Gap: {}",
+                String::from_utf8_lossy(&line)
+            );
         } else if rest.starts_with(b"Exit") {
-            return (data, gaps);
+            return at as u64;
         }
     }
 }
@@ -337,59 +364,63 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// What `execctl run` does: the default client buffer, a lossless base64 subscription made
+/// at creation, every byte checked, against reading the same bytes from the pipe directly.
 fn bench_stream(rows: &mut Vec<Row>) {
     const TOTAL: u64 = 256 << 20;
-    // execd never slows a command down for a subscriber: one that reads slower than the
-    // command writes gets Gaps past --client-buffer (4 MiB by default). To measure a
-    // client that receives every byte, the buffer here holds the whole burst.
-    let d = Daemon::start(&["--client-buffer", "512M"]);
+    let d = Daemon::start(&[]);
     let mut c = client(&d);
     // Both sides stream the same text file through `cat` (large writes, little CPU), so
     // the producer does not crowd out what is measured on two cores.
     let text = d.dir.path().join("text");
     let line = b"the quick brown fox jumps over the lazy dog 0123456789\n";
     let body: Vec<u8> = line.iter().copied().cycle().take(TOTAL as usize).collect();
-    std::fs::write(&text, body).expect("write the text file");
+    std::fs::write(&text, &body).expect("write the text file");
     let text = text.display().to_string();
-    // The command waits for its subscriber so nothing is lost before it subscribes.
-    let cmd = format!("read go; cat {text}");
-    let direct_cmd = format!("cat {text}");
+    let cmd = format!("cat {text}");
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    let mut gaps_seen = 0u64;
+    let mut peak_kb = 0;
     for _ in 0..5 {
         let t = Instant::now();
-        assert_eq!(direct_read(&["sh", "-c", &direct_cmd]), TOTAL);
+        assert_eq!(direct_read(&["sh", "-c", &cmd]), TOTAL);
         a.push(TOTAL as f64 / t.elapsed().as_secs_f64() / (1 << 20) as f64);
 
-        let r = call(
-            &mut c,
-            "bash/exec",
-            json!({"command": cmd, "async_mode": true, "session_id": "stream"}),
-        );
-        let id = r["command_id"].as_str().expect("command_id").to_string();
-        call(&mut c, "events/subscribe", json!({"id": id}));
         let t = Instant::now();
         call(
             &mut c,
-            "bash/write",
-            json!({"session_id": "stream", "command_id": id, "input": "go\n", "eof": true}),
+            "bash/exec",
+            json!({"command": cmd, "async_mode": true, "session_id": "stream",
+                   "subscribe": {"lossless": true, "encoding": "base64"}}),
         );
-        let (data, gaps) = drain_events(&mut c, &id);
+        let got = drain_exact(&mut c, &body);
         let secs = t.elapsed().as_secs_f64();
-        assert_eq!(data + gaps, TOTAL, "every byte is delivered or counted");
-        gaps_seen += gaps;
-        b.push(data as f64 / secs / (1 << 20) as f64);
+        assert_eq!(got, TOTAL, "every byte is delivered");
+        b.push(got as f64 / secs / (1 << 20) as f64);
+        peak_kb = peak_kb.max(status_kb(d.pid(), "VmHWM"));
     }
     let (ma, mb) = (median(&mut a), median(&mut b));
     report(
         rows,
-        "4 stream 256 MiB events".into(),
+        "4 stream 256 MiB, lossless base64".into(),
         format!("{ma:.0} MiB/s"),
-        // Bytes the subscriber could not take in time arrive as Gap events instead.
-        format!("{mb:.0} MiB/s ({} MiB as Gap)", gaps_seen >> 20),
+        format!(
+            "{mb:.0} MiB/s (peak RSS {:.1} MiB)",
+            peak_kb as f64 / 1024.0
+        ),
         format!("{:.2}", mb / ma),
-        ">= 0.50".into(),
+        ">= 0.50, RSS < 16 MiB".into(),
     );
+}
+
+/// A `/proc/PID/status` field in KiB.
+fn status_kb(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 // 5. ---------------------------------------------------------------------------------------
@@ -639,8 +670,9 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 6] = [
+    let benches: [(&str, Bench); 7] = [
         ("spawn", bench_spawn),
+        ("policy", bench_policy),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),
         ("stream", bench_stream),

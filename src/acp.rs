@@ -42,6 +42,8 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "killGraceMs": c.kill_grace.as_millis() as u64,
             "sessionIdleMs": c.session_idle.as_millis() as u64,
             "maxSessions": c.max_sessions,
+            "approvalTimeoutMs": c.approval_timeout.as_millis() as u64,
+            "maxPendingApprovals": c.max_pending_approvals,
         },
         "_meta": { "execd": {
             "uptimeMs": core.now.duration_since(core.started).as_millis() as u64,
@@ -50,6 +52,18 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "running": core.table.running(),
             "sessions": core.table.sessions.len(),
             "clients": core.clients.len(),
+            "policy": {
+                "loaded": c.policy.is_some(),
+                "path": c.policy.as_ref().map(|p| p.display().to_string()),
+                "rules": core.policy.rule_count(),
+            },
+            "approvers": core.approvals.approvers.len(),
+            "pendingApprovals": core.approvals.pending.len(),
+            "audit": match &c.audit {
+                None => Value::Null,
+                Some(crate::config::AuditTarget::Stderr) => "-".into(),
+                Some(crate::config::AuditTarget::File(p)) => p.display().to_string().into(),
+            },
             "outputMemory": {
                 "used": core.table.memory.total,
                 "budget": c.max_output_memory,
@@ -148,6 +162,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ring_capacity,
         prefix: "term",
         subscribe,
+        admitted: None,
         after: After::Terminal,
     })))
 }

@@ -154,7 +154,7 @@ struct Refusals {
 pub struct Log {
     pub queue: Queue,
     stamp: bool,
-    refusals: std::collections::HashMap<&'static str, Refusals>,
+    refusals: std::collections::HashMap<String, Refusals>,
 }
 
 impl Log {
@@ -174,8 +174,13 @@ impl Log {
 
     /// Queues a refusal (a limit reached, a peer refused), at most a few per kind and
     /// window; the rest are counted and the count is logged when the next window opens.
-    pub fn refusal(&mut self, kind: &'static str, now: Instant, args: std::fmt::Arguments) {
-        let r = self.refusals.entry(kind).or_default();
+    pub fn refusal(&mut self, kind: &str, now: Instant, args: std::fmt::Arguments) {
+        if !self.refusals.contains_key(kind) {
+            self.refusals.insert(kind.to_string(), Refusals::default());
+        }
+        let Some(r) = self.refusals.get_mut(kind) else {
+            return;
+        };
         let fresh = r
             .window_start
             .is_none_or(|s| now.saturating_duration_since(s) >= REFUSAL_WINDOW);

@@ -122,6 +122,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
         subscribe,
+        admitted: None,
         after: After::BashExec {
             async_mode,
             timeout,

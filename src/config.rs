@@ -36,6 +36,10 @@ pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_SESSIONS: usize = 256;
 /// Finished commands kept per bash session; older ones are dropped, oldest first.
 pub const BASH_HISTORY: usize = 100;
+/// How long an `ask` waits for an approver's answer before it is refused.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Approvals waiting for an answer at once, all peers together.
+pub const DEFAULT_MAX_PENDING_APPROVALS: usize = 256;
 /// Socket file mode unless `--socket-mode` widens it.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
@@ -67,6 +71,19 @@ pub struct Config {
     /// With a root daemon, run non-root peers' commands as this user (name or uid)
     /// instead of as the peer itself.
     pub run_as: Option<String>,
+    /// The policy file (section 7); none: every command is allowed.
+    pub policy: Option<PathBuf>,
+    /// Where audit records go: a file, or `-` for stderr; none: not kept.
+    pub audit: Option<AuditTarget>,
+    pub approval_timeout: Duration,
+    pub max_pending_approvals: usize,
+}
+
+/// Where `--audit` sends records.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuditTarget {
+    Stderr,
+    File(PathBuf),
 }
 
 impl Default for Config {
@@ -96,6 +113,10 @@ impl Default for Config {
             workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
             rlimits: Vec::new(),
             run_as: None,
+            policy: None,
+            audit: None,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            max_pending_approvals: DEFAULT_MAX_PENDING_APPROVALS,
         }
     }
 }
@@ -104,6 +125,8 @@ impl Default for Config {
 #[derive(Debug)]
 pub enum Invocation {
     Run(Box<Config>),
+    /// `--check-policy FILE`: validate a policy file and exit.
+    CheckPolicy(PathBuf),
     Help,
     Version,
 }
@@ -144,6 +167,15 @@ options:
                            (repeatable)
   --run-as USER            (root daemon) run non-root peers' commands as USER
                            instead of as the peer
+  --policy FILE            allow, ask or deny commands by rules (execd-protocol(7));
+                           SIGHUP reloads it
+  --audit FILE|-           append one JSON record per decision, start and end
+                           (file mode 0640; - is stderr); SIGHUP reopens it
+  --approval-timeout DURATION
+                           how long an ask waits for an approver (default 60s)
+  --max-pending-approvals N
+                           asks waiting at once (default 256)
+  --check-policy FILE      validate a policy file (with its examples) and exit
   -h, --help               print this help
   -V, --version            print the version
 
@@ -277,6 +309,18 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--clean-env" => cfg.clean_env = true,
             "--workdir" => cfg.workdir = PathBuf::from(value()?),
             "--run-as" => cfg.run_as = Some(value()?),
+            "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
+            "--policy" => cfg.policy = Some(PathBuf::from(value()?)),
+            "--audit" => {
+                let v = value()?;
+                cfg.audit = Some(if v == "-" {
+                    AuditTarget::Stderr
+                } else {
+                    AuditTarget::File(PathBuf::from(v))
+                });
+            }
+            "--approval-timeout" => cfg.approval_timeout = parse_duration(&value()?)?,
+            "--max-pending-approvals" => cfg.max_pending_approvals = parse_num(&flag, &value()?)?,
             "--rlimit" => {
                 let v = value()?;
                 let (name, val) = v

@@ -20,10 +20,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::audit::Log;
+use crate::approvals::{self, Answer, Approvals, Asked, Pending};
+use crate::audit::{self, Log, Queue};
 use crate::config::{Config, BASH_HISTORY};
 use crate::contain::Stage;
-use crate::launch::LaunchRequest;
+use crate::launch::{Admitted, LaunchRequest};
+use crate::policy::{self, Decision, Judged, Policy};
 use crate::process::{Ended, Stdio3, Usage};
 use crate::rpc::{ReqNo, RpcError};
 use crate::table::{
@@ -117,6 +119,25 @@ pub enum Effect {
     CloseStdin(Key),
     /// Deliver what subscribers of a command are owed.
     Pump(Key),
+    /// Queue a whole message (a Wire request or event) for a connection.
+    Send { conn: ConnId, line: Vec<u8> },
+    /// An approved command: start it, then go on with the request that asked for it.
+    Launch {
+        conn: ConnId,
+        req: Option<ReqNo>,
+        launch: Box<LaunchRequest>,
+    },
+}
+
+/// What the gate made of a command.
+#[derive(Debug)]
+pub enum Gated {
+    /// Start it now.
+    Admitted(Box<LaunchRequest>),
+    /// Answer the request with this error; nothing starts.
+    Refused(RpcError),
+    /// An approver was asked; the request waits.
+    Asked,
 }
 
 /// Everything the core waits for in time.
@@ -130,6 +151,8 @@ enum Timer {
     HardTimeout(Key),
     /// Check a bash session for idleness.
     SessionIdle(SessionKey),
+    /// An approval not answered in time.
+    Approval(String),
 }
 
 #[derive(Debug)]
@@ -158,6 +181,12 @@ pub struct Core {
     pub started: Instant,
     /// The daemon log's queue (the loop writes it out).
     pub log: Log,
+    /// Audit records waiting for the audit file (`--audit FILE`); with `--audit -` they
+    /// go into the log's queue instead, and without `--audit` nowhere.
+    pub audit: Option<Queue>,
+    audit_to_log: bool,
+    pub policy: Policy,
+    pub approvals: Approvals,
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
     /// Effects for the loop, in the order they arose.
@@ -166,6 +195,14 @@ pub struct Core {
 
 impl Core {
     pub fn new(cfg: Config, now: Instant, log: Log) -> Core {
+        let (audit, audit_to_log) = match &cfg.audit {
+            None => (None, false),
+            Some(crate::config::AuditTarget::Stderr) => (None, true),
+            Some(crate::config::AuditTarget::File(_)) => (
+                Some(Queue::new(audit::QUEUE_BYTES, audit::Kind::Audit)),
+                false,
+            ),
+        };
         Core {
             cfg,
             table: Table::default(),
@@ -179,8 +216,30 @@ impl Core {
             now,
             started: now,
             log,
+            audit,
+            audit_to_log,
+            policy: Policy::default(),
+            approvals: Approvals::default(),
             stopping: false,
             out: Vec::new(),
+        }
+    }
+
+    /// Writes one audit record (when auditing): `event`, the peer it concerns, and its
+    /// own fields.
+    pub fn record(&mut self, event: &str, peer: Option<Peer>, fields: Value) {
+        if self.audit.is_none() && !self.audit_to_log {
+            return;
+        }
+        let peer = peer.map(|p| json!({ "uid": p.uid, "gid": p.gid, "pid": p.pid }));
+        let fields = match fields {
+            Value::Object(m) => m,
+            _ => Default::default(),
+        };
+        let line = audit::audit_line(event, peer, fields);
+        match self.audit.as_mut() {
+            Some(q) => q.push(&line),
+            None => self.log.queue.push(&line),
         }
     }
 
@@ -212,6 +271,7 @@ impl Core {
                     self.idle_timers.remove(&session);
                     self.check_idle(&session);
                 }
+                Timer::Approval(id) => self.resolve_approval(&id, Answer::Reject, "timeout", None),
             }
         }
     }
@@ -220,12 +280,27 @@ impl Core {
 
     pub fn connected(&mut self, conn: ConnId, peer: Peer) {
         self.clients.insert(conn, peer);
+        self.record("connect", Some(peer), json!({}));
     }
 
     /// A connection closed: its parked requests have nobody to answer (the processes go
     /// on), and its subscriptions end.
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
+        self.approvals.approvers.remove(&conn);
+        // Its commands waiting for approval are withdrawn: nothing is started for a
+        // requester that is gone.
+        let mut withdrawn: Vec<String> = self
+            .approvals
+            .pending
+            .values()
+            .filter(|p| p.conn == conn)
+            .map(|p| p.id.clone())
+            .collect();
+        withdrawn.sort();
+        for id in withdrawn {
+            self.resolve_approval(&id, Answer::Reject, "withdrawn", None);
+        }
         // Commands it subscribed to are pumped again: a lossless subscriber leaving may
         // free their pipes.
         for key in self.table.subs_of.get(&conn).cloned().unwrap_or_default() {
@@ -370,7 +445,9 @@ impl Core {
     // ---- a command's life --------------------------------------------------------------
 
     /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
-    pub fn started(&mut self, req: &LaunchRequest, key: Key, id: String, pid: i32) {
+    /// `runs_as` is the uid the command runs as (a root daemon runs peers as
+    /// themselves, or as `--run-as`).
+    pub fn started(&mut self, req: &LaunchRequest, key: Key, id: String, pid: i32, runs_as: u32) {
         let (streams, stdin) = match req.stdio {
             Stdio3::Merged => (vec![Stream::new(req.ring_capacity)], None),
             Stdio3::MergedWithStdin => (
@@ -396,11 +473,30 @@ impl Core {
                 format!(" args {:?}", req.args)
             }
         ));
+        if self.audit.is_some() || self.audit_to_log {
+            let (decision, rule) = req
+                .admitted
+                .as_ref()
+                .map_or(("allow", "default"), |a| (a.decision, a.rule.as_str()));
+            let mut fields = json!({
+                "id": id, "session": req.family.session_id(), "cwd": req.cwd,
+                "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
+            });
+            match &req.program {
+                crate::process::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
+                crate::process::Program::Direct { program, args } => {
+                    let argv: Vec<&String> = std::iter::once(program).chain(args).collect();
+                    fields["argv"] = json!(argv);
+                }
+            }
+            self.record("start", Some(req.peer), fields);
+        }
         self.table.insert(Proc {
             key,
             id,
             family: req.family.clone(),
             owner: req.peer.uid,
+            peer: req.peer,
             command: req.command.clone(),
             args: req.args.clone(),
             cwd: req.cwd.clone(),
@@ -557,6 +653,21 @@ impl Core {
             view::describe_exit(p),
             p.duration().as_millis()
         ));
+        if self.audit.is_some() || self.audit_to_log {
+            let (code, signal) = view::exit_fields(p);
+            let streams: Vec<u64> = p.streams.iter().map(|s| s.ring.end()).collect();
+            let fields = json!({
+                "id": p.id, "status": p.status(), "exit_code": code, "signal": signal,
+                "duration_ms": p.duration().as_millis() as u64,
+                "cpu_ms": (usage.user + usage.system).as_millis() as u64,
+                "max_rss_kb": usage.max_rss_kb,
+                "stdout_bytes": streams.first().copied().unwrap_or(0),
+                "stderr_bytes": streams.get(1).copied(),
+            });
+            let peer = p.peer;
+            self.record("exit", Some(peer), fields);
+        }
+        let Some(p) = self.table.get(key) else { return };
         let (released, session) = (p.released, p.session_key());
         self.out.push(Effect::Pump(key));
         self.wake(key);
@@ -593,6 +704,9 @@ impl Core {
             return;
         }
         p.kill = Some(reason);
+        let fields = json!({ "id": p.id, "reason": reason.as_str() });
+        let peer = p.peer;
+        self.record("kill", Some(peer), fields);
         self.end_tree(key);
     }
 
@@ -636,6 +750,9 @@ impl Core {
             s.open = false;
         }
         self.log.line(format_args!("{} released", p.id));
+        let fields = json!({ "id": p.id });
+        let peer = p.peer;
+        self.record("release", Some(peer), fields);
         self.table.hide(key);
         self.out.push(Effect::ClosePipes(key));
         self.close_stdin(key);
@@ -741,6 +858,253 @@ impl Core {
         }
     }
 
+    // ---- the gate -----------------------------------------------------------------------
+
+    /// Passes a command through the policy, once, before anything starts (PROTOCOL 7):
+    /// `allow` admits it, `deny` refuses it (`-32005`), `ask` sends it to the approvers
+    /// of its owner and parks request `req` of `conn` until one answers, it times out or
+    /// the requester leaves. An earlier `approve_for_session` of the same rule, owner and
+    /// session admits it at once; no approver at all refuses it at once (`-32006`).
+    pub fn gate(
+        &mut self,
+        mut launch: Box<LaunchRequest>,
+        conn: ConnId,
+        req: Option<ReqNo>,
+    ) -> Gated {
+        let (key, id) = self.table.next_ids(launch.prefix);
+        let peer = launch.peer;
+        let argv: Vec<String>;
+        let judged = match &launch.program {
+            crate::process::Program::Shell { line, .. } => Judged::Line(line),
+            crate::process::Program::Direct { program, args } => {
+                argv = std::iter::once(program.clone())
+                    .chain(args.clone())
+                    .collect();
+                Judged::Argv(&argv)
+            }
+        };
+        let verdict = self.policy.judge(
+            &judged,
+            &policy::Peer {
+                uid: peer.uid,
+                gids: &[peer.gid],
+            },
+        );
+        let admit = |launch: &mut LaunchRequest, decision, rule: &str| {
+            launch.admitted = Some(Admitted {
+                key,
+                id: id.clone(),
+                decision,
+                rule: rule.to_string(),
+            });
+        };
+        match verdict.decision {
+            Decision::Allow => {
+                admit(&mut launch, "allow", &verdict.rule);
+                Gated::Admitted(launch)
+            }
+            Decision::Deny => {
+                self.record(
+                    "deny",
+                    Some(peer),
+                    json!({ "id": id, "rule": verdict.rule, "reason": "policy",
+                            "command": approvals::describe(&launch) }),
+                );
+                self.log.line(format_args!(
+                    "denied {id} of uid {}: rule {}",
+                    peer.uid, verdict.rule
+                ));
+                Gated::Refused(RpcError::denied(
+                    &verdict.rule,
+                    verdict.justification.as_deref(),
+                ))
+            }
+            Decision::Ask => {
+                let grant = (peer.uid, launch.session_ref(), verdict.rule.clone());
+                if self.approvals.grants.contains(&grant) {
+                    admit(&mut launch, "approve_for_session", &verdict.rule);
+                    return Gated::Admitted(launch);
+                }
+                let approvers = self.approvals.approvers_for(peer.uid);
+                let reason = if approvers.is_empty() {
+                    Some("no approver")
+                } else if self.approvals.pending.len() >= self.cfg.max_pending_approvals {
+                    None
+                } else {
+                    Some("")
+                };
+                let Some(reason) = reason else {
+                    return Gated::Refused(RpcError::limit(
+                        "max-pending-approvals",
+                        self.cfg.max_pending_approvals,
+                    ));
+                };
+                if !reason.is_empty() {
+                    self.record(
+                        "reject",
+                        Some(peer),
+                        json!({ "id": id, "rule": verdict.rule, "reason": reason }),
+                    );
+                    return Gated::Refused(RpcError::not_approved(&verdict.rule, reason, None));
+                }
+                let appr = self.approvals.next_id();
+                let session = launch.family.session_id().to_string();
+                let description = approvals::describe(&launch);
+                let why = verdict
+                    .justification
+                    .as_deref()
+                    .map_or(String::new(), |j| format!(": {j}"));
+                let asked = Asked {
+                    rule: verdict.rule.clone(),
+                    justification: verdict.justification.clone(),
+                    brief: format!(
+                        "rule {}{why}; uid {} (pid {}), cwd {}, session {session}",
+                        verdict.rule,
+                        peer.uid,
+                        peer.pid,
+                        launch.cwd.display()
+                    ),
+                    description,
+                };
+                let line = approvals::request_line(&appr, &id, &asked);
+                for a in &approvers {
+                    self.out.push(Effect::Send {
+                        conn: *a,
+                        line: line.clone(),
+                    });
+                }
+                self.record(
+                    "ask",
+                    Some(peer),
+                    json!({ "id": id, "approval": appr, "rule": verdict.rule,
+                            "reason": if verdict.unparsed { "unparsed" } else { "policy" },
+                            "command": asked.description }),
+                );
+                admit(&mut launch, "approve", &verdict.rule);
+                let timer = self.timers.add(
+                    self.now + self.cfg.approval_timeout,
+                    Timer::Approval(appr.clone()),
+                );
+                self.approvals.pending.insert(
+                    appr.clone(),
+                    Pending {
+                        id: appr,
+                        conn,
+                        req,
+                        launch,
+                        asked,
+                        sent_to: approvers,
+                        timer,
+                    },
+                );
+                Gated::Asked
+            }
+        }
+    }
+
+    /// An approver's answer to approval `id` (a Wire response). Only an approver that got
+    /// the request may answer it; the first answer wins, later ones are ignored.
+    pub fn approval_answer(&mut self, from: ConnId, id: &str, result: &Result<Value, Value>) {
+        let may = self
+            .approvals
+            .pending
+            .get(id)
+            .is_some_and(|p| p.sent_to.contains(&from));
+        if !may {
+            return;
+        }
+        let (answer, feedback) = Answer::from_response(id, result);
+        let approver = self.clients.get(&from).copied();
+        self.resolve_approval_by(id, answer, "rejected", feedback, approver);
+    }
+
+    /// Ends approval `id` with `answer` (`reason` says why a reject happened).
+    fn resolve_approval(
+        &mut self,
+        id: &str,
+        answer: Answer,
+        reason: &str,
+        feedback: Option<String>,
+    ) {
+        self.resolve_approval_by(id, answer, reason, feedback, None);
+    }
+
+    fn resolve_approval_by(
+        &mut self,
+        id: &str,
+        answer: Answer,
+        reason: &str,
+        feedback: Option<String>,
+        approver: Option<Peer>,
+    ) {
+        let Some(p) = self.approvals.pending.remove(id) else {
+            return;
+        };
+        self.timers.cancel(p.timer);
+        let line = approvals::resolved_line(id, answer);
+        for a in &p.sent_to {
+            self.out.push(Effect::Send {
+                conn: *a,
+                line: line.clone(),
+            });
+        }
+        let peer = p.launch.peer;
+        let command_id = p.launch.admitted.as_ref().map(|a| a.id.clone());
+        let mut fields = json!({ "id": command_id, "approval": id, "rule": p.asked.rule });
+        if let Some(a) = approver {
+            fields["approver"] = json!({ "uid": a.uid, "pid": a.pid });
+        }
+        match answer {
+            Answer::Approve | Answer::ApproveForSession => {
+                if answer == Answer::ApproveForSession {
+                    self.approvals.grants.insert((
+                        peer.uid,
+                        p.launch.session_ref(),
+                        p.asked.rule.clone(),
+                    ));
+                    fields["for_session"] = true.into();
+                }
+                self.record("approve", Some(peer), fields);
+                self.out.push(Effect::Launch {
+                    conn: p.conn,
+                    req: p.req,
+                    launch: p.launch,
+                });
+            }
+            Answer::Reject => {
+                fields["reason"] = reason.into();
+                if let Some(f) = &feedback {
+                    fields["feedback"] = f.clone().into();
+                }
+                self.record("reject", Some(peer), fields);
+                if let Some(req) = p.req {
+                    self.out.push(Effect::Reply {
+                        conn: p.conn,
+                        req,
+                        result: Err(RpcError::not_approved(&p.asked.rule, reason, feedback)),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Replaces the policy (SIGHUP), or keeps the old one when the new one is refused.
+    pub fn reload_policy(&mut self, loaded: Result<Policy, String>) {
+        match loaded {
+            Ok(p) => {
+                self.log
+                    .line(format_args!("policy reloaded: {} rule(s)", p.rule_count()));
+                self.policy = p;
+                self.record("policy_reload", None, json!({ "ok": true }));
+            }
+            Err(e) => {
+                self.log
+                    .line(format_args!("policy not reloaded, the old one stays: {e}"));
+                self.record("policy_reload", None, json!({ "ok": false, "error": e }));
+            }
+        }
+    }
+
     // ---- bash sessions -----------------------------------------------------------------
 
     /// Finds the caller's session `id`, or creates it (under that name, or a new one when
@@ -819,7 +1183,14 @@ impl Core {
             }
         }
         self.forget_session(key);
+        self.approvals
+            .end_session(key.0, &format!("bash:{}", key.1));
         self.log.line(format_args!("session {} closed", key.1));
+        self.record(
+            "session_close",
+            None,
+            json!({ "session": key.1, "uid": key.0 }),
+        );
     }
 
     /// Removes a session record and its idle timer (a session whose only command never
@@ -982,6 +1353,7 @@ mod tests {
             prefix: "term",
             subscribe: None,
             after: After::Terminal,
+            admitted: None,
         }
     }
 
@@ -994,7 +1366,7 @@ mod tests {
             Stdio3::Merged,
         );
         let (key, id) = c.table.next_ids("term");
-        c.started(&req, key, id, key as i32 + 1000);
+        c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
         key
     }
 
@@ -1008,7 +1380,7 @@ mod tests {
             Stdio3::Separate,
         );
         let (key, id) = c.table.next_ids("cmd");
-        c.started(&req, key, id, key as i32 + 1000);
+        c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
         key
     }
 
@@ -1287,7 +1659,7 @@ mod tests {
         req.peer.uid = owner;
         req.ring_capacity = limit;
         let (key, id) = c.table.next_ids("term");
-        c.started(&req, key, id, key as i32 + 1000);
+        c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
         key
     }
 

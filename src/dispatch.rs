@@ -8,7 +8,7 @@ use crate::core::{Caller, Core, Step};
 use crate::launch::{After, LaunchRequest};
 use crate::rpc::{Params, RpcError};
 use crate::table::Key;
-use crate::{acp, bash, events};
+use crate::{acp, bash, events, gate};
 
 /// A method: reads and changes the core, returns what to do with the request.
 pub type Method = fn(&mut Core, &Caller, &Params) -> Result<Step, RpcError>;
@@ -37,6 +37,9 @@ pub fn method(name: &str) -> Option<Method> {
         "bash/sessions/close" => bash::close_session,
         "events/subscribe" => events::subscribe,
         "events/unsubscribe" => events::unsubscribe,
+        "approvals/subscribe" => gate::subscribe,
+        "approvals/unsubscribe" => gate::unsubscribe,
+        "policy/check" => gate::check,
         _ => return None,
     })
 }

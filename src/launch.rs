@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use crate::process::{Program, Stdio3};
 use crate::rpc::{os_error_text, RpcError};
-use crate::table::{ConnId, Family, Peer, SubOpts};
+use crate::table::{ConnId, Family, Key, Peer, SubOpts};
 
 /// What the family does once the command is started (or failed to start).
 #[derive(Debug, Clone)]
@@ -49,6 +49,32 @@ pub struct LaunchRequest {
     /// Subscribe this connection from the first byte, as the command starts.
     pub subscribe: Option<(ConnId, SubOpts)>,
     pub after: After,
+    /// Set by the gate: the key and public id the command will have (an approver sees
+    /// the id before the command exists), and how it was let through.
+    pub admitted: Option<Admitted>,
+}
+
+/// How the gate let a command through.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub key: Key,
+    pub id: String,
+    /// `allow`, `approve` (a person said yes) or `approve_for_session` (an earlier yes
+    /// for the same rule and session).
+    pub decision: &'static str,
+    /// The rule that decided (`default` when none matched).
+    pub rule: String,
+}
+
+impl LaunchRequest {
+    /// The session a session approval is remembered for: the ACP session or the bash
+    /// session, kept apart.
+    pub fn session_ref(&self) -> String {
+        match &self.family {
+            Family::Terminal { session_id } => format!("acp:{session_id}"),
+            Family::Bash { session_id } => format!("bash:{session_id}"),
+        }
+    }
 }
 
 /// Whether `command` may be executed directly without a shell: one plain word of letters,

@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acp;
+pub mod approvals;
 pub mod audit;
 pub mod bash;
 pub mod cli;
@@ -32,6 +33,7 @@ pub mod contain;
 pub mod core;
 pub mod dispatch;
 pub mod events;
+pub mod gate;
 pub mod launch;
 pub mod pipes;
 pub mod policy;

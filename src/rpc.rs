@@ -26,6 +26,10 @@ pub const NOT_FOUND: i64 = -32002;
 pub const LIMIT_REACHED: i64 = -32003;
 /// The command could not be started; the message carries the OS error.
 pub const SPAWN_FAILED: i64 = -32004;
+/// The policy denies the command; `data` names the rule.
+pub const DENIED: i64 = -32005;
+/// An approver rejected the command, or none answered; `data` says which.
+pub const NOT_APPROVED: i64 = -32006;
 /// The daemon is shutting down.
 pub const SHUTTING_DOWN: i64 = -32007;
 /// The client cancelled the request (`$/cancel_request`).
@@ -104,6 +108,25 @@ impl RpcError {
 
     pub fn shutting_down() -> RpcError {
         RpcError::new(SHUTTING_DOWN, "server shutting down")
+    }
+
+    pub fn denied(rule: &str, justification: Option<&str>) -> RpcError {
+        let mut data = json!({ "rule": rule });
+        if let Some(j) = justification {
+            data["justification"] = j.into();
+        }
+        let why = justification.map_or(String::new(), |j| format!(": {j}"));
+        RpcError::new(DENIED, format!("denied by policy rule {rule}{why}")).with_data(data)
+    }
+
+    pub fn not_approved(rule: &str, reason: &str, feedback: Option<String>) -> RpcError {
+        let mut data = json!({ "rule": rule, "reason": reason });
+        let mut message = format!("not approved ({reason}; rule {rule})");
+        if let Some(f) = feedback {
+            message.push_str(&format!(": {f}"));
+            data["feedback"] = f.into();
+        }
+        RpcError::new(NOT_APPROVED, message).with_data(data)
     }
 
     pub fn cancelled() -> RpcError {
@@ -472,19 +495,21 @@ pub fn base64_encode(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// Decodes standard base64 (padding required when the length is not a multiple of four
-/// is not: unpadded input is accepted too). `None` for anything else.
-pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
+/// The value of each base64 digit, 255 for bytes that are not one.
+const BASE64_VALUES: [u8; 256] = {
+    let mut t = [255u8; 256];
+    let mut i = 0;
+    while i < 64 {
+        t[BASE64[i] as usize] = i as u8;
+        i += 1;
     }
+    t
+};
+
+/// Decodes standard base64; the padding may be left out. `None` for anything else. A
+/// client of a base64 subscription decodes every byte of output here, so whole groups of
+/// four go through a table with one check per group.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
     let body = bytes
         .strip_suffix(b"==")
@@ -497,13 +522,31 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
         return None;
     }
     let mut out = Vec::with_capacity(body.len() / 4 * 3 + 2);
-    for group in body.chunks(4) {
-        let mut n = 0u32;
-        for (i, &c) in group.iter().enumerate() {
-            n |= value(c)? << (18 - 6 * i);
+    let mut groups = body.chunks_exact(4);
+    for g in &mut groups {
+        let (a, b, c, d) = (
+            BASE64_VALUES[g[0] as usize],
+            BASE64_VALUES[g[1] as usize],
+            BASE64_VALUES[g[2] as usize],
+            BASE64_VALUES[g[3] as usize],
+        );
+        if (a | b | c | d) & 0xc0 != 0 {
+            return None;
         }
-        let take = group.len() - 1;
-        out.extend_from_slice(&n.to_be_bytes()[1..1 + take]);
+        let n = u32::from(a) << 18 | u32::from(b) << 12 | u32::from(c) << 6 | u32::from(d);
+        out.extend_from_slice(&n.to_be_bytes()[1..]);
+    }
+    let rest = groups.remainder();
+    if !rest.is_empty() {
+        let mut n = 0u32;
+        for (i, &ch) in rest.iter().enumerate() {
+            let v = BASE64_VALUES[ch as usize];
+            if v & 0xc0 != 0 {
+                return None;
+            }
+            n |= u32::from(v) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..rest.len()]);
     }
     Some(out)
 }

@@ -22,16 +22,16 @@ use std::time::{Duration, Instant};
 
 use mio::net::UnixListener;
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token};
-use serde_json::{Map, Value};
+use mio::{Events, Interest, Poll, Registry, Token};
+use serde_json::{json, Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use crate::audit::{Log, Out};
+use crate::audit::{Log, Out, Queue};
 use crate::config::Config;
 use crate::conn::{Conn, Fill, Incoming};
 use crate::contain::Contain;
-use crate::core::{Caller, Core, Effect, Step};
+use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::events::{self, Outbox, Outboxes};
 use crate::launch::LaunchRequest;
 use crate::pipes::{Flushed, Got, Pipes, Source};
@@ -47,7 +47,8 @@ const HANDLED_SIGNALS: [i32; 4] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP];
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const LOG: Token = Token(2);
-const FIRST_DYNAMIC: usize = 3;
+const AUDIT: Token = Token(3);
+const FIRST_DYNAMIC: usize = 4;
 
 /// Size of the buffer pipes and sockets are read into.
 const SCRATCH: usize = 256 << 10;
@@ -145,6 +146,31 @@ pub struct Server {
     /// The daemon log's descriptor, and whether it waits for WRITABLE.
     log_out: Option<Out>,
     log_registered: bool,
+    /// The audit file's descriptor (`--audit FILE`), and whether it waits for WRITABLE.
+    audit_out: Option<Out>,
+    audit_registered: bool,
+}
+
+/// Writes `q` into `out` until it would block; registers `out` for WRITABLE (under
+/// `token`) while bytes wait, where it can be polled.
+fn drain_into(
+    out: &mut Out,
+    q: &mut Queue,
+    registry: &Registry,
+    token: Token,
+    registered: &mut bool,
+) {
+    if q.is_empty() || *registered {
+        return;
+    }
+    if out.drain(q) {
+        *registered = registry
+            .register(&mut SourceFd(&out.fd()), token, Interest::WRITABLE)
+            .is_ok();
+    }
+    if !*registered {
+        let _ = registry.deregister(&mut SourceFd(&out.fd()));
+    }
 }
 
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
@@ -260,6 +286,17 @@ impl Server {
             &cfg.rlimits,
             process::raise_nofile(),
         )?;
+        let policy = match &cfg.policy {
+            Some(path) => crate::policy::Policy::load(path)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+            None => crate::policy::Policy::default(),
+        };
+        let audit_out = match &cfg.audit {
+            Some(crate::config::AuditTarget::File(path)) => Some(Out::file(path).map_err(|e| {
+                io::Error::new(e.kind(), format!("--audit {}: {e}", path.display()))
+            })?),
+            _ => None,
+        };
         // The journal stamps its lines itself.
         let log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
         let log_out = Out::stderr().ok();
@@ -295,8 +332,10 @@ impl Server {
             }
         }
         let now = Instant::now();
+        let mut core = Core::new(cfg, now, log);
+        core.policy = policy;
         Ok(Server {
-            core: Core::new(cfg, now, log),
+            core,
             poll,
             listener: Some(listener),
             socket_file,
@@ -317,6 +356,8 @@ impl Server {
             uid: process::current_uid(),
             log_out,
             log_registered: false,
+            audit_out,
+            audit_registered: false,
             memory_peak: 0,
         })
     }
@@ -359,7 +400,12 @@ impl Server {
                     LISTENER => self.accept_all(),
                     SIGNALS => self.on_signals(),
                     LOG => self.log_registered = false,
-                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed()),
+                    AUDIT => self.audit_registered = false,
+                    t => self.on_ready(
+                        t,
+                        ev.is_readable() || ev.is_read_closed(),
+                        ev.is_write_closed(),
+                    ),
                 }
             }
             self.service_hot();
@@ -382,28 +428,57 @@ impl Server {
         t
     }
 
-    /// Writes the log queue as far as stderr takes it, waiting for WRITABLE where stderr
-    /// can be polled.
+    /// Writes the log and audit queues as far as their targets take them, waiting for
+    /// WRITABLE where a target can be polled (a pipe, a terminal, a FIFO). A regular file
+    /// is never full and cannot be polled; its next write comes next turn.
     fn write_log(&mut self) {
-        let Some(out) = self.log_out.as_mut() else {
-            return;
+        let registry = self.poll.registry();
+        if let Some(out) = self.log_out.as_mut() {
+            drain_into(
+                out,
+                &mut self.core.log.queue,
+                registry,
+                LOG,
+                &mut self.log_registered,
+            );
+        }
+        if let (Some(out), Some(q)) = (self.audit_out.as_mut(), self.core.audit.as_mut()) {
+            drain_into(out, q, registry, AUDIT, &mut self.audit_registered);
+        }
+    }
+
+    /// SIGHUP: reopen the audit file (log rotation) and reload the policy.
+    fn reopen(&mut self) {
+        let cfg = &self.core.cfg;
+        let what = match (cfg.audit.is_some(), cfg.policy.is_some()) {
+            (false, false) => "no audit file or policy to reload",
+            (true, false) => "reopening the audit file",
+            (false, true) => "reloading the policy",
+            (true, true) => "reopening the audit file and reloading the policy",
         };
-        if self.core.log.queue.is_empty() || self.log_registered {
-            return;
+        self.core.log.line(format_args!("SIGHUP: {what}"));
+        if let Some(crate::config::AuditTarget::File(path)) = &self.core.cfg.audit {
+            let path = path.clone();
+            match Out::file(&path) {
+                Ok(out) => {
+                    if let Some(old) = self.audit_out.take() {
+                        // What the old file did not take yet goes to the new one.
+                        let _ = self.poll.registry().deregister(&mut SourceFd(&old.fd()));
+                    }
+                    self.audit_registered = false;
+                    self.audit_out = Some(out);
+                    self.core
+                        .log
+                        .line(format_args!("audit file {} reopened", path.display()));
+                }
+                Err(e) => self.core.log.line(format_args!(
+                    "audit file {} not reopened, still writing the old one: {e}",
+                    path.display()
+                )),
+            }
         }
-        if out.drain(&mut self.core.log.queue) {
-            // A pipe or terminal that is full: come back when it drains. A regular file is
-            // never full and cannot be polled; its next write comes next turn.
-            self.log_registered = self
-                .poll
-                .registry()
-                .register(&mut SourceFd(&out.fd()), LOG, Interest::WRITABLE)
-                .is_ok();
-        } else if self.log_registered {
-            self.log_registered = false;
-        }
-        if !self.log_registered {
-            let _ = self.poll.registry().deregister(&mut SourceFd(&out.fd()));
+        if let Some(path) = self.core.cfg.policy.clone() {
+            self.core.reload_policy(crate::policy::Policy::load(&path));
         }
     }
 
@@ -452,7 +527,14 @@ impl Server {
                     continue;
                 }
             };
+            let who = Peer {
+                uid: peer.uid,
+                gid: peer.gid,
+                pid: peer.pid,
+            };
             if !self.peer_allowed(&peer) {
+                self.core
+                    .record("refuse", Some(who), json!({ "why": "peer not allowed" }));
                 self.core.log.refusal(
                     "peers not allowed",
                     self.core.now,
@@ -465,6 +547,13 @@ impl Server {
             }
             let cfg = &self.core.cfg;
             if self.conns.len() >= cfg.max_clients {
+                let max = cfg.max_clients;
+                self.core.record(
+                    "refuse",
+                    Some(who),
+                    json!({ "why": format!("max-clients ({max})") }),
+                );
+                let cfg = &self.core.cfg;
                 let line = rpc::encode_response(
                     &rpc::Id::null(),
                     &Err(RpcError::limit("max-clients", cfg.max_clients)),
@@ -489,23 +578,24 @@ impl Server {
                 continue;
             }
             self.conns.insert(token, conn);
-            self.core.connected(
-                ConnId(token.0),
-                Peer {
-                    uid: peer.uid,
-                    gid: peer.gid,
-                    pid: peer.pid,
-                },
-            );
+            self.core.connected(ConnId(token.0), who);
         }
     }
 
     /// A source is ready. For a connection, writing (and resuming what waited for room)
-    /// happens in `flush_dirty`, so only readability matters here.
-    fn on_ready(&mut self, token: Token, readable: bool) {
+    /// happens in `flush_dirty`, so only readability and a hang-up matter here.
+    fn on_ready(&mut self, token: Token, readable: bool, hung_up: bool) {
         if self.conns.contains_key(&token) {
             if readable {
                 self.read_requests(token);
+            }
+            if hung_up {
+                // The peer closed its socket entirely (a half-close only ends reading):
+                // what it sent was carried out just now, and what waits for it (parked
+                // requests, asks for approval) is withdrawn as the connection closes.
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.broken = true;
+                }
             }
             self.dirty.push(token);
             return;
@@ -543,8 +633,13 @@ impl Server {
                     method,
                     params,
                 } => self.request(token, req, &method, &params),
-                // No request from execd to clients is outstanding yet: nothing to match.
-                Incoming::Response { .. } => {}
+                // Answers to the approval requests execd sent.
+                Incoming::Response { id, result } => {
+                    if let Value::String(id) = id.to_value() {
+                        self.core.approval_answer(ConnId(token.0), &id, &result);
+                        self.apply();
+                    }
+                }
                 Incoming::Cancel(req) => {
                     self.core.cancel(ConnId(token.0), req);
                     self.apply();
@@ -579,11 +674,11 @@ impl Server {
     /// by the family's tail (which yields the next step).
     fn settle(&mut self, token: Token, req: Option<ReqNo>, step: Result<Step, RpcError>) {
         match step {
-            Ok(Step::Launch(launch)) => {
-                let started = self.launch(&launch);
-                let next = dispatch::after_launch(&mut self.core, &launch, started);
-                self.settle(token, req, next);
-            }
+            Ok(Step::Launch(launch)) => match self.core.gate(launch, ConnId(token.0), req) {
+                Gated::Admitted(launch) => self.start(token, req, &launch),
+                Gated::Refused(e) => self.answer(token, req, Err(e)),
+                Gated::Asked => {} // answered once an approver decides
+            },
             Ok(Step::Park { wait, deadline }) => {
                 // A notification is carried out and never answered, so never waits.
                 if let Some(req) = req {
@@ -595,6 +690,13 @@ impl Server {
         }
     }
 
+    /// Starts an admitted command, then settles the request with the family's tail.
+    fn start(&mut self, token: Token, req: Option<ReqNo>, launch: &LaunchRequest) {
+        let started = self.launch(launch);
+        let next = dispatch::after_launch(&mut self.core, launch, started);
+        self.settle(token, req, next);
+    }
+
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
         let Some(req) = req else { return };
         if let Err(e) = &result {
@@ -603,6 +705,20 @@ impl Server {
                     "internal error answered to conn {}: {}",
                     token.0, e.message
                 ));
+            }
+            if e.code == rpc::LIMIT_REACHED {
+                let data = e.data.as_ref();
+                let limit = data
+                    .and_then(|d| d["limit"].as_str())
+                    .unwrap_or("limit")
+                    .to_string();
+                let value = data.map_or(Value::Null, |d| d["value"].clone());
+                let uid = self.conns.get(&token).map_or(0, |c| c.peer.uid);
+                self.core.log.refusal(
+                    &limit,
+                    self.core.now,
+                    format_args!("refused a request of uid {uid}: {limit} ({value}) reached"),
+                );
             }
         }
         if let Some(c) = self.conns.get_mut(&token) {
@@ -628,6 +744,13 @@ impl Server {
                     Effect::FlushStdin(key) => self.flush_stdin(key),
                     Effect::CloseStdin(key) => self.pipes.close_stdin(self.poll.registry(), key),
                     Effect::Pump(key) => self.pump(key),
+                    Effect::Send { conn, line } => {
+                        if let Some(c) = self.conns.get_mut(&Token(conn.0)) {
+                            c.queue_bytes(&line);
+                            self.dirty.push(Token(conn.0));
+                        }
+                    }
+                    Effect::Launch { conn, req, launch } => self.start(Token(conn.0), req, &launch),
                 }
             }
         }
@@ -759,14 +882,6 @@ impl Server {
     fn launch(&mut self, req: &LaunchRequest) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
-            self.core.log.refusal(
-                "max-processes",
-                self.core.now,
-                format_args!(
-                    "refused a command of uid {}: max-processes ({max})",
-                    req.peer.uid
-                ),
-            );
             return Err(RpcError::limit("max-processes", max));
         }
         let user = self.identity(req.peer);
@@ -794,7 +909,10 @@ impl Server {
             };
             RpcError::spawn_failed(&program, &e)
         })?;
-        let (key, id) = self.core.table.next_ids(req.prefix);
+        let (key, id) = match &req.admitted {
+            Some(a) => (a.key, a.id.clone()),
+            None => self.core.table.next_ids(req.prefix),
+        };
         let pid = spawned.pid;
         let outs: Vec<_> = std::iter::once(spawned.out).chain(spawned.err).collect();
         let next = &mut self.next_token;
@@ -811,7 +929,8 @@ impl Server {
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
         self.contain.started(key, pid);
-        self.core.started(req, key, id, pid);
+        let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
+        self.core.started(req, key, id, pid, runs_as);
         Ok(key)
     }
 
@@ -937,12 +1056,9 @@ impl Server {
             match sig {
                 SIGCHLD => chld = true,
                 SIGTERM | SIGINT => term = true,
-                // Caught so that a closing terminal or a logrotate-style HUP does not kill
-                // the daemon (and with it every command). There is no audit file to reopen.
-                SIGHUP => self
-                    .core
-                    .log
-                    .line(format_args!("SIGHUP: nothing to reopen")),
+                // Reopens the audit file and reloads the policy; a closing terminal's HUP
+                // never kills the daemon (and with it every command).
+                SIGHUP => self.reopen(),
                 _ => {}
             }
         }

@@ -183,6 +183,8 @@ pub struct Proc {
     pub family: Family,
     /// The uid that owns it (the peer's).
     pub owner: u32,
+    /// The peer that started it, for the audit log.
+    pub peer: Peer,
     /// What the client asked to run (program, or the shell line).
     pub command: String,
     pub args: Vec<String>,
@@ -598,6 +600,11 @@ mod tests {
             id,
             family,
             owner,
+            peer: Peer {
+                uid: owner,
+                gid: owner,
+                pid: 1,
+            },
             command: "true".into(),
             args: vec![],
             cwd: PathBuf::from("/"),

@@ -22,6 +22,22 @@ fn main() -> ExitCode {
             println!("execd {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
+        Invocation::CheckPolicy(path) => {
+            return match execd::policy::Policy::load(&path) {
+                Ok(p) => {
+                    println!(
+                        "{}: {} rule(s), every example agrees with its rule",
+                        path.display(),
+                        p.rule_count()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("execd: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Invocation::Run(cfg) => cfg,
     };
     let server = match Server::new(*cfg) {

@@ -1,0 +1,74 @@
+//! The methods of the gate (PROTOCOL.md 7.3, 7.5): `approvals/subscribe` and
+//! `approvals/unsubscribe` make a connection an approver, and `policy/check` shows what
+//! the loaded policy decides for a command without running it. Answers to approval
+//! requests are Wire responses, not methods: the loop routes them to the core by id.
+
+use serde_json::{json, Value};
+
+use crate::core::{Caller, Core, Step};
+use crate::policy::{split_line, Judged, Peer};
+use crate::rpc::{Params, RpcError};
+
+/// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
+/// every uid), receiving each as a Wire `request`.
+pub fn subscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
+    core.approvals.approvers.insert(caller.conn, caller.uid);
+    Ok(Step::Done(json!({})))
+}
+
+/// `approvals/unsubscribe {}`.
+pub fn unsubscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
+    core.approvals.approvers.remove(&caller.conn);
+    Ok(Step::Done(json!({})))
+}
+
+/// `policy/check {command, args?, uid?}`: the decision the daemon's policy gives a
+/// command (a direct argv when `args` is given, else a shell line) and every rule that
+/// matched. `uid` (root callers only) judges it as another peer would be judged.
+pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let command = p.str("command")?;
+    let args = p.opt_str_array("args")?;
+    let uid = match p.opt_u64("uid")? {
+        None => caller.uid,
+        Some(u) if caller.uid == 0 => {
+            u32::try_from(u).map_err(|_| RpcError::invalid_params("uid", "not a uid"))?
+        }
+        Some(_) => {
+            return Err(RpcError::invalid_params(
+                "uid",
+                "only root may judge as another uid",
+            ))
+        }
+    };
+    let argv: Vec<String>;
+    let judged = match args {
+        Some(a) => {
+            argv = std::iter::once(command)
+                .chain(a)
+                .map(String::from)
+                .collect();
+            Judged::Argv(&argv)
+        }
+        None => Judged::Line(command),
+    };
+    let gid = if uid == caller.uid { caller.gid } else { uid };
+    let v = core.policy.judge(&judged, &Peer { uid, gids: &[gid] });
+    let hits: Vec<Value> = v
+        .hits
+        .iter()
+        .map(|h| json!({ "rule": h.rule, "decision": h.decision.as_str(), "argv": h.argv }))
+        .collect();
+    let split = match judged {
+        Judged::Line(line) => json!(split_line(line).commands),
+        Judged::Argv(a) => json!([a]),
+    };
+    Ok(Step::Done(json!({
+        "decision": v.decision.as_str(),
+        "rule": v.rule,
+        "justification": v.justification,
+        "unparsed": v.unparsed,
+        "hits": hits,
+        "commands": split,
+        "policy_loaded": core.cfg.policy.is_some(),
+    })))
+}
