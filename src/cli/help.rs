@@ -52,7 +52,7 @@ const INTERACTIVE: Flag = flag(
     "--interactive",
     Some("-i"),
     None,
-    "forward stdin even when it is a terminal",
+    "forward stdin even from a terminal; with -d, keep it open for execctl write",
 );
 
 /// `execctl run`.
@@ -67,7 +67,8 @@ stop at COMMAND: `execctl run ls -l` passes -l to ls. A single operand that is n
 plain word is run by the daemon's shell (`execctl run 'ls | wc -l'`).
 
 stdin is forwarded to the command when it is not a terminal (or with -i), and closed at
-its end; otherwise the command's stdin is empty. Ctrl-C, a hang-up or SIGTERM kills the
+its end; otherwise the command's stdin is empty. A --detach'ed command's stdin is closed,
+or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM kills the
 command (SIGTERM, then SIGKILL after the daemon's grace). Exit status: the command's
 (128+N for signal N); 124 after --timeout; 127 command not found; 126 not executable;
 125 execctl's or the daemon's error, or output lost (a warning says how much).",

@@ -293,12 +293,28 @@ fn request_json(r: &Request) -> Value {
     })
 }
 
-/// A request as a person reads it, with the prompt.
+/// The daemon's brief, "rule R: why; uid U (pid P), cwd C, session S", as labelled
+/// lines; `None` when it reads otherwise.
+fn brief_fields(text: &str) -> Option<Vec<(&'static str, &str)>> {
+    let rule = text.strip_prefix("rule ")?;
+    let (rule, who) = rule.rsplit_once("; uid ")?;
+    let (who, session) = who.rsplit_once(", session ")?;
+    let (uid, cwd) = who.split_once(", cwd ")?;
+    Some(vec![
+        ("rule", rule),
+        ("uid", uid),
+        ("cwd", cwd),
+        ("session", session),
+    ])
+}
+
+/// A request as a person reads it: id, command, rule and justification, uid, cwd and
+/// session, each on its line.
 fn request_text(r: &Request) -> String {
     let p = &r.payload;
     let mut s = format!("\napproval request {}", r.request_id);
     if let Some(t) = p["tool_call_id"].as_str() {
-        s.push_str(&format!(" (command {t})"));
+        s.push_str(&format!(" (command id {t})"));
     }
     s.push('\n');
     s.push_str(&format!(
@@ -306,11 +322,16 @@ fn request_text(r: &Request) -> String {
         p["description"].as_str().unwrap_or("?")
     ));
     for d in p["display"].as_array().into_iter().flatten() {
-        if let Some(text) = d["text"].as_str() {
-            // The brief reads "rule R: justification; uid U (pid P), cwd C, session S".
-            for part in text.split("; ") {
-                s.push_str(&format!("  {part}\n"));
+        let Some(text) = d["text"].as_str() else {
+            continue;
+        };
+        match brief_fields(text) {
+            Some(fields) => {
+                for (label, value) in fields {
+                    s.push_str(&format!("  {label:<8} {value}\n"));
+                }
             }
+            None => s.push_str(&format!("  {text}\n")),
         }
     }
     s
@@ -513,18 +534,18 @@ mod tests {
         };
         let t = request_text(&r);
         assert!(
-            t.contains("approval request appr_7 (command cmd_12)"),
+            t.contains("approval request appr_7 (command id cmd_12)"),
             "{t}"
         );
         assert!(t.contains("  command  git push origin main\n"), "{t}");
         assert!(
-            t.contains("  rule push: pushes leave this machine\n"),
+            t.contains("  rule     push: pushes leave this machine\n"),
             "{t}"
         );
-        assert!(
-            t.contains("  uid 1000 (pid 4242), cwd /r, session s1\n"),
-            "{t}"
-        );
+        assert!(t.contains("  uid      1000 (pid 4242)\n"), "{t}");
+        assert!(t.contains("  cwd      /r\n"), "{t}");
+        assert!(t.contains("  session  s1\n"), "{t}");
+        assert_eq!(brief_fields("something else"), None);
         let j = request_json(&r);
         assert_eq!(j["command"], "git push origin main");
         assert_eq!(

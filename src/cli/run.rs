@@ -36,6 +36,8 @@ use crate::rpc::{base64_decode, base64_encode};
 const STDIN_CHUNK: usize = 32 << 10;
 /// How often the main thread looks for a signal while a create may be held for approval.
 const CREATE_TICK: Duration = Duration::from_millis(100);
+/// How long an interrupted create may still be answered before execctl hangs up on it.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
 /// What `run` and `exec` share.
 struct Common {
@@ -43,7 +45,10 @@ struct Common {
     env: Vec<(String, String)>,
     timeout: Option<Duration>,
     detach: bool,
+    /// execctl's stdin goes to the command.
     forward_stdin: bool,
+    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`.
+    stdin_pipe: bool,
 }
 
 fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
@@ -57,19 +62,16 @@ fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
 
 fn common(p: &Parsed, timeout_flags: &[&str]) -> Res<Common> {
     let detach = p.has("--detach") || p.has("--async");
-    if detach && p.has("--interactive") {
-        return Err(Fail::usage(
-            "--detach and --interactive do not go together: a detached command's stdin is closed",
-        ));
-    }
     let mut timeout = None;
     for f in timeout_flags {
         if let Some(v) = p.value(f) {
             timeout = seconds(f, v)?;
         }
     }
-    let forward_stdin = !detach && (p.has("--interactive") || !io::stdin().is_terminal());
+    let interactive = p.has("--interactive");
+    let forward_stdin = !detach && (interactive || !io::stdin().is_terminal());
     Ok(Common {
+        stdin_pipe: forward_stdin || (detach && interactive),
         cwd: work_dir(p.value("--cwd"))?,
         env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
         timeout,
@@ -298,8 +300,10 @@ fn watch_signals(killer: &Killer) {
     }
 }
 
-/// Sends a creating request and waits for its answer; a signal meanwhile (the request
-/// may be held for approval) withdraws it with `$/cancel_request`.
+/// Sends a creating request and waits for its answer. A signal meanwhile (the request
+/// may be held for approval) withdraws it: `$/cancel_request` ends a parked request at
+/// once; one held for approval is withdrawn when execctl hangs up, so after a short wait
+/// for an answer already on its way, execctl gives up on it (as cancelled).
 fn create(
     c: &mut Client,
     method: &str,
@@ -308,15 +312,23 @@ fn create(
 ) -> Result<Value, CallError> {
     let id = c.send(method, params)?;
     c.timeout = Some(CREATE_TICK);
-    let mut cancelled = false;
+    let mut cancelled: Option<Instant> = None;
     let answer = loop {
         match c.wait_response(id) {
-            Err(CallError::Io(e)) if is_timeout(&e) => {
-                if !cancelled && killer.reason().is_some() {
-                    cancelled = true;
+            Err(CallError::Io(e)) if is_timeout(&e) => match cancelled {
+                None if killer.reason().is_some() => {
+                    cancelled = Some(Instant::now());
                     c.send("$/cancel_request", json!({ "requestId": id }))?;
                 }
-            }
+                Some(at) if at.elapsed() >= CANCEL_GRACE => {
+                    break Err(CallError::Rpc {
+                        code: -32800,
+                        message: "request cancelled".into(),
+                        data: None,
+                    });
+                }
+                _ => {}
+            },
             other => break other,
         }
     };
@@ -776,7 +788,9 @@ pub fn exec(ctx: &Ctx, p: &Parsed) -> Res<u8> {
         );
     };
     if o.detach {
-        close_stdin(&mut c);
+        if !o.stdin_pipe {
+            close_stdin(&mut c);
+        }
         return detached(ctx, &target);
     }
     killer.set_target(target.clone());
