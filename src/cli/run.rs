@@ -693,11 +693,12 @@ pub fn run(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     if let Some(l) = limit {
         params["outputByteLimit"] = json!(l);
     }
-    if !o.detach {
-        params["_meta"] = json!({"execd": {"subscribe": subscription(), "stdin": o.forward_stdin}});
-    }
-    let created = create(&mut c, "terminal/create", params, &killer);
-    let created = match created {
+    params["_meta"] = if o.detach {
+        json!({"execd": {"stdin": o.stdin_pipe}})
+    } else {
+        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe}})
+    };
+    let created = match create(&mut c, "terminal/create", params, &killer) {
         Ok(r) => r,
         Err(e) if e.code() == Some(-32800) => {
             return Ok(killer.reason().map_or(EXIT_FAILURE, Reason::exit_code))
