@@ -351,8 +351,9 @@ pub const APPROVE: Spec = Spec {
     details: "\
 Becomes an approver: shows each command the policy asks about (id, user, directory,
 session, command, rule and justification) and asks [y]es / [n]o / [s]ession (approve
-this rule for the rest of the session). With --json, each request is one JSON line on
-stdout and answers are JSON lines on stdin:
+this rule for the rest of the session). With --json, stdout is JSON lines ({\"type\":
+\"ready\"} once subscribed, then each request, and each request settled) and answers are
+JSON lines on stdin:
   {\"request_id\": \"appr_7\", \"response\": \"approve\"|\"approve_for_session\"|\"reject\", \"feedback\": \"...\"}
 It runs until interrupted (or, with --json, until stdin ends).",
     flags: &[],

@@ -382,7 +382,10 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
                         return Err(Fail::from(err));
                     }
                     subscribed = true;
-                    if !ctx.json {
+                    // Scripts may start their agents once this line is out.
+                    if ctx.json {
+                        output::print_json_line(&json!({"type": "ready"}))?;
+                    } else {
                         warn("approving requests of the policy; Ctrl-C to stop");
                     }
                     continue;
