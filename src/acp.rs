@@ -44,6 +44,9 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "maxSessions": c.max_sessions,
             "approvalTimeoutMs": c.approval_timeout.as_millis() as u64,
             "maxPendingApprovals": c.max_pending_approvals,
+            "memoryMax": c.limits.memory_max,
+            "pidsMax": c.limits.pids_max,
+            "cpuMaxPercent": c.limits.cpu_max,
         },
         "_meta": { "execd": {
             "uptimeMs": core.now.duration_since(core.started).as_millis() as u64,
@@ -59,6 +62,7 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             },
             "approvers": core.approvals.approvers.len(),
             "pendingApprovals": core.approvals.pending.len(),
+            "containment": { "kind": core.containment.0, "detail": core.containment.1 },
             "audit": match &c.audit {
                 None => Value::Null,
                 Some(crate::config::AuditTarget::Stderr) => "-".into(),
@@ -132,6 +136,11 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         .map(|o| events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
+    let limits = crate::launch::request_limits(
+        m.opt_object("limits")?.map(Params).as_ref(),
+        ["memoryMax", "pidsMax", "cpuMax"],
+        &core.cfg.limits,
+    )?;
     let stdio = if m.opt_bool("stdin")?.unwrap_or(false) {
         Stdio3::MergedWithStdin
     } else {
@@ -162,6 +171,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ring_capacity,
         prefix: "term",
         subscribe,
+        limits,
         admitted: None,
         after: After::Terminal,
     })))

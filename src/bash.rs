@@ -97,6 +97,11 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .map(|o| crate::events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
+    let limits = crate::launch::request_limits(
+        p.opt_object("limits")?.map(Params).as_ref(),
+        ["memory_max", "pids_max", "cpu_max"],
+        &core.cfg.limits,
+    )?;
     let requested = p.opt_str("session_id")?.filter(|s| !s.is_empty());
     let existed = requested.is_some_and(|id| {
         core.table
@@ -122,6 +127,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
         subscribe,
+        limits,
         admitted: None,
         after: After::BashExec {
             async_mode,

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::cgroup::{Limits, Mode};
 use crate::process::Rlimit;
 
 /// Most concurrent client connections.
@@ -77,6 +78,20 @@ pub struct Config {
     pub audit: Option<AuditTarget>,
     pub approval_timeout: Duration,
     pub max_pending_approvals: usize,
+    /// `--cgroup auto|off|PATH` (section 9).
+    pub cgroup: Mode,
+    /// `--memory-max`, `--pids-max`, `--cpu-max`: every command's limits; a request may
+    /// only lower them.
+    pub limits: Limits,
+    /// `--http-listen ADDR:PORT` (repeatable): TCP listeners of the HTTP front end.
+    pub http_listen: Vec<std::net::SocketAddr>,
+    /// `--http-token-file`: the bearer token every TCP request must carry.
+    pub http_token_file: Option<PathBuf>,
+    /// `--http-no-auth`: no token, for loopback listeners only.
+    pub http_no_auth: bool,
+    /// `--http-run-as USER`: whom TCP requests run as and are owned by (required when
+    /// the daemon runs as root).
+    pub http_run_as: Option<String>,
 }
 
 /// Where `--audit` sends records.
@@ -117,6 +132,12 @@ impl Default for Config {
             audit: None,
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             max_pending_approvals: DEFAULT_MAX_PENDING_APPROVALS,
+            cgroup: Mode::Auto,
+            limits: Limits::default(),
+            http_listen: Vec::new(),
+            http_token_file: None,
+            http_no_auth: false,
+            http_run_as: None,
         }
     }
 }
@@ -176,6 +197,19 @@ options:
   --max-pending-approvals N
                            asks waiting at once (default 256)
   --check-policy FILE      validate a policy file (with its examples) and exit
+  --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
+                           delegated cgroup (auto, the default), or process groups
+                           only (off)
+  --memory-max BYTES       memory limit of every command (needs the memory controller)
+  --pids-max N             process limit of every command (needs the pids controller)
+  --cpu-max PERCENT        CPU limit of every command, in percent of one CPU
+                           (needs the cpu controller)
+  --http-listen ADDR:PORT  also serve the bash pipe API over HTTP on TCP (repeatable);
+                           the Unix socket serves it always
+  --http-token-file FILE   the bearer token TCP requests must carry (the file must not
+                           be readable by others)
+  --http-no-auth           no token, for loopback listeners only
+  --http-run-as USER       whom TCP requests run as (required when execd runs as root)
   -h, --help               print this help
   -V, --version            print the version
 
@@ -320,6 +354,27 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
                 });
             }
             "--approval-timeout" => cfg.approval_timeout = parse_duration(&value()?)?,
+            "--cgroup" => cfg.cgroup = Mode::parse(&value()?)?,
+            "--http-listen" => {
+                let v = value()?;
+                let addr = v.parse().map_err(|_| {
+                    format!("--http-listen: {v:?} is not ADDR:PORT (e.g. 127.0.0.1:8080)")
+                })?;
+                cfg.http_listen.push(addr);
+            }
+            "--http-token-file" => cfg.http_token_file = Some(PathBuf::from(value()?)),
+            "--http-no-auth" => cfg.http_no_auth = true,
+            "--http-run-as" => cfg.http_run_as = Some(value()?),
+            "--memory-max" => cfg.limits.memory_max = Some(parse_size(&value()?)? as u64),
+            "--pids-max" => cfg.limits.pids_max = Some(parse_num(&flag, &value()?)?),
+            "--cpu-max" => {
+                let v = value()?;
+                let pct: u32 = parse_num(&flag, v.trim_end_matches('%'))?;
+                if pct == 0 {
+                    return Err("--cpu-max must be at least 1 (percent of one CPU)".into());
+                }
+                cfg.limits.cpu_max = Some(pct);
+            }
             "--max-pending-approvals" => cfg.max_pending_approvals = parse_num(&flag, &value()?)?,
             "--rlimit" => {
                 let v = value()?;
@@ -336,6 +391,20 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
                 cfg.rlimits.push((which, n));
             }
             other => return Err(format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    if !cfg.http_listen.is_empty() && cfg.http_token_file.is_none() && !cfg.http_no_auth {
+        return Err(
+            "--http-listen needs --http-token-file FILE (or --http-no-auth on a loopback address)"
+                .into(),
+        );
+    }
+    if cfg.http_no_auth {
+        if let Some(a) = cfg.http_listen.iter().find(|a| !a.ip().is_loopback()) {
+            return Err(format!(
+                "--http-no-auth is for loopback addresses only, and {a} is not one: give \
+                 --http-token-file FILE"
+            ));
         }
     }
     if cfg.max_batch == 0 {

@@ -1,155 +1,165 @@
-//! One client connection: its socket, its codec (JSON-RPC lines, batches and the replies
-//! they are owed), and a capped outgoing buffer. The loop reads into it (`fill`), takes
-//! what the peer asked for one at a time (`ready`), and answers by request number
-//! (`answer`); everything about ids, batches and framing stays in here.
+//! One client connection: its socket (Unix, or TCP for the HTTP front end), its codec, and
+//! a capped outgoing buffer. The loop reads into it (`fill`), takes what the peer asked for
+//! one at a time (`ready`), and answers by request number (`answer`); everything about
+//! ids, batches, HTTP framing and response order stays in the codec.
+//!
+//! On the Unix socket the first byte decides the codec (section 11): a connection that
+//! starts with an ASCII letter speaks HTTP, anything else JSON-RPC lines. A TCP listener
+//! speaks HTTP only.
 //!
 //! Invariants:
 //! - Reading stops (back-pressure) while the outgoing buffer is past its cap: a client that
-//!   does not read its answers cannot make the daemon buffer answers without bound. A
-//!   batch's reply counts against the same cap as it is built: elements past it are
-//!   answered `-32003` without being carried out.
+//!   does not read its answers cannot make the daemon buffer answers without bound.
 //! - Responses are always queued; output events are queued only while under the cap (the
 //!   pump asks `has_room`), so responses still go through for a slow subscriber.
-//! - At most `MAX_WAITING` requests of one connection are unanswered at once; more are
-//!   refused with `-32003` (notifications are still carried out).
 //! - WRITABLE interest is registered only while bytes are pending.
 
-use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 
-use mio::net::UnixStream;
+use mio::event::Source;
+use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use crate::http;
 use crate::process::PeerCred;
-use crate::rpc::{self, Frame, Framer, Id, Message, Parsed, ReqNo, Request, RpcError};
-
-/// Requests one connection may have unanswered (parked, or in open batches) before
-/// further requests on it are refused with -32003: waits cost memory and timers, not
-/// output, so back-pressure on the outgoing buffer does not bound them.
-pub const MAX_WAITING: usize = 4096;
-
-/// The ACP notification that cancels a request still waiting for its answer.
-const CANCEL: &str = "$/cancel_request";
-
-/// What the peer sent that the loop must act on.
-#[derive(Debug)]
-pub enum Incoming {
-    /// A request (`req` set: answer it with `answer`) or a notification (`req` None).
-    Request {
-        req: Option<ReqNo>,
-        method: String,
-        params: Map<String, Value>,
-    },
-    /// An answer to a request execd sent (an approval).
-    Response {
-        id: Id,
-        result: Result<Value, Value>,
-    },
-    /// `$/cancel_request {requestId}` named this still-unanswered request.
-    Cancel(ReqNo),
-}
+use crate::rpc::{self, Incoming, ReqNo, Room, RpcError};
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]
 pub enum Fill {
     /// Read everything available.
     Drained,
-    /// Stopped with data still available (framer full).
+    /// Stopped with data still available (the codec holds enough).
     More,
     /// The peer closed its sending side.
     Eof,
 }
 
-/// Where the answer to a request goes.
+/// A connection's socket.
 #[derive(Debug)]
-enum Pending {
-    Single(Id),
-    Batch { batch: u64, slot: usize, id: Id },
+pub enum Sock {
+    Unix(UnixStream),
+    Tcp(TcpStream),
 }
 
-/// A batch whose reply is being gathered.
-#[derive(Debug)]
-struct Batch {
-    slots: Vec<Option<Vec<u8>>>,
-    /// Slots still unanswered.
-    pending: usize,
-    /// Bytes of the answers gathered so far.
-    bytes: usize,
-    /// Elements are still being handed out: the reply waits until all were seen.
-    open: bool,
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Unix(s) => s.read(buf),
+            Sock::Tcp(s) => s.read(buf),
+        }
+    }
 }
 
-/// Parsed messages not yet handed out (a batch's elements), and batch ends.
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Unix(s) => s.write(buf),
+            Sock::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Sock {
+    fn source(&mut self) -> &mut dyn Source {
+        match self {
+            Sock::Unix(s) => s,
+            Sock::Tcp(s) => s,
+        }
+    }
+}
+
+/// The protocol a connection speaks.
 #[derive(Debug)]
-enum Queued {
-    Message { msg: Message, batch: Option<u64> },
-    BatchEnd(u64),
+enum Codec {
+    /// Nothing read yet on the Unix socket: the first byte decides.
+    Undecided,
+    Rpc(rpc::Session),
+    Http(http::Session),
+}
+
+/// The bounds a connection's codecs take.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub max_message: usize,
+    pub max_batch: usize,
+    pub cap: usize,
 }
 
 /// One client.
 #[derive(Debug)]
 pub struct Conn {
-    stream: UnixStream,
+    stream: Sock,
     pub token: Token,
+    /// Who the peer is (for TCP: the identity its requests run as).
     pub peer: PeerCred,
-    framer: Framer,
-    max_message: usize,
-    max_batch: usize,
+    codec: Codec,
+    bounds: Bounds,
     out: Vec<u8>,
     out_pos: usize,
-    cap: usize,
     writable_registered: bool,
     /// A readable event was left unserviced (back-pressure); read again once drained.
     pub read_pending: bool,
     /// The peer will send nothing more.
     pub eof: bool,
-    /// A write failed (the peer is gone): close once the loop gets to it.
+    /// A write failed or the peer hung up: close once the loop gets to it.
     pub broken: bool,
-    queue: VecDeque<Queued>,
-    open: HashMap<ReqNo, Pending>,
-    next_req: u64,
-    batches: HashMap<u64, Batch>,
-    next_batch: u64,
 }
 
 impl Conn {
-    pub fn new(
-        stream: UnixStream,
+    /// A connection on the Unix socket: JSON-RPC or HTTP, as its first byte says.
+    pub fn unix(stream: UnixStream, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
+        Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds)
+    }
+
+    /// A connection on an HTTP listener.
+    pub fn http(
+        stream: TcpStream,
         token: Token,
         peer: PeerCred,
-        max_message: usize,
-        max_batch: usize,
-        cap: usize,
+        bounds: Bounds,
+        auth: http::Auth,
     ) -> Conn {
+        let codec = Codec::Http(http::Session::new(
+            http::Limits::new(bounds.max_message),
+            auth,
+        ));
+        Conn::with(Sock::Tcp(stream), codec, token, peer, bounds)
+    }
+
+    fn with(stream: Sock, codec: Codec, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
         Conn {
             stream,
             token,
             peer,
-            framer: Framer::new(max_message),
-            max_message,
-            max_batch,
+            codec,
+            bounds,
             out: Vec::new(),
             out_pos: 0,
-            cap,
             writable_registered: false,
             read_pending: false,
             eof: false,
             broken: false,
-            queue: VecDeque::new(),
-            open: HashMap::new(),
-            next_req: 0,
-            batches: HashMap::new(),
-            next_batch: 0,
         }
     }
 
     pub fn register(&mut self, registry: &Registry) -> io::Result<()> {
-        registry.register(&mut self.stream, self.token, Interest::READABLE)
+        let token = self.token;
+        registry.register(self.stream.source(), token, Interest::READABLE)
     }
 
     pub fn deregister(&mut self, registry: &Registry) {
-        let _ = registry.deregister(&mut self.stream);
+        let _ = registry.deregister(self.stream.source());
+    }
+
+    /// Whether it speaks HTTP.
+    pub fn is_http(&self) -> bool {
+        matches!(self.codec, Codec::Http(_))
     }
 
     /// Bytes queued and not yet written.
@@ -159,40 +169,71 @@ impl Conn {
 
     /// Whether the outgoing buffer is under its cap (room for output events).
     pub fn has_room(&self) -> bool {
-        self.pending_out() < self.cap
+        self.pending_out() < self.bounds.cap
     }
 
     /// Whether the outgoing buffer drained below half its cap: lagging subscribers resume
     /// only then, so a slow reader gets one `Gap` per burst rather than one per write.
     pub fn below_half(&self) -> bool {
-        self.pending_out() < self.cap / 2
+        self.pending_out() < self.bounds.cap / 2
     }
 
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
-        self.open.len()
+        match &self.codec {
+            Codec::Undecided => 0,
+            Codec::Rpc(s) => s.waiting(),
+            Codec::Http(s) => s.waiting(),
+        }
     }
 
-    /// Reads what is available into the framer, stopping early when a full message and a
+    fn pending_input(&self) -> usize {
+        match &self.codec {
+            Codec::Undecided => 0,
+            Codec::Rpc(s) => s.pending_input(),
+            Codec::Http(s) => s.pending_input(),
+        }
+    }
+
+    /// Hands bytes to the codec, choosing it on the first byte of the Unix socket.
+    fn push(&mut self, bytes: &[u8]) {
+        if let Codec::Undecided = self.codec {
+            let b = self.bounds;
+            self.codec = if bytes.first().is_some_and(u8::is_ascii_alphabetic) {
+                Codec::Http(http::Session::new(
+                    http::Limits::new(b.max_message),
+                    http::Auth::Peer,
+                ))
+            } else {
+                Codec::Rpc(rpc::Session::new(b.max_message, b.max_batch))
+            };
+        }
+        match &mut self.codec {
+            Codec::Undecided => {}
+            Codec::Rpc(s) => s.push(bytes),
+            Codec::Http(s) => s.push(bytes),
+        }
+    }
+
+    /// Reads what is available into the codec, stopping early when a full message and a
     /// read's worth are buffered so one client cannot make the daemon hold more.
     pub fn fill(&mut self, scratch: &mut [u8]) -> Fill {
         if self.eof {
             return Fill::Eof;
         }
         loop {
-            if self.framer.pending() >= self.max_message + scratch.len() {
+            if self.pending_input() >= self.bounds.max_message + scratch.len() {
                 return Fill::More;
             }
             match self.stream.read(scratch) {
                 Ok(0) => {
                     self.eof = true;
-                    // A last line without its newline is still a request.
-                    if self.framer.pending() > 0 {
-                        self.framer.push(b"\n");
+                    if let Codec::Rpc(s) = &mut self.codec {
+                        s.end_of_input();
                     }
                     return Fill::Eof;
                 }
-                Ok(n) => self.framer.push(&scratch[..n]),
+                Ok(n) => self.push(&scratch[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Fill::Drained,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
@@ -204,212 +245,43 @@ impl Conn {
     }
 
     /// The next request, notification or client response, if a whole one is buffered.
-    /// Malformed input, limits and framing errors are answered here and never surface.
-    /// Returns `None` (with `read_pending` set) while the outgoing buffer is full.
+    /// Malformed input, limits and framing errors are answered by the codec and never
+    /// surface. Returns `None` (with `read_pending` set) while the outgoing buffer is full.
     pub fn ready(&mut self) -> Option<Incoming> {
-        loop {
-            if self.broken {
-                return None;
-            }
-            if let Some(q) = self.queue.pop_front() {
-                match q {
-                    Queued::BatchEnd(b) => {
-                        if let Some(batch) = self.batches.get_mut(&b) {
-                            batch.open = false;
-                        }
-                        self.finish_batch(b);
-                    }
-                    Queued::Message { msg, batch } => {
-                        if let Some(incoming) = self.admit(msg, batch) {
-                            return Some(incoming);
-                        }
-                    }
-                }
-                continue;
-            }
-            if !self.has_room() {
-                // Answers are not being read: take no more requests until they drain.
-                self.read_pending = true;
-                return None;
-            }
-            self.read_pending = false;
-            let line = match self.framer.next_frame()? {
-                Frame::TooLong => {
-                    let e = RpcError::too_long(self.max_message);
-                    self.answer_to(Pending::Single(Id::null()), &Err(e));
-                    continue;
-                }
-                Frame::Line(line) => line,
-            };
-            match rpc::parse_line(&line, self.max_batch) {
-                Parsed::Error(e) => self.answer_to(Pending::Single(Id::null()), &Err(e)),
-                Parsed::Single(msg) => {
-                    if let Some(incoming) = self.admit(msg, None) {
-                        return Some(incoming);
-                    }
-                }
-                Parsed::Batch(msgs) => {
-                    let b = self.next_batch;
-                    self.next_batch += 1;
-                    self.batches.insert(
-                        b,
-                        Batch {
-                            slots: Vec::new(),
-                            pending: 0,
-                            bytes: 0,
-                            open: true,
-                        },
-                    );
-                    self.queue
-                        .extend(msgs.into_iter().map(|msg| Queued::Message {
-                            msg,
-                            batch: Some(b),
-                        }));
-                    self.queue.push_back(Queued::BatchEnd(b));
-                }
-            }
+        if self.broken {
+            return None;
         }
-    }
-
-    /// Turns one parsed message into what the loop sees, answering here what needs no loop.
-    fn admit(&mut self, msg: Message, batch: Option<u64>) -> Option<Incoming> {
-        match msg {
-            Message::Invalid { id, error } => {
-                let to = self.reply_slot(id, batch);
-                self.answer_to(to, &Err(error));
-                None
-            }
-            Message::Response { id, result } => Some(Incoming::Response { id, result }),
-            Message::Request(Request {
-                id: None,
-                method,
-                params,
-            }) if method == CANCEL => {
-                // ACP's cancellation: a notification naming one of our open requests.
-                let target = params.get("requestId")?;
-                self.open.iter().find_map(|(req, to)| {
-                    let id = match to {
-                        Pending::Single(id) | Pending::Batch { id, .. } => id,
-                    };
-                    (id.to_value() == *target).then_some(Incoming::Cancel(*req))
-                })
-            }
-            Message::Request(Request {
-                id: None,
-                method,
-                params,
-            }) => Some(Incoming::Request {
-                req: None,
-                method,
-                params,
-            }),
-            Message::Request(Request {
-                id: Some(id),
-                method,
-                params,
-            }) => {
-                let full = batch
-                    .and_then(|b| self.batches.get(&b))
-                    .is_some_and(|b| b.bytes + self.pending_out() >= self.cap);
-                let refusal = if full {
-                    // The answers so far already fill what this client may be owed.
-                    Some(RpcError::limit("client-buffer", self.cap))
-                } else if self.open.len() >= MAX_WAITING {
-                    Some(RpcError::limit("waiting-requests", MAX_WAITING))
-                } else {
-                    None
-                };
-                let to = self.reply_slot(id, batch);
-                if let Some(e) = refusal {
-                    self.answer_to(to, &Err(e));
-                    return None;
-                }
-                let req = ReqNo(self.next_req);
-                self.next_req += 1;
-                self.open.insert(req, to);
-                Some(Incoming::Request {
-                    req: Some(req),
-                    method,
-                    params,
-                })
-            }
-        }
-    }
-
-    fn reply_slot(&mut self, id: Id, batch: Option<u64>) -> Pending {
-        match batch.and_then(|b| self.batches.get_mut(&b).map(|s| (b, s))) {
-            Some((b, state)) => {
-                state.slots.push(None);
-                state.pending += 1;
-                Pending::Batch {
-                    batch: b,
-                    slot: state.slots.len() - 1,
-                    id,
-                }
-            }
-            None => Pending::Single(id),
-        }
+        let room = Room {
+            owed: self.pending_out(),
+            cap: self.bounds.cap,
+        };
+        let full = room.owed >= room.cap;
+        let next = match &mut self.codec {
+            Codec::Undecided => None,
+            Codec::Rpc(s) => s.next(&mut self.out, room),
+            Codec::Http(s) => s.next(&mut self.out, room),
+        };
+        // Answers are not being read: take no more requests until they drain.
+        self.read_pending = next.is_none() && (full || !self.has_room());
+        next
     }
 
     /// Answers request `req`. An unknown number (answered already) is ignored.
     pub fn answer(&mut self, req: ReqNo, result: &Result<Value, RpcError>) {
-        if let Some(to) = self.open.remove(&req) {
-            self.answer_to(to, result);
-        }
-    }
-
-    fn answer_to(&mut self, to: Pending, result: &Result<Value, RpcError>) {
-        match to {
-            Pending::Single(id) => {
-                let line = rpc::encode_response(&id, result);
-                self.queue_bytes(&line);
-            }
-            Pending::Batch { batch, slot, id } => {
-                let Some(b) = self.batches.get_mut(&batch) else {
-                    return;
-                };
-                let mut one = Vec::new();
-                rpc::write_response(&mut one, &id, result);
-                if let Some(s) = b.slots.get_mut(slot) {
-                    b.bytes += one.len();
-                    *s = Some(one);
-                    b.pending -= 1;
-                }
-                self.finish_batch(batch);
-            }
-        }
-    }
-
-    /// Sends a batch's reply once every element was seen and answered.
-    fn finish_batch(&mut self, id: u64) {
-        let done = self
-            .batches
-            .get(&id)
-            .is_some_and(|b| !b.open && b.pending == 0);
-        if !done {
-            return;
-        }
-        let Some(b) = self.batches.remove(&id) else {
-            return;
-        };
-        if b.slots.is_empty() {
-            return; // only notifications
-        }
-        let mut line = Vec::with_capacity(b.bytes + b.slots.len() + 3);
-        line.push(b'[');
-        for (i, s) in b.slots.into_iter().enumerate() {
-            if i > 0 {
-                line.push(b',');
-            }
-            line.extend(s.unwrap_or_default());
-        }
-        line.extend_from_slice(b"]\n");
-        self.queue_bytes(&line);
-    }
-
-    /// Queues bytes for the peer (a notification, an event).
-    pub fn queue_bytes(&mut self, bytes: &[u8]) {
         if self.broken {
+            return;
+        }
+        match &mut self.codec {
+            Codec::Undecided => {}
+            Codec::Rpc(s) => s.answer(req, result, &mut self.out),
+            Codec::Http(s) => s.answer(req, result, &mut self.out),
+        }
+    }
+
+    /// Queues bytes for the peer (a notification, an event). HTTP peers get none: they
+    /// asked for answers only.
+    pub fn queue_bytes(&mut self, bytes: &[u8]) {
+        if self.broken || self.is_http() {
             return;
         }
         self.out.extend_from_slice(bytes);
@@ -455,8 +327,9 @@ impl Conn {
         } else {
             Interest::READABLE
         };
+        let token = self.token;
         if registry
-            .reregister(&mut self.stream, self.token, interest)
+            .reregister(self.stream.source(), token, interest)
             .is_ok()
         {
             self.writable_registered = want;
@@ -465,15 +338,24 @@ impl Conn {
         }
     }
 
-    /// Whether the connection is finished: the peer is gone, or it sent EOF and everything
-    /// it sent has been handled, answered and written.
+    /// Whether the connection is finished: the peer is gone; or it sent EOF and
+    /// everything it sent has been handled, answered and written; or (HTTP) a response
+    /// that closes the connection has been written.
     pub fn finished(&self) -> bool {
-        self.broken
-            || (self.eof
-                && self.pending_out() == 0
-                && self.open.is_empty()
-                && self.batches.is_empty()
-                && self.queue.is_empty()
-                && !self.read_pending)
+        if self.broken {
+            return true;
+        }
+        let written = self.pending_out() == 0;
+        let idle = match &self.codec {
+            Codec::Undecided => true,
+            Codec::Rpc(s) => s.idle(),
+            Codec::Http(s) => {
+                if s.done() && written {
+                    return true;
+                }
+                s.idle()
+            }
+        };
+        self.eof && written && idle && !self.read_pending
     }
 }

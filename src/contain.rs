@@ -1,30 +1,58 @@
-//! How a command's process tree is held and ended. Today: its process group (every
-//! command leads its own session and group, so `kill(-pgid)` reaches it and everything it
-//! started that did not leave the group).
+//! How a command's process tree is held and ended (PROTOCOL.md sections 3 and 9): in a
+//! cgroup of its own where the kernel and the host allow it, else by its process group.
 //!
-//! The core decides *when* a tree is signalled (`Effect::Kill`); this module decides *what*
-//! that reaches and makes sure it never reaches anything else.
+//! The core decides *when* a tree is signalled (`Effect::End`); this module decides
+//! *what* that reaches and makes sure it never reaches anything else.
 //!
 //! Invariants:
+//! - Every command leads its own session and process group. The polite SIGTERM always
+//!   goes to that group; the final SIGKILL goes to the command's cgroup (`cgroup.kill`)
+//!   when it has one, which also reaches what left the group (`setsid`, double forks).
 //! - A group number is signalled only while it is known to be ours: while its leader
 //!   runs (no other group can take the number of a live process), or after the leader's
 //!   exit while the group is known to still have members. Group numbers are free for reuse
-//!   once a group empties, so a group found empty is forgotten at once and never signalled.
-//! - Liveness is rechecked whenever a leader exits or a re-parented descendant is reaped
-//!   (the daemon is their subreaper, so the last member of a group dies as our child).
+//!   once a group empties, so a group found empty is never signalled again.
+//! - A command cgroup is created (with its limits) before the spawn and joined by the
+//!   child before `execve`; it is removed once its tree is empty, as `cgroup.events`
+//!   (watched with inotify) reports, and the leader has been reaped.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
 use crate::process;
 use crate::table::Key;
 
 /// The two steps of ending a tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// SIGTERM: a polite request.
+    /// SIGTERM to the process group: a polite request.
     Term,
     /// SIGKILL to whatever of the tree is left.
     Kill,
+}
+
+/// Whole-tree figures of a command, read from its cgroup when its leader exits.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TreeUsage {
+    pub cpu_ms: Option<u64>,
+    pub memory_peak_kb: Option<u64>,
+    /// The OOM killer took a process of the tree.
+    pub oom_killed: bool,
+}
+
+/// A command cgroup made for a spawn: the child joins it through `procs`.
+#[derive(Debug)]
+pub struct Place {
+    cgroup: Cgroup,
+    procs: OwnedFd,
+}
+
+impl Place {
+    /// The `cgroup.procs` descriptor the child writes `0` to before `execve`.
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
 }
 
 /// What is known of one command's tree.
@@ -33,67 +61,267 @@ struct Hold {
     pgid: i32,
     /// The leader has not been reaped.
     leader_alive: bool,
+    /// The group may still have members: true while the leader runs, then as last seen.
+    /// Once false, never true again: its number may belong to someone else now.
+    group_alive: bool,
+    cgroup: Option<Cgroup>,
+    /// Its inotify watch on `cgroup.events`.
+    wd: Option<i32>,
 }
 
-/// Every tree the daemon still holds.
+/// Cgroup containment in use.
+#[derive(Debug)]
+struct Cgroups {
+    tree: Tree,
+    inotify: OwnedFd,
+    watches: HashMap<i32, Key>,
+}
+
+/// Every tree the daemon still holds, and how it holds them.
 #[derive(Debug, Default)]
 pub struct Contain {
     holds: HashMap<Key, Hold>,
+    cgroups: Option<Cgroups>,
+    /// Why cgroups are not used, when they are not.
+    fallback: Option<Fallback>,
 }
 
+/// A limit the request or the flags ask for that containment cannot enforce.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unavailable(pub &'static str);
+
 impl Contain {
+    /// Process groups only, for the reason given.
+    pub fn groups(why: Fallback) -> Contain {
+        Contain {
+            fallback: Some(why),
+            ..Contain::default()
+        }
+    }
+
+    /// Chooses containment as `--cgroup` says (section 9): a delegated cgroup v2 tree, set
+    /// up with the daemon moved into its `daemon` leaf, or process groups with the reason.
+    /// Also returns what a previous instance left in that tree, killed and removed now.
+    pub fn choose(mode: &Mode) -> (Contain, Option<Leftovers>) {
+        let (mount, own) = cgroup::locate_self();
+        let me = std::process::id();
+        let root = match cgroup::choose_root(mode, mount.as_deref(), own.as_deref(), me) {
+            Ok(root) => root,
+            Err(why) => return (Contain::groups(why), None),
+        };
+        let setup = Tree::setup(&root, me).and_then(|tree| {
+            let inotify = process::inotify_init()?;
+            Ok((tree, inotify))
+        });
+        match setup {
+            Ok((tree, inotify)) => {
+                let leftovers = tree.sweep_leftovers();
+                let c = Contain {
+                    cgroups: Some(Cgroups {
+                        tree,
+                        inotify,
+                        watches: HashMap::new(),
+                    }),
+                    ..Contain::default()
+                };
+                (c, Some(leftovers))
+            }
+            Err(e) => (Contain::groups(Fallback::Setup(e.to_string())), None),
+        }
+    }
+
     /// What is in use, for logs, `initialize` and `execctl status`.
     pub fn describe(&self) -> String {
-        "process groups".into()
+        match (&self.cgroups, &self.fallback) {
+            (Some(c), _) => format!(
+                "cgroup {} (controllers: {})",
+                c.tree.root().display(),
+                c.tree.controllers()
+            ),
+            (None, Some(why)) => format!("process groups: {why}"),
+            (None, None) => "process groups".into(),
+        }
     }
 
-    /// A command started: its leader `pid` leads group `pid`.
-    pub fn started(&mut self, key: Key, pid: i32) {
-        self.holds.insert(
-            key,
-            Hold {
-                pgid: pid,
-                leader_alive: true,
-            },
-        );
+    /// The kind in use: `cgroup` or `process-group`.
+    pub fn kind(&self) -> &'static str {
+        if self.cgroups.is_some() {
+            "cgroup"
+        } else {
+            "process-group"
+        }
     }
 
-    /// The leader was reaped: the tree is held on only while its group has members.
-    pub fn leader_exited(&mut self, key: Key) {
-        if let Some(h) = self.holds.get_mut(&key) {
-            h.leader_alive = false;
-            if !process::group_exists(h.pgid) {
-                self.holds.remove(&key);
+    /// The inotify descriptor the loop registers (cgroup containment only).
+    pub fn events_fd(&self) -> Option<RawFd> {
+        self.cgroups.as_ref().map(|c| c.inotify.as_raw_fd())
+    }
+
+    /// Whether `limits` can be enforced at all: each needs its controller.
+    pub fn check(&self, limits: &Limits) -> Result<(), Unavailable> {
+        let c = self
+            .cgroups
+            .as_ref()
+            .map(|c| *c.tree.controllers())
+            .unwrap_or_default();
+        for (asked, on, controller) in [
+            (limits.memory_max.is_some(), c.memory, "memory"),
+            (limits.pids_max.is_some(), c.pids, "pids"),
+            (limits.cpu_max.is_some(), c.cpu, "cpu"),
+        ] {
+            if asked && !on {
+                return Err(Unavailable(controller));
             }
         }
+        Ok(())
+    }
+
+    /// Makes the place a command named `name` will run in, with its limits, before the
+    /// spawn: its own cgroup, or nothing (process groups; any limit is then refused).
+    pub fn prepare(&mut self, name: &str, limits: &Limits) -> Result<Option<Place>, PrepareError> {
+        self.check(limits).map_err(PrepareError::Unavailable)?;
+        let Some(c) = &self.cgroups else {
+            return Ok(None);
+        };
+        let cgroup = c.tree.create(name, limits).map_err(|e| match e {
+            CreateError::Unavailable(what) => PrepareError::Unavailable(Unavailable(what)),
+            CreateError::Io(e) => PrepareError::Io(e),
+        })?;
+        match cgroup.procs_fd() {
+            Ok(procs) => Ok(Some(Place { cgroup, procs })),
+            Err(e) => {
+                let _ = cgroup.remove();
+                Err(PrepareError::Io(e))
+            }
+        }
+    }
+
+    /// A spawn that was prepared for did not happen: its empty cgroup goes.
+    pub fn abandon(&mut self, place: Option<Place>) {
+        if let Some(p) = place {
+            let _ = p.cgroup.remove();
+        }
+    }
+
+    /// A command started: its leader `pid` leads group `pid`, in `place` if it has one.
+    pub fn started(&mut self, key: Key, pid: i32, place: Option<Place>) {
+        let mut hold = Hold {
+            pgid: pid,
+            leader_alive: true,
+            group_alive: true,
+            cgroup: None,
+            wd: None,
+        };
+        if let (Some(place), Some(c)) = (place, self.cgroups.as_mut()) {
+            if let Ok(wd) = process::inotify_add_watch(
+                &c.inotify,
+                &place.cgroup.events_path(),
+                process::IN_MODIFY,
+            ) {
+                c.watches.insert(wd, key);
+                hold.wd = Some(wd);
+            }
+            hold.cgroup = Some(place.cgroup);
+        }
+        self.holds.insert(key, hold);
+    }
+
+    /// The leader was reaped: the whole tree's figures, and from now on the tree is held
+    /// only while it has members.
+    pub fn leader_exited(&mut self, key: Key) -> Option<TreeUsage> {
+        let h = self.holds.get_mut(&key)?;
+        h.leader_alive = false;
+        let usage = h.cgroup.as_ref().map(|cg| {
+            let s = cg.stats();
+            TreeUsage {
+                cpu_ms: s.cpu_ms,
+                memory_peak_kb: s.memory_peak_kb,
+                oom_killed: s.oom_kills.is_some_and(|n| n > 0),
+            }
+        });
+        self.forget_if_empty(key);
+        usage
     }
 
     /// A re-parented descendant was reaped: groups that lost their last member are
     /// forgotten, so their numbers, free for reuse now, are never signalled.
     pub fn orphan_reaped(&mut self) {
-        self.holds
-            .retain(|_, h| h.leader_alive || process::group_exists(h.pgid));
+        let keys: Vec<Key> = self.holds.keys().copied().collect();
+        for key in keys {
+            self.forget_if_empty(key);
+        }
     }
 
-    /// Signals what is left of `key`'s tree; nothing when it is gone.
-    pub fn end(&mut self, key: Key, stage: Stage) {
-        let sig = match stage {
-            Stage::Term => libc::SIGTERM,
-            Stage::Kill => libc::SIGKILL,
+    /// `cgroup.events` of some command cgroups changed: the empty ones whose leaders were
+    /// reaped are removed.
+    pub fn on_cgroup_events(&mut self) {
+        let Some(c) = &self.cgroups else { return };
+        let wds = process::read_events(&c.inotify).unwrap_or_default();
+        let keys: Vec<Key> = if wds.contains(&process::OVERFLOW_WD) {
+            self.holds.keys().copied().collect()
+        } else {
+            wds.iter()
+                .filter_map(|wd| c.watches.get(wd).copied())
+                .collect()
         };
-        self.signal(key, sig);
+        for key in keys {
+            self.forget_if_empty(key);
+        }
     }
 
-    /// Sends `sig` to the tree of `key` (a `bash/kill`).
+    /// Drops `key`'s hold once its leader is reaped and its tree is empty, removing its
+    /// cgroup.
+    fn forget_if_empty(&mut self, key: Key) {
+        let Some(h) = self.holds.get_mut(&key) else {
+            return;
+        };
+        if h.leader_alive {
+            return;
+        }
+        h.group_alive = h.group_alive && process::group_exists(h.pgid);
+        let alive = match &h.cgroup {
+            Some(cg) => cg.populated().unwrap_or(false),
+            None => h.group_alive,
+        };
+        if alive {
+            return;
+        }
+        if let Some(h) = self.holds.remove(&key) {
+            if let (Some(wd), Some(c)) = (h.wd, self.cgroups.as_mut()) {
+                c.watches.remove(&wd);
+                let _ = process::inotify_rm_watch(&c.inotify, wd);
+            }
+            if let Some(cg) = &h.cgroup {
+                // Empty now, so the kernel lets it go; a failure leaves a directory that
+                // the next start sweeps.
+                let _ = cg.remove();
+            }
+        }
+    }
+
+    /// Ends `key`'s tree, one stage: SIGTERM to its group, or SIGKILL to all that is left
+    /// of it (its cgroup, else its group). Nothing when it is gone.
+    pub fn end(&mut self, key: Key, stage: Stage) {
+        let Some(h) = self.holds.get(&key) else {
+            return;
+        };
+        match (stage, &h.cgroup) {
+            (Stage::Kill, Some(cg)) => {
+                let _ = cg.kill();
+            }
+            (Stage::Term, _) => self.signal(key, libc::SIGTERM),
+            (Stage::Kill, None) => self.signal(key, libc::SIGKILL),
+        }
+    }
+
+    /// Sends `sig` to `key`'s process group (a `bash/kill`, or the polite SIGTERM).
     pub fn signal(&mut self, key: Key, sig: i32) {
         let Some(h) = self.holds.get(&key) else {
             return;
         };
-        if !h.leader_alive && !process::group_exists(h.pgid) {
-            self.holds.remove(&key);
-            return;
+        if h.leader_alive || (h.group_alive && process::group_exists(h.pgid)) {
+            process::signal_group(h.pgid, sig);
         }
-        process::signal_group(h.pgid, sig);
     }
 
     /// Whether any tree still has members (the leader counts until reaped).
@@ -109,4 +337,13 @@ impl Contain {
             self.end(key, Stage::Kill);
         }
     }
+}
+
+/// Why a place for a command could not be made.
+#[derive(Debug)]
+pub enum PrepareError {
+    /// A limit needs a controller containment does not have.
+    Unavailable(Unavailable),
+    /// The cgroup could not be created.
+    Io(std::io::Error),
 }

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::approvals::{self, Answer, Approvals, Asked, Pending};
 use crate::audit::{self, Log, Queue};
 use crate::config::{Config, BASH_HISTORY};
-use crate::contain::Stage;
+use crate::contain::{Stage, TreeUsage};
 use crate::launch::{Admitted, LaunchRequest};
 use crate::policy::{self, Decision, Judged, Policy};
 use crate::process::{Ended, Stdio3, Usage};
@@ -187,6 +187,8 @@ pub struct Core {
     audit_to_log: bool,
     pub policy: Policy,
     pub approvals: Approvals,
+    /// How commands are contained (`cgroup` or `process-group`) and in words.
+    pub containment: (&'static str, String),
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
     /// Effects for the loop, in the order they arose.
@@ -220,6 +222,7 @@ impl Core {
             audit_to_log,
             policy: Policy::default(),
             approvals: Approvals::default(),
+            containment: ("process-group", "process groups".into()),
             stopping: false,
             out: Vec::new(),
         }
@@ -630,10 +633,11 @@ impl Core {
     }
 
     /// The leader of `key` was reaped (after its pipes were drained of what they held).
-    pub fn exited(&mut self, key: Key, ended: Ended, usage: Usage) {
+    pub fn exited(&mut self, key: Key, ended: Ended, usage: Usage, tree: Option<TreeUsage>) {
         let exit = Exit {
             ended,
             usage,
+            tree,
             at: self.now,
         };
         let evict = self.table.record_exit(key, exit, self.cfg.max_retained);
@@ -659,7 +663,10 @@ impl Core {
             let fields = json!({
                 "id": p.id, "status": p.status(), "exit_code": code, "signal": signal,
                 "duration_ms": p.duration().as_millis() as u64,
-                "cpu_ms": (usage.user + usage.system).as_millis() as u64,
+                "cpu_ms": tree.and_then(|t| t.cpu_ms)
+                    .unwrap_or((usage.user + usage.system).as_millis() as u64),
+                "memory_peak_kb": tree.and_then(|t| t.memory_peak_kb),
+                "oomKilled": tree.is_some_and(|t| t.oom_killed),
                 "max_rss_kb": usage.max_rss_kb,
                 "stdout_bytes": streams.first().copied().unwrap_or(0),
                 "stderr_bytes": streams.get(1).copied(),
@@ -720,7 +727,7 @@ impl Core {
             .add(self.now + self.cfg.kill_grace, Timer::Escalate(key));
     }
 
-    /// A signal from `bash/kill` to a running command's tree.
+    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
     pub fn signal(&mut self, key: Key, sig: i32) {
         let Some(p) = self.table.get_mut(key) else {
             return;
@@ -736,7 +743,16 @@ impl Core {
             p.id,
             crate::process::signal_name(sig)
         ));
-        self.out.push(Effect::Signal { key, sig });
+        // SIGKILL means the whole tree, escaped or not; other signals are requests the
+        // process group gets.
+        if sig == libc::SIGKILL {
+            self.out.push(Effect::End {
+                key,
+                stage: Stage::Kill,
+            });
+        } else {
+            self.out.push(Effect::Signal { key, sig });
+        }
     }
 
     /// Release: hide the id, stop reading, end what runs (or what an exited command left
@@ -1352,6 +1368,7 @@ mod tests {
             ring_capacity: 64,
             prefix: "term",
             subscribe: None,
+            limits: Default::default(),
             after: After::Terminal,
             admitted: None,
         }
@@ -1416,7 +1433,7 @@ mod tests {
         c.park(C1, ReqNo(7), Wait::Exit(k), None);
         assert!(replies(&mut c).is_empty(), "still running");
         assert_eq!(c.parked_by(C1), 1);
-        c.exited(k, Ended::Code(3), Usage::default());
+        c.exited(k, Ended::Code(3), Usage::default(), None);
         let r = replies(&mut c);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].0, C1);
@@ -1487,7 +1504,7 @@ mod tests {
         assert_eq!(c.parked_by(C2), 0);
         assert_eq!(c.table.get(k).unwrap().waiters.len(), 1);
         later(&mut c, Duration::from_secs(2));
-        c.exited(k, Ended::Code(0), Usage::default());
+        c.exited(k, Ended::Code(0), Usage::default(), None);
         let r = replies(&mut c);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].0, C1);
@@ -1503,7 +1520,7 @@ mod tests {
         c.kill(k, KillReason::Request);
         assert!(ends(&mut c).is_empty());
         // The leader dies of the SIGTERM; a descendant may not have.
-        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
         std::mem::take(&mut c.out);
         later(&mut c, Duration::from_millis(1999));
         assert!(ends(&mut c).is_empty());
@@ -1529,7 +1546,7 @@ mod tests {
             .any(|e| matches!(e, Effect::End { key, stage: Stage::Term } if *key == k)));
         c.sweep();
         assert!(c.table.get(k).is_some(), "kept until reaped");
-        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
         assert_eq!(
             replies(&mut c).len(),
             1,
@@ -1546,7 +1563,7 @@ mod tests {
     fn release_of_an_exited_command_ends_its_leftovers_and_forgets_it() {
         let mut c = core();
         let k = terminal(&mut c);
-        c.exited(k, Ended::Code(0), Usage::default());
+        c.exited(k, Ended::Code(0), Usage::default(), None);
         std::mem::take(&mut c.out);
         c.release(k, KillReason::Release);
         assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
@@ -1563,7 +1580,7 @@ mod tests {
         c.arm_hard_timeout(k, Duration::from_secs(3));
         later(&mut c, Duration::from_secs(3));
         assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
-        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
         assert_eq!(c.table.get(k).unwrap().status(), "timed_out");
     }
 
@@ -1580,7 +1597,7 @@ mod tests {
             c.table.sessions.contains_key(&busy),
             "a running command keeps it"
         );
-        c.exited(k, Ended::Code(0), Usage::default());
+        c.exited(k, Ended::Code(0), Usage::default(), None);
         later(&mut c, Duration::from_secs(59));
         assert!(
             c.table.sessions.contains_key(&busy),
@@ -1619,14 +1636,19 @@ mod tests {
         let mut c = core();
         let done = bash(&mut c, "s");
         let running = bash(&mut c, "s");
-        c.exited(done, Ended::Code(0), Usage::default());
+        c.exited(done, Ended::Code(0), Usage::default(), None);
         std::mem::take(&mut c.out);
         c.close_session(&(1000, "s".to_string()));
         assert_eq!(ends(&mut c), vec![(running, Stage::Term)]);
         c.sweep();
         assert!(c.table.get(done).is_none());
         assert!(c.table.get(running).is_some());
-        c.exited(running, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(
+            running,
+            Ended::Signal(libc::SIGTERM),
+            Usage::default(),
+            None,
+        );
         assert_eq!(c.table.get(running).unwrap().status(), "killed");
         c.sweep();
         assert!(c.table.get(running).is_none());
@@ -1637,12 +1659,12 @@ mod tests {
         let mut c = core();
         let a = terminal(&mut c);
         let b = terminal(&mut c);
-        c.exited(b, Ended::Code(0), Usage::default());
+        c.exited(b, Ended::Code(0), Usage::default(), None);
         c.park(C1, ReqNo(1), Wait::Exit(a), None);
         std::mem::take(&mut c.out);
         c.begin_shutdown();
         assert_eq!(ends(&mut c), vec![(a, Stage::Term), (b, Stage::Term)]);
-        c.exited(a, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(a, Ended::Signal(libc::SIGTERM), Usage::default(), None);
         c.answer_all_parked();
         let r = replies(&mut c);
         assert_eq!(r.len(), 1);
@@ -1684,7 +1706,7 @@ mod tests {
         for (k, n) in [(r1, MIB), (u1, MIB), (r2, 2 * MIB), (u2, MIB)] {
             c.output(k, 0, &vec![b'x'; n]);
             later(&mut c, Duration::from_millis(10));
-            c.exited(k, Ended::Code(0), Usage::default());
+            c.exited(k, Ended::Code(0), Usage::default(), None);
         }
         assert_eq!(c.table.memory.total, 5 * MIB);
         // A running command of uid 2000 wants 4 MiB: 1 MiB must go. Root holds the most,
@@ -1710,7 +1732,7 @@ mod tests {
         let mut c = budget_core(8 * MIB);
         let old = terminal_of(&mut c, 1000, 2 * MIB);
         c.output(old, 0, &vec![b'a'; 2 * MIB]);
-        c.exited(old, Ended::Code(0), Usage::default());
+        c.exited(old, Ended::Code(0), Usage::default(), None);
         let run = terminal_of(&mut c, 1000, 8 * MIB);
         c.output(run, 0, &vec![b'b'; 6 * MIB]);
         // Its own exited output went first; then its running ring stopped growing.
@@ -1740,7 +1762,7 @@ mod tests {
         assert_eq!(&rb.text(e - 4, e), "tail");
         assert!(s > 0);
         // Forgetting a command gives its memory back.
-        c.exited(a, Ended::Code(0), Usage::default());
+        c.exited(a, Ended::Code(0), Usage::default(), None);
         c.release(a, KillReason::Release);
         c.sweep();
         assert_eq!(c.table.memory.total, c.table.get(b).unwrap().committed());
@@ -1811,7 +1833,7 @@ mod tests {
         let k = terminal(&mut c);
         c.table.subscribe(k, C1, [0, 0], SubOpts::default());
         c.release(k, KillReason::Release);
-        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default());
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
         let mut outs = FakeOuts::with(&[(1, 1 << 20)]);
         for e in std::mem::take(&mut c.out) {
             if let Effect::Pump(key) = e {

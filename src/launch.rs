@@ -8,8 +8,9 @@
 
 use std::path::PathBuf;
 
+use crate::cgroup::Limits;
 use crate::process::{Program, Stdio3};
-use crate::rpc::{os_error_text, RpcError};
+use crate::rpc::{os_error_text, Params, RpcError};
 use crate::table::{ConnId, Family, Key, Peer, SubOpts};
 
 /// What the family does once the command is started (or failed to start).
@@ -48,6 +49,8 @@ pub struct LaunchRequest {
     pub prefix: &'static str,
     /// Subscribe this connection from the first byte, as the command starts.
     pub subscribe: Option<(ConnId, SubOpts)>,
+    /// Its cgroup limits: the daemon's, or lower ones the request asked for.
+    pub limits: Limits,
     pub after: After,
     /// Set by the gate: the key and public id the command will have (an approver sees
     /// the id before the command exists), and how it was let through.
@@ -75,6 +78,47 @@ impl LaunchRequest {
             Family::Bash { session_id } => format!("bash:{session_id}"),
         }
     }
+}
+
+/// The limits a request asks for (`names`: its field names for memory, pids and cpu, as
+/// its family spells them), within the daemon's: a request may lower a limit, never
+/// raise it or lift one the daemon sets (`-32003` naming it).
+pub fn request_limits(
+    asked: Option<&Params>,
+    names: [&str; 3],
+    daemon: &Limits,
+) -> Result<Limits, RpcError> {
+    let Some(p) = asked else {
+        return Ok(*daemon);
+    };
+    let memory = p.opt_u64(names[0])?;
+    let pids = p.opt_u64(names[1])?;
+    let cpu = p
+        .opt_u64(names[2])?
+        .map(|c| u32::try_from(c).map_err(|_| RpcError::invalid_params(names[2], "too large")))
+        .transpose()?;
+    if cpu == Some(0) {
+        return Err(RpcError::invalid_params(
+            names[2],
+            "a CPU limit of 0 % lets nothing run",
+        ));
+    }
+    fn lower<T: Ord + Copy + Into<serde_json::Value>>(
+        asked: Option<T>,
+        daemon: Option<T>,
+        flag: &str,
+    ) -> Result<Option<T>, RpcError> {
+        match (asked, daemon) {
+            (Some(a), Some(d)) if a > d => Err(RpcError::limit(flag, d)),
+            (Some(a), _) => Ok(Some(a)),
+            (None, d) => Ok(d),
+        }
+    }
+    Ok(Limits {
+        memory_max: lower(memory, daemon.memory_max, "memory-max")?,
+        pids_max: lower(pids, daemon.pids_max, "pids-max")?,
+        cpu_max: lower(cpu, daemon.cpu_max, "cpu-max")?,
+    })
 }
 
 /// Whether `command` may be executed directly without a shell: one plain word of letters,
@@ -159,6 +203,35 @@ mod tests {
             let e = validate_env("env", &[(k.into(), v.into())]).unwrap_err();
             assert_eq!(e.data.unwrap()["field"], "env");
         }
+    }
+
+    #[test]
+    fn a_request_may_lower_limits_but_never_raise_them() {
+        let daemon = Limits {
+            memory_max: Some(100),
+            pids_max: None,
+            cpu_max: Some(50),
+        };
+        let names = ["m", "p", "c"];
+        assert_eq!(request_limits(None, names, &daemon).unwrap(), daemon);
+        let asked = serde_json::json!({"m": 60, "p": 10});
+        let got =
+            request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).unwrap();
+        assert_eq!(
+            got,
+            Limits {
+                memory_max: Some(60),
+                pids_max: Some(10),
+                cpu_max: Some(50)
+            }
+        );
+        let asked = serde_json::json!({"m": 200});
+        let e =
+            request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).unwrap_err();
+        assert_eq!(e.code, crate::rpc::LIMIT_REACHED);
+        assert_eq!(e.data.unwrap()["limit"], "memory-max");
+        let asked = serde_json::json!({"c": 0});
+        assert!(request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).is_err());
     }
 
     #[test]

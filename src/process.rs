@@ -11,7 +11,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -86,6 +86,8 @@ pub struct SpawnSpec<'a> {
     pub stdio: Stdio3,
     /// Run as this user instead of the daemon's own (the daemon must be root).
     pub user: Option<&'a Identity>,
+    /// The `cgroup.procs` of the command's cgroup, opened by the parent.
+    pub cgroup_procs: Option<RawFd>,
 }
 
 /// A user to run commands as: uid, primary gid and supplementary groups.
@@ -251,6 +253,8 @@ struct ChildPlan {
     ngroups: usize,
     /// The parent's signal mask before it blocked everything for the clone.
     mask: libc::sigset_t,
+    /// A `cgroup.procs` the parent opened: the child moves itself there first.
+    cgroup_procs: RawFd,
     /// Written by the child when a step fails (an errno); read by the parent.
     err: libc::c_int,
 }
@@ -259,8 +263,8 @@ struct ChildPlan {
 const CHILD_STACK: usize = 64 << 10;
 
 /// Runs in the cloned child, on its own stack, while the parent is suspended (CLONE_VFORK):
-/// session, limits, user, parent-death signal, stdio, directory, then exec. Only system
-/// calls.
+/// cgroup, session, limits, user, parent-death signal, stdio, directory, then exec. Only
+/// system calls.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the parent's `ChildPlan`, alive and untouched while the parent is
     // suspended until this child execs or exits.
@@ -277,6 +281,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         dfl.sa_sigaction = libc::SIG_DFL;
         for &sig in std::slice::from_raw_parts(plan.reset, plan.nreset) {
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        }
+        // Into the command's cgroup before anything else, and before the user switch:
+        // writing "0" moves the writer, checked against who opened the file (the daemon).
+        if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            return fail(plan);
         }
         if libc::setsid() < 0 {
             return fail(plan);
@@ -567,6 +576,7 @@ impl Spawner {
             parent: unsafe { libc::getpid() },
             // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
             mask: unsafe { std::mem::zeroed() },
+            cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
             err: 0,
         };
         // The stack grows down: hand clone its 16-byte-aligned top.
@@ -857,6 +867,12 @@ pub fn current_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// The daemon's real gid.
+pub fn current_gid() -> u32 {
+    // SAFETY: getgid cannot fail.
+    unsafe { libc::getgid() }
+}
+
 /// Changes the owner group of a path (the socket file, for `--socket-group`).
 pub fn chown_group(path: &Path, gid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, None, Some(gid))
@@ -1041,6 +1057,152 @@ pub fn group_exists(pgid: i32) -> bool {
     pgid > 1 && unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
+// ---- cgroup support: permission checks, single-pid signals, inotify -----------------------
+//
+// - Every descriptor opened here is close-on-exec, so no command inherits it.
+// - Nothing here blocks: the inotify descriptor is non-blocking and reading it stops at
+//   `EAGAIN`.
+// - A signal never goes to a pid that is not a single positive process id: `kill(0)`,
+//   `kill(-1)` and negative numbers address groups or everything, never what a
+//   `cgroup.procs` line meant.
+
+pub use libc::IN_MODIFY;
+
+/// The wd `read_events` reports for a queue overflow (`IN_Q_OVERFLOW`): events were lost,
+/// so every watched file must be rechecked.
+pub const OVERFLOW_WD: i32 = -1;
+
+fn path_cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
+}
+
+/// Whether the effective user may write `path` (`faccessat(W_OK, AT_EACCESS)`), which
+/// also sees a read-only mount and the immutable attribute, unlike the mode bits. Missing
+/// files and other failures are errors, so "no" means only "refused".
+pub fn writable(path: &Path) -> io::Result<bool> {
+    let c = path_cstring(path)?;
+    // SAFETY: `c` is a NUL-terminated string that lives across the call; the other
+    // arguments are plain integers.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(false),
+        _ => Err(err),
+    }
+}
+
+/// Sends `sig` to the one process `pid`. Refuses 0 and anything that would not fit a
+/// positive `pid_t`, since `kill` reads those as "my group", "every process" or a group.
+pub fn signal_pid(pid: u32, sig: i32) -> io::Result<()> {
+    let pid = match i32::try_from(pid) {
+        Ok(p) if p > 0 => p,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("refusing to signal pid {pid}"),
+            ))
+        }
+    };
+    // SAFETY: kill with a positive pid and a plain signal number touches no memory.
+    if unsafe { libc::kill(pid, sig) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A new inotify instance, non-blocking and close-on-exec, ready to register with mio.
+pub fn inotify_init() -> io::Result<OwnedFd> {
+    // SAFETY: inotify_init1 takes only flags.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: inotify_init1 succeeded, so `fd` is open and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Watches `path` for `mask` (e.g. `IN_MODIFY` on a `cgroup.events`); returns the watch
+/// descriptor `read_events` reports. Watching the same file again returns the same wd.
+pub fn inotify_add_watch(fd: impl AsFd, path: &Path, mask: u32) -> io::Result<i32> {
+    let c = path_cstring(path)?;
+    // SAFETY: `fd` is a live descriptor borrowed for the call and `c` a NUL-terminated
+    // string that outlives it.
+    let wd = unsafe { libc::inotify_add_watch(fd.as_fd().as_raw_fd(), c.as_ptr(), mask) };
+    if wd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(wd)
+}
+
+/// Stops watch `wd`. The kernel drops a watch by itself when its file goes away (an
+/// `rmdir` of the cgroup), so `EINVAL` (no such watch any more) is not an error.
+pub fn inotify_rm_watch(fd: impl AsFd, wd: i32) -> io::Result<()> {
+    // SAFETY: plain integers; the descriptor is borrowed and live for the call.
+    if unsafe { libc::inotify_rm_watch(fd.as_fd().as_raw_fd(), wd) } < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Drains the inotify descriptor without blocking and returns the wd of every event read,
+/// in order, duplicates kept. `OVERFLOW_WD` stands for a queue overflow. Removal notices
+/// (`IN_IGNORED`, sent when a watched cgroup is removed) are left out: the caller removed
+/// it and knows.
+pub fn read_events(fd: impl AsFd) -> io::Result<Vec<i32>> {
+    // Large enough for many events and for the largest one (a header plus NAME_MAX + 1),
+    // which a buffer must hold or read fails with EINVAL.
+    let mut buf = [0u8; 4096];
+    let mut wds = Vec::new();
+    loop {
+        // SAFETY: `buf` is writable for its whole length and outlives the call.
+        let n = unsafe {
+            libc::read(
+                fd.as_fd().as_raw_fd(),
+                buf.as_mut_ptr().cast::<libc::c_void>(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => return Ok(wds),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(err),
+            }
+        }
+        if n == 0 {
+            return Ok(wds);
+        }
+        parse_events(&buf[..n as usize], &mut wds);
+    }
+}
+
+/// Splits one read's bytes into events: `wd i32, mask u32, cookie u32, len u32`, then
+/// `len` bytes of name (always empty for a watched file). Read as bytes, so the buffer
+/// needs no alignment.
+fn parse_events(mut bytes: &[u8], wds: &mut Vec<i32>) {
+    const HEADER: usize = 16;
+    while bytes.len() >= HEADER {
+        let word = |i: usize| [bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]];
+        let wd = i32::from_ne_bytes(word(0));
+        let mask = u32::from_ne_bytes(word(4));
+        let len = u32::from_ne_bytes(word(12)) as usize;
+        if mask & libc::IN_Q_OVERFLOW != 0 {
+            wds.push(OVERFLOW_WD);
+        } else if mask & libc::IN_IGNORED == 0 {
+            wds.push(wd);
+        }
+        bytes = bytes.get(HEADER + len..).unwrap_or_default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1058,5 +1220,57 @@ mod tests {
         assert_eq!(signal_by_name("SIG"), None);
         assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
         assert_eq!(signal_name(200), "SIG200");
+    }
+
+    fn event(wd: i32, mask: u32, name_len: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&wd.to_ne_bytes());
+        v.extend_from_slice(&mask.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(&name_len.to_ne_bytes());
+        v.resize(v.len() + name_len as usize, 0);
+        v
+    }
+
+    #[test]
+    fn parses_events_skipping_names_and_ignored() {
+        let mut bytes = event(3, libc::IN_MODIFY, 0);
+        bytes.extend(event(4, libc::IN_MODIFY, 16));
+        bytes.extend(event(3, libc::IN_IGNORED, 0));
+        bytes.extend(event(-1, libc::IN_Q_OVERFLOW, 0));
+        bytes.extend(event(5, libc::IN_MODIFY, 0));
+        let mut wds = Vec::new();
+        parse_events(&bytes, &mut wds);
+        assert_eq!(wds, vec![3, 4, OVERFLOW_WD, 5]);
+    }
+
+    #[test]
+    fn refuses_group_and_broadcast_pids() {
+        for pid in [0, u32::MAX, i32::MAX as u32 + 1] {
+            let err = signal_pid(pid, 0).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "pid {pid}");
+        }
+        signal_pid(std::process::id(), 0).expect("signal 0 to ourselves");
+    }
+
+    #[test]
+    fn inotify_reports_a_modified_file() {
+        let dir = std::env::temp_dir().join(format!("execd-cgsys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cgroup.events");
+        std::fs::write(&file, "populated 1\n").unwrap();
+        let fd = inotify_init().unwrap();
+        assert_eq!(
+            read_events(&fd).unwrap(),
+            Vec::<i32>::new(),
+            "empty, not blocking"
+        );
+        let wd = inotify_add_watch(&fd, &file, IN_MODIFY).unwrap();
+        std::fs::write(&file, "populated 0\n").unwrap();
+        let got = read_events(&fd).unwrap();
+        assert!(!got.is_empty() && got.iter().all(|&w| w == wd), "{got:?}");
+        inotify_rm_watch(&fd, wd).unwrap();
+        inotify_rm_watch(&fd, wd).expect("a second removal is not an error");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use mio::net::UnixListener;
+use mio::net::{TcpListener, UnixListener};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token};
 use serde_json::{json, Map, Value};
@@ -29,13 +29,15 @@ use signal_hook_mio::v1_0::Signals;
 
 use crate::audit::{Log, Out, Queue};
 use crate::config::Config;
-use crate::conn::{Conn, Fill, Incoming};
-use crate::contain::Contain;
+use crate::conn::{Bounds, Conn, Fill};
+use crate::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::events::{self, Outbox, Outboxes};
+use crate::http;
 use crate::launch::LaunchRequest;
 use crate::pipes::{Flushed, Got, Pipes, Source};
 use crate::process::{self, Identity, PeerCred};
+use crate::rpc::Incoming;
 use crate::rpc::{self, ReqNo, RpcError};
 use crate::table::{ConnId, Key, Peer};
 use crate::timers::Timers;
@@ -48,7 +50,8 @@ const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const LOG: Token = Token(2);
 const AUDIT: Token = Token(3);
-const FIRST_DYNAMIC: usize = 4;
+const CGROUPS: Token = Token(4);
+const FIRST_DYNAMIC: usize = 5;
 
 /// Size of the buffer pipes and sockets are read into.
 const SCRATCH: usize = 256 << 10;
@@ -68,6 +71,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// How often shutdown looks again for what is left of killed trees.
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
+/// The most often systemd hears a new `STATUS=`.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
 /// How long a looked-up user identity (supplementary groups) is reused.
@@ -81,6 +86,10 @@ enum LoopTimer {
     ShutdownDeadline,
     /// Look again whether shutdown can finish.
     ShutdownRecheck,
+    /// Tell systemd the loop still turns (`WATCHDOG=1`).
+    Watchdog,
+    /// A status change waits for its turn (at most one `STATUS=` a second).
+    Status,
 }
 
 /// Where shutdown is.
@@ -122,6 +131,11 @@ pub struct Server {
     poll: Poll,
     listener: Option<UnixListener>,
     socket_file: Option<PathBuf>,
+    /// The HTTP front end's TCP listeners (`--http-listen`), what their requests must
+    /// carry, and whom they run as.
+    http_listeners: HashMap<Token, TcpListener>,
+    http_auth: http::Auth,
+    http_peer: PeerCred,
     signals: Signals,
     conns: HashMap<Token, Conn>,
     pipes: Pipes,
@@ -143,6 +157,11 @@ pub struct Server {
     uid: u32,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
+    /// systemd's notification socket, when it gave one.
+    notifier: Option<systemd::Notifier>,
+    /// The last `STATUS=` counts sent, when, and whether a later one waits for its turn.
+    status_sent: Option<((usize, usize), Instant)>,
+    status_pending: bool,
     /// The daemon log's descriptor, and whether it waits for WRITABLE.
     log_out: Option<Out>,
     log_registered: bool,
@@ -171,6 +190,124 @@ fn drain_into(
     if !*registered {
         let _ = registry.deregister(&mut SourceFd(&out.fd()));
     }
+}
+
+/// The HTTP front end's TCP side, set up at start (section 11).
+struct HttpFront {
+    listeners: HashMap<Token, TcpListener>,
+    auth: http::Auth,
+    /// Whom TCP requests run as and are owned by.
+    peer: PeerCred,
+}
+
+impl HttpFront {
+    /// Binds every `--http-listen` address, reads the token (refusing a file that others
+    /// may read, or an empty one), and resolves `--http-run-as` (required for a root
+    /// daemon: requests over TCP carry no credentials of their own). The token never
+    /// reaches a log line.
+    fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
+        let me = process::current_uid();
+        let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        let peer = match (&cfg.http_run_as, me) {
+            (Some(user), 0) => {
+                let id = Identity::of_user(user)?;
+                PeerCred {
+                    pid: 0,
+                    uid: id.uid,
+                    gid: id.gid,
+                }
+            }
+            (Some(user), _) => {
+                return Err(refuse(format!(
+                    "--http-run-as {user} needs a daemon running as root"
+                )))
+            }
+            (None, 0) if !cfg.http_listen.is_empty() => {
+                return Err(refuse(
+                    "--http-listen on a root daemon needs --http-run-as USER: requests over \
+                     TCP carry no credentials to run as"
+                        .into(),
+                ))
+            }
+            (None, _) => PeerCred {
+                pid: 0,
+                uid: me,
+                gid: process::current_gid(),
+            },
+        };
+        let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
+            (Some(path), _) => http::Auth::Token(read_token(path)?.into()),
+            (None, true) => http::Auth::Open,
+            (None, false) => http::Auth::Peer,
+        };
+        let mut listeners = HashMap::new();
+        for addr in &cfg.http_listen {
+            let std = std::net::TcpListener::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("--http-listen {addr}: {e}")))?;
+            std.set_nonblocking(true)?;
+            let mut l = TcpListener::from_std(std);
+            let token = Token(*next);
+            *next += 1;
+            poll.registry()
+                .register(&mut l, token, Interest::READABLE)?;
+            listeners.insert(token, l);
+            log.line(format_args!(
+                "HTTP on {addr} ({}), requests run as uid {}",
+                match &auth {
+                    http::Auth::Token(_) => "bearer token required",
+                    _ => "no authentication",
+                },
+                peer.uid
+            ));
+            if matches!(auth, http::Auth::Open) {
+                log.line(format_args!(
+                    "warning: --http-no-auth: any local process that reaches {addr} runs \
+                     commands as uid {}",
+                    peer.uid
+                ));
+            }
+        }
+        Ok(HttpFront {
+            listeners,
+            auth,
+            peer,
+        })
+    }
+}
+
+/// The bearer token in `path`: the file must exist, hold a token, and not be readable by
+/// others.
+fn read_token(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let what = |m: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--http-token-file {}: {m}", path.display()),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| what(&e.to_string()))?;
+    if meta.mode() & 0o004 != 0 {
+        return Err(what("readable by others; chmod o-r it"));
+    }
+    let text = std::fs::read(path).map_err(|e| what(&e.to_string()))?;
+    let token: Vec<u8> = text.trim_ascii().to_vec();
+    if token.is_empty() {
+        return Err(what("empty"));
+    }
+    Ok(token)
+}
+
+/// A limit containment cannot enforce: `-32003` naming the controller it needs.
+fn unavailable(u: &Unavailable) -> RpcError {
+    let c = u.0;
+    RpcError::new(
+        rpc::LIMIT_REACHED,
+        format!(
+            "limit reached: the {c} controller is not available to execd, so a {c} limit \
+             cannot be enforced"
+        ),
+    )
+    .with_data(json!({ "limit": format!("{c}-max"), "value": null, "controller": c }))
 }
 
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
@@ -297,9 +434,33 @@ impl Server {
             })?),
             _ => None,
         };
+        let notifier = systemd::Notifier::from_env(
+            std::env::var_os("NOTIFY_SOCKET"),
+            std::env::var_os("WATCHDOG_USEC"),
+            std::env::var_os("WATCHDOG_PID"),
+        )?;
+        // Before anything is spawned: the daemon may move itself into its cgroup's leaf.
+        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
+        if let Err(u) = contain.check(&cfg.limits) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "--{}-max needs the {} controller, and containment is {}",
+                    u.0,
+                    u.0,
+                    contain.describe()
+                ),
+            ));
+        }
+        if let Some(fd) = contain.events_fd() {
+            poll.registry()
+                .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
+        }
         // The journal stamps its lines itself.
-        let log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
+        let mut log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
         let log_out = Out::stderr().ok();
+        let mut next_token = FIRST_DYNAMIC;
+        let front = HttpFront::open(&cfg, &poll, &mut next_token, &mut log)?;
         // Last, so a refusal above leaves no socket file behind.
         let activated = systemd::listener(
             std::env::var_os("LISTEN_PID"),
@@ -325,7 +486,6 @@ impl Server {
             }
             return Err(e);
         }
-        let mut log = log;
         if socket_file.is_some() {
             for warning in access_warnings(&cfg) {
                 log.line(format_args!("warning: {warning}"));
@@ -334,20 +494,41 @@ impl Server {
         let now = Instant::now();
         let mut core = Core::new(cfg, now, log);
         core.policy = policy;
+        core.containment = (contain.kind(), contain.describe());
+        if let Some(l) = leftovers.filter(|l| l.cgroups > 0) {
+            core.log.line(format_args!(
+                "killed {} process(es) a previous instance left in {} command cgroup(s){}",
+                l.processes,
+                l.cgroups,
+                if l.kept > 0 {
+                    format!("; {} could not be removed yet", l.kept)
+                } else {
+                    String::new()
+                }
+            ));
+            core.record(
+                "leftovers",
+                None,
+                json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept }),
+            );
+        }
         Ok(Server {
             core,
             poll,
             listener: Some(listener),
             socket_file,
+            http_listeners: front.listeners,
+            http_auth: front.auth,
+            http_peer: front.peer,
             signals,
             conns: HashMap::new(),
             pipes: Pipes::default(),
-            contain: Contain::default(),
+            contain,
             spawner,
             run_as,
             identities: HashMap::new(),
             timers: Timers::default(),
-            next_token: FIRST_DYNAMIC,
+            next_token,
             scratch: vec![0; SCRATCH],
             dirty: Vec::new(),
             hot: Vec::new(),
@@ -359,6 +540,9 @@ impl Server {
             audit_out,
             audit_registered: false,
             memory_peak: 0,
+            notifier,
+            status_sent: None,
+            status_pending: false,
         })
     }
 
@@ -375,8 +559,16 @@ impl Server {
             std::process::id(),
             self.contain.describe()
         ));
+        if let Some(n) = &self.notifier {
+            n.send(&format!("READY=1\nSTATUS={}", self.status_text()));
+            if let Some(every) = n.watchdog {
+                n.send("WATCHDOG=1");
+                self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
+            }
+        }
         let mut events = Events::with_capacity(1024);
         loop {
+            self.notify_status();
             self.write_log();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
@@ -401,6 +593,8 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG => self.log_registered = false,
                     AUDIT => self.audit_registered = false,
+                    CGROUPS => self.contain.on_cgroup_events(),
+                    t if self.http_listeners.contains_key(&t) => self.accept_http(t),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -420,6 +614,39 @@ impl Server {
         self.core.log.line(format_args!("stopped"));
         self.write_log();
         Ok(())
+    }
+
+    /// What `STATUS=` says: clients and running commands.
+    fn status_text(&self) -> String {
+        format!(
+            "{} client(s), {} running command(s), containment: {}",
+            self.conns.len(),
+            self.core.table.running(),
+            self.contain.kind()
+        )
+    }
+
+    /// Sends `STATUS=` when the counts changed, at most once a second.
+    fn notify_status(&mut self) {
+        if self.notifier.is_none() || self.status_pending {
+            return;
+        }
+        let counts = (self.conns.len(), self.core.table.running());
+        let now = Instant::now();
+        match self.status_sent {
+            Some((last, _)) if last == counts => {}
+            Some((_, at)) if now < at + STATUS_EVERY => {
+                self.status_pending = true;
+                self.timers.add(at + STATUS_EVERY, LoopTimer::Status);
+            }
+            _ => {
+                let text = format!("STATUS={}", self.status_text());
+                if let Some(n) = &self.notifier {
+                    n.send(&text);
+                }
+                self.status_sent = Some((counts, now));
+            }
+        }
     }
 
     fn token(&mut self) -> Token {
@@ -571,14 +798,80 @@ impl Server {
                 );
                 continue;
             }
-            let (max_message, max_batch, cap) = (cfg.max_message, cfg.max_batch, cfg.client_buffer);
             let token = self.token();
-            let mut conn = Conn::new(stream, token, peer, max_message, max_batch, cap);
-            if conn.register(self.poll.registry()).is_err() {
+            let conn = Conn::unix(stream, token, peer, self.bounds());
+            self.admit(conn, who);
+        }
+    }
+
+    fn bounds(&self) -> Bounds {
+        let cfg = &self.core.cfg;
+        Bounds {
+            max_message: cfg.max_message,
+            max_batch: cfg.max_batch,
+            cap: cfg.client_buffer,
+        }
+    }
+
+    /// Starts serving a new connection.
+    fn admit(&mut self, mut conn: Conn, who: Peer) {
+        if conn.register(self.poll.registry()).is_err() {
+            return;
+        }
+        let token = conn.token;
+        self.conns.insert(token, conn);
+        self.core.connected(ConnId(token.0), who);
+    }
+
+    /// Accepts what waits on HTTP listener `lt`. Its requests run as `--http-run-as`
+    /// (the daemon's own user when it is not root) and prove themselves with the token.
+    fn accept_http(&mut self, lt: Token) {
+        while !self.accept_paused && self.shutdown.is_none() {
+            let Some(listener) = self.http_listeners.get(&lt) else {
+                return;
+            };
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.core.log.refusal(
+                        "accept",
+                        self.core.now,
+                        format_args!("accept failed: {e}; pausing accepts"),
+                    );
+                    self.accept_paused = true;
+                    self.timers
+                        .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
+                    return;
+                }
+            };
+            let peer = self.http_peer;
+            let who = Peer {
+                uid: peer.uid,
+                gid: peer.gid,
+                pid: peer.pid,
+            };
+            let max = self.core.cfg.max_clients;
+            if self.conns.len() >= max {
+                let (status, body) = http::error_body(
+                    rpc::LIMIT_REACHED,
+                    "limit reached: max-clients",
+                    Some(&json!({ "limit": "max-clients", "value": max })),
+                );
+                use std::io::Write;
+                let _ = stream.write(&http::response(status, &body, false, &[]));
+                self.core.record(
+                    "refuse",
+                    Some(who),
+                    json!({ "why": format!("max-clients ({max})") }),
+                );
                 continue;
             }
-            self.conns.insert(token, conn);
-            self.core.connected(ConnId(token.0), who);
+            let _ = stream.set_nodelay(true);
+            let token = self.token();
+            let conn = Conn::http(stream, token, peer, self.bounds(), self.http_auth.clone());
+            self.admit(conn, who);
         }
     }
 
@@ -878,12 +1171,24 @@ impl Server {
         Some(id)
     }
 
-    /// Starts a command and records it. A spawn failure leaves nothing behind.
+    /// Starts a command and records it: its place (a cgroup with its limits, made before
+    /// the spawn), the spawn, its pipes. A failure at any step leaves nothing behind.
     fn launch(&mut self, req: &LaunchRequest) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
             return Err(RpcError::limit("max-processes", max));
         }
+        let (key, id) = match &req.admitted {
+            Some(a) => (a.key, a.id.clone()),
+            None => self.core.table.next_ids(req.prefix),
+        };
+        let place = self
+            .contain
+            .prepare(&id, &req.limits)
+            .map_err(|e| match e {
+                PrepareError::Unavailable(u) => unavailable(&u),
+                PrepareError::Io(e) => RpcError::internal(format!("{e}")),
+            })?;
         let user = self.identity(req.peer);
         let spec = process::SpawnSpec {
             program: &req.program,
@@ -891,29 +1196,32 @@ impl Server {
             cwd: &req.cwd,
             stdio: req.stdio,
             user: user.as_ref(),
+            cgroup_procs: place.as_ref().map(Place::procs_fd),
         };
-        let spawned = self.spawner.spawn(&spec).map_err(|e| {
-            self.core.log.refusal(
-                "spawn failures",
-                self.core.now,
-                format_args!(
-                    "could not start {:?} for uid {}: {}",
-                    req.command,
-                    req.peer.uid,
-                    rpc::os_error_text(&e)
-                ),
-            );
-            let program = match &req.program {
-                process::Program::Direct { program, .. } => program.clone(),
-                process::Program::Shell { shell, .. } => shell.display().to_string(),
-            };
-            RpcError::spawn_failed(&program, &e)
-        })?;
-        let (key, id) = match &req.admitted {
-            Some(a) => (a.key, a.id.clone()),
-            None => self.core.table.next_ids(req.prefix),
+        let spawned = match self.spawner.spawn(&spec) {
+            Ok(s) => s,
+            Err(e) => {
+                self.contain.abandon(place);
+                self.core.log.refusal(
+                    "spawn failures",
+                    self.core.now,
+                    format_args!(
+                        "could not start {:?} for uid {}: {}",
+                        req.command,
+                        req.peer.uid,
+                        rpc::os_error_text(&e)
+                    ),
+                );
+                let program = match &req.program {
+                    process::Program::Direct { program, .. } => program.clone(),
+                    process::Program::Shell { shell, .. } => shell.display().to_string(),
+                };
+                return Err(RpcError::spawn_failed(&program, &e));
+            }
         };
         let pid = spawned.pid;
+        // From here the tree is held: whatever fails next, it can be ended.
+        self.contain.started(key, pid, place);
         let outs: Vec<_> = std::iter::once(spawned.out).chain(spawned.err).collect();
         let next = &mut self.next_token;
         let added = self
@@ -925,10 +1233,10 @@ impl Server {
             });
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved.
+            self.contain.end(key, crate::contain::Stage::Kill);
             process::signal_group(pid, libc::SIGKILL);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
-        self.contain.started(key, pid);
         let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
         self.core.started(req, key, id, pid, runs_as);
         Ok(key)
@@ -1083,8 +1391,8 @@ impl Server {
             for s in 0..nstreams {
                 self.read_pipe(key, s, EXIT_DRAIN_BYTES, true);
             }
-            self.contain.leader_exited(key);
-            self.core.exited(key, r.ended, r.usage);
+            let tree = self.contain.leader_exited(key);
+            self.core.exited(key, r.ended, r.usage, tree);
             self.apply();
         }
         if orphans {
@@ -1099,6 +1407,9 @@ impl Server {
                 LoopTimer::AcceptResume => {
                     self.accept_paused = false;
                     self.accept_all();
+                    for t in self.http_listeners.keys().copied().collect::<Vec<_>>() {
+                        self.accept_http(t);
+                    }
                 }
                 LoopTimer::ShutdownDeadline => {
                     // The grace is over: end whatever is left and stop waiting for it.
@@ -1106,6 +1417,15 @@ impl Server {
                     self.finish_shutdown();
                 }
                 LoopTimer::ShutdownRecheck => {}
+                LoopTimer::Watchdog => {
+                    if let Some(n) = &self.notifier {
+                        n.send("WATCHDOG=1");
+                        if let Some(every) = n.watchdog {
+                            self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
+                        }
+                    }
+                }
+                LoopTimer::Status => self.status_pending = false,
             }
         }
     }
@@ -1116,8 +1436,14 @@ impl Server {
         if self.shutdown.is_some() {
             return;
         }
+        if let Some(n) = &self.notifier {
+            n.send("STOPPING=1");
+        }
         self.shutdown = Some(Shutdown::Killing);
         if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        for (_, mut l) in self.http_listeners.drain() {
             let _ = self.poll.registry().deregister(&mut l);
         }
         self.remove_socket_file();

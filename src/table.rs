@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::contain::TreeUsage;
 use crate::process::{Ended, Usage};
 use crate::ring::Ring;
 
@@ -139,7 +140,10 @@ impl Stdin {
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
     pub ended: Ended,
+    /// The leader's rusage (and what it waited for).
     pub usage: Usage,
+    /// The whole tree's figures, from its cgroup when it has one.
+    pub tree: Option<TreeUsage>,
     pub at: Instant,
 }
 
@@ -629,6 +633,7 @@ mod tests {
         Exit {
             ended: Ended::Code(0),
             usage: Usage::default(),
+            tree: None,
             at: Instant::now(),
         }
     }

@@ -27,15 +27,34 @@ pub fn exit_status(p: &Proc) -> Value {
     json!({ "exitCode": code, "signal": signal })
 }
 
-/// Rusage and duration of an exited process, for `_meta.execd` (null while it runs).
+/// Rusage and duration of an exited process, for `_meta.execd` (null while it runs);
+/// with a cgroup, the whole tree's `cpuMs` and `memoryPeakKb` beside them (where the
+/// kernel reports them), and `oomKilled: true` when the OOM killer took part of it.
 pub fn usage_meta(p: &Proc) -> Value {
     let Some(e) = &p.exit else { return Value::Null };
-    json!({
+    let mut v = json!({
         "durationMs": p.duration().as_millis() as u64,
         "userMs": e.usage.user.as_millis() as u64,
         "systemMs": e.usage.system.as_millis() as u64,
         "maxRssKb": e.usage.max_rss_kb,
-    })
+    });
+    if let Some(t) = e.tree {
+        if let Some(ms) = t.cpu_ms {
+            v["cpuMs"] = ms.into();
+        }
+        if let Some(kb) = t.memory_peak_kb {
+            v["memoryPeakKb"] = kb.into();
+        }
+        if t.oom_killed {
+            v["oomKilled"] = true.into();
+        }
+    }
+    v
+}
+
+/// Whether the OOM killer took part of the command's tree.
+pub fn oom_killed(p: &Proc) -> bool {
+    p.exit.and_then(|e| e.tree).is_some_and(|t| t.oom_killed)
 }
 
 /// The `Exit` event's payload.
@@ -61,12 +80,16 @@ pub fn describe_exit(p: &Proc) -> String {
     }
 }
 
-/// `exit_code`, and `signal` only when a signal ended the command (bash objects).
+/// `exit_code`, `signal` only when a signal ended the command, and `oom_killed` only
+/// when the OOM killer took part of it (bash objects).
 fn add_bash_exit(v: &mut Map<String, Value>, p: &Proc) {
     let (code, signal) = exit_fields(p);
     v.insert("exit_code".into(), code.into());
     if let Some(sig) = signal {
         v.insert("signal".into(), sig.into());
+    }
+    if oom_killed(p) {
+        v.insert("oom_killed".into(), true.into());
     }
 }
 

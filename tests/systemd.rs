@@ -66,3 +66,135 @@ fn systemd_variables_never_reach_a_command() {
         }
     }
 }
+
+/// Reads datagrams from `rx` until `pred` holds for one; returns every message seen.
+#[track_caller]
+fn notifications_until(
+    rx: &std::os::unix::net::UnixDatagram,
+    pred: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out; notifications so far: {seen:?}"
+        );
+        rx.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .expect("timeout");
+        if let Ok(n) = rx.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+            let done = pred(&msg);
+            seen.push(msg);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+/// Starts execd with `NOTIFY_SOCKET` (and `WATCHDOG_USEC`) set.
+fn notified_daemon(dir: TempDir, notify: &str, watchdog_usec: Option<&str>) -> Daemon {
+    let socket = dir.path().join("execd.sock");
+    let log = std::fs::File::create(dir.path().join("execd.log")).expect("log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+    cmd.arg("--socket")
+        .arg(&socket)
+        .env("NOTIFY_SOCKET", notify)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log));
+    if let Some(us) = watchdog_usec {
+        cmd.env("WATCHDOG_USEC", us);
+    }
+    let child = cmd.spawn().expect("spawn execd");
+    let d = Daemon {
+        child: Some(child),
+        socket: socket.clone(),
+        dir,
+    };
+    wait_until("execd listens", || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    d
+}
+
+/// sd_notify without libsystemd: READY=1 once it accepts, STATUS= with counts as they
+/// change, WATCHDOG=1 while the loop turns, STOPPING=1 when shutdown begins; and the
+/// variables never reach a command.
+#[test]
+fn readiness_status_watchdog_and_stopping_reach_notify_socket() {
+    let dir = TempDir::new();
+    let path = dir.path().join("notify");
+    let rx = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    let mut d = notified_daemon(dir, path.to_str().unwrap(), Some("400000"));
+    let seen = notifications_until(&rx, |m| m.contains("READY=1"));
+    assert!(seen.iter().any(|m| m.contains("STATUS=")), "{seen:?}");
+    // Two watchdog pings (every 200 ms, half of WATCHDOG_USEC).
+    notifications_until(&rx, |m| m == "WATCHDOG=1");
+    notifications_until(&rx, |m| m == "WATCHDOG=1");
+    // A client and a running command change the status.
+    let mut c = d.client();
+    let id = create(&mut c, "sleep", &["30"]);
+    notifications_until(&rx, |m| m.contains("STATUS=1 client(s), 1 running"));
+    // Commands do not see the variables.
+    let env = create(&mut c, "env", &[]);
+    wait_exit(&mut c, &env);
+    let text = output(&mut c, &env)["output"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        !text.contains("NOTIFY_SOCKET") && !text.contains("WATCHDOG_USEC"),
+        "{text}"
+    );
+    let _ = id;
+    unsafe_kill(d.pid(), libc::SIGTERM);
+    notifications_until(&rx, |m| m.contains("STOPPING=1"));
+    assert_eq!(d.terminate(), Some(0));
+}
+
+/// An abstract (`@name`) notification socket works too.
+#[test]
+fn readiness_reaches_an_abstract_notify_socket() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("execd-test-notify-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).expect("addr");
+    let rx = std::os::unix::net::UnixDatagram::bind_addr(&addr).expect("bind");
+    let d = notified_daemon(TempDir::new(), &format!("@{name}"), None);
+    notifications_until(&rx, |m| m.contains("READY=1"));
+    drop(d);
+}
+
+/// Socket activation checks fd 3 before trusting it: a file that is not a listening
+/// socket makes execd refuse to start, saying so.
+#[test]
+fn an_activated_fd_that_is_not_a_listening_socket_is_refused() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new();
+    let file = std::fs::File::create(dir.path().join("not-a-socket")).expect("file");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\"",
+        env!("CARGO_BIN_EXE_execd"),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    // SAFETY: dup2 in the child before exec, on descriptors it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fd 3") && err.contains("not"), "{err}");
+}

@@ -1,0 +1,460 @@
+//! Containment (PROTOCOL.md section 9): a cgroup per command, so that nothing a command
+//! starts outlives it, whatever it does to leave its process group. These tests run as
+//! root against the machine's real cgroup2 mount (found in /proc/self/mountinfo), each
+//! in a parent cgroup of its own that is removed afterwards, even when a test fails.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A private parent cgroup under the cgroup2 mount, torn down on drop: everything in it
+/// killed, every cgroup below it removed, deepest first.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    /// `None` (with the reason printed) where no cgroup2 mount is writable.
+    fn new() -> Option<TestCgroup> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let Some(mount) = execd::cgroup::cgroup2_mount(&mountinfo) else {
+            eprintln!("skipped: no cgroup2 mount");
+            return None;
+        };
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let dir = mount.join(format!("execd-test-{}-{n}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("skipped: cannot create {}: {e}", dir.display());
+            return None;
+        }
+        Some(TestCgroup(dir))
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8")
+    }
+
+    /// The command cgroups execd made in it.
+    fn command_cgroups(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.0)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("cmd-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Every cgroup below, deepest first.
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.0.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                stack.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().skip(1) {
+            let _ = std::fs::write(d.join("cgroup.kill"), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for d in dirs.iter().rev() {
+            while std::fs::remove_dir(d).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Pids of live processes whose command line holds `marker`.
+fn with_marker(marker: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|&pid| pid_alive(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(marker)
+            })
+        })
+        .collect()
+}
+
+/// A unique `sleep` duration: its command line marks the processes of one test tree.
+fn marker() -> String {
+    static N: AtomicUsize = AtomicUsize::new(1);
+    format!(
+        "999.{}{:04}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// The ways a command's descendants leave its process group, as shell scripts that
+/// start one (marked by `m`), print `ready`, and keep the leader running.
+fn escapes(m: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "setsid escapee",
+            format!("setsid sleep {m} & echo ready; sleep {m}"),
+        ),
+        (
+            "double-forked daemon",
+            format!("(setsid sh -c 'sleep {m} & exit' &); echo ready; sleep {m}"),
+        ),
+        (
+            "nohup child",
+            format!("nohup setsid sleep {m} >/dev/null 2>&1 & echo ready; sleep {m}"),
+        ),
+        (
+            "TERM ignorer",
+            format!("(trap '' TERM; exec sleep {m}) & echo ready; sleep {m}"),
+        ),
+    ]
+}
+
+/// Waits until every marked process is gone; panics naming the shape and the ending.
+#[track_caller]
+fn all_gone(m: &str, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !with_marker(m).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: processes survived: {:?}",
+            with_marker(m)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a terminal of `script` and waits until it printed `ready` and its marked
+/// processes exist.
+#[track_caller]
+fn start_tree(c: &mut Client, script: &str, m: &str) -> String {
+    let id = create(c, "sh", &["-c", script]);
+    wait_until("the tree is up", || {
+        output(c, &id)["output"] == "ready\n" && with_marker(m).len() >= 2
+    });
+    id
+}
+
+fn cgroup_daemon(cg: &TestCgroup, extra: &[&str]) -> Daemon {
+    let mut flags = vec!["--cgroup", cg.path(), "--kill-grace", "300ms"];
+    flags.extend_from_slice(extra);
+    Daemon::start(&flags)
+}
+
+/// Release, kill, and a daemon's SIGTERM end every shape of escape, for terminals.
+#[test]
+fn terminal_release_kill_and_shutdown_leave_nothing_alive() {
+    let Some(cg) = TestCgroup::new() else { return };
+    for ending in ["terminal/release", "terminal/kill", "shutdown"] {
+        let mut d = cgroup_daemon(&cg, &[]);
+        let mut c = d.client();
+        let mut marks = Vec::new();
+        for (shape, _) in escapes("x") {
+            let m = marker();
+            let script = escapes(&m)
+                .into_iter()
+                .find(|(s, _)| *s == shape)
+                .expect("shape")
+                .1;
+            let id = start_tree(&mut c, &script, &m);
+            marks.push((shape, m, id));
+        }
+        for (_, _, id) in &marks {
+            match ending {
+                "shutdown" => {}
+                method => {
+                    ok(&mut c, method, json!({"sessionId": "s", "terminalId": id}));
+                }
+            }
+        }
+        if ending == "shutdown" {
+            assert_eq!(d.terminate(), Some(0));
+        }
+        for (shape, m, _) in &marks {
+            all_gone(m, &format!("{shape}, {ending}"));
+        }
+        drop(d);
+    }
+}
+
+/// `bash/kill` with SIGKILL, a hard timeout and session close end every shape too.
+#[test]
+fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    for ending in ["bash/kill", "hard_timeout", "bash/sessions/close"] {
+        for (shape, _) in escapes("x") {
+            let m = marker();
+            let script = escapes(&m)
+                .into_iter()
+                .find(|(s, _)| *s == shape)
+                .expect("shape")
+                .1;
+            let session = format!("{}-{}", ending.replace('/', "-"), m);
+            let mut params = json!({"command": script, "async_mode": true, "session_id": session});
+            if ending == "hard_timeout" {
+                params["hard_timeout"] = json!(1);
+            }
+            ok(&mut c, "bash/exec", params);
+            wait_until("the tree is up", || with_marker(&m).len() >= 2);
+            match ending {
+                "bash/kill" => {
+                    ok(
+                        &mut c,
+                        "bash/kill",
+                        json!({"session_id": session, "signal": "SIGKILL"}),
+                    );
+                }
+                "bash/sessions/close" => {
+                    ok(&mut c, ending, json!({"session_id": session}));
+                }
+                _ => {}
+            }
+            all_gone(&m, &format!("{shape}, {ending}"));
+        }
+    }
+}
+
+/// The daemon killed with SIGKILL while such trees run, then started again on the same
+/// cgroup: what it left is killed at start, and the count is logged.
+#[test]
+fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let mut d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    let mut marks = Vec::new();
+    for (shape, _) in escapes("x") {
+        let m = marker();
+        let script = escapes(&m)
+            .into_iter()
+            .find(|(s, _)| *s == shape)
+            .expect("shape")
+            .1;
+        start_tree(&mut c, &script, &m);
+        marks.push(m);
+    }
+    if let Some(mut child) = d.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // The escapees outlive a SIGKILLed daemon (the parent-death signal reaches only its
+    // direct children).
+    assert!(
+        marks.iter().any(|m| !with_marker(m).is_empty()),
+        "something outlived the daemon"
+    );
+    let again = cgroup_daemon(&cg, &[]);
+    for m in &marks {
+        all_gone(m, "after the restart");
+    }
+    wait_until("the count is logged", || {
+        again.log().contains("a previous instance left")
+    });
+    assert!(
+        cg.command_cgroups().is_empty(),
+        "{:?}",
+        cg.command_cgroups()
+    );
+}
+
+/// A command's cgroup goes once its tree is empty: 500 commands leave none behind.
+#[test]
+fn five_hundred_commands_leave_no_cgroup_behind() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let d = cgroup_daemon(&cg, &["--max-processes", "600"]);
+    let mut c = d.client();
+    let sent: Vec<u64> = (0..500)
+        .map(|_| {
+            c.send(
+                "terminal/create",
+                json!({"sessionId": "s", "command": "sh", "args": ["-c", "true & true"]}),
+            )
+            .expect("send")
+        })
+        .collect();
+    let ids: Vec<String> = sent
+        .into_iter()
+        .map(|id| {
+            c.wait_response(id).expect("created")["terminalId"]
+                .as_str()
+                .expect("id")
+                .to_string()
+        })
+        .collect();
+    for id in &ids {
+        wait_exit(&mut c, id);
+    }
+    wait_until("every command cgroup is removed", || {
+        cg.command_cgroups().is_empty()
+    });
+    let init = ok(&mut c, "initialize", json!({}));
+    assert_eq!(init["_meta"]["execd"]["containment"]["kind"], "cgroup");
+}
+
+/// Whole-tree accounting: `cpuMs` from the cgroup beside the leader's rusage.
+#[test]
+fn exit_reports_the_whole_trees_cpu() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    let id = create(&mut c, "sh", &["-c", "true"]);
+    wait_exit(&mut c, &id);
+    let t = terminal_entry(&mut c, &id);
+    let meta = &t["exitStatus"]["_meta"]["execd"];
+    assert!(meta["cpuMs"].is_u64(), "{t}");
+}
+
+/// Limits need their controllers: on a cgroup that has none, a request for one is a
+/// `-32003` naming the controller, and so is a daemon-wide flag at start.
+#[test]
+fn limits_without_their_controller_are_refused_by_name() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let controllers = std::fs::read_to_string(cg.0.join("cgroup.controllers")).unwrap_or_default();
+    let d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    for (method, params, controller) in [
+        (
+            "terminal/create",
+            json!({"sessionId": "s", "command": "true",
+                   "_meta": {"execd": {"limits": {"memoryMax": 1048576}}}}),
+            "memory",
+        ),
+        (
+            "bash/exec",
+            json!({"command": "true", "limits": {"pids_max": 10}}),
+            "pids",
+        ),
+        (
+            "bash/exec",
+            json!({"command": "true", "limits": {"cpu_max": 50}}),
+            "cpu",
+        ),
+    ] {
+        if controllers.split_whitespace().any(|w| w == controller) {
+            continue; // this host has it: the limit works and is tested below
+        }
+        let (code, msg, data) = err(&mut c, method, params);
+        assert_eq!(code, -32003, "{msg}");
+        assert_eq!(data.expect("data")["controller"], controller);
+        assert!(msg.contains(controller), "{msg}");
+    }
+    // A daemon-wide limit without its controller refuses to start, saying why.
+    if !controllers.split_whitespace().any(|w| w == "memory") {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
+            .args(["--socket", "/nonexistent/execd.sock", "--cgroup", cg.path()])
+            .args(["--memory-max", "64M"])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("memory controller"), "{err}");
+    }
+    // Process groups can enforce none.
+    let plain = Daemon::start(&["--cgroup", "off"]);
+    let mut c = plain.client();
+    let (code, _, data) = err(
+        &mut c,
+        "bash/exec",
+        json!({"command": "true", "limits": {"memory_max": 1048576}}),
+    );
+    assert_eq!(code, -32003);
+    assert_eq!(data.expect("data")["controller"], "memory");
+}
+
+/// `--cgroup off`, and a cgroup execd may not use, fall back to process groups and say
+/// why.
+#[test]
+fn fallbacks_to_process_groups_say_why() {
+    let d = Daemon::start(&["--cgroup", "off"]);
+    let mut c = d.client();
+    let init = ok(&mut c, "initialize", json!({}));
+    let containment = &init["_meta"]["execd"]["containment"];
+    assert_eq!(containment["kind"], "process-group");
+    assert!(
+        containment["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--cgroup off"),
+        "{containment}"
+    );
+    assert!(
+        d.log().contains("containment: process groups"),
+        "{}",
+        d.log()
+    );
+    // A path that is no cgroup.
+    let dir = TempDir::new();
+    let d = Daemon::start(&["--cgroup", dir.path().to_str().unwrap()]);
+    let mut c = d.client();
+    let init = ok(&mut c, "initialize", json!({}));
+    let containment = &init["_meta"]["execd"]["containment"];
+    assert_eq!(containment["kind"], "process-group");
+    let detail = containment["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("falling back to process groups"),
+        "{detail}"
+    );
+    // And the daemon works.
+    let id = create(&mut c, "echo", &["fine"]);
+    wait_exit(&mut c, &id);
+    assert_eq!(output(&mut c, &id)["output"], "fine\n");
+}
+
+/// Where the machine has a controller, its limit really holds: a fork bomb stays within
+/// `pids.max`, and an OOM kill is reported as such.
+#[test]
+fn limits_hold_where_controllers_exist() {
+    let Some(cg) = TestCgroup::new() else { return };
+    let controllers = std::fs::read_to_string(cg.0.join("cgroup.controllers")).unwrap_or_default();
+    let has = |c: &str| controllers.split_whitespace().any(|w| w == c);
+    if !has("pids") && !has("memory") {
+        eprintln!("skipped: no pids or memory controller on this host's cgroup2 ({controllers:?})");
+        return;
+    }
+    let d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    if has("pids") {
+        let r = ok(
+            &mut c,
+            "bash/exec",
+            json!({"command": "for i in $(seq 50); do sleep 5 & done; wait", "limits": {"pids_max": 10},
+                   "hard_timeout": 10}),
+        );
+        assert!(
+            r["stderr"].as_str().unwrap().contains("fork")
+                || r["stderr"].as_str().unwrap().contains("Resource"),
+            "{r}"
+        );
+    }
+    if has("memory") {
+        let r = ok(
+            &mut c,
+            "bash/exec",
+            json!({"command": "head -c 200000000 /dev/zero | tail", "limits": {"memory_max": 33554432}}),
+        );
+        assert_eq!(r["oom_killed"], true, "{r}");
+    }
+}
