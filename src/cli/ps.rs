@@ -455,25 +455,47 @@ const SIZES: &[&str] = &[
     "maxOutputLimit",
     "maxOutputMemory",
     "stdinBuffer",
+    "memoryMax",
 ];
 
-/// A limit of `initialize` as execd's flag and its value as the flag takes it.
+/// A limit of `initialize` as execd's flag and its value as the flag takes it; `none`
+/// for a limit that is not set.
 fn limit_line(key: &str, v: &Value) -> (String, String) {
-    let Some(n) = v.as_u64() else {
-        return (key.to_string(), v.to_string());
-    };
-    if let Some(base) = key.strip_suffix("Ms") {
-        return (
-            format!("--{}", output::snake(base).replace('_', "-")),
-            output::flag_duration(n),
-        );
-    }
-    let flag = format!("--{}", output::snake(key).replace('_', "-"));
-    if SIZES.contains(&key) {
-        (flag, output::size(n))
+    let flag_of = |k: &str| format!("--{}", output::snake(k).replace('_', "-"));
+    let (flag, unit) = if let Some(base) = key.strip_suffix("Ms") {
+        (flag_of(base), "ms")
+    } else if let Some(base) = key.strip_suffix("Percent") {
+        (flag_of(base), "%")
+    } else if SIZES.contains(&key) {
+        (flag_of(key), "bytes")
     } else {
-        (flag, n.to_string())
-    }
+        (flag_of(key), "")
+    };
+    let value = match (v.as_u64(), unit) {
+        (None, _) if v.is_null() => "none".to_string(),
+        (None, _) => v.to_string(),
+        (Some(n), "ms") => output::flag_duration(n),
+        (Some(n), "bytes") => output::size(n),
+        (Some(n), _) => n.to_string(),
+    };
+    (flag, value)
+}
+
+/// The policy and approvals, in a line.
+fn policy_line(meta: &Value) -> String {
+    let p = &meta["policy"];
+    let file = match p["path"].as_str() {
+        Some(path) if p["loaded"] == true => {
+            format!("{path} ({} rules)", p["rules"].as_u64().unwrap_or(0))
+        }
+        _ => "none (every command is allowed)".to_string(),
+    };
+    let n = |k: &str| meta[k].as_u64().unwrap_or(0);
+    format!(
+        "{file}; {} approvers, {} requests pending",
+        n("approvers"),
+        n("pendingApprovals")
+    )
 }
 
 /// `execctl status`.
@@ -505,6 +527,11 @@ pub fn status(ctx: &Ctx, p: &Parsed) -> Res<u8> {
         "running_bash_commands": count("bash", true),
         "sessions": sessions.as_array().map_or(0, Vec::len),
         "output_memory": output::snake_keys(&meta["outputMemory"]),
+        "policy": output::snake_keys(&meta["policy"]),
+        "approvers": meta["approvers"],
+        "pending_approvals": meta["pendingApprovals"],
+        "containment": output::snake_keys(&meta["containment"]),
+        "audit": meta["audit"],
         "limits": output::snake_keys(&init["limits"]),
     });
     if ctx.json {
@@ -513,36 +540,68 @@ pub fn status(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     }
     let up = Duration::from_millis(meta["uptimeMs"].as_u64().unwrap_or(0));
     let mem = |k: &str| output::size(meta["outputMemory"][k].as_u64().unwrap_or(0));
+    let containment = match meta["containment"]["detail"].as_str() {
+        Some(detail) => format!(
+            "{}\n            {detail}",
+            meta["containment"]["kind"].as_str().unwrap_or("?")
+        ),
+        None => meta["containment"]["kind"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string(),
+    };
+    let rows = [
+        ("uptime", output::human_duration(up)),
+        (
+            "running",
+            format!(
+                "{} yours ({} terminals, {} bash commands); {} in all",
+                count("terminal", true) + count("bash", true),
+                count("terminal", true),
+                count("bash", true),
+                status["running"]
+            ),
+        ),
+        ("terminals", status["terminals"].to_string()),
+        (
+            "bash",
+            format!(
+                "{} commands in {} sessions",
+                status["bash_commands"], status["sessions"]
+            ),
+        ),
+        ("clients", status["clients"].to_string()),
+        (
+            "output",
+            format!(
+                "{} of {} held ({} released to stay within it)",
+                mem("used"),
+                mem("budget"),
+                mem("released")
+            ),
+        ),
+        ("policy", policy_line(meta)),
+        ("containment", containment),
+    ];
     let mut out = format!(
-        "execd {} (pid {}) on {}\n\
-         uptime      {}\n\
-         running     {} yours ({} terminals, {} bash commands); {} in all\n\
-         terminals   {}\n\
-         bash        {} commands in {} sessions\n\
-         clients     {}\n\
-         output      {} of {} held ({} released to stay within it)\n\
-         limits\n",
+        "execd {} (pid {}) on {}\n",
         status["version"].as_str().unwrap_or("?"),
         status["pid"],
         status["socket"].as_str().unwrap_or("?"),
-        output::human_duration(up),
-        count("terminal", true) + count("bash", true),
-        count("terminal", true),
-        count("bash", true),
-        status["running"],
-        status["terminals"],
-        status["bash_commands"],
-        status["sessions"],
-        status["clients"],
-        mem("used"),
-        mem("budget"),
-        mem("released"),
     );
-    if let Some(limits) = init["limits"].as_object() {
-        for (k, v) in limits {
-            let (flag, value) = limit_line(k, v);
-            out.push_str(&format!("  {flag:<22}{value}\n"));
-        }
+    for (label, value) in rows {
+        out.push_str(&format!("{label:<12}{value}\n"));
+    }
+    out.push_str("limits\n");
+    let limits: Vec<(String, String)> = init["limits"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| limit_line(k, v))
+        .collect();
+    let width = limits.iter().map(|(f, _)| f.len()).max().unwrap_or(0);
+    for (flag, value) in limits {
+        out.push_str(&format!("  {flag:<width$}  {value}\n"));
     }
     output::print(&out)?;
     Ok(0)
@@ -578,6 +637,18 @@ mod tests {
         assert_eq!(
             limit_line("maxClients", &json!(1024)),
             ("--max-clients".into(), "1024".into())
+        );
+        assert_eq!(
+            limit_line("memoryMax", &Value::Null),
+            ("--memory-max".into(), "none".into())
+        );
+        assert_eq!(
+            limit_line("cpuMaxPercent", &json!(50)),
+            ("--cpu-max".into(), "50".into())
+        );
+        assert_eq!(
+            limit_line("approvalTimeoutMs", &json!(60_000)),
+            ("--approval-timeout".into(), "1m".into())
         );
     }
 
