@@ -16,7 +16,7 @@
 //! short-lived kill threads use their own connections, so a stuck stdout never delays a
 //! kill; the stdin forwarder has its own connection too.
 
-use std::io::{self, IsTerminal, Read, Write};
+use std::io::{self, IsTerminal, Read};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use super::args::Parsed;
 use super::daemon::{self, Ctx, Target};
 use super::errors::{
-    daemon_error, exit_status, Fail, Res, EXIT_BROKEN_PIPE, EXIT_FAILURE, EXIT_TIMEOUT,
+    self, daemon_error, exit_status, Fail, Res, EXIT_BROKEN_PIPE, EXIT_FAILURE, EXIT_TIMEOUT,
 };
 use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
@@ -837,11 +837,26 @@ pub fn write(ctx: &Ctx, p: &Parsed) -> Res<u8> {
         Some(t) => copy_input(&mut c, &target, t.as_bytes(), eof),
         None => copy_input(&mut c, &target, io::stdin().lock(), eof),
     }
-    .map_err(daemon::about(id))?;
+    .map_err(|e| match e {
+        // Exited, stdin closed, or never had one: say what takes input.
+        CallError::Rpc {
+            code: -32000,
+            ref message,
+            ..
+        } => {
+            let detail = errors::detail(&e);
+            Fail {
+                rpc: detail,
+                ..Fail::new(format!(
+                    "{message}; only a running command with an open stdin takes input (start one with execctl run -d -i or exec -d -i)"
+                ))
+            }
+        }
+        other => daemon_error(other, Some(id)),
+    })?;
     if ctx.json {
         output::print_json(&json!({"id": id, "written": written, "eof": eof}))?;
     }
-    let _ = io::stdout().flush();
     Ok(0)
 }
 
