@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, policy,
-//! parallel, ingest, stream, memory, scale).
+//! http, parallel, ingest, stream, memory, scale).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -192,6 +192,92 @@ fn bench_policy(rows: &mut Vec<Row>) {
         format!("{mb:.0} us"),
         format!("{:.3}", mb / ma),
         "<= 1.05".into(),
+    );
+}
+
+/// One keep-alive HTTP/1.1 exchange on a Unix socket: writes the request, reads one
+/// response (head, then `Content-Length` bytes of body); returns the body.
+fn http_exchange(
+    s: &mut std::os::unix::net::UnixStream,
+    buf: &mut Vec<u8>,
+    request: &[u8],
+) -> Vec<u8> {
+    use std::io::Write;
+    s.write_all(request).expect("write request");
+    buf.clear();
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        if let Some(head_end) = find(buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("content-length");
+            if buf.len() >= head_end + 4 + len {
+                return buf[head_end + 4..head_end + 4 + len].to_vec();
+            }
+        }
+        let n = s.read(&mut chunk).expect("read response");
+        assert!(n > 0, "execd closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// `POST /v1/bash/exec` of `true` over the Unix socket against `bash/exec` over JSON-RPC,
+/// interleaved, and both against running `bash -c true` directly.
+fn bench_http(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    let body = br#"{"command":"true","session_id":"h"}"#;
+    let request = format!(
+        "POST /v1/bash/exec HTTP/1.1\r\nHost: execd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+        body.len(),
+        String::from_utf8_lossy(body)
+    );
+    let mut buf = Vec::new();
+    let params = json!({"command": "true", "session_id": "r"});
+    let direct_bash = || {
+        let st = Command::new("bash")
+            .args(["-c", "true"])
+            .status()
+            .expect("bash");
+        assert!(st.success());
+    };
+    for _ in 0..20 {
+        http_exchange(&mut s, &mut buf, request.as_bytes());
+        call(&mut c, "bash/exec", params.clone());
+    }
+    let (mut h, mut r, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        let out = http_exchange(&mut s, &mut buf, request.as_bytes());
+        h.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(find(&out, br#""status":"completed""#).is_some());
+        let t = Instant::now();
+        call(&mut c, "bash/exec", params.clone());
+        r.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        direct_bash();
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (mh, mr, mb) = (median(&mut h), median(&mut r), median(&mut b));
+    report(
+        rows,
+        "1c POST /v1/bash/exec vs bash/exec".into(),
+        format!("{mr:.0} us JSON-RPC"),
+        format!("{mh:.0} us HTTP"),
+        format!("{:.3}", mh / mr),
+        "<= 1.05".into(),
+    );
+    report(
+        rows,
+        "1d POST /v1/bash/exec vs bash -c true".into(),
+        format!("{mb:.0} us"),
+        format!("{mh:.0} us"),
+        format!("{:.2}", mh / mb),
+        "-".into(),
     );
 }
 
@@ -670,9 +756,10 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 7] = [
+    let benches: [(&str, Bench); 8] = [
         ("spawn", bench_spawn),
         ("policy", bench_policy),
+        ("http", bench_http),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),
         ("stream", bench_stream),
