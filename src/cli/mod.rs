@@ -7,7 +7,8 @@
 //! - `errors`: `Fail`, the messages for daemon errors and the exit statuses.
 //! - `output`: stdout/stderr, JSON, tables, the shared formats.
 //! - `daemon`: connecting, paged listings, finding an id's family.
-//! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output).
+//! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output);
+//!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout).
 //! - `ps`: `ps`, `logs`, `wait`, `status`.
 //! - `kill`: `kill`, `release`, `sessions`.
 //! - `policy`: `policy check`, `approve`.
@@ -15,6 +16,7 @@
 pub mod args;
 pub mod daemon;
 pub mod errors;
+pub mod foreground;
 pub mod help;
 pub mod kill;
 pub mod output;

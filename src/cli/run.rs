@@ -7,26 +7,22 @@
 //! - Input: execctl's stdin is forwarded when it is not a terminal (or with `-i`), in
 //!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
 //!   closed at its end; otherwise the command's stdin is closed from the start.
-//! - Ending: Ctrl-C, a hang-up, SIGTERM, `--timeout` or a closed stdout kill the command
-//!   (SIGTERM, then SIGKILL after the daemon's grace; a second signal: SIGKILL at once).
+//! - Ending (`foreground`): signals, `--timeout` or a closed stdout kill the command;
 //!   execctl still reads until the `Exit` event, so what the command wrote while dying
 //!   is printed, then releases what it made (the terminal, or the session it created).
 //!
-//! Threads: the main thread reads the connection and writes output; a signal thread and
-//! short-lived kill threads use their own connections, so a stuck stdout never delays a
-//! kill; the stdin forwarder has its own connection too.
+//! Threads: the main thread reads the connection and writes output; the stdin forwarder
+//! and the killers (`foreground`) use connections of their own.
 
 use std::io::{self, IsTerminal, Read};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
 use super::args::Parsed;
 use super::daemon::{self, Ctx, Target};
-use super::errors::{
-    self, daemon_error, exit_status, Fail, Res, EXIT_BROKEN_PIPE, EXIT_FAILURE, EXIT_TIMEOUT,
-};
+use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
+use super::foreground::{create, watch_signals, Killer, Reason};
 use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
 use crate::config::{parse_duration, parse_size};
@@ -34,10 +30,6 @@ use crate::rpc::{base64_decode, base64_encode};
 
 /// Largest stdin chunk sent in one write; each waits for its answer (back-pressure).
 const STDIN_CHUNK: usize = 32 << 10;
-/// How often the main thread looks for a signal while a create may be held for approval.
-const CREATE_TICK: Duration = Duration::from_millis(100);
-/// How long an interrupted create may still be answered before execctl hangs up on it.
-const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
 /// What `run` and `exec` share.
 struct Common {
@@ -154,186 +146,6 @@ fn env_vars(files: &[&str], items: &[&str]) -> Res<Vec<(String, String)>> {
 /// The subscription every foreground command is created with.
 fn subscription() -> Value {
     json!({ "lossless": true, "encoding": "base64" })
-}
-
-// ---- ending the command ----------------------------------------------------------------
-
-/// Why execctl ended the command.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Reason {
-    /// execctl got this signal.
-    Signal(i32),
-    /// `--timeout` passed.
-    Timeout,
-    /// execctl's stdout is closed (or broken).
-    OutputClosed,
-}
-
-impl Reason {
-    fn exit_code(self) -> u8 {
-        match self {
-            Reason::Signal(n) => (128 + n).clamp(0, 255) as u8,
-            Reason::Timeout => EXIT_TIMEOUT,
-            Reason::OutputClosed => EXIT_BROKEN_PIPE,
-        }
-    }
-}
-
-#[derive(Default)]
-struct KillState {
-    target: Option<Target>,
-    reason: Option<Reason>,
-    started: bool,
-}
-
-/// Kills the foreground command once, from whichever thread first has a reason.
-#[derive(Clone)]
-struct Killer {
-    ctx: Ctx,
-    state: Arc<Mutex<KillState>>,
-}
-
-impl Killer {
-    fn new(ctx: &Ctx) -> Killer {
-        Killer {
-            ctx: ctx.clone(),
-            state: Arc::new(Mutex::new(KillState::default())),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, KillState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn reason(&self) -> Option<Reason> {
-        self.lock().reason
-    }
-
-    /// Asks for the command's end. The first reason starts SIGTERM-then-SIGKILL; a later
-    /// signal sends SIGKILL at once (a second Ctrl-C means now).
-    fn trigger(&self, reason: Reason) {
-        let mut s = self.lock();
-        let again = s.reason.is_some();
-        if !again {
-            s.reason = Some(reason);
-        }
-        let Some(target) = s.target.clone() else {
-            return;
-        };
-        if !s.started {
-            s.started = true;
-            self.spawn_kill(target, false);
-        } else if again && matches!(reason, Reason::Signal(_)) {
-            self.spawn_kill(target, true);
-        }
-    }
-
-    /// The command exists now; a reason that came first is acted on.
-    fn set_target(&self, target: Target) {
-        let mut s = self.lock();
-        s.target = Some(target.clone());
-        if s.reason.is_some() && !s.started {
-            s.started = true;
-            self.spawn_kill(target, false);
-        }
-    }
-
-    fn spawn_kill(&self, target: Target, now: bool) {
-        let ctx = self.ctx.clone();
-        std::thread::spawn(move || {
-            if let Err(f) = kill_target(&ctx, &target, now) {
-                if f.rpc.as_ref().is_none_or(|r| r.code != -32002) {
-                    warn(&format!(
-                        "could not kill {}: {}",
-                        target.id(),
-                        f.text(ctx.verbose)
-                    ));
-                }
-            }
-        });
-    }
-}
-
-/// SIGTERM, then SIGKILL once the daemon's grace has passed (or SIGKILL at once).
-fn kill_target(ctx: &Ctx, target: &Target, now: bool) -> Res<()> {
-    let mut c = ctx.connect()?;
-    match target {
-        Target::Terminal { id, session } => {
-            let mut params = json!({"sessionId": session, "terminalId": id});
-            if now {
-                params["_meta"] = json!({"execd": {"signal": "SIGKILL"}});
-            }
-            c.call("terminal/kill", params)?;
-        }
-        Target::Bash { id, session } => {
-            let signal = if now { "SIGKILL" } else { "SIGTERM" };
-            let r = c.call(
-                "bash/kill",
-                json!({"session_id": session, "command_id": id, "signal": signal}),
-            )?;
-            if r["status"] == "running" {
-                c.call(
-                    "bash/kill",
-                    json!({"session_id": session, "command_id": id, "signal": "SIGKILL"}),
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Turns SIGINT, SIGHUP and SIGTERM into kills of the foreground command.
-fn watch_signals(killer: &Killer) {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    match signal_hook::iterator::Signals::new([SIGINT, SIGHUP, SIGTERM]) {
-        Ok(mut signals) => {
-            let killer = killer.clone();
-            std::thread::spawn(move || {
-                for sig in signals.forever() {
-                    killer.trigger(Reason::Signal(sig));
-                }
-            });
-        }
-        Err(e) => warn(&format!(
-            "cannot watch for Ctrl-C ({e}); interrupting execctl will leave the command running"
-        )),
-    }
-}
-
-/// Sends a creating request and waits for its answer. A signal meanwhile (the request
-/// may be held for approval) withdraws it: `$/cancel_request` ends a parked request at
-/// once; one held for approval is withdrawn when execctl hangs up, so after a short wait
-/// for an answer already on its way, execctl gives up on it (as cancelled).
-fn create(
-    c: &mut Client,
-    method: &str,
-    params: Value,
-    killer: &Killer,
-) -> Result<Value, CallError> {
-    let id = c.send(method, params)?;
-    c.timeout = Some(CREATE_TICK);
-    let mut cancelled: Option<Instant> = None;
-    let answer = loop {
-        match c.wait_response(id) {
-            Err(CallError::Io(e)) if is_timeout(&e) => match cancelled {
-                None if killer.reason().is_some() => {
-                    cancelled = Some(Instant::now());
-                    c.send("$/cancel_request", json!({ "requestId": id }))?;
-                }
-                Some(at) if at.elapsed() >= CANCEL_GRACE => {
-                    break Err(CallError::Rpc {
-                        code: -32800,
-                        message: "request cancelled".into(),
-                        data: None,
-                    });
-                }
-                _ => {}
-            },
-            other => break other,
-        }
-    };
-    c.timeout = None;
-    answer
 }
 
 // ---- input -----------------------------------------------------------------------------
