@@ -355,7 +355,7 @@ this rule for the rest of the session). With --json, stdout is JSON lines ({\"ty
 \"ready\"} once subscribed, then each request, and each request settled) and answers are
 JSON lines on stdin:
   {\"request_id\": \"appr_7\", \"response\": \"approve\"|\"approve_for_session\"|\"reject\", \"feedback\": \"...\"}
-It runs until interrupted (or, with --json, until stdin ends).",
+It runs until interrupted or until its stdin ends.",
     flags: &[],
     stop_at_operand: false,
 };

@@ -127,8 +127,12 @@ fn env_item(item: &str, origin: &str, out: &mut Vec<(String, String)>) -> Res<()
 fn env_vars(files: &[&str], items: &[&str]) -> Res<Vec<(String, String)>> {
     let mut out = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| Fail::new(format!("--env-file {file}: {e}")))?;
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            Fail::new(format!(
+                "--env-file {file}: {}",
+                crate::rpc::os_error_text(&e)
+            ))
+        })?;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim_start();
             if line.is_empty() || line.starts_with('#') {
