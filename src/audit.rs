@@ -298,6 +298,101 @@ impl Out {
     }
 }
 
+/// The descriptors the log and the audit records are written to, and whether each waits
+/// for WRITABLE (registered with the loop under its token).
+#[derive(Debug)]
+pub struct Sinks {
+    log: Option<(Out, bool)>,
+    audit: Option<(Out, bool)>,
+    log_token: mio::Token,
+    audit_token: mio::Token,
+}
+
+impl Sinks {
+    /// stderr for the log (dropped if stderr cannot be written at all), and the audit file
+    /// when `--audit FILE` names one.
+    pub fn open(
+        audit: Option<&Path>,
+        log_token: mio::Token,
+        audit_token: mio::Token,
+    ) -> io::Result<Sinks> {
+        let audit = match audit {
+            Some(path) => Some((
+                Out::file(path).map_err(|e| {
+                    io::Error::new(e.kind(), format!("--audit {}: {e}", path.display()))
+                })?,
+                false,
+            )),
+            None => None,
+        };
+        Ok(Sinks {
+            log: Out::stderr().ok().map(|o| (o, false)),
+            audit,
+            log_token,
+            audit_token,
+        })
+    }
+
+    /// A WRITABLE event for `token`: its target may take more now.
+    pub fn writable(&mut self, token: mio::Token) {
+        for (sink, t) in [
+            (&mut self.log, self.log_token),
+            (&mut self.audit, self.audit_token),
+        ] {
+            if t == token {
+                if let Some((_, waiting)) = sink {
+                    *waiting = false;
+                }
+            }
+        }
+    }
+
+    /// Writes the queues as far as their targets take them, waiting for WRITABLE where a
+    /// target can be polled (a pipe, a terminal, a FIFO). A regular file is never full and
+    /// cannot be polled; its next write comes next turn.
+    pub fn write(&mut self, registry: &mio::Registry, log: &mut Queue, audit: Option<&mut Queue>) {
+        if let Some(sink) = self.log.as_mut() {
+            drain_into(sink, log, registry, self.log_token);
+        }
+        if let (Some(sink), Some(q)) = (self.audit.as_mut(), audit) {
+            drain_into(sink, q, registry, self.audit_token);
+        }
+    }
+
+    /// Reopens the audit file at `path` (log rotation): what the old one had not taken yet
+    /// goes to the new one. On failure the old one stays.
+    pub fn reopen_audit(&mut self, registry: &mio::Registry, path: &Path) -> io::Result<()> {
+        let out = Out::file(path)?;
+        if let Some((old, _)) = self.audit.take() {
+            let _ = registry.deregister(&mut mio::unix::SourceFd(&old.fd()));
+        }
+        self.audit = Some((out, false));
+        Ok(())
+    }
+}
+
+/// Writes `q` into a sink until it would block; registers it for WRITABLE (under `token`)
+/// while bytes wait, where it can be polled.
+fn drain_into(sink: &mut (Out, bool), q: &mut Queue, registry: &mio::Registry, token: mio::Token) {
+    let (out, waiting) = sink;
+    if q.is_empty() || *waiting {
+        return;
+    }
+    let fd = out.fd();
+    if out.drain(q) {
+        *waiting = registry
+            .register(
+                &mut mio::unix::SourceFd(&fd),
+                token,
+                mio::Interest::WRITABLE,
+            )
+            .is_ok();
+    }
+    if !*waiting {
+        let _ = registry.deregister(&mut mio::unix::SourceFd(&fd));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

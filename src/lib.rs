@@ -37,6 +37,7 @@ pub mod events;
 pub mod gate;
 pub mod http;
 pub mod launch;
+pub mod listen;
 pub mod pipes;
 pub mod policy;
 pub mod process;

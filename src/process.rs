@@ -175,6 +175,35 @@ impl Identity {
     }
 }
 
+/// Peer identities (uid and gid -> supplementary groups), looked up at a peer's first
+/// spawn and reused for a while: user databases (LDAP, sssd) can take seconds, and the
+/// loop must not wait on them per connection.
+#[derive(Debug, Default)]
+pub struct Identities {
+    known: std::collections::HashMap<(u32, u32), (Identity, std::time::Instant)>,
+}
+
+impl Identities {
+    /// How long a looked-up identity is reused.
+    const TTL: Duration = Duration::from_secs(60);
+
+    /// The identity of peer `uid`/`gid` at `now`.
+    pub fn of_peer(&mut self, uid: u32, gid: u32, now: std::time::Instant) -> Identity {
+        let fresh = |at: &std::time::Instant| now.saturating_duration_since(*at) < Self::TTL;
+        if let Some((id, at)) = self.known.get(&(uid, gid)) {
+            if fresh(at) {
+                return id.clone();
+            }
+        }
+        let id = Identity::of_peer(uid, gid);
+        if self.known.len() > 4096 {
+            self.known.retain(|_, (_, at)| fresh(at));
+        }
+        self.known.insert((uid, gid), (id.clone(), now));
+        id
+    }
+}
+
 /// A started command: its pid (also its process group and session id) and the parent's
 /// ends of its pipes, all non-blocking and close-on-exec.
 #[derive(Debug)]

@@ -15,19 +15,16 @@
 //! - A process's exit is published only after its pipes were drained of what they held.
 
 use std::collections::HashMap;
-use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, UnixListener};
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Registry, Token};
+use mio::{Events, Interest, Poll, Token};
 use serde_json::{json, Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use crate::audit::{Log, Out, Queue};
+use crate::audit::{Log, Sinks};
 use crate::config::Config;
 use crate::conn::{Bounds, Conn, Fill};
 use crate::contain::{Contain, Place, PrepareError, Unavailable};
@@ -35,8 +32,9 @@ use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::events::{self, Outbox, Outboxes};
 use crate::http;
 use crate::launch::LaunchRequest;
+use crate::listen::{Accepted, Listeners};
 use crate::pipes::{Flushed, Got, Pipes, Source};
-use crate::process::{self, Identity, PeerCred};
+use crate::process::{self, Identities, Identity, PeerCred};
 use crate::rpc::Incoming;
 use crate::rpc::{self, ReqNo, RpcError};
 use crate::table::{ConnId, Key, Peer};
@@ -71,12 +69,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// How often shutdown looks again for what is left of killed trees.
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
-/// The most often systemd hears a new `STATUS=`.
-const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
-/// How long a looked-up user identity (supplementary groups) is reused.
-const IDENTITY_TTL: Duration = Duration::from_secs(60);
 
 /// The loop's own deadlines (the core keeps the rest).
 #[derive(Debug)]
@@ -120,8 +114,13 @@ impl Outbox for Conn {
 }
 
 impl Outboxes for ConnOuts<'_> {
+    /// An HTTP connection has no outbox for events: its stream carries responses only (a
+    /// subscription an HTTP request asked for is dropped as if its connection were gone).
     fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
-        self.0.get_mut(&Token(conn.0)).map(|c| c as &mut dyn Outbox)
+        self.0
+            .get_mut(&Token(conn.0))
+            .filter(|c| !c.is_http())
+            .map(|c| c as &mut dyn Outbox)
     }
 }
 
@@ -129,13 +128,7 @@ impl Outboxes for ConnOuts<'_> {
 pub struct Server {
     core: Core,
     poll: Poll,
-    listener: Option<UnixListener>,
-    socket_file: Option<PathBuf>,
-    /// The HTTP front end's TCP listeners (`--http-listen`), what their requests must
-    /// carry, and whom they run as.
-    http_listeners: HashMap<Token, TcpListener>,
-    http_auth: http::Auth,
-    http_peer: PeerCred,
+    listeners: Listeners,
     signals: Signals,
     conns: HashMap<Token, Conn>,
     pipes: Pipes,
@@ -143,8 +136,8 @@ pub struct Server {
     spawner: process::Spawner,
     /// `--run-as`, resolved at startup.
     run_as: Option<Identity>,
-    /// Peer identities (uid, gid -> groups), looked up at a peer's first spawn.
-    identities: HashMap<(u32, u32), (Identity, Instant)>,
+    /// Peer identities, looked up at a peer's first spawn.
+    identities: Identities,
     timers: Timers<LoopTimer>,
     next_token: usize,
     scratch: Vec<u8>,
@@ -159,142 +152,10 @@ pub struct Server {
     memory_peak: usize,
     /// systemd's notification socket, when it gave one.
     notifier: Option<systemd::Notifier>,
-    /// The last `STATUS=` counts sent, when, and whether a later one waits for its turn.
-    status_sent: Option<((usize, usize), Instant)>,
+    /// A status change waits for its turn.
     status_pending: bool,
-    /// The daemon log's descriptor, and whether it waits for WRITABLE.
-    log_out: Option<Out>,
-    log_registered: bool,
-    /// The audit file's descriptor (`--audit FILE`), and whether it waits for WRITABLE.
-    audit_out: Option<Out>,
-    audit_registered: bool,
-}
-
-/// Writes `q` into `out` until it would block; registers `out` for WRITABLE (under
-/// `token`) while bytes wait, where it can be polled.
-fn drain_into(
-    out: &mut Out,
-    q: &mut Queue,
-    registry: &Registry,
-    token: Token,
-    registered: &mut bool,
-) {
-    if q.is_empty() || *registered {
-        return;
-    }
-    if out.drain(q) {
-        *registered = registry
-            .register(&mut SourceFd(&out.fd()), token, Interest::WRITABLE)
-            .is_ok();
-    }
-    if !*registered {
-        let _ = registry.deregister(&mut SourceFd(&out.fd()));
-    }
-}
-
-/// The HTTP front end's TCP side, set up at start (section 11).
-struct HttpFront {
-    listeners: HashMap<Token, TcpListener>,
-    auth: http::Auth,
-    /// Whom TCP requests run as and are owned by.
-    peer: PeerCred,
-}
-
-impl HttpFront {
-    /// Binds every `--http-listen` address, reads the token (refusing a file that others
-    /// may read, or an empty one), and resolves `--http-run-as` (required for a root
-    /// daemon: requests over TCP carry no credentials of their own). The token never
-    /// reaches a log line.
-    fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
-        let me = process::current_uid();
-        let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-        let peer = match (&cfg.http_run_as, me) {
-            (Some(user), 0) => {
-                let id = Identity::of_user(user)?;
-                PeerCred {
-                    pid: 0,
-                    uid: id.uid,
-                    gid: id.gid,
-                }
-            }
-            (Some(user), _) => {
-                return Err(refuse(format!(
-                    "--http-run-as {user} needs a daemon running as root"
-                )))
-            }
-            (None, 0) if !cfg.http_listen.is_empty() => {
-                return Err(refuse(
-                    "--http-listen on a root daemon needs --http-run-as USER: requests over \
-                     TCP carry no credentials to run as"
-                        .into(),
-                ))
-            }
-            (None, _) => PeerCred {
-                pid: 0,
-                uid: me,
-                gid: process::current_gid(),
-            },
-        };
-        let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
-            (Some(path), _) => http::Auth::Token(read_token(path)?.into()),
-            (None, true) => http::Auth::Open,
-            (None, false) => http::Auth::Peer,
-        };
-        let mut listeners = HashMap::new();
-        for addr in &cfg.http_listen {
-            let std = std::net::TcpListener::bind(addr)
-                .map_err(|e| io::Error::new(e.kind(), format!("--http-listen {addr}: {e}")))?;
-            std.set_nonblocking(true)?;
-            let mut l = TcpListener::from_std(std);
-            let token = Token(*next);
-            *next += 1;
-            poll.registry()
-                .register(&mut l, token, Interest::READABLE)?;
-            listeners.insert(token, l);
-            log.line(format_args!(
-                "HTTP on {addr} ({}), requests run as uid {}",
-                match &auth {
-                    http::Auth::Token(_) => "bearer token required",
-                    _ => "no authentication",
-                },
-                peer.uid
-            ));
-            if matches!(auth, http::Auth::Open) {
-                log.line(format_args!(
-                    "warning: --http-no-auth: any local process that reaches {addr} runs \
-                     commands as uid {}",
-                    peer.uid
-                ));
-            }
-        }
-        Ok(HttpFront {
-            listeners,
-            auth,
-            peer,
-        })
-    }
-}
-
-/// The bearer token in `path`: the file must exist, hold a token, and not be readable by
-/// others.
-fn read_token(path: &std::path::Path) -> io::Result<Vec<u8>> {
-    use std::os::unix::fs::MetadataExt;
-    let what = |m: &str| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("--http-token-file {}: {m}", path.display()),
-        )
-    };
-    let meta = std::fs::metadata(path).map_err(|e| what(&e.to_string()))?;
-    if meta.mode() & 0o004 != 0 {
-        return Err(what("readable by others; chmod o-r it"));
-    }
-    let text = std::fs::read(path).map_err(|e| what(&e.to_string()))?;
-    let token: Vec<u8> = text.trim_ascii().to_vec();
-    if token.is_empty() {
-        return Err(what("empty"));
-    }
-    Ok(token)
+    /// Where the log and the audit records go.
+    sinks: Sinks,
 }
 
 /// A limit containment cannot enforce: `-32003` naming the controller it needs.
@@ -308,89 +169,6 @@ fn unavailable(u: &Unavailable) -> RpcError {
         ),
     )
     .with_data(json!({ "limit": format!("{c}-max"), "value": null, "controller": c }))
-}
-
-/// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
-fn bind(cfg: &Config) -> io::Result<UnixListener> {
-    let path = &cfg.socket;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!(
-                    "{} exists and is not a socket; not replacing it",
-                    path.display()
-                ),
-            ));
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("another execd is listening on {}", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() && !dir.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("directory {} does not exist", dir.display()),
-            ));
-        }
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))?;
-    if let Some(gid) = cfg.socket_group {
-        process::chown_group(path, gid)?;
-    }
-    Ok(listener)
-}
-
-/// What keeps a peer that `--allow-uid`/`--allow-gid` admits from connecting at all: the
-/// socket file's mode (and group), or a directory on its path it may not search. The
-/// daemon checks credentials only of peers that got through the file system.
-fn access_warnings(cfg: &Config) -> Vec<String> {
-    use std::os::unix::fs::MetadataExt;
-    let mut warnings = Vec::new();
-    let mode = cfg.socket_mode;
-    for uid in &cfg.allow_uids {
-        if mode & 0o002 == 0 && (cfg.socket_group.is_none() || mode & 0o020 == 0) {
-            warnings.push(format!(
-                "--allow-uid {uid}: the socket's mode {mode:04o} lets only its owner{} connect; \
-                 widen it with --socket-mode 0666, or 0660 with a --socket-group uid {uid} is in",
-                if mode & 0o020 != 0 { " and group" } else { "" }
-            ));
-        }
-    }
-    for gid in &cfg.allow_gids {
-        let group_ok = cfg.socket_group == Some(*gid) && mode & 0o020 != 0;
-        if !group_ok && mode & 0o002 == 0 {
-            warnings.push(format!(
-                "--allow-gid {gid}: the socket's mode {mode:04o} and group keep group {gid} out; \
-                 use --socket-group {gid} --socket-mode 0660"
-            ));
-        }
-    }
-    if !cfg.allow_uids.is_empty() || !cfg.allow_gids.is_empty() {
-        let mut dir = cfg.socket.parent();
-        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-            if let Ok(meta) = std::fs::metadata(d) {
-                if meta.mode() & 0o001 == 0 {
-                    warnings.push(format!(
-                        "{} (mode {:04o}) is not searchable by other users: peers admitted by \
-                         --allow-uid/--allow-gid cannot reach the socket inside it",
-                        d.display(),
-                        meta.mode() & 0o7777
-                    ));
-                    break;
-                }
-            }
-            dir = d.parent();
-        }
-    }
-    warnings
 }
 
 impl Server {
@@ -428,12 +206,11 @@ impl Server {
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
             None => crate::policy::Policy::default(),
         };
-        let audit_out = match &cfg.audit {
-            Some(crate::config::AuditTarget::File(path)) => Some(Out::file(path).map_err(|e| {
-                io::Error::new(e.kind(), format!("--audit {}: {e}", path.display()))
-            })?),
+        let audit_file = match &cfg.audit {
+            Some(crate::config::AuditTarget::File(path)) => Some(path.as_path()),
             _ => None,
         };
+        let sinks = Sinks::open(audit_file, LOG, AUDIT)?;
         let notifier = systemd::Notifier::from_env(
             std::env::var_os("NOTIFY_SOCKET"),
             std::env::var_os("WATCHDOG_USEC"),
@@ -458,39 +235,8 @@ impl Server {
         }
         // The journal stamps its lines itself.
         let mut log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
-        let log_out = Out::stderr().ok();
         let mut next_token = FIRST_DYNAMIC;
-        let front = HttpFront::open(&cfg, &poll, &mut next_token, &mut log)?;
-        // Last, so a refusal above leaves no socket file behind.
-        let activated = systemd::listener(
-            std::env::var_os("LISTEN_PID"),
-            std::env::var_os("LISTEN_FDS"),
-        )?;
-        let (mut listener, socket_file) = match activated {
-            Some(std_listener) => {
-                std_listener.set_nonblocking(true)?;
-                // Report the socket systemd bound, not the path flags would have chosen.
-                if let Some(path) = std_listener.local_addr()?.as_pathname() {
-                    cfg.socket = path.to_path_buf();
-                }
-                (UnixListener::from_std(std_listener), None)
-            }
-            None => (bind(&cfg)?, Some(cfg.socket.clone())),
-        };
-        if let Err(e) = poll
-            .registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)
-        {
-            if let Some(path) = &socket_file {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(e);
-        }
-        if socket_file.is_some() {
-            for warning in access_warnings(&cfg) {
-                log.line(format_args!("warning: {warning}"));
-            }
-        }
+        let listeners = Listeners::open(&mut cfg, &poll, LISTENER, &mut next_token, &mut log)?;
         let now = Instant::now();
         let mut core = Core::new(cfg, now, log);
         core.policy = policy;
@@ -515,18 +261,14 @@ impl Server {
         Ok(Server {
             core,
             poll,
-            listener: Some(listener),
-            socket_file,
-            http_listeners: front.listeners,
-            http_auth: front.auth,
-            http_peer: front.peer,
+            listeners,
             signals,
             conns: HashMap::new(),
             pipes: Pipes::default(),
             contain,
             spawner,
             run_as,
-            identities: HashMap::new(),
+            identities: Identities::default(),
             timers: Timers::default(),
             next_token,
             scratch: vec![0; SCRATCH],
@@ -535,13 +277,9 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             uid: process::current_uid(),
-            log_out,
-            log_registered: false,
-            audit_out,
-            audit_registered: false,
+            sinks,
             memory_peak: 0,
             notifier,
-            status_sent: None,
             status_pending: false,
         })
     }
@@ -551,7 +289,7 @@ impl Server {
         self.core.log.line(format_args!(
             "listening on {}{} (pid {}), containment: {}",
             self.core.cfg.socket.display(),
-            if self.socket_file.is_none() {
+            if self.listeners.socket_file.is_none() {
                 ", passed by systemd"
             } else {
                 ""
@@ -589,12 +327,10 @@ impl Server {
             self.core.now = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_all(),
+                    t if self.listeners.owns(t) => self.accept(t),
                     SIGNALS => self.on_signals(),
-                    LOG => self.log_registered = false,
-                    AUDIT => self.audit_registered = false,
+                    LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.contain.on_cgroup_events(),
-                    t if self.http_listeners.contains_key(&t) => self.accept_http(t),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -610,7 +346,7 @@ impl Server {
                 break;
             }
         }
-        self.remove_socket_file();
+        self.listeners.remove_socket_file();
         self.core.log.line(format_args!("stopped"));
         self.write_log();
         Ok(())
@@ -626,25 +362,17 @@ impl Server {
         )
     }
 
-    /// Sends `STATUS=` when the counts changed, at most once a second.
+    /// Tells systemd the counts when they changed, at most once a second.
     fn notify_status(&mut self) {
-        if self.notifier.is_none() || self.status_pending {
+        if self.status_pending {
             return;
         }
         let counts = (self.conns.len(), self.core.table.running());
-        let now = Instant::now();
-        match self.status_sent {
-            Some((last, _)) if last == counts => {}
-            Some((_, at)) if now < at + STATUS_EVERY => {
+        let text = self.status_text();
+        if let Some(n) = self.notifier.as_mut() {
+            if let systemd::Status::Later(at) = n.status(counts, &text, Instant::now()) {
                 self.status_pending = true;
-                self.timers.add(at + STATUS_EVERY, LoopTimer::Status);
-            }
-            _ => {
-                let text = format!("STATUS={}", self.status_text());
-                if let Some(n) = &self.notifier {
-                    n.send(&text);
-                }
-                self.status_sent = Some((counts, now));
+                self.timers.add(at, LoopTimer::Status);
             }
         }
     }
@@ -655,23 +383,14 @@ impl Server {
         t
     }
 
-    /// Writes the log and audit queues as far as their targets take them, waiting for
-    /// WRITABLE where a target can be polled (a pipe, a terminal, a FIFO). A regular file
-    /// is never full and cannot be polled; its next write comes next turn.
+    /// Writes the log and the audit records as far as their targets take them.
     fn write_log(&mut self) {
-        let registry = self.poll.registry();
-        if let Some(out) = self.log_out.as_mut() {
-            drain_into(
-                out,
-                &mut self.core.log.queue,
-                registry,
-                LOG,
-                &mut self.log_registered,
-            );
-        }
-        if let (Some(out), Some(q)) = (self.audit_out.as_mut(), self.core.audit.as_mut()) {
-            drain_into(out, q, registry, AUDIT, &mut self.audit_registered);
-        }
+        let core = &mut self.core;
+        self.sinks.write(
+            self.poll.registry(),
+            &mut core.log.queue,
+            core.audit.as_mut(),
+        );
     }
 
     /// SIGHUP: reopen the audit file (log rotation) and reload the policy.
@@ -686,18 +405,11 @@ impl Server {
         self.core.log.line(format_args!("SIGHUP: {what}"));
         if let Some(crate::config::AuditTarget::File(path)) = &self.core.cfg.audit {
             let path = path.clone();
-            match Out::file(&path) {
-                Ok(out) => {
-                    if let Some(old) = self.audit_out.take() {
-                        // What the old file did not take yet goes to the new one.
-                        let _ = self.poll.registry().deregister(&mut SourceFd(&old.fd()));
-                    }
-                    self.audit_registered = false;
-                    self.audit_out = Some(out);
-                    self.core
-                        .log
-                        .line(format_args!("audit file {} reopened", path.display()));
-                }
+            match self.sinks.reopen_audit(self.poll.registry(), &path) {
+                Ok(()) => self
+                    .core
+                    .log
+                    .line(format_args!("audit file {} reopened", path.display())),
                 Err(e) => self.core.log.line(format_args!(
                     "audit file {} not reopened, still writing the old one: {e}",
                     path.display()
@@ -719,89 +431,104 @@ impl Server {
             || cfg.allow_gids.contains(&peer.gid)
     }
 
-    fn accept_all(&mut self) {
+    /// Accepts what waits on listener `lt`: a Unix peer its credentials allow, or an
+    /// HTTP client; none past `--max-clients` (told so in its own protocol).
+    fn accept(&mut self, lt: Token) {
         while !self.accept_paused && self.shutdown.is_none() {
-            let Some(listener) = self.listener.as_ref() else {
-                return;
-            };
-            let mut stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // Out of descriptors (or memory): waiting connections stay queued in
-                    // the kernel. Pause instead of spinning on a listener that stays ready.
-                    self.core.log.refusal(
-                        "accept",
-                        self.core.now,
-                        format_args!("accept failed: {e}; pausing accepts"),
-                    );
-                    self.accept_paused = true;
-                    self.timers
-                        .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
-                    return;
-                }
-            };
-            use std::os::fd::AsRawFd;
-            let peer = match process::peer_cred(stream.as_raw_fd()) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.core.log.refusal(
-                        "peer credentials",
-                        self.core.now,
-                        format_args!("dropped a connection without peer credentials: {e}"),
-                    );
-                    continue;
-                }
-            };
-            let who = Peer {
-                uid: peer.uid,
-                gid: peer.gid,
-                pid: peer.pid,
-            };
-            if !self.peer_allowed(&peer) {
-                self.core
-                    .record("refuse", Some(who), json!({ "why": "peer not allowed" }));
-                self.core.log.refusal(
-                    "peers not allowed",
-                    self.core.now,
-                    format_args!(
-                        "refused connection from uid {} gid {} pid {}",
-                        peer.uid, peer.gid, peer.pid
-                    ),
-                );
-                continue;
-            }
-            let cfg = &self.core.cfg;
-            if self.conns.len() >= cfg.max_clients {
-                let max = cfg.max_clients;
-                self.core.record(
-                    "refuse",
-                    Some(who),
-                    json!({ "why": format!("max-clients ({max})") }),
-                );
-                let cfg = &self.core.cfg;
-                let line = rpc::encode_response(
-                    &rpc::Id::null(),
-                    &Err(RpcError::limit("max-clients", cfg.max_clients)),
-                );
-                use std::io::Write;
-                let _ = stream.write(&line);
-                let max = cfg.max_clients;
-                self.core.log.refusal(
-                    "max-clients",
-                    self.core.now,
-                    format_args!(
-                        "refused connection from uid {} pid {}: max-clients ({max}) reached",
-                        peer.uid, peer.pid
-                    ),
-                );
-                continue;
-            }
+            let now = self.core.now;
+            let (conn_of, peer): (Box<dyn FnOnce(Token, Bounds) -> Conn>, PeerCred) =
+                match self.listeners.accept(lt) {
+                    Accepted::Nothing => return,
+                    Accepted::Failed(e) => {
+                        // Out of descriptors (or memory): waiting connections stay queued
+                        // in the kernel. Pause instead of spinning on a listener that
+                        // stays ready.
+                        self.core.log.refusal(
+                            "accept",
+                            now,
+                            format_args!("accept failed: {e}; pausing accepts"),
+                        );
+                        self.accept_paused = true;
+                        self.timers
+                            .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
+                        return;
+                    }
+                    Accepted::NoCredentials(e) => {
+                        self.core.log.refusal(
+                            "peer credentials",
+                            now,
+                            format_args!("dropped a connection without peer credentials: {e}"),
+                        );
+                        continue;
+                    }
+                    Accepted::Unix(stream, peer) => {
+                        if !self.peer_allowed(&peer) {
+                            self.refuse(peer, "peer not allowed");
+                            continue;
+                        }
+                        if self.conns.len() >= self.core.cfg.max_clients {
+                            let mut stream = stream;
+                            let e = RpcError::limit("max-clients", self.core.cfg.max_clients);
+                            let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
+                            self.refuse(peer, "max-clients");
+                            continue;
+                        }
+                        (Box::new(move |t, b| Conn::unix(stream, t, peer, b)), peer)
+                    }
+                    Accepted::Http(stream) => {
+                        let peer = self.listeners.http_peer;
+                        if self.conns.len() >= self.core.cfg.max_clients {
+                            let mut stream = stream;
+                            let max = self.core.cfg.max_clients;
+                            let (status, body) = http::error_body(
+                                rpc::LIMIT_REACHED,
+                                "limit reached: max-clients",
+                                Some(&json!({ "limit": "max-clients", "value": max })),
+                            );
+                            let _ = stream.write(&http::response(status, &body, false, &[]));
+                            self.refuse(peer, "max-clients");
+                            continue;
+                        }
+                        let auth = self.listeners.http_auth.clone();
+                        (
+                            Box::new(move |t, b| Conn::http(stream, t, peer, b, auth)),
+                            peer,
+                        )
+                    }
+                };
             let token = self.token();
-            let conn = Conn::unix(stream, token, peer, self.bounds());
-            self.admit(conn, who);
+            let mut conn = conn_of(token, self.bounds());
+            if conn.register(self.poll.registry()).is_err() {
+                continue;
+            }
+            self.conns.insert(token, conn);
+            self.core.connected(
+                ConnId(token.0),
+                Peer {
+                    uid: peer.uid,
+                    gid: peer.gid,
+                    pid: peer.pid,
+                },
+            );
         }
+    }
+
+    /// A peer turned away at accept: logged (rate-limited) and audited.
+    fn refuse(&mut self, peer: PeerCred, why: &str) {
+        let who = Peer {
+            uid: peer.uid,
+            gid: peer.gid,
+            pid: peer.pid,
+        };
+        self.core.record("refuse", Some(who), json!({ "why": why }));
+        self.core.log.refusal(
+            why,
+            self.core.now,
+            format_args!(
+                "refused a connection from uid {} gid {} pid {}: {why}",
+                peer.uid, peer.gid, peer.pid
+            ),
+        );
     }
 
     fn bounds(&self) -> Bounds {
@@ -810,68 +537,6 @@ impl Server {
             max_message: cfg.max_message,
             max_batch: cfg.max_batch,
             cap: cfg.client_buffer,
-        }
-    }
-
-    /// Starts serving a new connection.
-    fn admit(&mut self, mut conn: Conn, who: Peer) {
-        if conn.register(self.poll.registry()).is_err() {
-            return;
-        }
-        let token = conn.token;
-        self.conns.insert(token, conn);
-        self.core.connected(ConnId(token.0), who);
-    }
-
-    /// Accepts what waits on HTTP listener `lt`. Its requests run as `--http-run-as`
-    /// (the daemon's own user when it is not root) and prove themselves with the token.
-    fn accept_http(&mut self, lt: Token) {
-        while !self.accept_paused && self.shutdown.is_none() {
-            let Some(listener) = self.http_listeners.get(&lt) else {
-                return;
-            };
-            let mut stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.core.log.refusal(
-                        "accept",
-                        self.core.now,
-                        format_args!("accept failed: {e}; pausing accepts"),
-                    );
-                    self.accept_paused = true;
-                    self.timers
-                        .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
-                    return;
-                }
-            };
-            let peer = self.http_peer;
-            let who = Peer {
-                uid: peer.uid,
-                gid: peer.gid,
-                pid: peer.pid,
-            };
-            let max = self.core.cfg.max_clients;
-            if self.conns.len() >= max {
-                let (status, body) = http::error_body(
-                    rpc::LIMIT_REACHED,
-                    "limit reached: max-clients",
-                    Some(&json!({ "limit": "max-clients", "value": max })),
-                );
-                use std::io::Write;
-                let _ = stream.write(&http::response(status, &body, false, &[]));
-                self.core.record(
-                    "refuse",
-                    Some(who),
-                    json!({ "why": format!("max-clients ({max})") }),
-                );
-                continue;
-            }
-            let _ = stream.set_nodelay(true);
-            let token = self.token();
-            let conn = Conn::http(stream, token, peer, self.bounds(), self.http_auth.clone());
-            self.admit(conn, who);
         }
     }
 
@@ -1155,20 +820,7 @@ impl Server {
         if let Some(id) = &self.run_as {
             return Some(id.clone());
         }
-        let now = self.core.now;
-        if let Some((id, at)) = self.identities.get(&(peer.uid, peer.gid)) {
-            if now.saturating_duration_since(*at) < IDENTITY_TTL {
-                return Some(id.clone());
-            }
-        }
-        let id = Identity::of_peer(peer.uid, peer.gid);
-        if self.identities.len() > 4096 {
-            self.identities
-                .retain(|_, (_, at)| now.saturating_duration_since(*at) < IDENTITY_TTL);
-        }
-        self.identities
-            .insert((peer.uid, peer.gid), (id.clone(), now));
-        Some(id)
+        Some(self.identities.of_peer(peer.uid, peer.gid, self.core.now))
     }
 
     /// Starts a command and records it: its place (a cgroup with its limits, made before
@@ -1406,9 +1058,8 @@ impl Server {
             match t {
                 LoopTimer::AcceptResume => {
                     self.accept_paused = false;
-                    self.accept_all();
-                    for t in self.http_listeners.keys().copied().collect::<Vec<_>>() {
-                        self.accept_http(t);
+                    for t in self.listeners.tokens() {
+                        self.accept(t);
                     }
                 }
                 LoopTimer::ShutdownDeadline => {
@@ -1440,13 +1091,7 @@ impl Server {
             n.send("STOPPING=1");
         }
         self.shutdown = Some(Shutdown::Killing);
-        if let Some(mut l) = self.listener.take() {
-            let _ = self.poll.registry().deregister(&mut l);
-        }
-        for (_, mut l) in self.http_listeners.drain() {
-            let _ = self.poll.registry().deregister(&mut l);
-        }
-        self.remove_socket_file();
+        self.listeners.close(&self.poll);
         self.core.begin_shutdown();
         self.apply();
         self.timers.add(
@@ -1497,12 +1142,6 @@ impl Server {
                     .any(|c| c.pending_out() > 0 && !c.broken);
                 !(pending && Instant::now() < until)
             }
-        }
-    }
-
-    fn remove_socket_file(&mut self) {
-        if let Some(path) = self.socket_file.take() {
-            let _ = std::fs::remove_file(path);
         }
     }
 }

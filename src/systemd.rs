@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Variables systemd sets for the daemon alone: a command that saw them could notify or
 /// take sockets in the daemon's name.
@@ -50,6 +50,9 @@ pub fn listener(
     Ok(Some(crate::process::take_listener(LISTEN_FDS_START)))
 }
 
+/// The most often systemd hears a new `STATUS=`.
+pub const STATUS_EVERY: Duration = Duration::from_secs(1);
+
 /// `sd_notify` without libsystemd: one datagram per message to `NOTIFY_SOCKET`.
 #[derive(Debug)]
 pub struct Notifier {
@@ -57,6 +60,17 @@ pub struct Notifier {
     addr: SocketAddr,
     /// Half of `WATCHDOG_USEC`, when the watchdog is on for this process.
     pub watchdog: Option<Duration>,
+    /// The last counts sent in `STATUS=`, and when.
+    status_sent: Option<((usize, usize), Instant)>,
+}
+
+/// What `status` did.
+#[derive(Debug, PartialEq)]
+pub enum Status {
+    /// Sent, or nothing changed.
+    Done,
+    /// Changed, but one was sent less than `STATUS_EVERY` ago: ask again at this time.
+    Later(Instant),
 }
 
 impl Notifier {
@@ -83,7 +97,22 @@ impl Notifier {
             sock,
             addr,
             watchdog,
+            status_sent: None,
         }))
+    }
+
+    /// Sends `STATUS=` with `text` when the `counts` it describes changed, at most once
+    /// per `STATUS_EVERY`.
+    pub fn status(&mut self, counts: (usize, usize), text: &str, now: Instant) -> Status {
+        match self.status_sent {
+            Some((last, _)) if last == counts => Status::Done,
+            Some((_, at)) if now < at + STATUS_EVERY => Status::Later(at + STATUS_EVERY),
+            _ => {
+                self.send(&format!("STATUS={text}"));
+                self.status_sent = Some((counts, now));
+                Status::Done
+            }
+        }
     }
 
     /// Sends one notification. A full or absent receiver loses it: never worth blocking.

@@ -1,0 +1,351 @@
+//! The listening sockets: the Unix socket (bound here, or passed by systemd) and the HTTP
+//! front end's TCP listeners (`--http-listen`), with the checks they need at start, and
+//! `accept` on each.
+//!
+//! Invariants:
+//! - A live daemon's socket is never replaced, nor any file that is not a socket; a stale
+//!   socket file is.
+//! - TCP requests carry no credentials: they run as `--http-run-as` (required for a root
+//!   daemon) and prove themselves with the bearer token, which is never logged.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use mio::{Interest, Poll, Token};
+
+use crate::audit::Log;
+use crate::config::Config;
+use crate::http;
+use crate::process::{self, Identity, PeerCred};
+use crate::systemd;
+
+/// What one `accept` found.
+pub enum Accepted {
+    /// A peer on the Unix socket, with its credentials.
+    Unix(UnixStream, PeerCred),
+    /// A peer on an HTTP listener.
+    Http(TcpStream),
+    /// Nothing waits.
+    Nothing,
+    /// A connection without readable credentials (dropped).
+    NoCredentials(io::Error),
+    /// `accept` failed (out of descriptors or memory): pause before trying again.
+    Failed(io::Error),
+}
+
+/// Every listening socket.
+pub struct Listeners {
+    unix: Option<UnixListener>,
+    unix_token: Token,
+    /// The socket file bound (none when systemd passed the socket).
+    pub socket_file: Option<PathBuf>,
+    http: HashMap<Token, TcpListener>,
+    /// What HTTP requests on TCP must carry.
+    pub http_auth: http::Auth,
+    /// Whom HTTP requests on TCP run as and are owned by.
+    pub http_peer: PeerCred,
+}
+
+impl Listeners {
+    /// Opens the HTTP listeners, then the Unix socket (last, so that a refusal leaves no
+    /// socket file behind); registers them all. `cfg.socket` becomes the path systemd
+    /// bound, when it passed the socket.
+    pub fn open(
+        cfg: &mut Config,
+        poll: &Poll,
+        unix_token: Token,
+        next: &mut usize,
+        log: &mut Log,
+    ) -> io::Result<Listeners> {
+        let front = HttpFront::open(cfg, poll, next, log)?;
+        let activated = systemd::listener(
+            std::env::var_os("LISTEN_PID"),
+            std::env::var_os("LISTEN_FDS"),
+        )?;
+        let (mut listener, socket_file) = match activated {
+            Some(std_listener) => {
+                std_listener.set_nonblocking(true)?;
+                // Report the socket systemd bound, not the path flags would have chosen.
+                if let Some(path) = std_listener.local_addr()?.as_pathname() {
+                    cfg.socket = path.to_path_buf();
+                }
+                (UnixListener::from_std(std_listener), None)
+            }
+            None => (bind(cfg)?, Some(cfg.socket.clone())),
+        };
+        if let Err(e) = poll
+            .registry()
+            .register(&mut listener, unix_token, Interest::READABLE)
+        {
+            if let Some(path) = &socket_file {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+        if socket_file.is_some() {
+            for warning in access_warnings(cfg) {
+                log.line(format_args!("warning: {warning}"));
+            }
+        }
+        Ok(Listeners {
+            unix: Some(listener),
+            unix_token,
+            socket_file,
+            http: front.listeners,
+            http_auth: front.auth,
+            http_peer: front.peer,
+        })
+    }
+
+    /// Whether `token` is one of the listeners.
+    pub fn owns(&self, token: Token) -> bool {
+        token == self.unix_token || self.http.contains_key(&token)
+    }
+
+    /// Every listener's token.
+    pub fn tokens(&self) -> Vec<Token> {
+        std::iter::once(self.unix_token)
+            .chain(self.http.keys().copied())
+            .collect()
+    }
+
+    /// Accepts one connection waiting on listener `token`.
+    pub fn accept(&self, token: Token) -> Accepted {
+        loop {
+            let result = if token == self.unix_token {
+                let Some(l) = &self.unix else {
+                    return Accepted::Nothing;
+                };
+                l.accept().map(|(s, _)| {
+                    use std::os::fd::AsRawFd;
+                    match process::peer_cred(s.as_raw_fd()) {
+                        Ok(peer) => Accepted::Unix(s, peer),
+                        Err(e) => Accepted::NoCredentials(e),
+                    }
+                })
+            } else {
+                let Some(l) = self.http.get(&token) else {
+                    return Accepted::Nothing;
+                };
+                l.accept().map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    Accepted::Http(s)
+                })
+            };
+            return match result {
+                Ok(a) => a,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Accepted::Nothing,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Accepted::Failed(e),
+            };
+        }
+    }
+
+    /// Stops listening (shutdown) and removes the socket file.
+    pub fn close(&mut self, poll: &Poll) {
+        if let Some(mut l) = self.unix.take() {
+            let _ = poll.registry().deregister(&mut l);
+        }
+        for (_, mut l) in self.http.drain() {
+            let _ = poll.registry().deregister(&mut l);
+        }
+        self.remove_socket_file();
+    }
+
+    pub fn remove_socket_file(&mut self) {
+        if let Some(path) = self.socket_file.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The HTTP front end's TCP side, set up at start (section 11).
+struct HttpFront {
+    listeners: HashMap<Token, TcpListener>,
+    auth: http::Auth,
+    /// Whom TCP requests run as and are owned by.
+    peer: PeerCred,
+}
+
+impl HttpFront {
+    /// Binds every `--http-listen` address, reads the token (refusing a file that others
+    /// may read, or an empty one), and resolves `--http-run-as` (required for a root
+    /// daemon: requests over TCP carry no credentials of their own). The token never
+    /// reaches a log line.
+    fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
+        let me = process::current_uid();
+        let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        let peer = match (&cfg.http_run_as, me) {
+            (Some(user), 0) => {
+                let id = Identity::of_user(user)?;
+                PeerCred {
+                    pid: 0,
+                    uid: id.uid,
+                    gid: id.gid,
+                }
+            }
+            (Some(user), _) => {
+                return Err(refuse(format!(
+                    "--http-run-as {user} needs a daemon running as root"
+                )))
+            }
+            (None, 0) if !cfg.http_listen.is_empty() => {
+                return Err(refuse(
+                    "--http-listen on a root daemon needs --http-run-as USER: requests over \
+                     TCP carry no credentials to run as"
+                        .into(),
+                ))
+            }
+            (None, _) => PeerCred {
+                pid: 0,
+                uid: me,
+                gid: process::current_gid(),
+            },
+        };
+        let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
+            (Some(path), _) => http::Auth::Token(read_token(path)?.into()),
+            (None, true) => http::Auth::Open,
+            (None, false) => http::Auth::Peer,
+        };
+        let mut listeners = HashMap::new();
+        for addr in &cfg.http_listen {
+            let std = std::net::TcpListener::bind(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("--http-listen {addr}: {e}")))?;
+            std.set_nonblocking(true)?;
+            let mut l = TcpListener::from_std(std);
+            let token = Token(*next);
+            *next += 1;
+            poll.registry()
+                .register(&mut l, token, Interest::READABLE)?;
+            listeners.insert(token, l);
+            log.line(format_args!(
+                "HTTP on {addr} ({}), requests run as uid {}",
+                match &auth {
+                    http::Auth::Token(_) => "bearer token required",
+                    _ => "no authentication",
+                },
+                peer.uid
+            ));
+            if matches!(auth, http::Auth::Open) {
+                log.line(format_args!(
+                    "warning: --http-no-auth: any local process that reaches {addr} runs \
+                     commands as uid {}",
+                    peer.uid
+                ));
+            }
+        }
+        Ok(HttpFront {
+            listeners,
+            auth,
+            peer,
+        })
+    }
+}
+
+/// The bearer token in `path`: the file must exist, hold a token, and not be readable by
+/// others.
+fn read_token(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let what = |m: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--http-token-file {}: {m}", path.display()),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| what(&e.to_string()))?;
+    if meta.mode() & 0o004 != 0 {
+        return Err(what("readable by others; chmod o-r it"));
+    }
+    let text = std::fs::read(path).map_err(|e| what(&e.to_string()))?;
+    let token: Vec<u8> = text.trim_ascii().to_vec();
+    if token.is_empty() {
+        return Err(what("empty"));
+    }
+    Ok(token)
+}
+
+/// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
+fn bind(cfg: &Config) -> io::Result<UnixListener> {
+    let path = &cfg.socket;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                ),
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another execd is listening on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("directory {} does not exist", dir.display()),
+            ));
+        }
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))?;
+    if let Some(gid) = cfg.socket_group {
+        process::chown_group(path, gid)?;
+    }
+    Ok(listener)
+}
+
+/// What keeps a peer that `--allow-uid`/`--allow-gid` admits from connecting at all: the
+/// socket file's mode (and group), or a directory on its path it may not search. The
+/// daemon checks credentials only of peers that got through the file system.
+fn access_warnings(cfg: &Config) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut warnings = Vec::new();
+    let mode = cfg.socket_mode;
+    for uid in &cfg.allow_uids {
+        if mode & 0o002 == 0 && (cfg.socket_group.is_none() || mode & 0o020 == 0) {
+            warnings.push(format!(
+                "--allow-uid {uid}: the socket's mode {mode:04o} lets only its owner{} connect; \
+                 widen it with --socket-mode 0666, or 0660 with a --socket-group uid {uid} is in",
+                if mode & 0o020 != 0 { " and group" } else { "" }
+            ));
+        }
+    }
+    for gid in &cfg.allow_gids {
+        let group_ok = cfg.socket_group == Some(*gid) && mode & 0o020 != 0;
+        if !group_ok && mode & 0o002 == 0 {
+            warnings.push(format!(
+                "--allow-gid {gid}: the socket's mode {mode:04o} and group keep group {gid} out; \
+                 use --socket-group {gid} --socket-mode 0660"
+            ));
+        }
+    }
+    if !cfg.allow_uids.is_empty() || !cfg.allow_gids.is_empty() {
+        let mut dir = cfg.socket.parent();
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(meta) = std::fs::metadata(d) {
+                if meta.mode() & 0o001 == 0 {
+                    warnings.push(format!(
+                        "{} (mode {:04o}) is not searchable by other users: peers admitted by \
+                         --allow-uid/--allow-gid cannot reach the socket inside it",
+                        d.display(),
+                        meta.mode() & 0o7777
+                    ));
+                    break;
+                }
+            }
+            dir = d.parent();
+        }
+    }
+    warnings
+}
