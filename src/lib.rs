@@ -26,6 +26,7 @@ pub mod approvals;
 pub mod audit;
 pub mod bash;
 pub mod cgroup;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;

@@ -1,177 +1,21 @@
 //! `execctl` against a real daemon: the binary is run as a user would, its exit status,
 //! stdout and stderr checked. Every child is waited for with a deadline and killed if it
-//! overruns (or if the test panics first).
+//! overruns (or if the test panics first). The streaming, stdin, signal and exit-status
+//! cases of the client issue are in tests/cli_stream.rs; kill, sessions, logs and help in
+//! tests/cli_manage.rs; policy check and approve in tests/cli_policy.rs.
+//!
+//! Changed by the client issue (and so here): daemon and usage errors exit 125 (were 1
+//! and 2); `exec --async` (now `--detach`) prints the id on stdout; every `--json`
+//! output has snake_case keys and its list under a named key; `ps` has a DURATION column
+//! and quotes arguments; `status` prints limits as the daemon's flags take them.
 
+mod cli_common;
 mod common;
+use cli_common::*;
 use common::*;
 
-use std::ffi::CStr;
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read};
-use std::os::fd::FromRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-const CTL: &str = env!("CARGO_BIN_EXE_execctl");
-
-/// What one execctl run produced.
-#[derive(Debug)]
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// A spawned execctl, killed and reaped on drop if still running.
-struct Ctl {
-    child: Child,
-}
-
-impl Ctl {
-    /// Waits for exit, at most `WAIT`.
-    #[track_caller]
-    fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                return st;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("execctl did not exit within {WAIT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-}
-
-impl Drop for Ctl {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// An execctl command with a clean environment for what it reads: no `EXECD_SOCKET`,
-/// no `NO_COLOR`.
-fn command(socket: Option<&Path>, args: &[&str]) -> Command {
-    let mut cmd = Command::new(CTL);
-    cmd.env_remove("EXECD_SOCKET").env_remove("NO_COLOR");
-    if let Some(s) = socket {
-        cmd.arg("--socket").arg(s);
-    }
-    cmd.args(args).stdin(Stdio::null());
-    cmd
-}
-
-/// Reads a pipe to its end on a thread.
-fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
-    })
-}
-
-/// Runs `cmd` to completion (bounded) and collects its output.
-#[track_caller]
-fn run_cmd(mut cmd: Command) -> Out {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut ctl = Ctl {
-        child: cmd.spawn().expect("spawn execctl"),
-    };
-    let out = drain(ctl.child.stdout.take().expect("stdout"));
-    let err = drain(ctl.child.stderr.take().expect("stderr"));
-    let st = ctl.wait();
-    Out {
-        code: st.code(),
-        stdout: out.join().expect("stdout reader"),
-        stderr: err.join().expect("stderr reader"),
-    }
-}
-
-/// `execctl --socket <daemon> args...`.
-#[track_caller]
-fn ctl(d: &Daemon, args: &[&str]) -> Out {
-    run_cmd(command(Some(&d.socket), args))
-}
-
-/// Like `ctl`, but the exit status must be `code`.
-#[track_caller]
-fn ctl_code(d: &Daemon, args: &[&str], code: i32) -> Out {
-    let o = ctl(d, args);
-    assert_eq!(o.code, Some(code), "execctl {args:?}: {o:?}");
-    o
-}
-
-/// Spawns execctl with stdout as a line channel.
-fn spawn_lines(cmd: &mut Command) -> (Ctl, mpsc::Receiver<String>) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut ctl = Ctl {
-        child: cmd.spawn().expect("spawn execctl"),
-    };
-    let stdout = ctl.child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (ctl, rx)
-}
-
-#[track_caller]
-fn next_line(rx: &mpsc::Receiver<String>) -> String {
-    rx.recv_timeout(WAIT)
-        .unwrap_or_else(|e| panic!("no line from execctl within {WAIT:?}: {e}"))
-}
-
-/// The bash command `id` as `bash/commands` lists it.
-#[track_caller]
-fn bash_command(c: &mut Client, id: &str) -> Value {
-    let r = ok(c, "bash/commands", json!({}));
-    r["commands"]
-        .as_array()
-        .expect("commands")
-        .iter()
-        .find(|b| b["command_id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("{id} not in bash/commands: {r}"))
-}
-
-/// The command id `exec --async` names on stderr.
-#[track_caller]
-fn async_id(o: &Out) -> String {
-    o.stderr
-        .split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
-        .find(|w| w.starts_with("cmd_"))
-        .unwrap_or_else(|| panic!("no command id on stderr: {o:?}"))
-        .to_string()
-}
-
-/// `execctl exec --async LINE`; returns the command id.
-#[track_caller]
-fn exec_async(d: &Daemon, line: &str) -> String {
-    let o = ctl_code(d, &["exec", "--async", line], 0);
-    async_id(&o)
-}
-
-fn has_ansi(s: &str) -> bool {
-    s.contains('\x1b')
-}
+use std::process::Stdio;
 
 // ---- run ---------------------------------------------------------------------------------------
 
@@ -288,9 +132,9 @@ fn exec_keeps_streams_apart_and_passes_the_status() {
     let o = ctl_code(&d, &["exec", "kill -KILL $$"], 137);
     assert_eq!(o.stdout, "");
 
+    // --async is --detach: the id on stdout, the command left running.
     let o = ctl_code(&d, &["exec", "--async", "sleep 30"], 0);
-    let id = async_id(&o);
-    assert_eq!(o.stdout, "");
+    let id = o.stdout.trim().to_string();
     let mut c = d.client();
     let b = bash_command(&mut c, &id);
     assert_eq!(b["status"], "running", "{b}");
@@ -343,22 +187,42 @@ fn ps_json_lists_processes_newest_first() {
     let ids: Vec<&str> = ps.iter().map(|p| p["id"].as_str().unwrap_or("")).collect();
     assert_eq!(ids, [t2.as_str(), b.as_str(), t1.as_str()], "newest first");
     for p in ps {
-        for k in ["id", "session", "pid", "state", "exitCode", "command"] {
+        for k in [
+            "id",
+            "kind",
+            "session",
+            "pid",
+            "state",
+            "exit_code",
+            "signal",
+            "started_at",
+            "duration_ms",
+            "cwd",
+            "command",
+            "argv",
+        ] {
             assert!(p.get(k).is_some(), "{k} missing in {p}");
         }
         assert!(p["pid"].as_i64().is_some_and(|n| n > 1), "{p}");
     }
     assert_eq!(ps[0]["session"], "s2");
     assert_eq!(ps[0]["state"], "running");
-    assert_eq!(ps[0]["exitCode"], Value::Null);
+    assert_eq!(ps[0]["exit_code"], Value::Null);
+    assert_eq!(ps[0]["argv"], json!(["sleep", "30"]));
+    assert_eq!(ps[0]["kind"], "terminal");
+    assert_eq!(ps[1]["kind"], "bash");
     assert_eq!(ps[0]["command"], "sleep 30");
     assert_eq!(ps[1]["session"], "bs");
     assert_eq!(ps[1]["state"], "running");
     assert_eq!(ps[1]["command"], "sleep 30");
     assert_eq!(ps[2]["session"], "s1");
     assert_eq!(ps[2]["state"], "exited");
-    assert_eq!(ps[2]["exitCode"], 5);
-    assert_eq!(ps[2]["command"], "sh -c exit 5");
+    assert_eq!(ps[2]["exit_code"], 5);
+    assert_eq!(
+        ps[2]["command"], "sh -c 'exit 5'",
+        "arguments quoted as a shell needs"
+    );
+    assert!(ps[2]["duration_ms"].as_u64().is_some(), "{}", ps[2]);
     // The global --json before the subcommand means the same.
     let o2 = ctl_code(&d, &["--json", "ps"], 0);
     let v2: Value = serde_json::from_str(&o2.stdout).expect("JSON");
@@ -384,7 +248,7 @@ fn ps_human_output_is_aligned_and_plain() {
     let expected_rows = [
         [t2.as_str(), "s2", &pids[0], "running", "-", "sleep 30"],
         [b.as_str(), "bs", &pids[1], "running", "-", "sleep 30"],
-        [t1.as_str(), "s1", &pids[2], "exited", "5", "sh -c exit 5"],
+        [t1.as_str(), "s1", &pids[2], "exited", "5", "sh -c 'exit 5'"],
     ];
     for no_color in [false, true] {
         let mut cmd = command(Some(&d.socket), &["ps"]);
@@ -400,7 +264,9 @@ fn ps_human_output_is_aligned_and_plain() {
         let lines: Vec<&str> = o.stdout.lines().collect();
         assert_eq!(lines.len(), 4, "{}", o.stdout);
         let header = lines[0];
-        let names = ["ID", "SESSION", "PID", "STATE", "EXIT", "AGE", "COMMAND"];
+        let names = [
+            "ID", "SESSION", "PID", "STATE", "EXIT", "AGE", "DURATION", "COMMAND",
+        ];
         assert_eq!(header.split_whitespace().collect::<Vec<_>>(), names);
         // Columns start where their header starts, at least two spaces apart.
         let starts: Vec<usize> = names
@@ -435,35 +301,15 @@ fn ps_human_output_is_aligned_and_plain() {
                     && age.ends_with(['s', 'm', 'h', 'd']),
                 "AGE {age:?} in {line:?}"
             );
-            assert_eq!(&line[starts[6]..], want[5], "{line:?}");
+            // DURATION: seconds with a tenth, or two units (12s, 5m03s, 2h05m).
+            let duration = cell(6);
+            assert!(
+                duration.ends_with(['s', 'm', 'h'])
+                    && duration.starts_with(|c: char| c.is_ascii_digit()),
+                "DURATION {duration:?} in {line:?}"
+            );
+            assert_eq!(&line[starts[7]..], want[5], "{line:?}");
         }
-    }
-}
-
-/// A pseudo-terminal pair: (master, slave).
-fn open_pty() -> (File, File) {
-    // SAFETY: posix_openpt/grantpt/unlockpt take and return plain integers; ptsname_r
-    // writes a NUL-terminated name of at most `buf.len()` bytes into the live buffer; the
-    // master fd is owned by the File from here on.
-    unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
-        assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
-        let master = File::from_raw_fd(m);
-        assert_eq!(libc::grantpt(m), 0, "grantpt");
-        assert_eq!(libc::unlockpt(m), 0, "unlockpt");
-        let mut buf = [0 as libc::c_char; 128];
-        assert_eq!(libc::ptsname_r(m, buf.as_mut_ptr(), buf.len()), 0);
-        let name = CStr::from_ptr(buf.as_ptr())
-            .to_str()
-            .expect("pty name")
-            .to_owned();
-        let slave = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOCTTY)
-            .open(&name)
-            .expect("open pty slave");
-        (master, slave)
     }
 }
 
@@ -531,19 +377,20 @@ fn logs_prints_retained_output() {
     assert_eq!(o.stderr, "err1\n");
 
     let o = ctl(&d, &["logs", "term_987654"]);
-    assert_eq!(o.code, Some(1), "{o:?}");
+    assert_eq!(o.code, Some(125), "{o:?}");
     assert!(o.stderr.contains("term_987654"), "{o:?}");
+    assert!(o.stderr.contains("execctl ps"), "says where ids are: {o:?}");
 }
 
 #[test]
 fn logs_follow_streams_until_exit() {
     let d = Daemon::start(&[]);
-    let id = exec_async(&d, "for i in 1 2 3; do echo $i; sleep 0.2; done");
+    let id = exec_detached(&d, "for i in 1 2 3; do echo $i; sleep 0.2; done");
     let o = ctl_code(&d, &["logs", &id, "-f"], 0);
     assert_eq!(o.stdout, "1\n2\n3\n");
 
     // Following a bash command: stdout and stderr to their own streams, or only stderr.
-    let id = exec_async(
+    let id = exec_detached(
         &d,
         "for i in 1 2; do echo o$i; echo e$i >&2; sleep 0.1; done",
     );
@@ -575,13 +422,16 @@ fn wait_exits_with_the_command_status() {
     ctl_code(&d, &["wait", &t], 6);
     let t = create(&mut c, "sh", &["-c", "kill -TERM $$"]);
     ctl_code(&d, &["wait", &t], 143);
-    let b = exec_async(&d, "sleep 0.3; exit 9");
+    let b = exec_detached(&d, "sleep 0.3; exit 9");
     ctl_code(&d, &["wait", &b], 9);
     // Already finished: at once, same status.
     ctl_code(&d, &["wait", &b], 9);
     let o = ctl_code(&d, &["wait", &b, "--json"], 9);
-    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
-    assert_eq!(v["exitCode"], 9);
+    let v = parse_json(&o.stdout);
+    assert_eq!(
+        v,
+        json!({"id": b, "state": "exited", "exit_code": 9, "signal": null})
+    );
 }
 
 #[test]
@@ -594,7 +444,7 @@ fn kill_stops_terminals_and_bash_commands() {
     assert_eq!(st["signal"], "SIGTERM", "{st}");
     assert_eq!(st["exitCode"], Value::Null);
 
-    let b = exec_async(&d, "sleep 30");
+    let b = exec_detached(&d, "sleep 30");
     ctl_code(&d, &["kill", &b, "-s", "SIGINT"], 0);
     wait_until("the bash command ended", || {
         bash_command(&mut c, &b)["status"] != "running"
@@ -604,7 +454,7 @@ fn kill_stops_terminals_and_bash_commands() {
     assert_eq!(info["signal"], "SIGINT", "{info}");
     assert!(!pid_alive(info["pid"].as_i64().expect("pid") as i32));
 
-    let b = exec_async(&d, "sleep 30");
+    let b = exec_detached(&d, "sleep 30");
     ctl_code(&d, &["kill", &b], 0);
     wait_until("the bash command ended", || {
         bash_command(&mut c, &b)["status"] != "running"
@@ -612,7 +462,7 @@ fn kill_stops_terminals_and_bash_commands() {
     assert_eq!(bash_command(&mut c, &b)["signal"], "SIGTERM");
 
     let o = ctl(&d, &["kill", "cmd_987654"]);
-    assert_eq!(o.code, Some(1), "{o:?}");
+    assert_eq!(o.code, Some(125), "{o:?}");
 }
 
 #[test]
@@ -635,7 +485,7 @@ fn release_forgets_a_terminal() {
     );
     assert_eq!(code, -32002);
     let o = ctl(&d, &["release", &t]);
-    assert_eq!(o.code, Some(1), "{o:?}");
+    assert_eq!(o.code, Some(125), "{o:?}");
 }
 
 // ---- sessions, status, call -------------------------------------------------------------------
@@ -647,15 +497,21 @@ fn sessions_lists_bash_sessions() {
     ctl_code(&d, &["exec", "--session", "mysess", "true"], 0);
     ctl_code(&d, &["exec", "--session", "other", "true"], 0);
     let o = ctl_code(&d, &["sessions", "--json"], 0);
-    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
-    let list = v.as_array().expect("an array of sessions");
+    let v = parse_json(&o.stdout);
+    let list = v["sessions"]
+        .as_array()
+        .expect("sessions under a named key");
     assert_eq!(list.len(), 2, "{v}");
     let mine = list
         .iter()
-        .find(|s| s["session_id"] == "mysess")
+        .find(|s| s["id"] == "mysess")
         .unwrap_or_else(|| panic!("mysess missing: {v}"));
-    assert_eq!(mine["command_count"], 2, "{mine}");
-    assert!(list.iter().any(|s| s["session_id"] == "other"));
+    assert_eq!(mine["commands"], 2, "{mine}");
+    assert_eq!(mine["running"], Value::Null, "{mine}");
+    for k in ["dir", "created_at", "last_used_at"] {
+        assert!(mine[k].is_string(), "{k} in {mine}");
+    }
+    assert!(list.iter().any(|s| s["id"] == "other"));
 
     let o = ctl_code(&d, &["sessions"], 0);
     assert!(!has_ansi(&o.stdout));
@@ -682,19 +538,21 @@ fn status_shows_version_pid_socket_counts_and_limits() {
     let socket = d.socket.to_str().expect("UTF-8 socket");
 
     let o = ctl_code(&d, &["status", "--json"], 0);
-    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
+    let v = parse_json(&o.stdout);
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
     assert_eq!(v["pid"], d.pid(), "{v}");
     assert_eq!(v["socket"], socket, "{v}");
     assert_eq!(v["terminals"], 1, "{v}");
-    assert_eq!(v["runningTerminals"], 1, "{v}");
-    assert_eq!(v["bashCommands"], 1, "{v}");
-    assert_eq!(v["runningBashCommands"], 0, "{v}");
+    assert_eq!(v["running_terminals"], 1, "{v}");
+    assert_eq!(v["bash_commands"], 1, "{v}");
+    assert_eq!(v["running_bash_commands"], 0, "{v}");
+    assert!(v["uptime_ms"].as_u64().is_some(), "{v}");
+    assert!(v["output_memory"]["budget"].as_u64().is_some(), "{v}");
     assert_eq!(v["sessions"], 1, "{v}");
     assert_eq!(v["running"], 1, "{v}");
     assert!(v["clients"].as_u64().is_some_and(|n| n >= 2), "{v}");
-    assert_eq!(v["limits"]["clientBuffer"], 2 << 20, "{v}");
-    assert_eq!(v["limits"]["killGraceMs"], 1000, "{v}");
+    assert_eq!(v["limits"]["client_buffer"], 2 << 20, "{v}");
+    assert_eq!(v["limits"]["kill_grace_ms"], 1000, "{v}");
 
     let o = ctl_code(&d, &["status"], 0);
     let first = o.stdout.lines().next().unwrap_or("");
@@ -707,7 +565,20 @@ fn status_shows_version_pid_socket_counts_and_limits() {
         )
     );
     assert!(o.stdout.contains("\nlimits\n"), "{}", o.stdout);
-    assert!(o.stdout.contains("clientBuffer"), "{}", o.stdout);
+    // Limits as the daemon's flags take them.
+    let limit = |flag: &str| -> Vec<String> {
+        o.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{flag} ")))
+            .unwrap_or_else(|| panic!("no {flag} line in {}", o.stdout))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(limit("--client-buffer"), ["--client-buffer", "2M"]);
+    assert_eq!(limit("--kill-grace"), ["--kill-grace", "1s"]);
+    assert_eq!(limit("--session-idle"), ["--session-idle", "1h"]);
+    assert_eq!(limit("--output-limit"), ["--output-limit", "1M"]);
     assert!(!has_ansi(&o.stdout));
 }
 
@@ -726,7 +597,7 @@ fn call_prints_results_and_errors() {
     let v2: Value = serde_json::from_str(&o.stdout).expect("JSON result");
     assert_eq!(v2["terminals"][0]["terminalId"], t.as_str());
 
-    let o = ctl_code(&d, &["call", "nope"], 1);
+    let o = ctl_code(&d, &["call", "nope"], 125);
     assert_eq!(o.stdout, "");
     assert!(o.stderr.contains("nope"), "{o:?}");
     assert!(o.stderr.contains("-32601"), "{o:?}");
@@ -738,10 +609,13 @@ fn call_prints_results_and_errors() {
             "terminal/output",
             r#"{"sessionId":"s","terminalId":"term_999"}"#,
         ],
-        1,
+        125,
     );
-    assert!(o.stderr.contains("-32002"), "{o:?}");
-    let o = ctl_code(&d, &["call", "terminal/list", "{not json"], 2);
+    assert!(
+        o.stderr.contains("-32002"),
+        "the raw tool shows raw codes: {o:?}"
+    );
+    let o = ctl_code(&d, &["call", "terminal/list", "{not json"], 125);
     assert!(!o.stderr.is_empty());
 }
 
@@ -790,7 +664,7 @@ fn execd_socket_env_is_honoured() {
     cmd.env("EXECD_SOCKET", &d.socket);
     let o = run_cmd(cmd);
     assert_eq!(o.code, Some(0), "{o:?}");
-    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
+    let v = parse_json(&o.stdout);
     assert_eq!(v["processes"][0]["id"], t.as_str());
     // --socket wins over the environment.
     let mut cmd = command(Some(&d.socket), &["ps", "--json"]);
@@ -811,7 +685,21 @@ fn every_subcommand_has_help() {
         assert!(o.stdout.starts_with("usage: execctl"), "{o:?}");
     }
     let subs = [
-        "run", "exec", "ps", "sessions", "logs", "wait", "kill", "release", "status", "call",
+        "run",
+        "exec",
+        "write",
+        "ps",
+        "sessions",
+        "logs",
+        "wait",
+        "kill",
+        "release",
+        "status",
+        "call",
+        "policy",
+        "approve",
+        "help",
+        "completions",
     ];
     let top = run_cmd(command(nowhere, &["--help"])).stdout;
     for sub in subs {
@@ -827,11 +715,29 @@ fn every_subcommand_has_help() {
             "{sub} missing in usage"
         );
     }
-    // Bad usage is 2.
+    // `help CMD` is `CMD --help`; two-word commands too.
+    for (a, b) in [
+        (vec!["help", "run"], vec!["run", "--help"]),
+        (
+            vec!["help", "sessions", "close"],
+            vec!["sessions", "close", "--help"],
+        ),
+        (
+            vec!["help", "policy", "check"],
+            vec!["policy", "check", "-h"],
+        ),
+    ] {
+        let x = run_cmd(command(nowhere, &a));
+        let y = run_cmd(command(nowhere, &b));
+        assert_eq!(x.code, Some(0), "{a:?}: {x:?}");
+        assert_eq!(x.stdout, y.stdout, "{a:?} and {b:?}");
+    }
+    // Bad usage is execctl's own error: 125.
     let o = run_cmd(command(nowhere, &["frobnicate"]));
-    assert_eq!(o.code, Some(2), "{o:?}");
+    assert_eq!(o.code, Some(125), "{o:?}");
     let o = run_cmd(command(nowhere, &[]));
-    assert_eq!(o.code, Some(2), "{o:?}");
+    assert_eq!(o.code, Some(125), "{o:?}");
+    assert!(o.stderr.starts_with("usage: execctl"), "{o:?}");
 }
 
 /// `execctl exec` without `--session` makes a session for its one command and closes it

@@ -1,0 +1,698 @@
+//! The command table: every subcommand, its flags and its help, declared once. `--help`,
+//! `execctl help [CMD]` and `execctl completions bash|zsh|fish` are all printed from it,
+//! so a flag added here is parsed, documented and completed alike.
+
+use super::args::{Flag, Spec, GLOBAL};
+
+const fn flag(
+    long: &'static str,
+    short: Option<&'static str>,
+    value: Option<&'static str>,
+    help: &'static str,
+) -> Flag {
+    Flag {
+        long,
+        short,
+        value,
+        help,
+    }
+}
+
+const CWD: Flag = flag(
+    "--cwd",
+    None,
+    Some("DIR"),
+    "working directory (default: execctl's own)",
+);
+const ENV: Flag = flag(
+    "--env",
+    Some("-e"),
+    Some("K=V|K"),
+    "set a variable; K alone copies execctl's value (repeatable)",
+);
+const ENV_FILE: Flag = flag(
+    "--env-file",
+    None,
+    Some("FILE"),
+    "read K=V lines (and # comments) from FILE (repeatable)",
+);
+const TIMEOUT: Flag = flag(
+    "--timeout",
+    None,
+    Some("SECS"),
+    "kill the command after SECS (5, 1.5, 500ms, 2m, 1h) and exit 124; 0: no limit",
+);
+const DETACH: Flag = flag(
+    "--detach",
+    Some("-d"),
+    None,
+    "start it in the background and print its id",
+);
+const INTERACTIVE: Flag = flag(
+    "--interactive",
+    Some("-i"),
+    None,
+    "forward stdin even from a terminal; with -d, keep it open for execctl write",
+);
+
+/// `execctl run`.
+pub const RUN: Spec = Spec {
+    name: "run",
+    usage: "[OPTIONS] [--] COMMAND [ARGS...]",
+    about: "run a command, stream its output, exit with its status",
+    details: "\
+Runs COMMAND with ARGS (no shell) in a terminal of execd: stdout and stderr merged in
+the order written, streamed to execctl's stdout byte for byte as they come. Options
+stop at COMMAND: `execctl run ls -l` passes -l to ls. A single operand that is not a
+plain word is run by the daemon's shell (`execctl run 'ls | wc -l'`).
+
+stdin is forwarded to the command when it is not a terminal (or with -i), and closed at
+its end; otherwise the command's stdin is empty. A --detach'ed command's stdin is closed,
+or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM kills the
+command (SIGTERM, then SIGKILL after the daemon's grace). Exit status: the command's
+(128+N for signal N); 124 after --timeout; 127 command not found; 126 not executable;
+125 execctl's or the daemon's error, or output lost (a warning says how much).",
+    flags: &[
+        CWD,
+        ENV,
+        ENV_FILE,
+        TIMEOUT,
+        DETACH,
+        INTERACTIVE,
+        flag(
+            "--limit",
+            None,
+            Some("BYTES"),
+            "output the daemon retains for logs (4M, 64K; default: the daemon's)",
+        ),
+    ],
+    stop_at_operand: true,
+};
+
+/// `execctl exec`.
+pub const EXEC: Spec = Spec {
+    name: "exec",
+    usage: "[OPTIONS] [--] 'SHELL LINE'",
+    about: "run a shell line; stdout and stderr apart, exit with its status",
+    details: "\
+Runs the line as `SHELL -c LINE` through bash/exec. The command's stdout and stderr go
+to execctl's, byte for byte, as they come. Several operands are joined with spaces
+into one line. Options stop at the first operand.
+
+Without --session, a session is made for the one command and closed when it is done.
+stdin, signals, --timeout, --detach and the exit status work as for run. --wait SECS
+returns after SECS with the command still running (its id on stderr, exit 0).",
+    flags: &[
+        flag(
+            "--session",
+            None,
+            Some("ID"),
+            "run in this bash session (created if new)",
+        ),
+        CWD,
+        ENV,
+        ENV_FILE,
+        TIMEOUT,
+        flag(
+            "--hard-timeout",
+            None,
+            Some("SECS"),
+            "the same as --timeout",
+        ),
+        flag(
+            "--wait",
+            None,
+            Some("SECS"),
+            "stop following after SECS; the command runs on (exit 0)",
+        ),
+        DETACH,
+        flag("--async", None, None, "the same as --detach"),
+        INTERACTIVE,
+    ],
+    stop_at_operand: true,
+};
+
+/// `execctl write`.
+pub const WRITE: Spec = Spec {
+    name: "write",
+    usage: "[--eof] ID [TEXT]",
+    about: "write to the stdin of a running command",
+    details: "\
+Writes TEXT as given (no newline added), or, without TEXT, execctl's stdin up to its
+end, to the stdin of terminal or bash command ID. --eof then closes the command's
+stdin. A terminal has a stdin only when it was started with one (execctl run -i, or a
+piped stdin).",
+    flags: &[flag(
+        "--eof",
+        None,
+        None,
+        "close the command's stdin after writing",
+    )],
+    stop_at_operand: false,
+};
+
+/// `execctl ps`.
+pub const PS: Spec = Spec {
+    name: "ps",
+    usage: "[--running] [--session ID] [-q] [--json]",
+    about: "list processes, newest first",
+    details: "\
+One row per terminal and bash command, newest first: ID, SESSION, PID, STATE (running,
+exited, killed, timed_out), EXIT (code or signal), AGE, DURATION and COMMAND (arguments
+quoted as a shell would need). Rows are cut to the terminal's width.",
+    flags: &[
+        flag("--running", None, None, "only running commands"),
+        flag(
+            "--session",
+            None,
+            Some("ID"),
+            "only commands of this session",
+        ),
+        flag("--quiet", Some("-q"), None, "print ids only, one a line"),
+    ],
+    stop_at_operand: false,
+};
+
+/// `execctl logs`.
+pub const LOGS: Spec = Spec {
+    name: "logs",
+    usage: "[-f] [--tail N] [--stderr] ID",
+    about: "print a process's output",
+    details: "\
+Prints the output execd still holds for terminal or bash command ID: a terminal's
+merged output on stdout, a bash command's stdout and stderr on execctl's own. When the
+oldest output is no longer held, a line on stderr says how many bytes are missing.
+-f then follows the output live, losing nothing, until the command exits.",
+    flags: &[
+        flag(
+            "--follow",
+            Some("-f"),
+            None,
+            "follow live output until the command exits",
+        ),
+        flag(
+            "--tail",
+            None,
+            Some("N"),
+            "only the last N lines (of each stream)",
+        ),
+        flag("--stderr", None, None, "only stderr (bash commands)"),
+    ],
+    stop_at_operand: false,
+};
+
+/// `execctl wait`.
+pub const WAIT: Spec = Spec {
+    name: "wait",
+    usage: "ID",
+    about: "wait for a process to exit; exit with its status",
+    details: "\
+Waits until terminal or bash command ID exits and exits with its status (128+N when
+signal N ended it; 124 when a hard timeout did).",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl kill`.
+pub const KILL: Spec = Spec {
+    name: "kill",
+    usage: "[-s SIGNAL | -SIGNAL] ID...",
+    about: "stop processes (SIGTERM, then SIGKILL)",
+    details: "\
+Without a signal, each command gets SIGTERM and, if it outlives the daemon's grace,
+SIGKILL; execctl says which ended it. -s SIGNAL (or -9, -KILL, -s 9, -s SIGKILL) sends
+that one signal instead: TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP or CONT. A
+command that had already exited is reported, not an error.",
+    flags: &[flag(
+        "--signal",
+        Some("-s"),
+        Some("SIGNAL"),
+        "send this signal only",
+    )],
+    stop_at_operand: false,
+};
+
+/// `execctl release`.
+pub const RELEASE: Spec = Spec {
+    name: "release",
+    usage: "ID...",
+    about: "kill if running and forget terminals",
+    details: "Kills each terminal if it still runs and forgets it, with its output.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl sessions`.
+pub const SESSIONS: Spec = Spec {
+    name: "sessions",
+    usage: "[--json]",
+    about: "list bash sessions (sessions close ID..., sessions prune)",
+    details: "\
+Lists your bash sessions: SESSION, COMMANDS, AGE, IDLE, DIR, RUNNING.
+  execctl sessions close ID...   close sessions, killing what runs in them
+  execctl sessions prune         close every session with no running command",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl sessions close`.
+pub const SESSIONS_CLOSE: Spec = Spec {
+    name: "sessions close",
+    usage: "ID...",
+    about: "close bash sessions",
+    details: "Closes each session, killing its running commands.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl sessions prune`.
+pub const SESSIONS_PRUNE: Spec = Spec {
+    name: "sessions prune",
+    usage: "",
+    about: "close every idle bash session",
+    details: "Closes every session of yours that has no running command, and names them.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl status`.
+pub const STATUS: Spec = Spec {
+    name: "status",
+    usage: "[--json]",
+    about: "daemon version, uptime, counts and limits",
+    details: "\
+The daemon's version, pid, socket and uptime; your processes and sessions; clients;
+output memory; and its limits, sizes and durations written as its flags take them.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl call`.
+pub const CALL: Spec = Spec {
+    name: "call",
+    usage: "METHOD [JSON]",
+    about: "send one raw JSON-RPC request",
+    details: "\
+Sends METHOD with JSON as its params (default {}) and prints the result. An error is
+printed with its code and data (exit 125).",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl policy`.
+pub const POLICY: Spec = Spec {
+    name: "policy",
+    usage: "check [OPTIONS] [--] COMMAND... | 'SHELL LINE'",
+    about: "check what the policy decides (policy check)",
+    details: "See: execctl help policy check",
+    flags: &[],
+    stop_at_operand: true,
+};
+
+/// `execctl policy check`.
+pub const POLICY_CHECK: Spec = Spec {
+    name: "policy check",
+    usage: "[--policy FILE] [--uid N] [--gid N] [--] COMMAND... | 'SHELL LINE'",
+    about: "print the policy's decision and every rule that matched",
+    details: "\
+Judges a command as execd would before starting it: several operands are one argv
+(a direct command), a single operand is a shell line. Prints the decision (allow, ask
+or deny), the deciding rule and every rule that matched. With --policy FILE it reads
+the file (offline; the file is checked as execd checks it); without, it asks the
+running daemon. Options stop at the first operand.",
+    flags: &[
+        flag(
+            "--policy",
+            None,
+            Some("FILE"),
+            "judge with this policy file instead of the daemon's",
+        ),
+        flag(
+            "--uid",
+            None,
+            Some("N"),
+            "judge as this user (default: yours)",
+        ),
+        flag(
+            "--gid",
+            None,
+            Some("N"),
+            "with --policy: a group of that user (repeatable; default: yours)",
+        ),
+    ],
+    stop_at_operand: true,
+};
+
+/// `execctl approve`.
+pub const APPROVE: Spec = Spec {
+    name: "approve",
+    usage: "[--json]",
+    about: "answer approval requests of the policy",
+    details: "\
+Becomes an approver: shows each command the policy asks about (id, user, directory,
+session, command, rule and justification) and asks [y]es / [n]o / [s]ession (approve
+this rule for the rest of the session). With --json, stdout is JSON lines ({\"type\":
+\"ready\"} once subscribed, then each request, and each request settled) and answers are
+JSON lines on stdin:
+  {\"request_id\": \"appr_7\", \"response\": \"approve\"|\"approve_for_session\"|\"reject\", \"feedback\": \"...\"}
+It runs until interrupted or until its stdin ends.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl help`.
+pub const HELP: Spec = Spec {
+    name: "help",
+    usage: "[COMMAND]",
+    about: "print help for execctl or one command",
+    details: "Prints the help of COMMAND (e.g. execctl help run), or the command list.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// `execctl completions`.
+pub const COMPLETIONS: Spec = Spec {
+    name: "completions",
+    usage: "bash|zsh|fish",
+    about: "print a shell completion script",
+    details: "\
+Prints a completion script. bash: execctl completions bash > /etc/bash_completion.d/execctl
+zsh: execctl completions zsh > \"${fpath[1]}/_execctl\"
+fish: execctl completions fish > ~/.config/fish/completions/execctl.fish",
+    flags: &[],
+    stop_at_operand: false,
+};
+
+/// Every subcommand as the command list shows it.
+pub const COMMANDS: &[&Spec] = &[
+    &RUN,
+    &EXEC,
+    &WRITE,
+    &PS,
+    &LOGS,
+    &WAIT,
+    &KILL,
+    &RELEASE,
+    &SESSIONS,
+    &STATUS,
+    &POLICY,
+    &APPROVE,
+    &CALL,
+    &HELP,
+    &COMPLETIONS,
+];
+
+/// Every spec, the two-word ones included.
+pub const ALL: &[&Spec] = &[
+    &RUN,
+    &EXEC,
+    &WRITE,
+    &PS,
+    &LOGS,
+    &WAIT,
+    &KILL,
+    &RELEASE,
+    &SESSIONS,
+    &SESSIONS_CLOSE,
+    &SESSIONS_PRUNE,
+    &STATUS,
+    &POLICY,
+    &POLICY_CHECK,
+    &APPROVE,
+    &CALL,
+    &HELP,
+    &COMPLETIONS,
+];
+
+/// The spec named `name` (`"run"`, `"sessions close"`).
+pub fn spec(name: &str) -> Option<&'static Spec> {
+    ALL.iter().copied().find(|s| s.name == name)
+}
+
+/// The top-level help.
+pub fn usage() -> String {
+    let mut s = String::from(
+        "usage: execctl [--socket PATH] [--json] [--verbose] COMMAND [ARGS...]\n\n\
+         Runs and manages commands through a running execd, over its Unix socket\n\
+         (--socket, else $EXECD_SOCKET, else the daemon's default path). See execctl(1).\n\n\
+         commands:\n",
+    );
+    for c in COMMANDS {
+        s.push_str(&format!("  {:<12}{}\n", c.name, c.about));
+    }
+    s.push_str("\nglobal options:\n");
+    flag_lines(&mut s, GLOBAL.iter());
+    s.push_str("  -V, --version       print execctl's version\n");
+    s.push_str(
+        "\nexit status: the command's for run, exec and wait; 124 timeout; 125 execctl or\n\
+         daemon error (usage included); 126 cannot execute; 127 command not found.\n\
+         execctl help COMMAND tells more.\n",
+    );
+    s
+}
+
+fn flag_lines<'a>(s: &mut String, flags: impl Iterator<Item = &'a Flag>) {
+    for f in flags {
+        let mut names = match f.short {
+            Some(short) => format!("{short}, {}", f.long),
+            None => format!("    {}", f.long),
+        };
+        if let Some(v) = f.value {
+            names.push(' ');
+            names.push_str(v);
+        }
+        if names.len() <= 18 {
+            s.push_str(&format!("  {names:<18}  {}\n", f.help));
+        } else {
+            s.push_str(&format!("  {names}\n  {:<18}  {}\n", "", f.help));
+        }
+    }
+}
+
+/// The help of one subcommand.
+pub fn help_of(spec: &Spec) -> String {
+    let mut s = format!("usage: execctl {} {}\n\n", spec.name, spec.usage);
+    s.push_str(spec.about);
+    s.push_str(".\n\n");
+    s.push_str(spec.details);
+    s.push_str("\n\noptions:\n");
+    flag_lines(&mut s, spec.flags.iter().chain(GLOBAL));
+    s
+}
+
+/// Subcommands that take a process id as their operand (completed from `execctl ps -q`).
+const TAKES_IDS: &[&str] = &["write", "logs", "wait", "kill", "release"];
+
+/// A completion script for `shell`.
+pub fn completions(shell: &str) -> Option<String> {
+    match shell {
+        "bash" => Some(bash()),
+        "zsh" => Some(zsh()),
+        "fish" => Some(fish()),
+        _ => None,
+    }
+}
+
+fn names(spec: &Spec) -> Vec<&'static str> {
+    spec.flags
+        .iter()
+        .chain(GLOBAL)
+        .flat_map(|f| std::iter::once(f.long).chain(f.short))
+        .collect()
+}
+
+fn bash() -> String {
+    let subs: Vec<&str> = COMMANDS.iter().map(|c| c.name).collect();
+    let globals: Vec<&str> = GLOBAL
+        .iter()
+        .flat_map(|f| std::iter::once(f.long).chain(f.short))
+        .collect();
+    let mut cases = String::new();
+    for c in COMMANDS {
+        let mut words = names(c);
+        match c.name {
+            "sessions" => words.extend(["close", "prune"]),
+            "policy" => words.extend(["check", "--policy", "--uid", "--gid"]),
+            "completions" => words.extend(["bash", "zsh", "fish"]),
+            "help" => words.extend(subs.iter().copied()),
+            _ => {}
+        }
+        let ids = if TAKES_IDS.contains(&c.name) {
+            " $(execctl ps -q 2>/dev/null)"
+        } else {
+            ""
+        };
+        cases.push_str(&format!(
+            "        {}) words=\"{}{ids}\" ;;\n",
+            c.name,
+            words.join(" ")
+        ));
+    }
+    let valued: Vec<&str> = super::help::ALL
+        .iter()
+        .flat_map(|s| s.flags.iter().chain(GLOBAL))
+        .filter(|f| f.value.is_some())
+        .flat_map(|f| std::iter::once(f.long).chain(f.short))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    format!(
+        "# bash completion for execctl (execctl completions bash)\n\
+_execctl() {{\n\
+    local cur=\"${{COMP_WORDS[COMP_CWORD]}}\" prev=\"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+    local sub=\"\" i words\n\
+    case \"$prev\" in\n\
+        {valued}) return 0 ;;\n\
+    esac\n\
+    for ((i = 1; i < COMP_CWORD; i++)); do\n\
+        case \"${{COMP_WORDS[i]}}\" in\n\
+            --socket) ((i++)) ;;\n\
+            -*) ;;\n\
+            *) sub=\"${{COMP_WORDS[i]}}\"; break ;;\n\
+        esac\n\
+    done\n\
+    case \"$sub\" in\n\
+        \"\") words=\"{subs} {globals} --version -V\" ;;\n\
+{cases}        *) return 0 ;;\n\
+    esac\n\
+    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n\
+}}\n\
+complete -o default -F _execctl execctl\n",
+        valued = valued.join("|"),
+        subs = subs.join(" "),
+        globals = globals.join(" "),
+    )
+}
+
+/// Text safe inside single quotes and zsh's `[...]` descriptions.
+fn zsh_text(s: &str) -> String {
+    s.replace('\'', "'\\''")
+        .replace('[', "(")
+        .replace(']', ")")
+        .replace(':', " -")
+}
+
+fn zsh() -> String {
+    let mut s = String::from(
+        "#compdef execctl\n# zsh completion for execctl (execctl completions zsh)\n\n\
+_execctl_ids() {\n  local -a ids\n  ids=(${(f)\"$(execctl ps -q 2>/dev/null)\"})\n  compadd -a ids\n}\n\n\
+_execctl() {\n  local -a cmds\n  cmds=(\n",
+    );
+    for c in COMMANDS {
+        s.push_str(&format!("    '{}:{}'\n", c.name, zsh_text(c.about)));
+    }
+    s.push_str("  )\n  local i=2\n  while (( i < CURRENT )) && [[ ${words[i]} == -* ]]; do\n    [[ ${words[i]} == --socket ]] && (( i++ ))\n    (( i++ ))\n  done\n  if (( CURRENT <= i )); then\n    _describe 'command' cmds\n    return\n  fi\n  local sub=${words[i]}\n  case $sub in\n");
+    for c in COMMANDS {
+        let mut args: Vec<String> = Vec::new();
+        for f in c.flags.iter().chain(GLOBAL) {
+            let action = match f.value {
+                None => String::new(),
+                Some("DIR") => ":dir:_files -/".into(),
+                Some("FILE" | "PATH") => ":file:_files".into(),
+                Some(v) => format!(":{}:", v.to_lowercase()),
+            };
+            let spec_for = |name: &str| format!("'{name}[{}]{action}'", zsh_text(f.help));
+            match f.short {
+                Some(short) => {
+                    args.push(spec_for(&format!("({short} {}){}", f.long, f.long)));
+                    args.push(spec_for(&format!("({short} {}){short}", f.long)));
+                }
+                None => args.push(spec_for(f.long)),
+            }
+        }
+        let rest = match c.name {
+            "run" | "exec" | "policy" => "'*::command:_normal'",
+            "completions" => "'1:shell:(bash zsh fish)'",
+            "help" => "'1:command:_execctl_commands'",
+            "sessions" => "'1:action:(close prune)'",
+            n if TAKES_IDS.contains(&n) => "'*:id:_execctl_ids'",
+            _ => "",
+        };
+        s.push_str(&format!(
+            "    {})\n      _arguments -s \\\n        {} {rest} ;;\n",
+            c.name,
+            args.join(" \\\n        ")
+        ));
+    }
+    s.push_str("  esac\n}\n\n_execctl_commands() {\n  compadd");
+    for c in COMMANDS {
+        s.push(' ');
+        s.push_str(c.name);
+    }
+    s.push_str("\n}\n\n_execctl \"$@\"\n");
+    s
+}
+
+fn fish() -> String {
+    let mut s = String::from(
+        "# fish completion for execctl (execctl completions fish)\ncomplete -c execctl -f\n",
+    );
+    let all: Vec<&str> = COMMANDS.iter().map(|c| c.name).collect();
+    let q = |t: &str| t.replace('\\', "\\\\").replace('\'', "\\'");
+    for f in GLOBAL {
+        s.push_str(&fish_flag("", f, &q));
+    }
+    for c in COMMANDS {
+        s.push_str(&format!(
+            "complete -c execctl -n 'not __fish_seen_subcommand_from {}' -a {} -d '{}'\n",
+            all.join(" "),
+            c.name,
+            q(c.about)
+        ));
+        let cond = format!("-n '__fish_seen_subcommand_from {}' ", c.name);
+        for f in c.flags {
+            s.push_str(&fish_flag(&cond, f, &q));
+        }
+        if TAKES_IDS.contains(&c.name) {
+            s.push_str(&format!(
+                "complete -c execctl {cond}-a '(execctl ps -q 2>/dev/null)'\n"
+            ));
+        }
+    }
+    s.push_str(
+        "complete -c execctl -n '__fish_seen_subcommand_from completions' -a 'bash zsh fish'\n",
+    );
+    s.push_str("complete -c execctl -n '__fish_seen_subcommand_from sessions' -a 'close prune'\n");
+    s.push_str("complete -c execctl -n '__fish_seen_subcommand_from policy' -a check\n");
+    s
+}
+
+fn fish_flag(cond: &str, f: &Flag, q: &dyn Fn(&str) -> String) -> String {
+    let mut line = format!("complete -c execctl {cond}-l {}", &f.long[2..]);
+    if let Some(short) = f.short {
+        line.push_str(&format!(" -s {}", &short[1..]));
+    }
+    match f.value {
+        Some("DIR" | "FILE" | "PATH") => line.push_str(" -r -F"),
+        Some(_) => line.push_str(" -r"),
+        None => {}
+    }
+    line.push_str(&format!(" -d '{}'\n", q(f.help)));
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_has_help_and_no_flag_twice() {
+        for s in ALL {
+            let h = help_of(s);
+            assert!(h.starts_with(&format!("usage: execctl {}", s.name)));
+            let mut seen = std::collections::HashSet::new();
+            for f in s.flags.iter().chain(GLOBAL) {
+                assert!(seen.insert(f.long), "{} twice in {}", f.long, s.name);
+                if let Some(short) = f.short {
+                    assert!(seen.insert(short), "{short} twice in {}", s.name);
+                }
+            }
+        }
+        for shell in ["bash", "zsh", "fish"] {
+            let script = completions(shell).expect("a script");
+            for c in COMMANDS {
+                assert!(script.contains(c.name), "{shell} lacks {}", c.name);
+            }
+        }
+    }
+}

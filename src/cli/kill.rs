@@ -1,0 +1,388 @@
+//! Ending things: `kill`, `release` and `sessions` (list, close, prune).
+//!
+//! `kill` without a signal is the daemon's kill as a person expects it: SIGTERM, and
+//! SIGKILL for what outlives the grace; it says which one ended each command, and that a
+//! command had already exited (not an error). With a signal it sends that one only. It
+//! works alike on terminals (`terminal/kill` with the `_meta.execd.signal` extension) and
+//! bash commands (`bash/kill`).
+
+use serde_json::{json, Value};
+
+use super::args::Parsed;
+use super::daemon::{self, Ctx, Target};
+use super::errors::{Fail, Res, EXIT_FAILURE};
+use super::output::{self, warn};
+use crate::client::Client;
+
+/// Splits `-9`, `-KILL` and `-SIGKILL` (before `--`) from the other arguments of `kill`.
+pub fn signal_shorthand(args: &[String]) -> (Option<String>, Vec<String>) {
+    let mut signal = None;
+    let mut rest = Vec::new();
+    let mut raw = false;
+    for a in args {
+        let name = a.strip_prefix('-').filter(|n| {
+            !raw && !n.is_empty()
+                && (n.bytes().all(|b| b.is_ascii_digit())
+                    || n.bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit()))
+        });
+        match name {
+            Some(n) => signal = Some(n.to_string()),
+            None => {
+                raw |= a == "--";
+                rest.push(a.clone());
+            }
+        }
+    }
+    (signal, rest)
+}
+
+/// A signal given as a number, `KILL` or `SIGKILL` (any case), as the daemon names it.
+pub fn signal_name(given: &str) -> Res<String> {
+    let name = match given.parse::<i32>() {
+        Ok(n) => crate::process::signal_name(n),
+        Err(_) => {
+            let upper = given.to_ascii_uppercase();
+            if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            }
+        }
+    };
+    match crate::process::signal_by_name(&name) {
+        Some(_) => Ok(name),
+        None => Err(Fail::usage(format!(
+            "cannot send signal {given}; use TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP or CONT (or their numbers)"
+        ))),
+    }
+}
+
+/// What became of one id.
+struct Outcome {
+    id: String,
+    sent: Vec<String>,
+    already_exited: bool,
+    entry: Value,
+}
+
+/// The exit of a terminal, as its listing shows it after the kill.
+fn terminal_exit(c: &mut Client, id: &str, session: &str) -> Value {
+    c.call(
+        "terminal/output",
+        json!({"sessionId": session, "terminalId": id, "_meta": {"execd": {"length": 0}}}),
+    )
+    .map(|r| r["exitStatus"].clone())
+    .unwrap_or(Value::Null)
+}
+
+/// Sends `signal` (or SIGTERM then SIGKILL when `None`) to one process.
+fn kill_one(c: &mut Client, id: &str, signal: Option<&str>) -> Res<Outcome> {
+    let (target, entry) = daemon::locate(c, id)?;
+    let running = match &target {
+        Target::Terminal { .. } => entry["exitStatus"].is_null(),
+        Target::Bash { .. } => entry["status"] == "running",
+    };
+    let mut out = Outcome {
+        id: id.to_string(),
+        sent: Vec::new(),
+        already_exited: !running,
+        entry: Value::Null,
+    };
+    if running {
+        let first = signal.unwrap_or("SIGTERM");
+        out.sent.push(first.to_string());
+        if !send(c, &target, first)? && signal.is_none() {
+            out.sent.push("SIGKILL".into());
+            send(c, &target, "SIGKILL")?;
+        }
+    }
+    // The state as it stands now.
+    out.entry = match &target {
+        Target::Terminal { id, session } => {
+            let exit = terminal_exit(c, id, session);
+            json!({"state": super::ps::state(exit.is_null(), None, &exit["signal"]),
+                   "exit_code": exit["exitCode"], "signal": exit["signal"]})
+        }
+        Target::Bash { .. } => {
+            let cmds = daemon::commands(c)?;
+            let b = daemon::locate_in(&[], &cmds, id)
+                .map(|(_, b)| b)
+                .unwrap_or(entry);
+            let p = super::ps::bash_process(&b);
+            json!({"state": p["state"], "exit_code": p["exit_code"], "signal": p["signal"]})
+        }
+    };
+    Ok(out)
+}
+
+/// Sends one signal; whether the command has exited afterwards (the daemon waits for
+/// that up to its kill grace).
+fn send(c: &mut Client, target: &Target, signal: &str) -> Res<bool> {
+    let about = daemon::about(target.id());
+    match target {
+        Target::Terminal { id, session } => {
+            let r = c
+                .call(
+                    "terminal/kill",
+                    json!({"sessionId": session, "terminalId": id,
+                           "_meta": {"execd": {"signal": signal}}}),
+                )
+                .map_err(about)?;
+            Ok(r["_meta"]["execd"]["exited"] != false)
+        }
+        Target::Bash { id, session } => {
+            let r = c
+                .call(
+                    "bash/kill",
+                    json!({"session_id": session, "command_id": id, "signal": signal}),
+                )
+                .map_err(about)?;
+            Ok(r["status"] != "running")
+        }
+    }
+}
+
+fn describe(o: &Outcome) -> String {
+    let e = &o.entry;
+    let how = match (&e["exit_code"], &e["signal"]) {
+        (Value::Number(n), _) => format!("exit code {n}"),
+        (_, Value::String(s)) => s.clone(),
+        _ => "?".into(),
+    };
+    if o.already_exited {
+        return format!("{}: had already exited ({how})", o.id);
+    }
+    if e["state"] == "running" {
+        return format!(
+            "{}: sent {}; it is still running",
+            o.id,
+            o.sent.join(", then ")
+        );
+    }
+    match o.sent.as_slice() {
+        [_, kill] => format!("{}: outlived SIGTERM; {kill} ended it ({how})", o.id),
+        [sig] => format!("{}: sent {sig}; it ended ({how})", o.id),
+        _ => format!("{}: ended ({how})", o.id),
+    }
+}
+
+/// `execctl kill [-s SIGNAL | -SIGNAL] ID...`.
+pub fn kill(ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8> {
+    if p.operands.is_empty() {
+        return Err(Fail::usage(
+            "kill needs one or more process ids; list them with: execctl ps",
+        ));
+    }
+    let signal = match (shorthand, p.value("--signal")) {
+        (Some(_), Some(_)) => {
+            return Err(Fail::usage(
+                "give the signal once: -s SIGNAL or -SIGNAL, not both",
+            ))
+        }
+        (Some(s), None) => Some(signal_name(&s)?),
+        (None, Some(s)) => Some(signal_name(s)?),
+        (None, None) => None,
+    };
+    let mut c = ctx.connect()?;
+    let mut code = 0;
+    let mut results = Vec::new();
+    for id in &p.operands {
+        match kill_one(&mut c, id, signal.as_deref()) {
+            Ok(o) => {
+                if ctx.json {
+                    results.push(
+                        json!({"id": o.id, "sent": o.sent, "already_exited": o.already_exited,
+                        "state": o.entry["state"], "exit_code": o.entry["exit_code"],
+                        "signal": o.entry["signal"]}),
+                    );
+                } else {
+                    output::print(&format!("{}\n", describe(&o)))?;
+                }
+            }
+            Err(f) => {
+                code = EXIT_FAILURE;
+                if ctx.json {
+                    results.push(json!({"id": id, "error": f.message}));
+                } else {
+                    warn(&f.text(ctx.verbose));
+                }
+            }
+        }
+    }
+    if ctx.json {
+        output::print_json(&json!({ "processes": results }))?;
+    }
+    Ok(code)
+}
+
+/// `execctl release ID...`.
+pub fn release(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if p.operands.is_empty() {
+        return Err(Fail::usage(
+            "release needs one or more terminal ids; list them with: execctl ps",
+        ));
+    }
+    let mut c = ctx.connect()?;
+    let mut code = 0;
+    for id in &p.operands {
+        let done = match daemon::locate(&mut c, id) {
+            Ok((Target::Terminal { id, session }, _)) => c
+                .call(
+                    "terminal/release",
+                    json!({"sessionId": session, "terminalId": id}),
+                )
+                .map(|_| ())
+                .map_err(daemon::about(&id)),
+            Ok((Target::Bash { session, .. }, _)) => Err(Fail::new(format!(
+                "{id} is a bash command; it is freed with its session: execctl sessions close {session}"
+            ))),
+            Err(f) => Err(f),
+        };
+        if let Err(f) = done {
+            code = EXIT_FAILURE;
+            warn(&f.text(ctx.verbose));
+        }
+    }
+    Ok(code)
+}
+
+/// A session as `sessions` shows it.
+fn session_view(s: &Value) -> Value {
+    json!({
+        "id": s["session_id"], "dir": s["working_dir"], "commands": s["command_count"],
+        "running": s["current_command"], "created_at": s["created_at"],
+        "last_used_at": s["last_used_at"],
+    })
+}
+
+/// `execctl sessions`.
+pub fn list(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if let Some(a) = p.operands.first() {
+        let known = ["close", "prune", "list", "ls"];
+        let hint = super::args::did_you_mean(a, known.into_iter())
+            .map(|s| format!("did you mean {s}?"))
+            .unwrap_or_else(|| "use: execctl sessions [close ID... | prune]".into());
+        return Err(Fail::usage(format!(
+            "unknown sessions action {a:?}; {hint}"
+        )));
+    }
+    let mut c = ctx.connect()?;
+    let list = c.call("bash/sessions", json!({}))?;
+    let sessions: Vec<Value> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(session_view)
+        .collect();
+    if ctx.json {
+        output::print_json(&json!({ "sessions": sessions }))?;
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = sessions
+        .iter()
+        .map(|s| {
+            vec![
+                s["id"].as_str().unwrap_or("").into(),
+                s["commands"].to_string(),
+                output::age(s["created_at"].as_str().unwrap_or("")),
+                output::age(s["last_used_at"].as_str().unwrap_or("")),
+                s["dir"].as_str().unwrap_or("").into(),
+                s["running"].as_str().unwrap_or("-").replace('\n', " "),
+            ]
+        })
+        .collect();
+    output::table(
+        &["SESSION", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING"],
+        &rows,
+        None,
+    )?;
+    Ok(0)
+}
+
+/// Closes sessions by id; prints each one closed. Exit 125 if any could not be.
+fn close_all(ctx: &Ctx, c: &mut Client, ids: &[String]) -> Res<u8> {
+    let mut code = 0;
+    let mut closed = Vec::new();
+    for id in ids {
+        match c.call("bash/sessions/close", json!({"session_id": id})) {
+            Ok(_) => {
+                if !ctx.json {
+                    output::print(&format!("{id}\n"))?;
+                }
+                closed.push(id.clone());
+            }
+            Err(e) => {
+                code = EXIT_FAILURE;
+                let f = match e.code() {
+                    Some(-32002) => Fail::new(format!(
+                        "no session {id:?} of yours; list them with: execctl sessions"
+                    )),
+                    _ => Fail::from(e),
+                };
+                warn(&f.text(ctx.verbose));
+            }
+        }
+    }
+    if ctx.json {
+        output::print_json(&json!({ "closed": closed }))?;
+    }
+    Ok(code)
+}
+
+/// `execctl sessions close ID...`.
+pub fn close(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if p.operands.is_empty() {
+        return Err(Fail::usage(
+            "sessions close needs session ids; list them with: execctl sessions",
+        ));
+    }
+    let mut c = ctx.connect()?;
+    close_all(ctx, &mut c, &p.operands)
+}
+
+/// `execctl sessions prune`: closes every session of the caller with nothing running.
+pub fn prune(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if let Some(a) = p.operands.first() {
+        return Err(Fail::usage(format!(
+            "sessions prune takes no operand, got {a:?}"
+        )));
+    }
+    let mut c = ctx.connect()?;
+    let list = c.call("bash/sessions", json!({}))?;
+    let idle: Vec<String> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["current_command"].is_null())
+        .filter_map(|s| s["session_id"].as_str().map(str::to_string))
+        .collect();
+    close_all(ctx, &mut c, &idle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn signal_forms() {
+        assert_eq!(signal_name("9").ok().as_deref(), Some("SIGKILL"));
+        assert_eq!(signal_name("KILL").ok().as_deref(), Some("SIGKILL"));
+        assert_eq!(signal_name("sigterm").ok().as_deref(), Some("SIGTERM"));
+        assert_eq!(signal_name("2").ok().as_deref(), Some("SIGINT"));
+        assert!(signal_name("SEGV").is_err());
+        assert!(signal_name("nope").is_err());
+        let (s, rest) = signal_shorthand(&strings(&["-9", "cmd_1", "-v"]));
+        assert_eq!(s.as_deref(), Some("9"));
+        assert_eq!(rest, ["cmd_1", "-v"]);
+        let (s, rest) = signal_shorthand(&strings(&["-KILL", "--", "-HUP"]));
+        assert_eq!(s.as_deref(), Some("KILL"));
+        assert_eq!(rest, ["--", "-HUP"]);
+        let (s, _) = signal_shorthand(&strings(&["-s", "9"]));
+        assert_eq!(s, None);
+    }
+}

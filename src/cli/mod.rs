@@ -1,0 +1,285 @@
+//! execctl, the command-line client of execd: parse, hand over to a subcommand, print
+//! its failure as one sentence and exit with docker's statuses.
+//!
+//! The rooms:
+//! - `args`: the parser (options stop at a command's first operand; did you mean).
+//! - `help`: the command table every subcommand, `--help` and the completions come from.
+//! - `errors`: `Fail`, the messages for daemon errors and the exit statuses.
+//! - `output`: stdout/stderr, JSON, tables, the shared formats.
+//! - `daemon`: connecting, paged listings, finding an id's family.
+//! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output);
+//!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout).
+//! - `ps`: `ps`, `logs`, `wait`, `status`.
+//! - `kill`: `kill`, `release`, `sessions`.
+//! - `policy`: `policy check`, `approve`.
+
+pub mod args;
+pub mod daemon;
+pub mod errors;
+pub mod foreground;
+pub mod help;
+pub mod kill;
+pub mod output;
+pub mod policy;
+pub mod ps;
+pub mod run;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use args::{Parsed, Spec};
+use daemon::Ctx;
+use errors::{Fail, Res};
+
+/// Runs execctl with its arguments (without the program name); returns the exit status.
+pub fn main(argv: impl IntoIterator<Item = OsString>) -> u8 {
+    match dispatch(argv) {
+        Ok(code) => code,
+        Err((f, json, verbose)) => {
+            report(&f, json, verbose);
+            f.code
+        }
+    }
+}
+
+/// Prints a failure on stderr: one line, or one JSON object with `--json`.
+fn report(f: &Fail, json: bool, verbose: bool) {
+    if f.message.is_empty() {
+        return;
+    }
+    if json {
+        let _ = output::write_stderr(format!("{}\n", f.to_json()).as_bytes());
+    } else {
+        output::warn(&f.text(verbose));
+    }
+}
+
+/// A failure, and whether `--json` and `--verbose` were known when it happened.
+type Failed = (Fail, bool, bool);
+
+fn dispatch(argv: impl IntoIterator<Item = OsString>) -> Result<u8, Failed> {
+    let plain = |f: Fail| (f, false, false);
+    let argv = args::utf8_args(argv).map_err(plain)?;
+    let (globals, rest) = leading_globals(&argv).map_err(plain)?;
+    let (json, verbose) = (globals.has("--json"), globals.has("--verbose"));
+    let fail = |f: Fail| (f, json, verbose);
+    if globals.has("--help") {
+        output::print(&help::usage()).map_err(fail)?;
+        return Ok(0);
+    }
+    if globals.has("--version") {
+        output::print(&format!("execctl {}\n", env!("CARGO_PKG_VERSION"))).map_err(fail)?;
+        return Ok(0);
+    }
+    let Some((name, rest)) = rest.split_first() else {
+        // The usage is the message; nothing more to say.
+        let _ = output::write_stderr(help::usage().as_bytes());
+        return Err(fail(Fail::usage("")));
+    };
+    let (spec, rest) = find_spec(name, rest).map_err(fail)?;
+    let (shorthand, rest) = if spec.name == "kill" {
+        kill::signal_shorthand(rest)
+    } else {
+        (None, rest.to_vec())
+    };
+    let mut p = args::parse(spec, &rest).map_err(fail)?;
+    p.absorb(globals);
+    let ctx = Ctx {
+        socket: crate::config::default_socket(p.value("--socket").map(PathBuf::from)),
+        json: p.has("--json"),
+        verbose: p.has("--verbose"),
+    };
+    let failed = |f: Fail| (f, ctx.json, ctx.verbose);
+    if p.has("--help") {
+        output::print(&help::help_of(spec)).map_err(failed)?;
+        return Ok(0);
+    }
+    run(spec, &ctx, &p, shorthand).map_err(failed)
+}
+
+/// The global options before the subcommand, and what follows them.
+fn leading_globals(argv: &[String]) -> Res<(Parsed, &[String])> {
+    let mut p = Parsed::default();
+    let mut i = 0;
+    while let Some(a) = argv.get(i) {
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        match name {
+            "-h" | "--help" => p.set("--help", None),
+            "-V" | "--version" => p.set("--version", None),
+            "--json" => p.set("--json", None),
+            "-v" | "--verbose" => p.set("--verbose", None),
+            "--socket" => {
+                let v = match inline {
+                    Some(v) => v,
+                    None => {
+                        i += 1;
+                        argv.get(i)
+                            .cloned()
+                            .ok_or_else(|| Fail::usage("--socket needs a value (PATH)"))?
+                    }
+                };
+                p.set("--socket", Some(v));
+            }
+            n if n.starts_with('-') && n != "-" => {
+                let known = args::GLOBAL
+                    .iter()
+                    .flat_map(|f| std::iter::once(f.long).chain(f.short))
+                    .chain(["--version", "-V"]);
+                let hint = match args::did_you_mean(n, known) {
+                    Some(s) => format!("did you mean {s}?"),
+                    None => "options of a command go after its name (execctl run --cwd DIR ...)"
+                        .to_string(),
+                };
+                return Err(Fail::usage(format!("unknown option {n}; {hint}")));
+            }
+            _ => break,
+        }
+        i += 1;
+    }
+    Ok((p, &argv[i..]))
+}
+
+/// The spec of the subcommand named `name` (two words for `sessions close` and the
+/// like), with the arguments that follow it.
+fn find_spec<'a>(name: &str, rest: &'a [String]) -> Res<(&'static Spec, &'a [String])> {
+    let second = rest.first().map(String::as_str);
+    let two = |sub: &str| help::spec(&format!("{name} {sub}"));
+    match (name, second) {
+        ("sessions", Some("list" | "ls")) => return Ok((&help::SESSIONS, &rest[1..])),
+        ("sessions", Some(s @ ("close" | "prune"))) | ("policy", Some(s @ "check")) => {
+            if let Some(spec) = two(s) {
+                return Ok((spec, &rest[1..]));
+            }
+        }
+        ("policy", Some(s)) if !s.starts_with('-') => {
+            let hint = args::did_you_mean(s, ["check"].into_iter())
+                .map(|c| format!("did you mean {c}?"))
+                .unwrap_or_else(|| "use: execctl policy check ...".into());
+            return Err(Fail::usage(format!("unknown policy action {s:?}; {hint}")));
+        }
+        _ => {}
+    }
+    if let Some(spec) = help::COMMANDS.iter().copied().find(|s| s.name == name) {
+        return Ok((spec, rest));
+    }
+    let names = help::COMMANDS.iter().map(|s| s.name);
+    Err(match args::did_you_mean(name, names) {
+        Some(s) => Fail::usage(format!("unknown command {name:?}; did you mean {s}?")),
+        None => Fail::usage(format!(
+            "unknown command {name:?}; see the list with: execctl help"
+        )),
+    })
+}
+
+/// Runs one parsed subcommand.
+fn run(spec: &Spec, ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8> {
+    match spec.name {
+        "run" => run::run(ctx, p),
+        "exec" => run::exec(ctx, p),
+        "write" => run::write(ctx, p),
+        "ps" => ps::ps(ctx, p),
+        "logs" => ps::logs(ctx, p),
+        "wait" => ps::wait(ctx, p),
+        "status" => ps::status(ctx, p),
+        "kill" => kill::kill(ctx, p, shorthand),
+        "release" => kill::release(ctx, p),
+        "sessions" => kill::list(ctx, p),
+        "sessions close" => kill::close(ctx, p),
+        "sessions prune" => kill::prune(ctx, p),
+        "policy check" => policy::check(ctx, p),
+        "policy" => Err(Fail::usage(
+            "policy needs an action: execctl policy check [--policy FILE] -- COMMAND...",
+        )),
+        "approve" => policy::approve(ctx, p),
+        "call" => call(ctx, p),
+        "help" => help_cmd(p),
+        "completions" => completions(p),
+        other => Err(Fail::usage(format!("unknown command {other:?}"))),
+    }
+}
+
+/// `execctl help [COMMAND]`.
+fn help_cmd(p: &Parsed) -> Res<u8> {
+    if p.operands.is_empty() {
+        output::print(&help::usage())?;
+        return Ok(0);
+    }
+    let name = p.operands.join(" ");
+    match help::spec(&name) {
+        Some(spec) => {
+            output::print(&help::help_of(spec))?;
+            Ok(0)
+        }
+        None => {
+            let names = help::ALL.iter().map(|s| s.name);
+            Err(match args::did_you_mean(&name, names) {
+                Some(s) => Fail::usage(format!("no command {name:?}; did you mean {s}?")),
+                None => Fail::usage(format!(
+                    "no command {name:?}; see the list with: execctl help"
+                )),
+            })
+        }
+    }
+}
+
+/// `execctl completions bash|zsh|fish`.
+fn completions(p: &Parsed) -> Res<u8> {
+    let shell = match p.operands.as_slice() {
+        [s] => s.as_str(),
+        _ => {
+            return Err(Fail::usage(
+                "completions needs one shell: execctl completions bash|zsh|fish",
+            ))
+        }
+    };
+    match help::completions(shell) {
+        Some(script) => {
+            output::print(&script)?;
+            Ok(0)
+        }
+        None => Err(Fail::usage(format!(
+            "no completions for {shell:?}; execctl has them for bash, zsh and fish"
+        ))),
+    }
+}
+
+/// `execctl call METHOD [JSON]`: the raw tool; its errors keep their code and data.
+fn call(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    let (method, params) = match p.operands.as_slice() {
+        [m] => (m.as_str(), json!({})),
+        [m, text] => (
+            m.as_str(),
+            serde_json::from_str(text).map_err(|e| {
+                Fail::usage(format!(
+                    "the params are not JSON ({e}); quote them: '{{\"k\": 1}}'"
+                ))
+            })?,
+        ),
+        _ => {
+            return Err(Fail::usage(
+                "call takes METHOD and at most one JSON argument",
+            ))
+        }
+    };
+    let mut c = ctx.connect()?;
+    match c.call(method, params) {
+        Ok(r) => {
+            output::print_json(&r)?;
+            Ok(0)
+        }
+        Err(e) => {
+            let mut f = Fail::from(e);
+            if let Some(r) = &f.rpc {
+                // The raw tool shows the raw error.
+                let data = r.data.as_ref().map(|d| format!(" {d}")).unwrap_or_default();
+                f.message = format!("execd answered error {}: {}{data}", r.code, r.message);
+            }
+            Err(f)
+        }
+    }
+}

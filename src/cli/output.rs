@@ -1,0 +1,352 @@
+//! How execctl prints: its stdout and stderr, JSON, aligned tables cut to the terminal's
+//! width, and the few formats everything shares (sizes and durations as execd's flags
+//! take them, ages, shell quoting, RFC 3339 times).
+//!
+//! Writing to a closed stdout (`execctl ps | head -1`) ends execctl quietly with 141, as
+//! SIGPIPE would end a shell tool; a streaming command handles that itself (it must kill
+//! what it runs first).
+
+use std::io::{self, IsTerminal, Write};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use super::errors::{Fail, Res, EXIT_BROKEN_PIPE};
+
+/// A write to stdout failed: a closed pipe ends quietly, anything else says why.
+pub fn stdout_failed(e: &io::Error) -> Fail {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Fail::new("").with_code(EXIT_BROKEN_PIPE)
+    } else {
+        Fail::new(format!("cannot write to standard output: {e}"))
+    }
+}
+
+/// Writes bytes to stdout and flushes them.
+pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
+    let mut o = io::stdout().lock();
+    o.write_all(bytes)?;
+    o.flush()
+}
+
+/// Writes bytes to stderr and flushes them.
+pub fn write_stderr(bytes: &[u8]) -> io::Result<()> {
+    let mut e = io::stderr().lock();
+    e.write_all(bytes)?;
+    e.flush()
+}
+
+/// Prints text on stdout.
+pub fn print(text: &str) -> Res<()> {
+    write_stdout(text.as_bytes()).map_err(|e| stdout_failed(&e))
+}
+
+/// Prints a JSON result on stdout, indented, with a final newline.
+pub fn print_json(v: &Value) -> Res<()> {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    print(&format!("{text}\n"))
+}
+
+/// Prints a JSON value as one line on stdout (a stream of records).
+pub fn print_json_line(v: &Value) -> Res<()> {
+    print(&format!("{v}\n"))
+}
+
+/// One line on stderr, prefixed `execctl: `.
+pub fn warn(text: &str) {
+    let _ = write_stderr(format!("execctl: {text}\n").as_bytes());
+}
+
+/// Whether to colour stdout: a terminal, and `NO_COLOR` unset or empty.
+pub fn use_color() -> bool {
+    io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The width of the terminal on stdout, when it is one.
+pub fn terminal_width() -> Option<usize> {
+    if io::stdout().is_terminal() {
+        crate::process::terminal_width()
+    } else {
+        None
+    }
+}
+
+/// Cuts `text` to `room` characters, the last one an ellipsis when cut.
+pub fn cut(text: &str, room: usize) -> String {
+    if text.chars().count() <= room {
+        return text.to_string();
+    }
+    if room == 0 {
+        return String::new();
+    }
+    let mut t: String = text.chars().take(room - 1).collect();
+    t.push('\u{2026}');
+    t
+}
+
+/// Prints rows as aligned columns, two spaces apart. Each row is cut to the terminal's
+/// width; the last column gives way first. `color_col` is painted by state.
+pub fn table(headers: &[&str], rows: &[Vec<String>], color_col: Option<usize>) -> Res<()> {
+    let last = headers.len() - 1;
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, cell) in r.iter().enumerate().take(last) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let color = use_color();
+    let width = terminal_width();
+    let mut out = String::new();
+    let mut line = |cells: &[String], is_header: bool| {
+        let mut plain = String::new();
+        let mut spans = Vec::new(); // (start char, end char) of the cell to paint
+        for (i, cell) in cells.iter().enumerate() {
+            if i == last {
+                plain.push_str(cell);
+            } else {
+                let start = plain.chars().count();
+                plain.push_str(cell);
+                if color && !is_header && Some(i) == color_col {
+                    spans.push((start, start + cell.chars().count(), cell.clone()));
+                }
+                let pad = widths[i] - cell.chars().count() + 2;
+                plain.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        let shown = match width {
+            Some(w) => cut(plain.trim_end(), w),
+            None => plain.trim_end().to_string(),
+        };
+        out.push_str(&paint(&shown, &spans));
+        out.push('\n');
+    };
+    line(
+        &headers.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+        true,
+    );
+    for r in rows {
+        line(r, false);
+    }
+    print(&out)
+}
+
+/// Paints the state cells of a line that may have been cut.
+fn paint(line: &str, spans: &[(usize, usize, String)]) -> String {
+    let mut out = String::new();
+    let chars: Vec<char> = line.chars().collect();
+    let mut at = 0;
+    for (start, end, word) in spans {
+        if *end > chars.len() {
+            break;
+        }
+        let code = match word.as_str() {
+            "running" => "32",
+            "killed" | "timed_out" => "31",
+            _ => continue,
+        };
+        out.extend(&chars[at..*start]);
+        out.push_str(&format!("\x1b[{code}m"));
+        out.extend(&chars[*start..*end]);
+        out.push_str("\x1b[0m");
+        at = *end;
+    }
+    out.extend(&chars[at..]);
+    out
+}
+
+/// A size as execd's flags take it: `4M`, `64K`, `1G`, or bytes when no unit divides it.
+pub fn size(bytes: u64) -> String {
+    for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        let n = 1u64 << shift;
+        if bytes >= n && bytes % n == 0 {
+            return format!("{}{unit}", bytes / n);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A duration as execd's flags take it: `1h`, `30m`, `90s`, `1500ms`.
+pub fn flag_duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    for (unit, n) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms % n == 0 {
+            return format!("{}{unit}", ms / n);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// A duration for a person, two units at most: `0.4s`, `12s`, `5m03s`, `2h05m`, `3d04h`.
+pub fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    let s = ms / 1000;
+    match s {
+        0..=9 => format!("{}.{}s", s, ms % 1000 / 100),
+        10..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        _ => format!("{}d{:02}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+/// How long ago an RFC 3339 time was, coarsely: `3s`, `5m`, `2h`, `4d`.
+pub fn age(started: &str) -> String {
+    let Some(t) = parse_rfc3339(started) else {
+        return "?".into();
+    };
+    let secs = SystemTime::now()
+        .duration_since(t)
+        .unwrap_or_default()
+        .as_secs();
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// Parses the daemon's RFC 3339 form (`YYYY-MM-DDTHH:MM:SS.mmmZ`).
+pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[10] != b'T' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let millis = match b.get(19) {
+        Some(b'.') => s
+            .get(20..23)
+            .and_then(|m| m.parse::<u64>().ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_millis(secs.max(0) as u64 * 1000 + millis))
+}
+
+/// A word as a POSIX shell would need it typed: as is when plain, else single-quoted.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word.chars().all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(c, '_' | '-' | '.' | '/' | ':' | '@' | '%' | '+' | ',' | '=')
+        });
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// A command line with each word quoted as needed.
+pub fn quoted_line<'a>(words: impl IntoIterator<Item = &'a str>) -> String {
+    words
+        .into_iter()
+        .map(shell_quote)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `camelCase` as `snake_case`.
+pub fn snake(key: &str) -> String {
+    let mut s = String::with_capacity(key.len() + 4);
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            s.push('_');
+            s.push(c.to_ascii_lowercase());
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+/// A JSON value with every object key in `snake_case`, all the way down.
+pub fn snake_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            Value::Object(m.iter().map(|(k, v)| (snake(k), snake_keys(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(snake_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_read_as_flags() {
+        assert_eq!(size(4 << 20), "4M");
+        assert_eq!(size(64 << 10), "64K");
+        assert_eq!(size(1 << 30), "1G");
+        assert_eq!(size(1500), "1500");
+        assert_eq!(size(0), "0");
+        assert_eq!(flag_duration(3_600_000), "1h");
+        assert_eq!(flag_duration(90_000), "90s");
+        assert_eq!(flag_duration(1500), "1500ms");
+        assert_eq!(flag_duration(120_000), "2m");
+        for s in ["4M", "64K", "1G", "1500"] {
+            let n = crate::config::parse_size(s).expect("parses");
+            assert_eq!(size(n as u64), s);
+        }
+        for s in ["1h", "90s", "1500ms"] {
+            let d = crate::config::parse_duration(s).expect("parses");
+            assert_eq!(flag_duration(d.as_millis() as u64), s);
+        }
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_duration(Duration::from_millis(400)), "0.4s");
+        assert_eq!(human_duration(Duration::from_secs(12)), "12s");
+        assert_eq!(human_duration(Duration::from_secs(303)), "5m03s");
+        assert_eq!(human_duration(Duration::from_secs(7500)), "2h05m");
+        assert_eq!(
+            human_duration(Duration::from_secs(86_400 * 3 + 3600 * 4)),
+            "3d04h"
+        );
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quoted_line(["sh", "-c", "exit 5"]), "sh -c 'exit 5'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a=b"), "a=b");
+    }
+
+    #[test]
+    fn rfc3339_round_trip_and_keys() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(951_782_400_123);
+        assert_eq!(parse_rfc3339(&crate::rpc::rfc3339(t)), Some(t));
+        assert_eq!(parse_rfc3339("nope"), None);
+        assert_eq!(snake("killGraceMs"), "kill_grace_ms");
+        assert_eq!(
+            snake_keys(&serde_json::json!({"outputMemory": {"maxRssKb": 1}})),
+            serde_json::json!({"output_memory": {"max_rss_kb": 1}})
+        );
+    }
+
+    #[test]
+    fn cutting() {
+        assert_eq!(cut("abcdef", 4), "abc\u{2026}");
+        assert_eq!(cut("abc", 4), "abc");
+        let spans = [(0usize, 7usize, "running".to_string())];
+        assert_eq!(paint("running  x", &spans), "\x1b[32mrunning\x1b[0m  x");
+        assert_eq!(paint("runn\u{2026}", &spans), "runn\u{2026}");
+    }
+}

@@ -1,0 +1,559 @@
+//! The policy from the user's side: `policy check` (what would the policy decide, and
+//! which rules matched) and `approve` (answer the daemon's approval requests).
+//!
+//! `policy check --policy FILE` judges offline with the daemon's own library
+//! (`execd::policy`), so a file can be tried before execd loads it; without `--policy` it
+//! asks the running daemon (`policy/check`). Both print one shape.
+//!
+//! `approve` speaks Wire: after `approvals/subscribe`, the daemon sends each request as a
+//! JSON-RPC request *from the server* (`method: "request"` with an `id`), answered with a
+//! response carrying `{request_id, response, feedback?}`; `ApprovalRequestResolved`
+//! events say when a request was settled, by us or by another approver. A reader thread
+//! for the socket and one for stdin feed one channel, so a request answered elsewhere
+//! while the prompt waits is withdrawn from the screen at once.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::mpsc;
+
+use serde_json::{json, Value};
+
+use super::args::Parsed;
+use super::daemon::Ctx;
+use super::errors::{Fail, Res};
+use super::output::{self, warn};
+use crate::policy::{Judged, Peer, Policy};
+
+/// This process's groups (primary and supplementary), from `/proc/self/status`.
+fn own_groups() -> Vec<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mut gids = Vec::new();
+    for line in status.lines() {
+        let nums = |rest: &str| -> Vec<u32> {
+            rest.split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        };
+        if let Some(rest) = line.strip_prefix("Gid:") {
+            gids.extend(nums(rest).into_iter().take(1));
+        } else if let Some(rest) = line.strip_prefix("Groups:") {
+            gids.extend(nums(rest));
+        }
+    }
+    gids.sort_unstable();
+    gids.dedup();
+    gids
+}
+
+fn number(flag: &str, v: &str) -> Res<u32> {
+    v.parse()
+        .map_err(|_| Fail::usage(format!("{flag}: {v:?} is not a number")))
+}
+
+/// Judges with a policy file, offline.
+fn check_file(file: &str, operands: &[String], uid: Option<u32>, gids: Vec<u32>) -> Res<Value> {
+    let policy = Policy::load(Path::new(file)).map_err(Fail::new)?;
+    let me = crate::process::current_uid();
+    let uid = uid.unwrap_or(me);
+    let gids = if gids.is_empty() && uid == me {
+        own_groups()
+    } else {
+        gids
+    };
+    let peer = Peer { uid, gids: &gids };
+    let verdict = match operands {
+        [line] => policy.judge(&Judged::Line(line), &peer),
+        argv => policy.judge(&Judged::Argv(argv), &peer),
+    };
+    let hits: Vec<Value> = verdict
+        .hits
+        .iter()
+        .map(|h| json!({"rule": h.rule, "decision": h.decision.as_str(), "argv": h.argv}))
+        .collect();
+    Ok(json!({
+        "decision": verdict.decision.as_str(),
+        "rule": verdict.rule,
+        "justification": verdict.justification,
+        "unparsed": verdict.unparsed,
+        "hits": hits,
+        "uid": uid,
+        "source": file,
+    }))
+}
+
+/// Asks the running daemon.
+fn check_daemon(ctx: &Ctx, operands: &[String], uid: Option<u32>) -> Res<Value> {
+    let mut params = match operands {
+        [line] => json!({"command": line}),
+        [command, args @ ..] => json!({"command": command, "args": args}),
+        [] => json!({}),
+    };
+    if let Some(u) = uid {
+        params["uid"] = json!(u);
+    }
+    let mut c = ctx.connect()?;
+    let r = c.call("policy/check", params)?;
+    let loaded = r["policy_loaded"].as_bool().unwrap_or(true);
+    Ok(json!({
+        "decision": r["decision"],
+        "rule": r["rule"],
+        "justification": r["justification"],
+        "unparsed": r["unparsed"],
+        "hits": r["hits"],
+        "uid": uid.unwrap_or_else(crate::process::current_uid),
+        "source": if loaded { "daemon" } else { "daemon (no policy file)" },
+    }))
+}
+
+/// The verdict for a person.
+fn describe(v: &Value) -> String {
+    let decision = v["decision"].as_str().unwrap_or("?");
+    let rule = v["rule"].as_str().unwrap_or("?");
+    let mut s = match rule {
+        "default" => format!("{decision} (no rule matched: the policy's default)\n"),
+        "unparsed" => format!(
+            "{decision} (the line is not a plain script; the policy's \"unparsed\" decision)\n"
+        ),
+        _ => format!("{decision} (rule {rule})\n"),
+    };
+    if let Some(j) = v["justification"].as_str() {
+        s.push_str(&format!("  justification: {j}\n"));
+    }
+    if v["unparsed"] == true && rule != "unparsed" {
+        s.push_str("  part of the line is not a plain script and was not read\n");
+    }
+    let hits = v["hits"].as_array().cloned().unwrap_or_default();
+    if hits.is_empty() {
+        s.push_str("rules matched: none\n");
+    } else {
+        s.push_str("rules matched:\n");
+        let width = hits
+            .iter()
+            .map(|h| h["rule"].as_str().unwrap_or("").chars().count())
+            .max()
+            .unwrap_or(0);
+        for h in &hits {
+            let argv: Vec<&str> = h["argv"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| a.as_str().unwrap_or(""))
+                .collect();
+            s.push_str(&format!(
+                "  {:<width$}  {:<5}  {}\n",
+                h["rule"].as_str().unwrap_or(""),
+                h["decision"].as_str().unwrap_or(""),
+                output::quoted_line(argv)
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "policy: {}\n",
+        v["source"].as_str().unwrap_or("?")
+    ));
+    s
+}
+
+/// `execctl policy check [--policy FILE] [--uid N] [--gid N] [--] COMMAND... | 'LINE'`.
+pub fn check(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if p.operands.is_empty() {
+        return Err(Fail::usage(
+            "policy check needs a command: execctl policy check -- git push origin main, or 'SHELL LINE'",
+        ));
+    }
+    let uid = p.value("--uid").map(|v| number("--uid", v)).transpose()?;
+    let gids = p
+        .values("--gid")
+        .into_iter()
+        .map(|v| number("--gid", v))
+        .collect::<Res<Vec<u32>>>()?;
+    let verdict = match p.value("--policy") {
+        Some(file) => check_file(file, &p.operands, uid, gids)?,
+        None => {
+            if !gids.is_empty() {
+                return Err(Fail::usage(
+                    "--gid goes with --policy; the daemon knows the groups of a uid itself",
+                ));
+            }
+            check_daemon(ctx, &p.operands, uid)?
+        }
+    };
+    if ctx.json {
+        output::print_json(&verdict)?;
+    } else {
+        output::print(&describe(&verdict))?;
+    }
+    Ok(0)
+}
+
+// ---- approve ---------------------------------------------------------------------------
+
+/// What the main loop of `approve` hears.
+enum Heard {
+    /// A message from the daemon.
+    Daemon(Value),
+    /// The daemon closed the connection.
+    DaemonGone,
+    /// A line typed (or piped) on stdin.
+    Line(String),
+    /// stdin ended.
+    InputGone,
+}
+
+/// One pending approval request.
+struct Request {
+    /// The JSON-RPC id the answer must carry, exactly as received.
+    rpc_id: Value,
+    request_id: String,
+    payload: Value,
+}
+
+/// The connection's writing half.
+struct Wire(UnixStream);
+
+impl Wire {
+    fn send(&mut self, v: &Value) -> Res<()> {
+        let mut line = v.to_string();
+        line.push('\n');
+        self.0.write_all(line.as_bytes()).map_err(Fail::from)
+    }
+
+    fn answer(&mut self, r: &Request, response: &str, feedback: Option<&str>) -> Res<()> {
+        let mut result = json!({"request_id": r.request_id, "response": response});
+        if let Some(f) = feedback.filter(|f| !f.is_empty()) {
+            result["feedback"] = json!(f);
+        }
+        self.send(&json!({"jsonrpc": "2.0", "id": r.rpc_id, "result": result}))
+    }
+}
+
+fn connect_raw(ctx: &Ctx) -> Res<UnixStream> {
+    UnixStream::connect(&ctx.socket).map_err(|e| {
+        Fail::new(format!(
+            "cannot connect to execd at {} ({}); start it with: execd --socket {}",
+            ctx.socket.display(),
+            crate::rpc::os_error_text(&e),
+            ctx.socket.display()
+        ))
+    })
+}
+
+/// Starts the two reader threads.
+fn listen(stream: &UnixStream) -> Res<mpsc::Receiver<Heard>> {
+    let (tx, rx) = mpsc::channel();
+    let reader = stream.try_clone()?;
+    let to_main = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if to_main.send(Heard::Daemon(v)).is_err() {
+                return;
+            }
+        }
+        let _ = to_main.send(Heard::DaemonGone);
+    });
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Heard::Line(line)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Heard::InputGone);
+    });
+    Ok(rx)
+}
+
+/// A request as `approve --json` prints it.
+fn request_json(r: &Request) -> Value {
+    let p = &r.payload;
+    let display: Vec<Value> = p["display"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("text").cloned())
+        .collect();
+    json!({
+        "type": "approval_request",
+        "request_id": r.request_id,
+        "tool_call_id": p["tool_call_id"],
+        "sender": p["sender"],
+        "action": p["action"],
+        "command": p["description"],
+        "display": display,
+    })
+}
+
+/// The daemon's brief, "rule R: why; uid U (pid P), cwd C, session S", as labelled
+/// lines; `None` when it reads otherwise.
+fn brief_fields(text: &str) -> Option<Vec<(&'static str, &str)>> {
+    let rule = text.strip_prefix("rule ")?;
+    let (rule, who) = rule.rsplit_once("; uid ")?;
+    let (who, session) = who.rsplit_once(", session ")?;
+    let (uid, cwd) = who.split_once(", cwd ")?;
+    Some(vec![
+        ("rule", rule),
+        ("uid", uid),
+        ("cwd", cwd),
+        ("session", session),
+    ])
+}
+
+/// A request as a person reads it: id, command, rule and justification, uid, cwd and
+/// session, each on its line.
+fn request_text(r: &Request) -> String {
+    let p = &r.payload;
+    let mut s = format!("\napproval request {}", r.request_id);
+    if let Some(t) = p["tool_call_id"].as_str() {
+        s.push_str(&format!(" (command id {t})"));
+    }
+    s.push('\n');
+    s.push_str(&format!(
+        "  command  {}\n",
+        p["description"].as_str().unwrap_or("?")
+    ));
+    for d in p["display"].as_array().into_iter().flatten() {
+        let Some(text) = d["text"].as_str() else {
+            continue;
+        };
+        match brief_fields(text) {
+            Some(fields) => {
+                for (label, value) in fields {
+                    s.push_str(&format!("  {label:<8} {value}\n"));
+                }
+            }
+            None => s.push_str(&format!("  {text}\n")),
+        }
+    }
+    s
+}
+
+const PROMPT: &str = "approve? [y]es / [n]o / [s]ession: ";
+const FEEDBACK: &str = "feedback for the requester (Enter for none): ";
+
+/// `execctl approve [--json]`.
+pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    if let Some(a) = p.operands.first() {
+        return Err(Fail::usage(format!("approve takes no operand, got {a:?}")));
+    }
+    let stream = connect_raw(ctx)?;
+    let mut wire = Wire(stream.try_clone()?);
+    let heard = listen(&stream)?;
+    wire.send(&json!({"jsonrpc": "2.0", "id": "subscribe", "method": "approvals/subscribe", "params": {}}))?;
+    let mut queue: VecDeque<Request> = VecDeque::new();
+    // The request whose answer is `n` and whose feedback is being typed.
+    let mut feedback_for: Option<Request> = None;
+    let mut subscribed = false;
+    let show = |queue: &VecDeque<Request>, json: bool| -> Res<()> {
+        if json {
+            return Ok(());
+        }
+        match queue.front() {
+            Some(r) => output::print(&format!("{}{PROMPT}", request_text(r))),
+            None => Ok(()),
+        }
+    };
+    loop {
+        let Ok(msg) = heard.recv() else { break };
+        match msg {
+            Heard::DaemonGone => {
+                return Err(Fail::new(
+                    "execd closed the connection; pending requests are rejected. Start execctl approve again once execd runs",
+                ))
+            }
+            Heard::InputGone => break,
+            Heard::Daemon(v) => {
+                if v["id"] == "subscribe" && v.get("method").is_none() {
+                    if let Some(e) = v.get("error") {
+                        let err = crate::client::CallError::Rpc {
+                            code: e["code"].as_i64().unwrap_or(0),
+                            message: e["message"].as_str().unwrap_or("").to_string(),
+                            data: e.get("data").cloned(),
+                        };
+                        return Err(Fail::from(err));
+                    }
+                    subscribed = true;
+                    // Scripts may start their agents once this line is out.
+                    if ctx.json {
+                        output::print_json_line(&json!({"type": "ready"}))?;
+                    } else {
+                        warn("approving requests of the policy; Ctrl-C to stop");
+                    }
+                    continue;
+                }
+                match v["method"].as_str() {
+                    Some("request") if v.get("id").is_some() => {
+                        let payload = v["params"]["payload"].clone();
+                        let request_id = payload["id"]
+                            .as_str()
+                            .map(str::to_string)
+                            .or_else(|| v["id"].as_str().map(str::to_string))
+                            .unwrap_or_else(|| v["id"].to_string());
+                        let r = Request {
+                            rpc_id: v["id"].clone(),
+                            request_id,
+                            payload,
+                        };
+                        if ctx.json {
+                            output::print_json_line(&request_json(&r))?;
+                        }
+                        queue.push_back(r);
+                        if queue.len() == 1 && feedback_for.is_none() {
+                            show(&queue, ctx.json)?;
+                        }
+                    }
+                    Some("event") if v["params"]["type"] == "ApprovalRequestResolved" => {
+                        let payload = &v["params"]["payload"];
+                        let rid = payload["request_id"].as_str().unwrap_or("");
+                        let response = payload["response"].as_str().unwrap_or("?");
+                        if ctx.json {
+                            output::print_json_line(&json!({"type": "approval_resolved",
+                                "request_id": rid, "response": response}))?;
+                        }
+                        let Some(i) = queue.iter().position(|r| r.request_id == rid) else {
+                            continue; // ours, already answered
+                        };
+                        queue.remove(i);
+                        if feedback_for.as_ref().is_some_and(|r| r.request_id == rid) {
+                            feedback_for = None;
+                        }
+                        if !ctx.json {
+                            let lead = if i == 0 { "\n" } else { "" };
+                            output::print(&format!(
+                                "{lead}{rid} was answered elsewhere: {response}\n"
+                            ))?;
+                            if i == 0 && feedback_for.is_none() {
+                                show(&queue, false)?;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Heard::Line(line) if ctx.json => {
+                if let Err(f) = json_answer(&mut wire, &mut queue, &line) {
+                    output::print_json_line(&json!({"type": "error", "message": f.message}))?;
+                }
+            }
+            Heard::Line(line) => {
+                if let Some(r) = feedback_for.take() {
+                    wire.answer(&r, "reject", Some(line.trim()))?;
+                    output::print(&format!("{}: rejected\n", r.request_id))?;
+                    show(&queue, false)?;
+                    continue;
+                }
+                if queue.is_empty() {
+                    if !line.trim().is_empty() {
+                        output::print("no request is waiting\n")?;
+                    }
+                    continue;
+                }
+                let response = match line.trim().to_ascii_lowercase().as_str() {
+                    "y" | "yes" => "approve",
+                    "s" | "session" => "approve_for_session",
+                    "n" | "no" => {
+                        feedback_for = queue.pop_front();
+                        output::print(FEEDBACK)?;
+                        continue;
+                    }
+                    _ => {
+                        output::print(&format!("answer y, n or s\n{PROMPT}"))?;
+                        continue;
+                    }
+                };
+                if let Some(r) = queue.pop_front() {
+                    wire.answer(&r, response, None)?;
+                    let said = if response == "approve" {
+                        "approved".to_string()
+                    } else {
+                        "approved for the rest of its session".to_string()
+                    };
+                    output::print(&format!("{}: {said}\n", r.request_id))?;
+                }
+                show(&queue, false)?;
+            }
+        }
+    }
+    if !subscribed {
+        return Err(Fail::new(
+            "execd did not answer approvals/subscribe; it may be older than execctl",
+        ));
+    }
+    Ok(0)
+}
+
+/// One answer line of `approve --json`: `{request_id, response, feedback?}`.
+fn json_answer(wire: &mut Wire, queue: &mut VecDeque<Request>, line: &str) -> Res<()> {
+    if line.trim().is_empty() {
+        return Ok(());
+    }
+    let v: Value = serde_json::from_str(line)
+        .map_err(|e| Fail::new(format!("an answer must be one JSON object a line: {e}")))?;
+    let rid = v["request_id"].as_str().unwrap_or("");
+    let response = v["response"].as_str().unwrap_or("");
+    if !matches!(response, "approve" | "approve_for_session" | "reject") {
+        return Err(Fail::new(format!(
+            "response must be approve, approve_for_session or reject, got {}",
+            v["response"]
+        )));
+    }
+    let Some(i) = queue.iter().position(|r| r.request_id == rid) else {
+        return Err(Fail::new(format!(
+            "no pending request {rid:?} (answered elsewhere, withdrawn, or never sent)"
+        )));
+    };
+    let r = queue
+        .remove(i)
+        .ok_or_else(|| Fail::new("request vanished"))?;
+    wire.answer(&r, response, v["feedback"].as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_include_the_primary_gid() {
+        let g = own_groups();
+        assert!(!g.is_empty());
+    }
+
+    #[test]
+    fn a_request_reads_as_lines() {
+        let r = Request {
+            rpc_id: json!("appr_7"),
+            request_id: "appr_7".into(),
+            payload: json!({"id": "appr_7", "tool_call_id": "cmd_12", "description": "git push origin main",
+                "display": [{"type": "brief", "text": "rule push: pushes leave this machine; uid 1000 (pid 4242), cwd /r, session s1"}]}),
+        };
+        let t = request_text(&r);
+        assert!(
+            t.contains("approval request appr_7 (command id cmd_12)"),
+            "{t}"
+        );
+        assert!(t.contains("  command  git push origin main\n"), "{t}");
+        assert!(
+            t.contains("  rule     push: pushes leave this machine\n"),
+            "{t}"
+        );
+        assert!(t.contains("  uid      1000 (pid 4242)\n"), "{t}");
+        assert!(t.contains("  cwd      /r\n"), "{t}");
+        assert!(t.contains("  session  s1\n"), "{t}");
+        assert_eq!(brief_fields("something else"), None);
+        let j = request_json(&r);
+        assert_eq!(j["command"], "git push origin main");
+        assert_eq!(
+            j["display"][0].as_str().map(|s| s.starts_with("rule push")),
+            Some(true)
+        );
+    }
+}

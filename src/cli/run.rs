@@ -1,0 +1,756 @@
+//! `run`, `exec` and `write`: a command in the foreground, as a shell runs one.
+//!
+//! - Output: the command is created subscribed (`lossless`, `base64`), so every byte from
+//!   the first arrives exactly, and a slow reader of execctl's stdout slows the command
+//!   instead of losing output. A `Gap` (bytes the daemon had to drop for its memory
+//!   budget) is reported in one line and makes the exit status non-zero.
+//! - Input: execctl's stdin is forwarded when it is not a terminal (or with `-i`), in
+//!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
+//!   closed at its end; otherwise the command's stdin is closed from the start.
+//! - Ending (`foreground`): signals, `--timeout` or a closed stdout kill the command;
+//!   execctl still reads until the `Exit` event, so what the command wrote while dying
+//!   is printed, then releases what it made (the terminal, or the session it created).
+//!
+//! Threads: the main thread reads the connection and writes output; the stdin forwarder
+//! and the killers (`foreground`) use connections of their own.
+
+use std::io::{self, IsTerminal, Read};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::args::Parsed;
+use super::daemon::{self, Ctx, Target};
+use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
+use super::foreground::{create, watch_signals, Killer, Reason};
+use super::output::{self, warn};
+use crate::client::{is_timeout, CallError, Client};
+use crate::config::{parse_duration, parse_size};
+use crate::rpc::{base64_decode, base64_encode};
+
+/// Largest stdin chunk sent in one write; each waits for its answer (back-pressure).
+const STDIN_CHUNK: usize = 32 << 10;
+
+/// What `run` and `exec` share.
+struct Common {
+    cwd: Option<String>,
+    env: Vec<(String, String)>,
+    timeout: Option<Duration>,
+    detach: bool,
+    /// execctl's stdin goes to the command.
+    forward_stdin: bool,
+    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`.
+    stdin_pipe: bool,
+}
+
+fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
+    let d = parse_duration(v).map_err(|e| {
+        Fail::usage(format!(
+            "{flag}: {e}; give seconds (5, 1.5) or 500ms, 2m, 1h"
+        ))
+    })?;
+    Ok((!d.is_zero()).then_some(d))
+}
+
+fn common(p: &Parsed, timeout_flags: &[&str]) -> Res<Common> {
+    let detach = p.has("--detach") || p.has("--async");
+    let mut timeout = None;
+    for f in timeout_flags {
+        if let Some(v) = p.value(f) {
+            timeout = seconds(f, v)?;
+        }
+    }
+    let interactive = p.has("--interactive");
+    let forward_stdin = !detach && (interactive || !io::stdin().is_terminal());
+    Ok(Common {
+        stdin_pipe: forward_stdin || (detach && interactive),
+        cwd: work_dir(p.value("--cwd"))?,
+        env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
+        timeout,
+        detach,
+        forward_stdin,
+    })
+}
+
+/// `--cwd` made absolute against execctl's directory; by default execctl's directory.
+fn work_dir(flag: Option<&str>) -> Res<Option<String>> {
+    let here = std::env::current_dir();
+    let dir = match (flag, here) {
+        (Some(d), _) if d.starts_with('/') => return Ok(Some(d.to_string())),
+        (Some(d), Ok(here)) => here.join(d),
+        (Some(d), Err(e)) => {
+            return Err(Fail::new(format!(
+                "--cwd {d} is relative and execctl's own directory is unreadable ({e}); give an absolute path"
+            )))
+        }
+        (None, Ok(here)) => here,
+        (None, Err(e)) => {
+            warn(&format!(
+                "execctl's working directory is unreadable ({e}); the command runs in the daemon's"
+            ));
+            return Ok(None);
+        }
+    };
+    match dir.to_str() {
+        Some(s) => Ok(Some(s.to_string())),
+        None => Err(Fail::new(format!(
+            "the directory {} is not valid UTF-8; pass one with --cwd",
+            dir.display()
+        ))),
+    }
+}
+
+/// `NAME=value` or `NAME` (execctl's own value, skipped when unset, as docker does).
+fn env_item(item: &str, origin: &str, out: &mut Vec<(String, String)>) -> Res<()> {
+    let (name, value) = match item.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (item, None),
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(Fail::usage(format!(
+            "{origin}: {item:?} is not NAME=value or NAME"
+        )));
+    }
+    let value = match value {
+        Some(v) => v,
+        None => match std::env::var(name) {
+            Ok(v) => v,
+            Err(_) => return Ok(()),
+        },
+    };
+    out.retain(|(k, _)| k != name);
+    out.push((name.to_string(), value));
+    Ok(())
+}
+
+/// The variables of `--env-file`s, then of `--env`s (later ones win).
+fn env_vars(files: &[&str], items: &[&str]) -> Res<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            Fail::new(format!(
+                "--env-file {file}: {}",
+                crate::rpc::os_error_text(&e)
+            ))
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            env_item(line, &format!("{file} line {}", n + 1), &mut out)?;
+        }
+    }
+    for item in items {
+        env_item(item, "--env", &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The subscription every foreground command is created with.
+fn subscription() -> Value {
+    json!({ "lossless": true, "encoding": "base64" })
+}
+
+// ---- input -----------------------------------------------------------------------------
+
+/// The stdin chunk the daemon takes in one write: its stdin buffer, at most 32 KiB.
+fn stdin_chunk(c: &mut Client) -> usize {
+    c.call("initialize", json!({"protocolVersion": 1}))
+        .ok()
+        .and_then(|r| r["limits"]["stdinBuffer"].as_u64())
+        .map_or(STDIN_CHUNK, |n| (n as usize).clamp(1, STDIN_CHUNK))
+}
+
+/// Writes one chunk to the command's stdin, waiting for room.
+fn write_chunk(c: &mut Client, target: &Target, data: &[u8], eof: bool) -> Result<u64, CallError> {
+    let mut input = Vec::new();
+    base64_encode(&mut input, data);
+    let input = String::from_utf8(input).unwrap_or_default();
+    let r = match target {
+        Target::Terminal { id, session } => c.call(
+            "terminal/write",
+            json!({"sessionId": session, "terminalId": id, "input": input,
+                   "encoding": "base64", "eof": eof, "wait": true}),
+        )?,
+        Target::Bash { id, session } => c.call(
+            "bash/write",
+            json!({"session_id": session, "command_id": id, "input": input,
+                   "encoding": "base64", "eof": eof, "wait": true}),
+        )?,
+    };
+    Ok(r["written"].as_u64().unwrap_or(0))
+}
+
+/// Copies `input` to the command's stdin until its end (then closes the command's stdin
+/// when `eof`). Returns the bytes written.
+fn copy_input(
+    c: &mut Client,
+    target: &Target,
+    mut input: impl Read,
+    eof: bool,
+) -> Result<u64, CallError> {
+    let mut buf = vec![0u8; stdin_chunk(c)];
+    let mut total = 0;
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                warn(&format!("reading stdin: {e}; closing the command's stdin"));
+                0
+            }
+        };
+        if n == 0 {
+            if eof {
+                write_chunk(c, target, &[], true)?;
+            }
+            return Ok(total);
+        }
+        total += write_chunk(c, target, &buf[..n], false)?;
+    }
+}
+
+/// Forwards execctl's stdin to the command on a thread of its own, then closes it.
+fn forward_stdin(ctx: &Ctx, target: &Target) {
+    let ctx = ctx.clone();
+    let target = target.clone();
+    std::thread::spawn(move || {
+        let Ok(mut c) = ctx.connect() else { return };
+        if let Err(e) = copy_input(&mut c, &target, io::stdin().lock(), true) {
+            // The command exited or closed its stdin: what it did not read is moot.
+            if !matches!(e.code(), Some(-32000 | -32002)) {
+                warn(&format!(
+                    "stdin not forwarded to {}: {}",
+                    target.id(),
+                    daemon_error(e, Some(target.id())).text(ctx.verbose)
+                ));
+            }
+        }
+    });
+}
+
+// ---- output ----------------------------------------------------------------------------
+
+/// Where a foreground command's output goes, and what was seen of it.
+struct Sink {
+    id: String,
+    /// `--json`: output is collected for the final object instead of printed.
+    collect: bool,
+    kept: [Vec<u8>; 2],
+    /// The next offset expected on each stream.
+    next: [u64; 2],
+    /// Bytes that never arrived (`Gap`s, or offsets that jumped).
+    lost: u64,
+    /// stdout failed: nothing more is written to it.
+    stdout_closed: bool,
+}
+
+impl Sink {
+    fn new(id: &str, collect: bool) -> Sink {
+        Sink {
+            id: id.to_string(),
+            collect,
+            kept: [Vec::new(), Vec::new()],
+            next: [0, 0],
+            lost: 0,
+            stdout_closed: false,
+        }
+    }
+
+    fn put(&mut self, stream: usize, bytes: &[u8], killer: &Killer) {
+        if self.collect {
+            self.kept[stream].extend_from_slice(bytes);
+            return;
+        }
+        if stream == 1 {
+            // A closed stderr is nobody's concern but the reader's.
+            let _ = output::write_stderr(bytes);
+            return;
+        }
+        if self.stdout_closed {
+            return;
+        }
+        if let Err(e) = output::write_stdout(bytes) {
+            self.stdout_closed = true;
+            if e.kind() != io::ErrorKind::BrokenPipe {
+                warn(&format!("cannot write to standard output: {e}"));
+            }
+            killer.trigger(Reason::OutputClosed);
+        }
+    }
+
+    fn lose(&mut self, stream: &str, offset: u64, skipped: u64) {
+        self.lost += skipped;
+        warn(&format!(
+            "{skipped} bytes of {}'s {stream} were lost at offset {offset} (execd dropped them to stay within its output memory)",
+            self.id
+        ));
+    }
+
+    /// Handles one message; returns the `Exit` payload when it is the exit.
+    fn event(&mut self, msg: &Value, killer: &Killer) -> Option<Value> {
+        let params = &msg["params"];
+        let payload = &params["payload"];
+        if msg["method"] != "event" || payload["id"] != self.id.as_str() {
+            return None;
+        }
+        let stream_name = payload["stream"].as_str().unwrap_or("output");
+        let stream = usize::from(stream_name == "stderr");
+        match params["type"].as_str() {
+            Some("Output") => {
+                let offset = payload["offset"].as_u64().unwrap_or(self.next[stream]);
+                let Some(mut bytes) = payload["data"].as_str().and_then(base64_decode) else {
+                    warn(&format!(
+                        "execd sent output of {} that is not base64; skipped",
+                        self.id
+                    ));
+                    return None;
+                };
+                if offset > self.next[stream] {
+                    let missing = offset - self.next[stream];
+                    self.lose(stream_name, self.next[stream], missing);
+                } else if offset < self.next[stream] {
+                    // Already delivered: keep only what is new.
+                    let seen = ((self.next[stream] - offset) as usize).min(bytes.len());
+                    bytes.drain(..seen);
+                }
+                self.next[stream] = self.next[stream].max(offset) + bytes.len() as u64;
+                self.put(stream, &bytes, killer);
+            }
+            Some("Gap") => {
+                let offset = payload["offset"].as_u64().unwrap_or(0);
+                let skipped = payload["skipped"].as_u64().unwrap_or(0);
+                self.lose(stream_name, offset, skipped);
+                self.next[stream] = self.next[stream].max(offset + skipped);
+            }
+            Some("Exit") => return Some(payload.clone()),
+            _ => {}
+        }
+        None
+    }
+}
+
+/// How a foreground command ended, as execctl saw it.
+enum Ended {
+    Exit {
+        payload: Value,
+        reason: Option<Reason>,
+    },
+    /// `--wait` passed with the command still running.
+    StillRunning,
+}
+
+/// Reads events until the command's `Exit`. At `deadline`, a `--timeout` kills the
+/// command (and reading goes on); a `--wait` returns with it still running.
+fn follow(
+    c: &mut Client,
+    sink: &mut Sink,
+    killer: &Killer,
+    mut deadline: Option<(Instant, bool)>,
+) -> Res<Ended> {
+    loop {
+        let wait = deadline.map(|(at, _)| {
+            at.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
+        match c.next_notification(wait) {
+            Ok(msg) => {
+                if let Some(payload) = sink.event(&msg, killer) {
+                    return Ok(Ended::Exit {
+                        payload,
+                        reason: killer.reason(),
+                    });
+                }
+            }
+            Err(CallError::Io(e)) if is_timeout(&e) => match deadline.take() {
+                Some((_, true)) => killer.trigger(Reason::Timeout),
+                Some((_, false)) => return Ok(Ended::StillRunning),
+                None => {}
+            },
+            Err(e) => return Err(daemon_error(e, Some(&sink.id))),
+        }
+    }
+}
+
+/// The state word of an `Exit` payload: exited, killed or timed_out.
+fn exit_state(payload: &Value) -> &'static str {
+    match payload["status"].as_str() {
+        Some("timed_out") => "timed_out",
+        Some("killed") => "killed",
+        _ if !payload["signal"].is_null() => "killed",
+        _ => "exited",
+    }
+}
+
+/// The exit status, the messages around it, and the `--json` object.
+fn finish(
+    ctx: &Ctx,
+    target: &Target,
+    sink: &Sink,
+    ended: &Ended,
+    timeout: Option<Duration>,
+) -> Res<u8> {
+    let (kind, session) = match target {
+        Target::Terminal { session, .. } => ("terminal", session),
+        Target::Bash { session, .. } => ("bash", session),
+    };
+    let id = target.id();
+    let mut obj = json!({"id": id, "kind": kind, "session": session});
+    let code = match ended {
+        Ended::StillRunning => {
+            obj["status"] = json!("running");
+            if !ctx.json {
+                warn(&format!(
+                    "{id} is still running in session {session}; follow it with: execctl logs -f {id}"
+                ));
+            }
+            0
+        }
+        Ended::Exit { payload, reason } => {
+            obj["status"] = json!(exit_state(payload));
+            obj["exit_code"] = payload["exitCode"].clone();
+            obj["signal"] = payload["signal"].clone();
+            obj["duration_ms"] = payload["durationMs"].clone();
+            let after = timeout.map(output::human_duration).unwrap_or_default();
+            match reason {
+                Some(Reason::Timeout) => {
+                    obj["status"] = json!("timed_out");
+                    if !ctx.json {
+                        warn(&format!("{id} timed out after {after} and was killed"));
+                    }
+                    EXIT_TIMEOUT
+                }
+                Some(r) => r.exit_code(),
+                None if payload["status"] == "timed_out" => {
+                    if !ctx.json {
+                        warn(&format!("{id} timed out after {after} and was killed"));
+                    }
+                    EXIT_TIMEOUT
+                }
+                None => exit_status(&payload["exitCode"], &payload["signal"]),
+            }
+        }
+    };
+    if sink.lost > 0 {
+        obj["lost_bytes"] = json!(sink.lost);
+    }
+    if ctx.json {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        match target {
+            Target::Terminal { .. } => obj["output"] = json!(text(&sink.kept[0])),
+            Target::Bash { .. } => {
+                obj["stdout"] = json!(text(&sink.kept[0]));
+                obj["stderr"] = json!(text(&sink.kept[1]));
+            }
+        }
+        output::print_json(&obj)?;
+    }
+    // Output that never arrived fails a command that otherwise succeeded.
+    Ok(if sink.lost > 0 && code == 0 {
+        EXIT_FAILURE
+    } else {
+        code
+    })
+}
+
+/// Prints the id of a command started with `--detach`.
+fn detached(ctx: &Ctx, target: &Target) -> Res<u8> {
+    let (kind, session) = match target {
+        Target::Terminal { session, .. } => ("terminal", session),
+        Target::Bash { session, .. } => ("bash", session),
+    };
+    if ctx.json {
+        output::print_json(
+            &json!({"id": target.id(), "kind": kind, "session": session, "status": "running"}),
+        )?;
+    } else {
+        output::print(&format!("{}\n", target.id()))?;
+    }
+    Ok(0)
+}
+
+// ---- the subcommands -------------------------------------------------------------------
+
+/// `execctl run [OPTIONS] [--] COMMAND [ARGS...]`.
+pub fn run(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    let Some((command, args)) = p.operands.split_first() else {
+        return Err(Fail::usage(
+            "run needs a command: execctl run [OPTIONS] COMMAND [ARGS...]",
+        ));
+    };
+    let o = common(p, &["--timeout"])?;
+    if o.detach && o.timeout.is_some() {
+        return Err(Fail::usage(
+            "run --detach cannot enforce --timeout once execctl has gone; use exec --detach --timeout, which the daemon enforces",
+        ));
+    }
+    let limit = p
+        .value("--limit")
+        .map(|v| {
+            parse_size(v).map_err(|e| Fail::usage(format!("--limit: {e}; give bytes or 64K, 4M")))
+        })
+        .transpose()?;
+    let killer = Killer::new(ctx);
+    if !o.detach {
+        watch_signals(&killer);
+    }
+    let mut c = ctx.connect()?;
+    let session = format!("execctl-{}", std::process::id());
+    let env: Vec<Value> = o
+        .env
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
+    let mut params = json!({"sessionId": session, "command": command, "args": args, "env": env});
+    if let Some(d) = &o.cwd {
+        params["cwd"] = json!(d);
+    }
+    if let Some(l) = limit {
+        params["outputByteLimit"] = json!(l);
+    }
+    params["_meta"] = if o.detach {
+        json!({"execd": {"stdin": o.stdin_pipe}})
+    } else {
+        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe}})
+    };
+    let created = match create(&mut c, "terminal/create", params, &killer) {
+        Ok(r) => r,
+        Err(e) if e.code() == Some(-32800) => {
+            return Ok(killer.reason().map_or(EXIT_FAILURE, Reason::exit_code))
+        }
+        Err(e) => return Err(daemon_error(e, Some(command))),
+    };
+    let id = created["terminalId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let target = Target::Terminal {
+        id: id.clone(),
+        session: session.clone(),
+    };
+    if o.detach {
+        return detached(ctx, &target);
+    }
+    killer.set_target(target.clone());
+    if o.forward_stdin {
+        forward_stdin(ctx, &target);
+    }
+    let mut sink = Sink::new(&id, ctx.json);
+    let deadline = o.timeout.map(|t| (Instant::now() + t, true));
+    let ended = follow(&mut c, &mut sink, &killer, deadline)?;
+    let _ = c.call(
+        "terminal/release",
+        json!({"sessionId": session, "terminalId": id}),
+    );
+    finish(ctx, &target, &sink, &ended, o.timeout)
+}
+
+/// `execctl exec [OPTIONS] [--] 'SHELL LINE'`.
+pub fn exec(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    let line = p.operands.join(" ");
+    if line.trim().is_empty() {
+        return Err(Fail::usage(
+            "exec needs a shell line: execctl exec [OPTIONS] 'LINE'",
+        ));
+    }
+    let o = common(p, &["--timeout", "--hard-timeout"])?;
+    let soft = match p.value("--wait") {
+        Some(v) => seconds("--wait", v)?,
+        None => None,
+    };
+    if o.detach && soft.is_some() {
+        return Err(Fail::usage(
+            "--wait and --detach do not go together: --detach returns at once",
+        ));
+    }
+    let killer = Killer::new(ctx);
+    if !o.detach {
+        watch_signals(&killer);
+    }
+    let mut c = ctx.connect()?;
+    let env: Map<String, Value> = o.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    let mut params = json!({"command": line, "env": env, "async_mode": true});
+    let own_session = p.value("--session").is_none();
+    if let Some(s) = p.value("--session") {
+        params["session_id"] = json!(s);
+    }
+    if let Some(d) = &o.cwd {
+        params["exec_dir"] = json!(d);
+    }
+    if let Some(t) = o.timeout {
+        params["hard_timeout"] = json!(t.as_secs_f64());
+    }
+    if !o.detach {
+        params["subscribe"] = subscription();
+    }
+    let r = match create(&mut c, "bash/exec", params, &killer) {
+        Ok(r) => r,
+        Err(e) if e.code() == Some(-32800) => {
+            return Ok(killer.reason().map_or(EXIT_FAILURE, Reason::exit_code))
+        }
+        Err(e) => return Err(daemon_error(e, None)),
+    };
+    let id = r["command_id"].as_str().unwrap_or_default().to_string();
+    let session = r["session_id"].as_str().unwrap_or_default().to_string();
+    let target = Target::Bash {
+        id: id.clone(),
+        session: session.clone(),
+    };
+    let close_stdin = |c: &mut Client| {
+        // Answered or refused (already exited): either way nothing waits on it.
+        let _ = c.send(
+            "bash/write",
+            json!({"session_id": session, "command_id": id, "input": "", "eof": true}),
+        );
+    };
+    if o.detach {
+        if !o.stdin_pipe {
+            close_stdin(&mut c);
+        }
+        return detached(ctx, &target);
+    }
+    killer.set_target(target.clone());
+    if o.forward_stdin {
+        forward_stdin(ctx, &target);
+    } else {
+        close_stdin(&mut c);
+    }
+    let mut sink = Sink::new(&id, ctx.json);
+    let deadline = soft.map(|t| (Instant::now() + t, false));
+    let ended = follow(&mut c, &mut sink, &killer, deadline)?;
+    match ended {
+        Ended::StillRunning => close_stdin(&mut c),
+        // A session made for this one command goes with it.
+        Ended::Exit { .. } if own_session => {
+            let _ = c.call("bash/sessions/close", json!({"session_id": session}));
+        }
+        Ended::Exit { .. } => {}
+    }
+    finish(ctx, &target, &sink, &ended, o.timeout)
+}
+
+/// `execctl write [--eof] ID [TEXT]`.
+pub fn write(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+    let (id, text) = match p.operands.as_slice() {
+        [id] => (id, None),
+        [id, text] => (id, Some(text)),
+        [] => {
+            return Err(Fail::usage(
+                "write needs a process id: execctl write [--eof] ID [TEXT]",
+            ))
+        }
+        _ => {
+            return Err(Fail::usage(
+                "write takes one id and at most one TEXT; quote TEXT that has spaces",
+            ))
+        }
+    };
+    let eof = p.has("--eof");
+    let mut c = ctx.connect()?;
+    let (target, _) = daemon::locate(&mut c, id)?;
+    let written = match text {
+        Some(t) => copy_input(&mut c, &target, t.as_bytes(), eof),
+        None => copy_input(&mut c, &target, io::stdin().lock(), eof),
+    }
+    .map_err(|e| match e {
+        // Exited, stdin closed, or never had one: say what takes input.
+        CallError::Rpc {
+            code: -32000,
+            ref message,
+            ..
+        } => {
+            let detail = errors::detail(&e);
+            Fail {
+                rpc: detail,
+                ..Fail::new(format!(
+                    "{message}; only a running command with an open stdin takes input (start one with execctl run -d -i or exec -d -i)"
+                ))
+            }
+        }
+        other => daemon_error(other, Some(id)),
+    })?;
+    if ctx.json {
+        output::print_json(&json!({"id": id, "written": written, "eof": eof}))?;
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_items_and_files() {
+        let dir = std::env::temp_dir().join(format!("execctl-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("env");
+        std::fs::write(
+            &file,
+            "# comment\n\nA=1\nB=two words\nPATH\nEXECCTL_SURELY_UNSET_VAR\n",
+        )
+        .expect("write");
+        let f = file.to_str().expect("utf-8");
+        let env = env_vars(&[f], &["A=3", "C=x=y"]).expect("parses");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("A"), Some("3"), "later wins");
+        assert_eq!(get("B"), Some("two words"));
+        assert_eq!(get("C"), Some("x=y"));
+        assert_eq!(get("PATH").map(str::to_string), std::env::var("PATH").ok());
+        assert_eq!(get("EXECCTL_SURELY_UNSET_VAR"), None);
+        assert!(env_vars(&[], &["=x"]).is_err());
+        assert!(env_vars(&["/nonexistent/env"], &[]).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn sink_counts_gaps_and_skips_repeats() {
+        let killer = Killer::new(&Ctx {
+            socket: "/nonexistent".into(),
+            json: true,
+            verbose: false,
+        });
+        let mut sink = Sink::new("cmd_1", true);
+        let ev = |kind: &str, payload: Value| json!({"jsonrpc": "2.0", "method": "event", "params": {"type": kind, "payload": payload}});
+        let out = |offset: u64, text: &[u8]| {
+            let mut b = Vec::new();
+            base64_encode(&mut b, text);
+            ev(
+                "Output",
+                json!({"id": "cmd_1", "stream": "stdout", "offset": offset,
+                                "data": String::from_utf8(b).expect("ascii")}),
+            )
+        };
+        assert!(sink.event(&out(0, b"abc"), &killer).is_none());
+        assert!(sink.event(&out(1, b"bcd"), &killer).is_none());
+        assert!(sink
+            .event(
+                &ev(
+                    "Gap",
+                    json!({"id": "cmd_1", "stream": "stdout", "offset": 4, "skipped": 10})
+                ),
+                &killer
+            )
+            .is_none());
+        assert!(sink.event(&out(14, b"\xff\x00"), &killer).is_none());
+        assert!(
+            sink.event(&out(20, b"z"), &killer).is_none(),
+            "a jump is a loss too"
+        );
+        assert_eq!(sink.kept[0], b"abcd\xff\x00z");
+        assert_eq!(sink.lost, 14);
+        // Other ids and other messages are not ours.
+        assert!(sink
+            .event(
+                &out(0, b"x")
+                    .to_string()
+                    .replace("cmd_1", "cmd_2")
+                    .parse::<Value>()
+                    .expect("json"),
+                &killer
+            )
+            .is_none());
+        let exit = sink.event(&ev("Exit", json!({"id": "cmd_1", "exitCode": 0})), &killer);
+        assert_eq!(exit.map(|e| e["exitCode"].clone()), Some(json!(0)));
+    }
+}
