@@ -151,7 +151,7 @@ pub fn after_exec(
         timeout,
         hard_timeout,
         max_len,
-        created_session,
+        ..
     } = req.after
     else {
         return Err(RpcError::internal("bash/exec tail for another request"));
@@ -160,9 +160,7 @@ pub fn after_exec(
         Ok(key) => key,
         Err(e) => {
             // A session this call made for a command that never started is not kept.
-            if created_session {
-                core.forget_session(&(req.peer.uid, req.family.session_id().to_string()));
-            }
+            core.launch_failed(req);
             return Err(e);
         }
     };

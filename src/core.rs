@@ -964,6 +964,7 @@ impl Core {
                     "denied {id} of uid {}: rule {}",
                     peer.uid, verdict.rule
                 ));
+                self.launch_failed(&launch);
                 Gated::Refused(RpcError::denied(
                     &verdict.rule,
                     verdict.justification.as_deref(),
@@ -984,6 +985,7 @@ impl Core {
                     Some("")
                 };
                 let Some(reason) = reason else {
+                    self.launch_failed(&launch);
                     return Gated::Refused(RpcError::limit(
                         "max-pending-approvals",
                         self.cfg.max_pending_approvals,
@@ -995,6 +997,7 @@ impl Core {
                         Some(peer),
                         json!({ "id": id, "rule": verdict.rule, "reason": reason }),
                     );
+                    self.launch_failed(&launch);
                     return Gated::Refused(RpcError::not_approved(&verdict.rule, reason, None));
                 }
                 let appr = self.approvals.next_id();
@@ -1127,6 +1130,7 @@ impl Core {
                     fields["feedback"] = f.clone().into();
                 }
                 self.record("reject", Some(peer), fields);
+                self.launch_failed(&p.launch);
                 if let Some(req) = p.req {
                     self.out.push(Effect::Reply {
                         conn: p.conn,
@@ -1134,6 +1138,26 @@ impl Core {
                         result: Err(RpcError::not_approved(&p.asked.rule, reason, feedback)),
                     });
                 }
+            }
+        }
+    }
+
+    /// A command that will not start (refused by the gate or an approver, or its spawn
+    /// failed): a bash session made for it alone is not kept.
+    pub fn launch_failed(&mut self, launch: &LaunchRequest) {
+        if let crate::launch::After::BashExec {
+            created_session: true,
+            ..
+        } = launch.after
+        {
+            let key = (launch.peer.uid, launch.family.session_id().to_string());
+            let unused = self
+                .table
+                .sessions
+                .get(&key)
+                .is_some_and(|s| s.commands.is_empty());
+            if unused {
+                self.forget_session(&key);
             }
         }
     }

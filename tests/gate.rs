@@ -97,6 +97,8 @@ fn deny_names_the_rule_and_starts_nothing() {
     );
     assert_eq!(code, -32005, "basename matching");
     assert!(terminals(&mut c).is_empty());
+    // A session made for the denied command alone is not kept.
+    assert_eq!(ok(&mut c, "bash/sessions", json!({})), json!([]));
     // Allowed ones run.
     let r = ok(&mut c, "bash/exec", json!({"command": "echo fine"}));
     assert_eq!(r["stdout"], "fine\n");
