@@ -1107,6 +1107,12 @@ impl Core {
         if let Some(a) = approver {
             fields["approver"] = json!({ "uid": a.uid, "pid": a.pid });
         }
+        // Nothing new starts once the daemon is stopping.
+        let answer = if self.stopping {
+            Answer::Reject
+        } else {
+            answer
+        };
         match answer {
             Answer::Approve | Answer::ApproveForSession => {
                 if answer == Answer::ApproveForSession {
@@ -1331,8 +1337,26 @@ impl Core {
         }
     }
 
-    /// Answers everything still parked: from state where it can be, else `-32007`.
+    /// Answers everything still parked: from state where it can be, else `-32007`
+    /// (a command still waiting for an approver never starts).
     pub fn answer_all_parked(&mut self) {
+        let mut asked: Vec<String> = self.approvals.pending.keys().cloned().collect();
+        asked.sort();
+        for id in asked {
+            let reply = self
+                .approvals
+                .pending
+                .get_mut(&id)
+                .and_then(|p| p.req.take().map(|r| (p.conn, r)));
+            self.resolve_approval(&id, Answer::Reject, "shutting down", None);
+            if let Some((conn, req)) = reply {
+                self.out.push(Effect::Reply {
+                    conn,
+                    req,
+                    result: Err(RpcError::shutting_down()),
+                });
+            }
+        }
         let mut ids: Vec<u64> = self.parked.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {

@@ -22,9 +22,9 @@ pub fn unsubscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step
     Ok(Step::Done(json!({})))
 }
 
-/// `policy/check {command, args?, uid?}`: the decision the daemon's policy gives a
+/// `policy/check {command, args?, uid?, gid?}`: the decision the daemon's policy gives a
 /// command (a direct argv when `args` is given, else a shell line) and every rule that
-/// matched. `uid` (root callers only) judges it as another peer would be judged.
+/// matched. `uid` and `gid` (root callers only) judge it as another peer would be judged.
 pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let command = p.str("command")?;
     let args = p.opt_str_array("args")?;
@@ -51,8 +51,22 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
         }
         None => Judged::Line(command),
     };
-    let gid = if uid == caller.uid { caller.gid } else { uid };
-    let v = core.policy.judge(&judged, &Peer { uid, gids: &[gid] });
+    // The gate matches `gids` against the peer's group from its socket credentials; for
+    // another uid, the caller may say which group (`gid`), else no group rule applies.
+    let gids: Vec<u32> = match p.opt_u64("gid")? {
+        Some(g) if caller.uid == 0 => {
+            vec![u32::try_from(g).map_err(|_| RpcError::invalid_params("gid", "not a gid"))?]
+        }
+        Some(_) => {
+            return Err(RpcError::invalid_params(
+                "gid",
+                "only root may judge as another group",
+            ))
+        }
+        None if uid == caller.uid => vec![caller.gid],
+        None => Vec::new(),
+    };
+    let v = core.policy.judge(&judged, &Peer { uid, gids: &gids });
     let hits: Vec<Value> = v
         .hits
         .iter()

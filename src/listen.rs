@@ -179,18 +179,19 @@ impl HttpFront {
         let me = process::current_uid();
         let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
         let peer = match (&cfg.http_run_as, me) {
-            (Some(user), 0) => {
+            (Some(user), _) => {
                 let id = Identity::of_user(user)?;
+                // Only root can run commands as someone else; naming oneself is fine.
+                if me != 0 && id.uid != me {
+                    return Err(refuse(format!(
+                        "--http-run-as {user} needs a daemon running as root"
+                    )));
+                }
                 PeerCred {
                     pid: 0,
                     uid: id.uid,
                     gid: id.gid,
                 }
-            }
-            (Some(user), _) => {
-                return Err(refuse(format!(
-                    "--http-run-as {user} needs a daemon running as root"
-                )))
             }
             (None, 0) if !cfg.http_listen.is_empty() => {
                 return Err(refuse(

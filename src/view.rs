@@ -21,10 +21,15 @@ pub fn exit_fields(p: &Proc) -> (Option<i32>, Option<String>) {
     }
 }
 
-/// ACP `{exitCode, signal}` (both null while it runs).
+/// ACP `{exitCode, signal}` (both null while it runs), and `_meta.execd.oomKilled` when
+/// the OOM killer took part of the command's tree.
 pub fn exit_status(p: &Proc) -> Value {
     let (code, signal) = exit_fields(p);
-    json!({ "exitCode": code, "signal": signal })
+    let mut v = json!({ "exitCode": code, "signal": signal });
+    if oom_killed(p) {
+        v["_meta"] = json!({ "execd": { "oomKilled": true } });
+    }
+    v
 }
 
 /// Rusage and duration of an exited process, for `_meta.execd` (null while it runs);

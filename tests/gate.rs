@@ -694,3 +694,27 @@ fn cancel_request_withdraws_an_ask() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "a cancelled ask never starts");
 }
+
+/// Shutdown answers a request that waits for an approver with `-32007`, and an answer
+/// that comes late starts nothing.
+#[test]
+fn shutdown_answers_what_waits_for_an_approver() {
+    let (mut d, _) = daemon_with_policy(&[]);
+    let mut a = approver(&d);
+    let marker = d.dir.path().join("ran");
+    let mut c = d.client();
+    let id = send(
+        &mut c,
+        "bash/exec",
+        json!({"command": format!("rm -f /nonexistent; touch '{}'", marker.display())}),
+    );
+    let req = next_request(&mut a);
+    unsafe_kill(d.pid(), libc::SIGTERM);
+    match c.wait_response(id) {
+        Err(CallError::Rpc { code, .. }) => assert_eq!(code, -32007),
+        other => panic!("expected -32007, got {other:?}"),
+    }
+    answer(&mut a, &req["id"], "approve", None);
+    assert_eq!(d.terminate(), Some(0));
+    assert!(!marker.exists(), "nothing starts during shutdown");
+}

@@ -1,16 +1,33 @@
-//! The README's examples, run as written (so the documentation cannot drift).
+//! The README's examples, run as written, so that the documentation cannot drift.
+//!
+//! Every ```console block is a transcript: `$ ` lines are commands (a trailing `\` or a
+//! here-document continues them), the lines after a command are what it prints. A line
+//! `...` stands for any number of lines, and `...` inside a line for any text (pids,
+//! times). The blocks run in order in one shell, as a reader would type them, with a
+//! daemon already started on a private socket (`$EXECD_SOCKET`) and `target/release`
+//! holding the binaries under test. A `socat` command is driven as a person would: one
+//! typed request, then its answer. An HTML comment `<!-- readme-test: background, stdin
+//! "y" -->` before a block runs it in a second terminal (a second shell, with the first
+//! one's environment), fed the given input, while the next block runs.
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use common::*;
 
+fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
+}
+
 /// The fenced block of `README.md` whose first line is `first`.
 fn block(first: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let mut lines = readme.lines();
+    let text = readme();
+    let mut lines = text.lines();
     while let Some(l) = lines.next() {
         if l.starts_with("```") {
             let body: Vec<&str> = lines
@@ -64,4 +81,479 @@ fn the_readme_unit_files_pass_systemd_analyze_verify() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// One command of a transcript and what it prints.
+#[derive(Debug, Clone)]
+struct Step {
+    command: String,
+    /// For `socat`: the lines typed, each followed by the lines expected.
+    typed: Vec<(String, Vec<String>)>,
+    expected: Vec<String>,
+}
+
+/// A console block and how to run it.
+#[derive(Debug)]
+struct Transcript {
+    steps: Vec<Step>,
+    background: bool,
+    /// Input typed in a background terminal...
+    stdin: String,
+    /// ...once it has printed a line holding this.
+    after: String,
+}
+
+/// Every ```console block of the README, in order.
+fn transcripts() -> Vec<Transcript> {
+    let text = readme();
+    let mut out = Vec::new();
+    let mut directive: Option<String> = None;
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        if let Some(d) = l
+            .strip_prefix("<!-- readme-test:")
+            .and_then(|d| d.strip_suffix("-->"))
+        {
+            directive = Some(d.trim().to_string());
+            continue;
+        }
+        if l != "```console" {
+            continue;
+        }
+        let body: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
+        let d = directive.take().unwrap_or_default();
+        let quoted = |key: &str| {
+            d.split_once(&format!("{key} \""))
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(s, _)| s.to_string())
+        };
+        out.push(Transcript {
+            steps: steps(&body),
+            background: d.contains("background"),
+            stdin: quoted("stdin").map(|s| s + "\n").unwrap_or_default(),
+            after: quoted("after").unwrap_or_default(),
+        });
+    }
+    out
+}
+
+fn steps(body: &[&str]) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut i = 0;
+    while i < body.len() {
+        let Some(first) = body[i].strip_prefix("$ ") else {
+            let s = steps.last_mut().expect("output before any command");
+            let line = body[i].to_string();
+            if s.command.starts_with("socat ") && line.contains("\"method\"") {
+                s.typed.push((line, Vec::new()));
+            } else if let Some(t) = s.typed.last_mut() {
+                t.1.push(line);
+            } else {
+                s.expected.push(line);
+            }
+            i += 1;
+            continue;
+        };
+        let mut command = first.to_string();
+        i += 1;
+        while command.ends_with('\\') && i < body.len() {
+            command.push('\n');
+            command.push_str(body[i]);
+            i += 1;
+        }
+        if let Some(pos) = command.find("<<'EOF'") {
+            let _ = pos;
+            while i < body.len() {
+                command.push('\n');
+                command.push_str(body[i]);
+                i += 1;
+                if body[i - 1] == "EOF" {
+                    break;
+                }
+            }
+        }
+        steps.push(Step {
+            command,
+            typed: Vec::new(),
+            expected: Vec::new(),
+        });
+    }
+    steps
+}
+
+/// Whether `actual` matches `pattern`: a JSON line by its value (key order is the JSON
+/// library's business; a string holding `...` matches any string it fits), else as text
+/// where `...` stands for any text.
+fn line_matches(pattern: &str, actual: &str) -> bool {
+    if let (Ok(e), Ok(a)) = (
+        serde_json::from_str::<Value>(pattern),
+        serde_json::from_str::<Value>(actual),
+    ) {
+        if e.is_object() || e.is_array() {
+            return json_matches(&e, &a);
+        }
+    }
+    text_matches(pattern, actual)
+}
+
+fn json_matches(e: &Value, a: &Value) -> bool {
+    match (e, a) {
+        (Value::String(p), Value::String(s)) => text_matches(p, s),
+        (Value::Object(p), Value::Object(o)) => {
+            p.len() == o.len()
+                && p.iter()
+                    .all(|(k, v)| o.get(k).is_some_and(|w| json_matches(v, w)))
+        }
+        (Value::Array(p), Value::Array(o)) => {
+            p.len() == o.len() && p.iter().zip(o).all(|(v, w)| json_matches(v, w))
+        }
+        _ => e == a,
+    }
+}
+
+/// Whether `actual` matches `pattern`, where `...` stands for any text.
+fn text_matches(pattern: &str, actual: &str) -> bool {
+    let parts: Vec<&str> = pattern.split("...").collect();
+    if parts.len() == 1 {
+        return pattern == actual;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !actual.starts_with(first) || !actual[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &actual[first.len()..actual.len() - last.len()];
+    for p in &parts[1..parts.len() - 1] {
+        match rest.find(p) {
+            Some(at) => rest = &rest[at + p.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Whether `actual` lines match `expected`, where a line `...` stands for any lines.
+fn lines_match(expected: &[String], actual: &[String]) -> bool {
+    match expected.split_first() {
+        None => actual.is_empty(),
+        Some((e, rest)) if e == "..." => {
+            (0..=actual.len()).any(|k| lines_match(rest, &actual[k..]))
+        }
+        Some((e, rest)) => {
+            !actual.is_empty() && line_matches(e, &actual[0]) && lines_match(rest, &actual[1..])
+        }
+    }
+}
+
+/// A shell that reads commands from a FIFO (so that commands get a stdin of their own,
+/// as in a terminal) and prints their output (stderr merged).
+struct Shell {
+    child: Child,
+    /// Where commands are written.
+    script: Option<std::fs::File>,
+    /// The commands' stdin, when the transcript types input.
+    input: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    marker: usize,
+}
+
+impl Shell {
+    fn start(dir: &std::path::Path, env: &[(&str, String)], name: &str, input: bool) -> Shell {
+        let fifo = dir.join(format!(".readme-{name}"));
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a valid NUL-terminated path for mkfifo(3).
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let mut cmd = Command::new("bash");
+        cmd.arg("--noprofile")
+            .arg("--norc")
+            .arg(&fifo)
+            .current_dir(dir)
+            .stdin(if input { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("bash");
+        let input = child.stdin.take();
+        let stdout: ChildStdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Opening the FIFO waits for bash to open it to read its script.
+        let script = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .expect("open the script FIFO");
+        let mut sh = Shell {
+            child,
+            script: Some(script),
+            input,
+            lines: rx,
+            marker: 0,
+        };
+        sh.send("exec 2>&1");
+        sh
+    }
+
+    fn send(&mut self, text: &str) {
+        if let Some(script) = self.script.as_mut() {
+            script
+                .write_all(format!("{text}\n").as_bytes())
+                .expect("write to bash");
+        }
+    }
+
+    /// Types `bytes` on the commands' stdin.
+    fn type_input(&mut self, bytes: &[u8]) {
+        if let Some(input) = self.input.as_mut() {
+            input.write_all(bytes).expect("type input");
+        }
+    }
+
+    fn line(&self, what: &str) -> String {
+        self.lines
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("no output in {WAIT:?} from: {what}"))
+    }
+
+    /// Runs one command to its end; returns what it printed.
+    fn run(&mut self, command: &str) -> Vec<String> {
+        self.marker += 1;
+        let end = format!("__readme_step_{}__", self.marker);
+        // `$?` of the command survives the marker, for a following `echo $?`.
+        self.send(&format!(
+            "{command}\n__readme_status=$?; echo {end}; (exit $__readme_status)"
+        ));
+        let mut got = Vec::new();
+        loop {
+            let l = self.line(command);
+            // Output without a final newline (curl's) runs into the marker.
+            if let Some(rest) = l.strip_suffix(&end) {
+                if !rest.is_empty() {
+                    got.push(rest.to_string());
+                }
+                return got;
+            }
+            got.push(l);
+        }
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        // The shell and whatever the README started in the background from it.
+        let pgid = self.child.id() as i32;
+        unsafe_kill(-pgid, libc::SIGTERM);
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe_kill(-pgid, libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+/// Drives a `socat` step: each typed line, then its answer, as a person would.
+fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", &step.command])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("socat");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    for (typed, expected) in &step.typed {
+        stdin
+            .write_all(format!("{typed}\n").as_bytes())
+            .expect("type a request");
+        let got: Vec<String> = expected
+            .iter()
+            .map(|_| {
+                rx.recv_timeout(WAIT)
+                    .unwrap_or_else(|_| panic!("no answer to {typed}"))
+            })
+            .collect();
+        assert!(
+            lines_match(expected, &got),
+            "README: after typing {typed}\nexpected:\n{}\ngot:\n{}",
+            expected.join("\n"),
+            got.join("\n")
+        );
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Every console transcript of the README runs as written and prints what it shows.
+#[test]
+fn the_readme_transcripts_run_as_written() {
+    let d = Daemon::start(&[]);
+    let dir = TempDir::new();
+    // `export PATH=$PWD/target/release:$PATH` finds the binaries under test.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_execctl"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    std::fs::create_dir_all(dir.path().join("target")).expect("mkdir");
+    std::os::unix::fs::symlink(&bin, dir.path().join("target/release")).expect("symlink");
+    let mut env = vec![
+        ("EXECD_SOCKET", d.socket.display().to_string()),
+        ("PATH", format!("{}:/usr/bin:/bin", bin.display())),
+        ("HOME", dir.path().display().to_string()),
+    ];
+    let mut shell = Shell::start(dir.path(), &env, "first", false);
+    let mut background: Option<(Shell, Watcher, Vec<Step>)> = None;
+    for t in transcripts() {
+        if t.background {
+            // A second terminal with the first one's environment; a person types the
+            // input once the prompt it answers is there.
+            let exported = shell.run("export -p");
+            let mut second = Shell::start(dir.path(), &env, "second", true);
+            for e in exported {
+                second.send(&e);
+            }
+            for s in &t.steps {
+                second.send(&s.command);
+            }
+            let watcher = second.watch(t.after.clone(), t.stdin.clone());
+            watcher.wait_started();
+            background = Some((second, watcher, t.steps));
+            continue;
+        }
+        for s in &t.steps {
+            if s.command.starts_with("socat ") {
+                let exported = shell.run("echo $EXECD_SOCKET");
+                env[0].1 = exported.first().cloned().unwrap_or_default();
+                run_socat(dir.path(), &env, s);
+                continue;
+            }
+            let got = shell.run(&s.command);
+            assert!(
+                lines_match(&s.expected, &got),
+                "README: $ {}\nexpected:\n{}\ngot:\n{}",
+                s.command,
+                s.expected.join("\n"),
+                got.join("\n")
+            );
+        }
+        if let Some((second, watcher, steps)) = background.take() {
+            let got = watcher.finish(second);
+            let expected: Vec<String> = steps.iter().flat_map(|s| s.expected.clone()).collect();
+            assert!(
+                lines_match(&expected, &got),
+                "README: the second terminal ({})\nexpected:\n{}\ngot:\n{}",
+                steps[0].command,
+                expected.join("\n"),
+                got.join("\n")
+            );
+        }
+    }
+}
+
+/// What a background terminal printed, collected on a thread that types its input when
+/// the awaited line shows up.
+struct Watcher {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How many lines it has printed so far.
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl Watcher {
+    /// Waits until the terminal printed something: the program in it is up.
+    fn wait_started(&self) {
+        wait_until("the second terminal starts", || {
+            self.seen.load(std::sync::atomic::Ordering::SeqCst) > 0
+        });
+    }
+
+    /// Stops the terminal (its input ends, as a person closing it) and returns what it
+    /// printed.
+    fn finish(self, mut shell: Shell) -> Vec<String> {
+        shell.script = None;
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let got = self.thread.join().expect("watcher");
+        drop(shell);
+        got
+    }
+}
+
+impl Shell {
+    fn watch(&mut self, after: String, input: String) -> Watcher {
+        let lines = std::mem::replace(&mut self.lines, mpsc::channel().1);
+        let mut stdin = self.input.take();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = done.clone();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = seen.clone();
+        let thread = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                match lines.recv_timeout(Duration::from_millis(100)) {
+                    Ok(l) => {
+                        if !after.is_empty() && l.contains(&after) {
+                            if let Some(mut s) = stdin.take() {
+                                let _ = s.write_all(input.as_bytes());
+                                drop(s); // the person is done typing
+                            }
+                        }
+                        got.push(l);
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        quiet_since = None;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                            let since = *quiet_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() > Duration::from_millis(500) {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            got
+        });
+        Watcher { done, seen, thread }
+    }
+}
+
+#[test]
+fn the_line_matcher_understands_ellipses() {
+    assert!(line_matches("a...c", "abbbc"));
+    assert!(line_matches(
+        r#"{"b":"x...","a":1}"#,
+        r#"{"a":1,"b":"xyz"}"#
+    ));
+    assert!(!line_matches(r#"{"a":1}"#, r#"{"a":1,"b":2}"#));
+    assert!(line_matches("pid ... on ...", "pid 42 on /x"));
+    assert!(!line_matches("a...c", "abd"));
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert!(lines_match(
+        &s(&["a", "...", "z"]),
+        &s(&["a", "b", "c", "z"])
+    ));
+    assert!(lines_match(&s(&["...", "z"]), &s(&["z"])));
+    assert!(!lines_match(&s(&["a", "z"]), &s(&["a", "b", "z"])));
 }
