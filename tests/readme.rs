@@ -312,13 +312,6 @@ impl Shell {
         }
     }
 
-    /// Types `bytes` on the commands' stdin.
-    fn type_input(&mut self, bytes: &[u8]) {
-        if let Some(input) = self.input.as_mut() {
-            input.write_all(bytes).expect("type input");
-        }
-    }
-
     fn line(&self, what: &str) -> String {
         self.lines
             .recv_timeout(WAIT)
