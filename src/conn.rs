@@ -338,6 +338,14 @@ impl Conn {
         }
     }
 
+    /// Whether an HTTP client closed its side while a request of its waits (a long poll,
+    /// an approval). HTTP clients do not half-close to await an answer, and over TCP a
+    /// closed socket shows only as EOF, so this is the client leaving: what waits for it
+    /// is withdrawn now rather than when the wait ends.
+    pub fn left_waiting(&self) -> bool {
+        self.eof && self.is_http() && self.waiting() > 0
+    }
+
     /// Whether the connection is finished: the peer is gone; or it sent EOF and
     /// everything it sent has been handled, answered and written; or (HTTP) a response
     /// that closes the connection has been written.

@@ -523,9 +523,22 @@ fn parse_head(buf: &[u8], limits: &Limits) -> Result<Option<(usize, Head)>, Faul
         Ok(httparse::Status::Partial) => Ok(None),
         Ok(httparse::Status::Complete(len)) => Ok(Some((len, understand(&req, limits)?))),
         Err(httparse::Error::TooManyHeaders) => Err(Fault::head_too_large(limits)),
-        Err(httparse::Error::Version) => Err(Fault::new(505, "HTTP version not supported")),
+        Err(httparse::Error::Version) if well_formed_version(buf) => {
+            Err(Fault::new(505, "HTTP version not supported"))
+        }
         Err(_) => Err(Fault::bad("malformed request head")),
     }
+}
+
+/// Whether the request line is `method SP target SP HTTP/d.d` (RFC 9112 3, 2.3): only a
+/// well-formed line whose version execd does not speak is 505; anything else is a bad
+/// request.
+fn well_formed_version(buf: &[u8]) -> bool {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let parts: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    matches!(parts[..], [_, _, [b'H', b'T', b'T', b'P', b'/', major, b'.', minor]]
+        if major.is_ascii_digit() && minor.is_ascii_digit())
 }
 
 /// Parses a chunked body's trailer section: `None` while incomplete, else its length. The
@@ -1680,9 +1693,21 @@ mod tests {
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "GET / HTTP/1.2\r\n\r\n",
             "GET / HTTP/0.9\r\n\r\n",
-            "GET / FTP/1.1\r\n\r\n",
         ] {
             assert_eq!(rejected(line.as_bytes()), 505, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn versions_that_are_not_http_versions_are_400() {
+        for line in [
+            "GET / FTP/1.1\r\n\r\n",
+            "GET / HTTP/1.x\r\n\r\n",
+            "GET / HTTP/11\r\n\r\n",
+            "GET / http/1.1\r\n\r\n",
+            "GET /a /b HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(rejected(line.as_bytes()), 400, "{line:?}");
         }
     }
 

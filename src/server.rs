@@ -547,11 +547,12 @@ impl Server {
             if readable {
                 self.read_requests(token);
             }
-            if hung_up {
-                // The peer closed its socket entirely (a half-close only ends reading):
-                // what it sent was carried out just now, and what waits for it (parked
-                // requests, asks for approval) is withdrawn as the connection closes.
-                if let Some(c) = self.conns.get_mut(&token) {
+            // The peer closed its socket entirely (a half-close only ends reading), or
+            // an HTTP client left while a request waits: what it sent was carried out
+            // just now, and what waits for it (parked requests, asks for approval) is
+            // withdrawn as the connection closes.
+            if let Some(c) = self.conns.get_mut(&token) {
+                if hung_up || c.left_waiting() {
                     c.broken = true;
                 }
             }
