@@ -55,7 +55,12 @@ fn free_port() -> u16 {
 /// bounded, until it accepts on the socket: `Ok` then, or `Err((exit code, log))` if it
 /// exited first.
 fn launch(dir: TempDir, args: &[String]) -> Result<Daemon, (Option<i32>, String)> {
-    let socket = dir.path().join("execd.sock");
+    launch_on(dir, "execd.sock", args)
+}
+
+/// `launch` with the socket at `dir/name`.
+fn launch_on(dir: TempDir, name: &str, args: &[String]) -> Result<Daemon, (Option<i32>, String)> {
+    let socket = dir.path().join(name);
     let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
     let child = Command::new(env!("CARGO_BIN_EXE_execd"))
         .arg("--socket")
@@ -2259,4 +2264,56 @@ fn the_python_sdk_end_to_end() {
             front.daemon.log()
         );
     }
+    drop(front);
+    readme_python_runs_as_written(&python, work.path());
+}
+
+/// The README's ```python block, run verbatim beside a daemon started with the flags of
+/// the README's HTTP transcript (`--socket $PWD/http.sock --http-listen 127.0.0.1:8080
+/// --http-no-auth --http-run-as "$(id -un)"`), prints what its two execs echo.
+fn readme_python_runs_as_written(python: &Path, work: &Path) {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read README.md");
+    let block: String = readme
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README has a ```python block")
+        .to_string();
+    let me = Command::new("id").arg("-un").output().expect("id -un");
+    let me = String::from_utf8_lossy(&me.stdout).trim().to_string();
+    let dir = TempDir::new();
+    let cwd = dir.path().to_path_buf();
+    let args: Vec<String> = vec![
+        "--http-listen".into(),
+        "127.0.0.1:8080".into(),
+        "--http-no-auth".into(),
+        "--http-run-as".into(),
+        me,
+    ];
+    let daemon = match launch_on(dir, "http.sock", &args) {
+        Ok(d) => d,
+        Err((code, log)) => panic!("execd {args:?} exited with {code:?}:\n{log}"),
+    };
+    wait_until("the README's HTTP listener accepts", || {
+        TcpStream::connect(("127.0.0.1", 8080)).is_ok()
+    });
+    let out = run_bounded(
+        Command::new(python).arg("-c").arg(&block).current_dir(&cwd),
+        Duration::from_secs(120),
+        &work.join("readme-python.log"),
+    );
+    assert!(
+        out.status.success(),
+        "the README's python block failed ({}):\n{block}\n{}\n{}\ndaemon log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "over tcp\n\nover the socket\n\n",
+        "the README's python block printed something else"
+    );
 }
