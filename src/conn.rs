@@ -167,6 +167,20 @@ impl Conn {
         self.out.len() - self.out_pos
     }
 
+    /// Bytes owed to the peer: queued, and (HTTP) answers held behind an earlier request.
+    pub fn owed(&self) -> usize {
+        let held = match &self.codec {
+            Codec::Http(s) => s.held(),
+            _ => 0,
+        };
+        self.pending_out() + held
+    }
+
+    /// Whether more than `--client-buffer` is owed: the peer is not reading.
+    pub fn owes_past_cap(&self) -> bool {
+        self.owed() >= self.bounds.cap
+    }
+
     /// Whether the outgoing buffer is under its cap (room for output events).
     pub fn has_room(&self) -> bool {
         self.pending_out() < self.bounds.cap
@@ -255,14 +269,15 @@ impl Conn {
             owed: self.pending_out(),
             cap: self.bounds.cap,
         };
-        let full = room.owed >= room.cap;
-        let next = match &mut self.codec {
-            Codec::Undecided => None,
-            Codec::Rpc(s) => s.next(&mut self.out, room),
-            Codec::Http(s) => s.next(&mut self.out, room),
+        let (next, held, pipeline_full) = match &mut self.codec {
+            Codec::Undecided => (None, 0, false),
+            Codec::Rpc(s) => (s.next(&mut self.out, room), 0, false),
+            Codec::Http(s) => (s.next(&mut self.out, room), s.held(), s.pipeline_full()),
         };
-        // Answers are not being read: take no more requests until they drain.
-        self.read_pending = next.is_none() && (full || !self.has_room());
+        // Answers are not being read (queued, or held behind an earlier one), or as many
+        // requests are in flight as may be: take no more until that changes.
+        let full = self.pending_out() + held >= self.bounds.cap;
+        self.read_pending = next.is_none() && (full || pipeline_full);
         next
     }
 

@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Map, Value};
 
-use crate::rpc::{Incoming, ReqNo, Room, RpcError, MAX_WAITING};
+use crate::rpc::{Incoming, ReqNo, Room, RpcError};
 
 /// The interim response `Event::Continue` asks for.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -1025,6 +1025,11 @@ enum Slot {
     Waiting { req: ReqNo, keep_alive: bool },
 }
 
+/// Requests one connection may have in flight at once (pipelining): further requests stay
+/// unread until the oldest is answered. Answers are written in request order, so those
+/// ready behind a long poll are held here; the depth bounds how many.
+pub const MAX_PIPELINE: usize = 32;
+
 /// One connection's HTTP exchange: its codec, the requests it handed to the loop as
 /// `bash/*` methods, and their answers, written in request order (pipelining) with the
 /// envelope and status of section 11. Sans-I/O like the codec.
@@ -1033,6 +1038,10 @@ pub struct Session {
     codec: Codec,
     auth: Auth,
     order: VecDeque<Slot>,
+    /// `Waiting` slots in `order`.
+    waiting: usize,
+    /// Bytes of `Ready` slots held behind a `Waiting` one.
+    held: usize,
     next_req: u64,
 }
 
@@ -1042,6 +1051,8 @@ impl Session {
             codec: Codec::new(limits),
             auth,
             order: VecDeque::new(),
+            waiting: 0,
+            held: 0,
             next_req: 0,
         }
     }
@@ -1058,10 +1069,18 @@ impl Session {
 
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
-        self.order
-            .iter()
-            .filter(|s| matches!(s, Slot::Waiting { .. }))
-            .count()
+        self.waiting
+    }
+
+    /// Bytes of answers ready and held behind an earlier request: owed like queued ones.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether as many requests are in flight as one connection may have: take no more
+    /// until the oldest is answered.
+    pub fn pipeline_full(&self) -> bool {
+        self.order.len() >= MAX_PIPELINE
     }
 
     /// Nothing owed.
@@ -1077,11 +1096,12 @@ impl Session {
 
     /// The next request for the loop, as a `bash/*` method with its params. Everything
     /// else (health, refusals, routing errors, bodies that are not a JSON object) is
-    /// answered into `out` here, in order. `None` while the outgoing buffer is full.
+    /// answered into `out` here, in order. `None` while the outgoing buffer is full (answers
+    /// held count) or the pipeline is.
     pub fn next(&mut self, out: &mut Vec<u8>, room: Room) -> Option<Incoming> {
         let base = out.len();
         loop {
-            if room.owed + (out.len() - base) >= room.cap {
+            if room.owed + self.held + (out.len() - base) >= room.cap || self.pipeline_full() {
                 return None;
             }
             let answered = match self.codec.next()? {
@@ -1092,6 +1112,7 @@ impl Session {
                     Err(bytes) => bytes,
                 },
             };
+            self.held += answered.len();
             self.order.push_back(Slot::Ready(answered));
             self.write_ready(out);
         }
@@ -1130,20 +1151,13 @@ impl Session {
         if let Route::SessionClose(id) = route {
             params.insert("session_id".into(), id.into());
         }
-        if self.waiting() >= MAX_WAITING {
-            let (status, body) = error_body(
-                -32003,
-                "limit reached: waiting-requests",
-                Some(&json!({ "limit": "waiting-requests", "value": MAX_WAITING })),
-            );
-            return Err(response(status, &body, keep, &[]));
-        }
         let req = ReqNo(self.next_req);
         self.next_req += 1;
         self.order.push_back(Slot::Waiting {
             req,
             keep_alive: keep,
         });
+        self.waiting += 1;
         Ok(Incoming::Request {
             req: Some(req),
             method: method.to_string(),
@@ -1171,6 +1185,8 @@ impl Session {
                 response(status, &body, keep_alive, &[])
             }
         };
+        self.waiting -= 1;
+        self.held += bytes.len();
         *slot = Slot::Ready(bytes);
         self.write_ready(out);
     }
@@ -1180,6 +1196,7 @@ impl Session {
         while let Some(Slot::Ready(_)) = self.order.front() {
             if let Some(Slot::Ready(bytes)) = self.order.pop_front() {
                 out.extend_from_slice(&bytes);
+                self.held = self.held.saturating_sub(bytes.len());
             }
         }
     }
@@ -2145,6 +2162,70 @@ mod tests {
     fn the_health_body_is_the_seed_s() {
         let body: Value = serde_json::from_slice(HEALTH_BODY).expect("JSON");
         assert_eq!(body, json!({ "status": "ok" }));
+    }
+
+    const SESSIONS: &[u8] = b"GET /v1/bash/sessions HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    fn room(cap: usize) -> Room {
+        Room { owed: 0, cap }
+    }
+
+    /// The requests `s` hands out now.
+    fn take(s: &mut Session, out: &mut Vec<u8>, room: Room) -> Vec<ReqNo> {
+        std::iter::from_fn(|| match s.next(out, room)? {
+            Incoming::Request { req, .. } => req,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+    }
+
+    fn responses(out: &[u8]) -> usize {
+        out.windows(12).filter(|w| w == b"HTTP/1.1 200").count()
+    }
+
+    #[test]
+    fn a_session_takes_no_more_than_the_pipeline_depth() {
+        let mut s = Session::new(limits(), Auth::Peer);
+        let mut out = Vec::new();
+        for _ in 0..MAX_PIPELINE + 8 {
+            s.push(SESSIONS);
+        }
+        let reqs = take(&mut s, &mut out, room(1 << 20));
+        assert_eq!(reqs.len(), MAX_PIPELINE);
+        assert!(s.pipeline_full());
+        assert_eq!(s.waiting(), MAX_PIPELINE);
+        // Answers behind the first are held until it is answered, then written in order.
+        for req in &reqs[1..] {
+            s.answer(*req, &Ok(json!([])), &mut out);
+        }
+        assert!(out.is_empty());
+        assert!(
+            take(&mut s, &mut out, room(1 << 20)).is_empty(),
+            "still full"
+        );
+        s.answer(reqs[0], &Ok(json!([])), &mut out);
+        assert_eq!(responses(&out), MAX_PIPELINE);
+        assert_eq!((s.waiting(), s.held()), (0, 0));
+        assert_eq!(take(&mut s, &mut out, room(1 << 20)).len(), 8);
+    }
+
+    #[test]
+    fn answers_held_behind_a_wait_count_against_the_room() {
+        let mut s = Session::new(limits(), Auth::Peer);
+        let mut out = Vec::new();
+        s.push(SESSIONS);
+        s.push(SESSIONS);
+        let reqs = take(&mut s, &mut out, room(1 << 20));
+        assert_eq!(reqs.len(), 2);
+        s.answer(reqs[1], &Ok(json!([])), &mut out);
+        let held = s.held();
+        assert!(held > 0 && out.is_empty());
+        s.push(SESSIONS);
+        assert!(
+            take(&mut s, &mut out, room(held)).is_empty(),
+            "held fills the room"
+        );
+        assert_eq!(take(&mut s, &mut out, room(held + 1)).len(), 1);
     }
 
     // ---- properties ----

@@ -70,6 +70,17 @@ pub struct Admitted {
 }
 
 impl LaunchRequest {
+    /// A synchronous `bash/exec`: its answer waits, parked, and carries output.
+    pub fn answers_with_output(&self) -> bool {
+        matches!(
+            self.after,
+            After::BashExec {
+                async_mode: false,
+                ..
+            }
+        )
+    }
+
     /// The session a session approval is remembered for: the ACP session or the bash
     /// session, kept apart.
     pub fn session_ref(&self) -> String {

@@ -681,9 +681,38 @@ impl Server {
             }
         }
         if let Some(c) = self.conns.get_mut(&token) {
+            let piling = c.owes_past_cap();
             c.answer(req, &result);
             self.dirty.push(token);
+            if piling {
+                self.bound_backlog(token);
+            }
         }
+    }
+
+    /// A connection got an answer while more than `--client-buffer` was already owed to it
+    /// (it parks requests and does not read their answers). Answers are not dropped, so
+    /// when all that connections owe passes `--max-output-memory` this one is closed:
+    /// like the rings, the answers waiting to be read stay within the budget (plus one
+    /// answer), and a client reading its answers is never the one closed.
+    fn bound_backlog(&mut self, token: Token) {
+        let total: usize = self.conns.values().map(Conn::owed).sum();
+        if total <= self.core.cfg.max_output_memory {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let (uid, owed) = (c.peer.uid, c.owed());
+        c.broken = true;
+        self.core.log.refusal(
+            "unread answers",
+            self.core.now,
+            format_args!(
+                "closed a connection of uid {uid}: {owed} bytes of answers unread while \
+                 connections are owed {total} bytes, over --max-output-memory"
+            ),
+        );
     }
 
     /// Carries out the core's effects, then lets it forget what is done with.
