@@ -68,6 +68,10 @@ pub struct Asked {
     pub brief: String,
 }
 
+/// The longest command line an approver is sent; a longer one arrives cut, with a marker
+/// saying how much (the audit record keeps all of it).
+pub const DESCRIPTION_MAX: usize = 16 << 10;
+
 /// A request waiting for an approver.
 #[derive(Debug)]
 pub struct Pending {
@@ -90,6 +94,9 @@ pub type Grant = (u32, String, String);
 pub struct Approvals {
     /// Connected approvers and the uid each one is.
     pub approvers: HashMap<ConnId, u32>,
+    /// Approvers not reading what they are sent (their outgoing buffer is full): they
+    /// count as absent until it drains.
+    pub deaf: HashSet<ConnId>,
     pub pending: HashMap<String, Pending>,
     pub grants: HashSet<Grant>,
     next: u64,
@@ -102,16 +109,32 @@ impl Approvals {
         format!("appr_{}", self.next)
     }
 
-    /// Approvers that may answer for commands of `owner`: its own, and root's.
+    /// Approvers that may answer for commands of `owner` (its own, and root's) and are
+    /// reading what they are sent.
     pub fn approvers_for(&self, owner: u32) -> Vec<ConnId> {
         let mut v: Vec<ConnId> = self
             .approvers
             .iter()
-            .filter(|(_, uid)| **uid == owner || **uid == 0)
+            .filter(|(c, uid)| (**uid == owner || **uid == 0) && !self.deaf.contains(c))
             .map(|(c, _)| *c)
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// Whether approver `conn` has room for what it is sent (no-op for other connections).
+    pub fn set_listening(&mut self, conn: ConnId, listening: bool) {
+        if !listening && self.approvers.contains_key(&conn) {
+            self.deaf.insert(conn);
+        } else if listening {
+            self.deaf.remove(&conn);
+        }
+    }
+
+    /// Removes an approver (unsubscribed, or gone).
+    pub fn remove(&mut self, conn: ConnId) {
+        self.approvers.remove(&conn);
+        self.deaf.remove(&conn);
     }
 
     /// Forgets every grant of a session (closed) of `owner`.

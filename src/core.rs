@@ -304,7 +304,7 @@ impl Core {
     /// on), and its subscriptions end.
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
-        self.approvals.approvers.remove(&conn);
+        self.approvals.remove(conn);
         // Its commands waiting for approval are withdrawn: nothing is started for a
         // requester that is gone.
         let mut withdrawn: Vec<String> = self
@@ -532,9 +532,9 @@ impl Core {
             ),
         };
         self.log.line(format_args!(
-            "{id} started: pid {pid} uid {} cwd {} command {:?}{}",
+            "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
             req.peer.uid,
-            req.cwd.display(),
+            req.cwd,
             req.command,
             if req.args.is_empty() {
                 String::new()
@@ -1053,7 +1053,7 @@ impl Core {
                 }
                 let appr = self.approvals.next_id();
                 let session = launch.family.session_id().to_string();
-                let description = approvals::describe(&launch);
+                let command = approvals::describe(&launch);
                 let why = verdict
                     .justification
                     .as_deref()
@@ -1061,14 +1061,17 @@ impl Core {
                 let asked = Asked {
                     rule: verdict.rule.clone(),
                     justification: verdict.justification.clone(),
+                    // What the requester chose is shown with its control characters
+                    // escaped, so it cannot rewrite the approver's screen.
                     brief: format!(
-                        "rule {}{why}; uid {} (pid {}), cwd {}, session {session}",
+                        "rule {}{why}; uid {} (pid {}), cwd {}, session {}",
                         verdict.rule,
                         peer.uid,
                         peer.pid,
-                        launch.cwd.display()
+                        launch.cwd.display().to_string().escape_debug(),
+                        session.escape_debug()
                     ),
-                    description,
+                    description: crate::view::cut_text(&command, approvals::DESCRIPTION_MAX),
                 };
                 let line = approvals::request_line(&appr, &id, &asked);
                 for a in &approvers {
@@ -1082,7 +1085,7 @@ impl Core {
                     Some(peer),
                     json!({ "id": id, "approval": appr, "rule": verdict.rule,
                             "reason": if verdict.unparsed { "unparsed" } else { "policy" },
-                            "command": asked.description }),
+                            "command": command }),
                 );
                 admit(&mut launch, "approve", &verdict.rule);
                 let timer = self.timers.add(
@@ -1239,9 +1242,11 @@ impl Core {
     // ---- bash sessions -----------------------------------------------------------------
 
     /// Finds the caller's session `id`, or creates it (under that name, or a new one when
-    /// `id` is absent or empty) when `create`. At `--max-sessions` the least recently used
-    /// session running nothing is closed to make room; only when every session is busy is
-    /// the new one refused. Counts as use; `dir` becomes its default directory.
+    /// `id` is absent or empty) when `create`. At `--max-sessions` (or, for a non-root
+    /// owner, at half of it for its own) the owner's least recently used session running
+    /// nothing is closed to make room; another owner's never is. When every session of the
+    /// owner is busy the new one is refused. Counts as use; `dir` becomes its default
+    /// directory.
     pub fn open_session(
         &mut self,
         owner: u32,
@@ -1259,13 +1264,16 @@ impl Core {
             if !create {
                 return Err(RpcError::not_found("session", &key.1));
             }
-            if self.table.sessions.len() >= self.cfg.max_sessions {
-                let Some(victim) = self.table.lru_quiet_session() else {
-                    return Err(RpcError::limit("max-sessions", self.cfg.max_sessions));
+            let max = self.cfg.max_sessions;
+            let share = if owner == 0 { max } else { (max / 2).max(1) };
+            let own = self.table.sessions.keys().filter(|k| k.0 == owner).count();
+            if self.table.sessions.len() >= max || own >= share {
+                let Some(victim) = self.table.lru_quiet_session(owner) else {
+                    return Err(RpcError::limit("max-sessions", max));
                 };
                 self.log.line(format_args!(
-                    "session {} of uid {} closed to make room (max-sessions {})",
-                    victim.1, victim.0, self.cfg.max_sessions
+                    "session {:?} of uid {} closed to make room (max-sessions {max})",
+                    victim.1, victim.0
                 ));
                 self.close_session(&victim);
             }
@@ -1313,10 +1321,23 @@ impl Core {
                 self.drop_finished(k);
             }
         }
+        // Its commands still waiting for an approver are withdrawn: they would start in a
+        // session that no longer exists.
+        let session_ref = format!("bash:{}", key.1);
+        let mut asked: Vec<String> = self
+            .approvals
+            .pending
+            .values()
+            .filter(|p| p.launch.peer.uid == key.0 && p.launch.session_ref() == session_ref)
+            .map(|p| p.id.clone())
+            .collect();
+        asked.sort();
+        for id in asked {
+            self.resolve_approval(&id, Answer::Reject, "session closed", None);
+        }
         self.forget_session(key);
-        self.approvals
-            .end_session(key.0, &format!("bash:{}", key.1));
-        self.log.line(format_args!("session {} closed", key.1));
+        self.approvals.end_session(key.0, &session_ref);
+        self.log.line(format_args!("session {:?} closed", key.1));
         self.record(
             "session_close",
             None,
@@ -1346,7 +1367,7 @@ impl Core {
         let idle = self.cfg.session_idle;
         if self.table.session_idle(key, self.now, idle) {
             self.log.line(format_args!(
-                "session {} idle for {} s",
+                "session {:?} idle for {} s",
                 key.1,
                 idle.as_secs()
             ));
@@ -1475,7 +1496,7 @@ mod tests {
         let cfg = Config {
             kill_grace: Duration::from_secs(2),
             session_idle: Duration::from_secs(60),
-            max_sessions: 3,
+            max_sessions: 6,
             ..Config::default()
         };
         Core::new(cfg, Instant::now(), Log::new(false))
@@ -1773,28 +1794,51 @@ mod tests {
         assert!(!c.table.sessions.contains_key(&busy));
     }
 
+    fn session_names(c: &Core) -> Vec<(u32, String)> {
+        let mut v: Vec<(u32, String)> = c.table.sessions.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     #[test]
-    fn at_the_session_cap_the_least_recently_used_quiet_session_makes_room() {
-        let mut c = core(); // max_sessions 3
-        bash(&mut c, "a"); // busy
+    fn at_the_session_cap_the_owner_s_least_recently_used_quiet_session_makes_room() {
+        let mut c = core();
+        c.cfg.max_sessions = 4;
+        c.open_session(0, Some("root-old"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(1));
+        bash(&mut c, "a"); // uid 1000, busy
         c.open_session(1000, Some("b"), None, true).unwrap();
         later(&mut c, Duration::from_secs(1));
+        // uid 1000 holds half the cap: its oldest quiet session makes room, not root's
+        // older one.
         c.open_session(1000, Some("c"), None, true).unwrap();
-        later(&mut c, Duration::from_secs(1));
-        c.open_session(1000, Some("d"), None, true).unwrap();
-        let names: Vec<String> = {
-            let mut v: Vec<String> = c.table.sessions.keys().map(|k| k.1.clone()).collect();
-            v.sort();
-            v
-        };
-        assert_eq!(names, ["a", "c", "d"], "b was the oldest quiet one");
-        // Every session busy: refused.
-        let mut c = core();
-        bash(&mut c, "x");
-        bash(&mut c, "y");
-        bash(&mut c, "z");
+        let names = session_names(&c);
+        assert_eq!(
+            names,
+            [
+                (0, "root-old".into()),
+                (1000, "a".into()),
+                (1000, "c".into())
+            ]
+        );
+        // At the cap, root's own oldest quiet session goes.
+        c.open_session(0, Some("root-new"), None, true).unwrap();
+        c.open_session(0, Some("root-newer"), None, true).unwrap();
+        let names = session_names(&c);
+        assert_eq!(
+            names,
+            [
+                (0, "root-new".into()),
+                (0, "root-newer".into()),
+                (1000, "a".into()),
+                (1000, "c".into())
+            ]
+        );
+        // Every session of the owner busy: refused, and nobody else's is touched.
+        bash(&mut c, "c");
         let e = c.open_session(1000, Some("w"), None, true).unwrap_err();
         assert_eq!(e.code, crate::rpc::LIMIT_REACHED);
+        assert_eq!(session_names(&c).len(), 4);
     }
 
     #[test]

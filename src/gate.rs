@@ -18,7 +18,7 @@ pub fn subscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, 
 
 /// `approvals/unsubscribe {}`.
 pub fn unsubscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
-    core.approvals.approvers.remove(&caller.conn);
+    core.approvals.remove(caller.conn);
     Ok(Step::Done(json!({})))
 }
 

@@ -819,6 +819,10 @@ impl Server {
             let Some(conn) = self.conns.get_mut(&token) else {
                 continue;
             };
+            // An approver that stops reading is asked nothing until it drains.
+            self.core
+                .approvals
+                .set_listening(ConnId(token.0), conn.has_room());
             if conn.finished() {
                 self.close_conn(token);
             } else {

@@ -586,11 +586,12 @@ impl Table {
         })
     }
 
-    /// The least recently used session that runs nothing: the one to evict at the cap.
-    pub fn lru_quiet_session(&self) -> Option<SessionKey> {
+    /// The least recently used session of `owner` that runs nothing: the one to evict at
+    /// the cap.
+    pub fn lru_quiet_session(&self, owner: u32) -> Option<SessionKey> {
         self.sessions
             .iter()
-            .filter(|(k, _)| !self.session_busy(k))
+            .filter(|(k, _)| k.0 == owner && !self.session_busy(k))
             .min_by_key(|(k, s)| (s.last_used, (*k).clone()))
             .map(|(k, _)| k.clone())
     }
@@ -814,10 +815,14 @@ mod tests {
         assert!(t.session_idle(&a, at, idle));
         assert!(!t.session_idle(&b, at, idle));
         assert!(!t.session_idle(&c, at, idle));
-        // The least recently used session running nothing is "a", never the busy "c".
-        assert_eq!(t.lru_quiet_session(), Some(a.clone()));
+        // The least recently used session running nothing is "a", never the busy "c",
+        // and never another owner's.
+        let other = session(&mut t, "z", 2, t0 - Duration::from_secs(1));
+        assert_eq!(t.lru_quiet_session(1), Some(a.clone()));
         t.sessions.remove(&a);
-        assert_eq!(t.lru_quiet_session(), Some(b));
+        assert_eq!(t.lru_quiet_session(1), Some(b));
+        assert_eq!(t.lru_quiet_session(2), Some(other));
+        assert_eq!(t.lru_quiet_session(3), None);
     }
 
     #[test]

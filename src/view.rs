@@ -235,6 +235,19 @@ impl Page {
     }
 }
 
+/// `text` cut to at most `max` bytes (at a character boundary) followed by a marker saying
+/// how many bytes were cut; unchanged when it fits.
+pub fn cut_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}[... {} bytes cut]", &text[..end], text.len() - end)
+}
+
 /// A command line cut for a listing: at most `LISTED_LINE_MAX` bytes of the command and
 /// its arguments together, the rest replaced by a marker saying how much was cut.
 pub fn cut_command_line(command: &str, args: &[String]) -> (String, Vec<String>) {
@@ -276,6 +289,14 @@ pub fn cut_command_line(command: &str, args: &[String]) -> (String, Vec<String>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cut_text_keeps_whole_characters_and_says_what_it_cut() {
+        assert_eq!(cut_text("short", 5), "short");
+        assert_eq!(cut_text("abcdef", 4), "abcd[... 2 bytes cut]");
+        // "é" is two bytes: a cut inside it moves back to its start.
+        assert_eq!(cut_text("aéb", 2), "a[... 3 bytes cut]");
+    }
 
     #[test]
     fn long_command_lines_are_cut_with_a_marker() {

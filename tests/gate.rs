@@ -718,3 +718,104 @@ fn shutdown_answers_what_waits_for_an_approver() {
     assert_eq!(d.terminate(), Some(0));
     assert!(!marker.exists(), "nothing starts during shutdown");
 }
+
+/// Closing a session withdraws its commands still waiting for an approver: the requester
+/// is answered `-32006` and a later approval starts nothing.
+#[test]
+fn closing_a_session_withdraws_its_asks() {
+    let (d, _) = daemon_with_policy(&[]);
+    let mut a = approver(&d);
+    let marker = d.dir.path().join("ran");
+    let mut c = d.client();
+    ok(&mut c, "bash/sessions/create", json!({"session_id": "s"}));
+    let id = send(
+        &mut c,
+        "bash/exec",
+        json!({"command": format!("rm -f /nonexistent; touch '{}'", marker.display()),
+               "session_id": "s"}),
+    );
+    let req = next_request(&mut a);
+    let mut other = d.client();
+    ok(
+        &mut other,
+        "bash/sessions/close",
+        json!({"session_id": "s"}),
+    );
+    match c.wait_response(id) {
+        Err(CallError::Rpc { code, data, .. }) => {
+            assert_eq!(code, -32006);
+            assert_eq!(data.expect("data")["reason"], "session closed");
+        }
+        other => panic!("expected -32006, got {other:?}"),
+    }
+    let resolved = next_resolved(&mut a);
+    assert_eq!(resolved["params"]["payload"]["request_id"], req["id"]);
+    answer(&mut a, &req["id"], "approve", None);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "a withdrawn ask never starts");
+    assert_eq!(ok(&mut c, "bash/commands", json!({}))["commands"], json!([]));
+}
+
+/// An approver that does not read what it is sent counts as absent once its buffer is
+/// full (asks are refused "no approver" instead of piling up for it), and is asked again
+/// once it reads. A long command line reaches it cut, with a marker.
+#[test]
+fn an_approver_that_stops_reading_is_asked_nothing() {
+    let (d, _) = daemon_with_policy(&["--client-buffer", "64K"]);
+    let mut a = approver(&d);
+    let mut c = d.client();
+    let long = format!("rm -f /nonexistent/{}", "x".repeat(100_000));
+    let mut asked = 0;
+    loop {
+        assert!(asked < 2000, "still asked after {asked} unread requests");
+        let id = send(&mut c, "bash/exec", json!({"command": long}));
+        // Withdrawn at once when it was asked; refused at once when nobody listens.
+        let cancel =
+            json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": id}});
+        c.send_line(cancel.to_string().as_bytes()).expect("cancel");
+        match c.wait_response(id) {
+            Err(CallError::Rpc { code: -32800, .. }) => asked += 1,
+            Err(CallError::Rpc {
+                code: -32006, data, ..
+            }) => {
+                assert_eq!(data.expect("data")["reason"], "no approver");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(asked > 0);
+    // Each request it was sent is some 16 KiB, not the 100 KB command line.
+    let first = next_request(&mut a);
+    let description = first["params"]["payload"]["description"]
+        .as_str()
+        .expect("description");
+    assert!(
+        description.len() < 17 << 10 && description.ends_with("bytes cut]"),
+        "{} bytes: {}",
+        description.len(),
+        &description[description.len().saturating_sub(40)..]
+    );
+    // Reading all it was sent makes it an approver again.
+    let mut seen = 1;
+    while seen < asked {
+        let m = a.read_message(Some(WAIT)).expect("what it was sent");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            seen += 1;
+        }
+    }
+    wait_until("the approver is asked again", || {
+        let id = send(
+            &mut c,
+            "bash/exec",
+            json!({"command": "rm -f /nonexistent"}),
+        );
+        let cancel =
+            json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": id}});
+        c.send_line(cancel.to_string().as_bytes()).expect("cancel");
+        matches!(
+            c.wait_response(id),
+            Err(CallError::Rpc { code: -32800, .. })
+        )
+    });
+}
