@@ -157,6 +157,11 @@ impl Conn {
         let _ = registry.deregister(self.stream.source());
     }
 
+    /// Whether it came through a TCP listener (its peer is `--http-run-as`).
+    pub fn is_tcp(&self) -> bool {
+        matches!(self.stream, Sock::Tcp(_))
+    }
+
     /// Whether it speaks HTTP.
     pub fn is_http(&self) -> bool {
         matches!(self.codec, Codec::Http(_))

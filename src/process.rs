@@ -9,6 +9,7 @@
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - Nothing here ever waits: reaping is `wait4(-1, WNOHANG)`, driven by SIGCHLD.
 
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -180,7 +181,7 @@ impl Identity {
 /// loop must not wait on them per connection.
 #[derive(Debug, Default)]
 pub struct Identities {
-    known: std::collections::HashMap<(u32, u32), (Identity, std::time::Instant)>,
+    known: HashMap<(u32, u32), (Identity, std::time::Instant)>,
 }
 
 impl Identities {
@@ -529,19 +530,22 @@ impl Spawner {
             }
         };
         // The request's variables override the base environment's of the same name; a
-        // name the request gives twice takes its last value.
+        // name the request gives twice takes its last value. Indexed by name, so a request
+        // with many variables costs linear time on the loop.
+        let last: HashMap<&[u8], usize> = spec
+            .env
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.as_bytes(), i))
+            .collect();
         let extra: Vec<CString> = spec
             .env
             .iter()
             .enumerate()
-            .filter(|(i, (k, _))| !spec.env[i + 1..].iter().any(|(later, _)| later == k))
+            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i))
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
             .collect::<io::Result<_>>()?;
-        let overridden = |name: &OsStr| {
-            spec.env
-                .iter()
-                .any(|(k, _)| k.as_bytes() == name.as_bytes())
-        };
+        let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
         let envp: Vec<*const libc::c_char> = self
             .base_env
             .iter()
@@ -579,6 +583,14 @@ impl Spawner {
                 (Some(r), Some(w))
             }
         };
+        // Our ends are non-blocking before the child exists (each end of a pipe has its own
+        // flags), so nothing can fail between the spawn and handing them back.
+        for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            set_nonblocking(fd.as_raw_fd())?;
+        }
         let stdin_fd = in_r
             .as_ref()
             .map_or(self.null.as_raw_fd(), |f| f.as_raw_fd());
@@ -642,12 +654,6 @@ impl Spawner {
         }
         // The child's copies are its own now; close ours of the ends it uses.
         drop((out_w, err_w, in_r));
-        for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            set_nonblocking(fd.as_raw_fd())?;
-        }
         Ok(Spawned {
             pid,
             out: out_r,

@@ -118,6 +118,14 @@ impl Ring {
                 self.end += total;
                 return;
             }
+            if self.buf.capacity() == 0 {
+                // Nothing granted yet (the budget is spent): the bytes are dropped, and the
+                // ring may still grow once memory is given back, instead of wrapping at
+                // nothing for the rest of its life.
+                self.end += total;
+                self.base = self.end;
+                return;
+            }
             // Full, and no more is coming: wrap within what is held. Every stored offset
             // is below the size, so `(o - base) % size` is where each already lies.
             self.wrapped = true;
@@ -288,6 +296,19 @@ pub fn middle_cut(text: String, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_granted_nothing_drops_bytes_and_grows_later() {
+        let mut r = Ring::new(1 << 20);
+        r.append(b"lost");
+        assert_eq!((r.start(), r.end(), r.committed()), (4, 4, 0));
+        let want = r.growth_for(3);
+        assert!(want > 0, "it still asks for storage");
+        r.grow(want);
+        r.append(b"new");
+        assert_eq!((r.start(), r.end()), (4, 7));
+        assert_eq!(r.retained(), 3);
+    }
 
     fn contents(r: &Ring) -> Vec<u8> {
         let (a, b) = r.slices(r.start(), r.end());

@@ -147,6 +147,9 @@ pub struct Server {
     hot: Vec<(Key, usize)>,
     shutdown: Option<Shutdown>,
     accept_paused: bool,
+    /// Leaders killed as they started (their pipes could not be watched), by pid: their
+    /// holds are let go when they are reaped.
+    abandoned: HashMap<i32, Key>,
     uid: u32,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
@@ -276,6 +279,7 @@ impl Server {
             hot: Vec::new(),
             shutdown: None,
             accept_paused: false,
+            abandoned: HashMap::new(),
             uid: process::current_uid(),
             sinks,
             memory_peak: 0,
@@ -651,7 +655,8 @@ impl Server {
 
     /// Starts an admitted command, then settles the request with the family's tail.
     fn start(&mut self, token: Token, req: Option<ReqNo>, launch: &LaunchRequest) {
-        let started = self.launch(launch);
+        let over_tcp = self.conns.get(&token).is_some_and(Conn::is_tcp);
+        let started = self.launch(launch, over_tcp);
         let next = dispatch::after_launch(&mut self.core, launch, started);
         self.settle(token, req, next);
     }
@@ -845,13 +850,14 @@ impl Server {
     // ---- spawning ----------------------------------------------------------------------
 
     /// Who a peer's commands run as: a root daemon runs a non-root peer's commands as that
-    /// peer (or `--run-as`); otherwise as the daemon itself. Looked up at the peer's first
-    /// spawn and reused for a while, since user databases (LDAP, sssd) can be slow.
-    fn identity(&mut self, peer: Peer) -> Option<Identity> {
+    /// peer (or `--run-as`; a request over TCP always as its peer, `--http-run-as`);
+    /// otherwise as the daemon itself. Looked up at the peer's first spawn and reused for
+    /// a while, since user databases (LDAP, sssd) can be slow.
+    fn identity(&mut self, peer: Peer, over_tcp: bool) -> Option<Identity> {
         if self.uid != 0 || peer.uid == 0 {
             return None;
         }
-        if let Some(id) = &self.run_as {
+        if let (Some(id), false) = (&self.run_as, over_tcp) {
             return Some(id.clone());
         }
         Some(self.identities.of_peer(peer.uid, peer.gid, self.core.now))
@@ -859,7 +865,7 @@ impl Server {
 
     /// Starts a command and records it: its place (a cgroup with its limits, made before
     /// the spawn), the spawn, its pipes. A failure at any step leaves nothing behind.
-    fn launch(&mut self, req: &LaunchRequest) -> Result<Key, RpcError> {
+    fn launch(&mut self, req: &LaunchRequest, over_tcp: bool) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
             return Err(RpcError::limit("max-processes", max));
@@ -875,7 +881,7 @@ impl Server {
                 PrepareError::Unavailable(u) => unavailable(&u),
                 PrepareError::Io(e) => RpcError::internal(format!("{e}")),
             })?;
-        let user = self.identity(req.peer);
+        let user = self.identity(req.peer, over_tcp);
         let spec = process::SpawnSpec {
             program: &req.program,
             env: &req.env,
@@ -918,9 +924,11 @@ impl Server {
                 t
             });
         if let Err(e) = added {
-            // Cannot watch its output: do not leave it running unobserved.
+            // Cannot watch its output: do not leave it running unobserved. Its hold is let
+            // go when the leader is reaped.
             self.contain.end(key, crate::contain::Stage::Kill);
             process::signal_group(pid, libc::SIGKILL);
+            self.abandoned.insert(pid, key);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
         let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
@@ -1065,7 +1073,11 @@ impl Server {
         let mut orphans = false;
         while let Some(r) = process::reap_one() {
             let Some(key) = self.core.table.by_pid(r.pid) else {
-                orphans = true; // a re-parented descendant: reaped, nothing to publish
+                if let Some(key) = self.abandoned.remove(&r.pid) {
+                    self.contain.leader_exited(key); // killed as it started
+                } else {
+                    orphans = true; // a re-parented descendant: reaped, nothing to publish
+                }
                 continue;
             };
             // Whatever the pipes hold now was written before the exit: read it first.

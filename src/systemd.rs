@@ -92,7 +92,9 @@ impl Notifier {
         let watchdog = watchdog_usec
             .and_then(|v| v.to_str()?.trim().parse::<u64>().ok())
             .filter(|&us| us > 0 && ours)
-            .map(|us| Duration::from_micros(us / 2));
+            // Half the interval, as sd_watchdog_enabled(3) advises; never zero, which
+            // would re-arm a timer that is always due.
+            .map(|us| Duration::from_micros(us / 2).max(Duration::from_millis(1)));
         Ok(Some(Notifier {
             sock,
             addr,

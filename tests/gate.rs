@@ -753,7 +753,10 @@ fn closing_a_session_withdraws_its_asks() {
     answer(&mut a, &req["id"], "approve", None);
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "a withdrawn ask never starts");
-    assert_eq!(ok(&mut c, "bash/commands", json!({}))["commands"], json!([]));
+    assert_eq!(
+        ok(&mut c, "bash/commands", json!({}))["commands"],
+        json!([])
+    );
 }
 
 /// An approver that does not read what it is sent counts as absent once its buffer is

@@ -1610,6 +1610,18 @@ fn tcp_requests_run_as_the_http_run_as_user() {
     assert!(unix_list.contains(&json!(unix_session)) && !unix_list.contains(&json!(tcp_session)));
 }
 
+/// `--run-as` is for Unix peers that are not root; a request over TCP still runs as
+/// `--http-run-as`.
+#[test]
+fn run_as_does_not_override_http_run_as() {
+    let front = start_front(&["--run-as", "daemon"]);
+    let d = ok_data(
+        &post(&front.tcp(), "/v1/bash/exec", &json!({"command": "id -u"})),
+        Some(EXEC_SCHEMA),
+    );
+    assert_eq!(d["stdout"], format!("{NOBODY}\n"), "{d}");
+}
+
 #[test]
 fn a_root_daemon_with_http_listen_needs_http_run_as() {
     assert_eq!(

@@ -1108,3 +1108,28 @@ fn set_nonblocking(f: &std::fs::File) {
         libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
     }
 }
+
+/// A request's environment: a name given twice takes its last value, over the daemon's
+/// own; tens of thousands of names (just under the message limit) are taken in stride.
+#[test]
+fn a_request_environment_with_many_and_repeated_names() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let mut env: Vec<Value> = (0..30_000)
+        .map(|i| json!({"name": format!("V{i}"), "value": "x"}))
+        .collect();
+    env.push(json!({"name": "PATH", "value": "/nonexistent"}));
+    env.push(json!({"name": "DUP", "value": "first"}));
+    env.push(json!({"name": "PATH", "value": "/usr/bin:/bin"}));
+    env.push(json!({"name": "DUP", "value": "last"}));
+    let id = create_with(
+        &mut c,
+        json!({"sessionId": "s", "command": "/bin/sh",
+               "args": ["-c", "echo $DUP $PATH $V29999; env | grep -c '^V'"], "env": env}),
+    );
+    wait_exit(&mut c, &id);
+    assert_eq!(
+        output(&mut c, &id)["output"],
+        "last /usr/bin:/bin x\n30000\n"
+    );
+}
