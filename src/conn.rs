@@ -109,12 +109,22 @@ pub struct Conn {
     pub eof: bool,
     /// A write failed or the peer hung up: close once the loop gets to it.
     pub broken: bool,
+    /// The supplementary groups the peer held when it connected (Unix socket only).
+    pub groups: Vec<u32>,
 }
 
 impl Conn {
     /// A connection on the Unix socket: JSON-RPC or HTTP, as its first byte says.
-    pub fn unix(stream: UnixStream, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
-        Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds)
+    pub fn unix(
+        stream: UnixStream,
+        token: Token,
+        peer: PeerCred,
+        groups: Vec<u32>,
+        bounds: Bounds,
+    ) -> Conn {
+        let mut c = Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds);
+        c.groups = groups;
+        c
     }
 
     /// A connection on an HTTP listener.
@@ -145,6 +155,7 @@ impl Conn {
             read_pending: false,
             eof: false,
             broken: false,
+            groups: Vec::new(),
         }
     }
 

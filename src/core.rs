@@ -190,6 +190,8 @@ pub struct Core {
     forget: Vec<Key>,
     /// Connected clients, with the peer each one is.
     pub clients: HashMap<ConnId, Peer>,
+    /// The supplementary groups of connected Unix peers, for rules keyed on `gids`.
+    groups: HashMap<ConnId, Vec<u32>>,
     pub now: Instant,
     pub started: Instant,
     /// The daemon log's queue (the loop writes it out).
@@ -229,6 +231,7 @@ impl Core {
             idle_timers: HashMap::new(),
             forget: Vec::new(),
             clients: HashMap::new(),
+            groups: HashMap::new(),
             now,
             started: now,
             log,
@@ -295,8 +298,11 @@ impl Core {
 
     // ---- connections -------------------------------------------------------------------
 
-    pub fn connected(&mut self, conn: ConnId, peer: Peer) {
+    pub fn connected(&mut self, conn: ConnId, peer: Peer, groups: Vec<u32>) {
         self.clients.insert(conn, peer);
+        if !groups.is_empty() {
+            self.groups.insert(conn, groups);
+        }
         self.record("connect", Some(peer), json!({}));
     }
 
@@ -304,6 +310,7 @@ impl Core {
     /// on), and its subscriptions end.
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
+        self.groups.remove(&conn);
         self.approvals.remove(conn);
         // Its commands waiting for approval are withdrawn: nothing is started for a
         // requester that is gone.
@@ -984,11 +991,15 @@ impl Core {
                 Judged::Argv(&argv)
             }
         };
+        // A rule's `gids` match the peer's primary group and the groups it holds.
+        let gids: Vec<u32> = std::iter::once(peer.gid)
+            .chain(self.groups.get(&conn).into_iter().flatten().copied())
+            .collect();
         let verdict = self.policy.judge(
             &judged,
             &policy::Peer {
                 uid: peer.uid,
-                gids: &[peer.gid],
+                gids: &gids,
             },
         );
         let admit = |launch: &mut LaunchRequest, decision, rule: &str| {

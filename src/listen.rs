@@ -25,7 +25,7 @@ use crate::systemd;
 /// What one `accept` found.
 pub enum Accepted {
     /// A peer on the Unix socket, with its credentials.
-    Unix(UnixStream, PeerCred),
+    Unix(UnixStream, PeerCred, Vec<u32>),
     /// A peer on an HTTP listener.
     Http(TcpStream),
     /// Nothing waits.
@@ -122,7 +122,11 @@ impl Listeners {
                 l.accept().map(|(s, _)| {
                     use std::os::fd::AsRawFd;
                     match process::peer_cred(s.as_raw_fd()) {
-                        Ok(peer) => Accepted::Unix(s, peer),
+                        // Without its groups a peer is judged and run with none.
+                        Ok(peer) => {
+                            let groups = process::peer_groups(s.as_raw_fd()).unwrap_or_default();
+                            Accepted::Unix(s, peer, groups)
+                        }
                         Err(e) => Accepted::NoCredentials(e),
                     }
                 })

@@ -896,6 +896,37 @@ pub fn peer_cred(fd: RawFd) -> io::Result<PeerCred> {
     })
 }
 
+/// The supplementary groups of a Unix socket's peer as they were when it connected
+/// (`SO_PEERGROUPS`): what the peer holds, not what its user entry lists, so a peer that
+/// dropped groups does not get them back through the daemon.
+pub fn peer_groups(fd: RawFd) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: the buffer holds `len` bytes; getsockopt writes at most that many.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        // Too small: `len` now says how much is needed.
+        if e.raw_os_error() != Some(libc::ERANGE) || n <= groups.len() {
+            return Err(e);
+        }
+        groups.resize(n, 0);
+    }
+}
+
 /// The daemon's real uid.
 pub fn current_uid() -> u32 {
     // SAFETY: getuid cannot fail.

@@ -72,6 +72,15 @@ const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
 
+/// Where a command's request came from, for whom it runs as.
+#[derive(Debug, Default)]
+struct Origin {
+    /// Through a TCP listener: it runs as `--http-run-as`.
+    over_tcp: bool,
+    /// The supplementary groups of the Unix peer.
+    groups: Vec<u32>,
+}
+
 /// The loop's own deadlines (the core keeps the rest).
 #[derive(Debug)]
 enum LoopTimer {
@@ -427,12 +436,14 @@ impl Server {
 
     // ---- connections -------------------------------------------------------------------
 
-    fn peer_allowed(&self, peer: &PeerCred) -> bool {
+    fn peer_allowed(&self, peer: &PeerCred, groups: &[u32]) -> bool {
         let cfg = &self.core.cfg;
         peer.uid == self.uid
             || peer.uid == 0
             || cfg.allow_uids.contains(&peer.uid)
-            || cfg.allow_gids.contains(&peer.gid)
+            || std::iter::once(&peer.gid)
+                .chain(groups)
+                .any(|g| cfg.allow_gids.contains(g))
     }
 
     /// Accepts what waits on listener `lt`: a Unix peer its credentials allow, or an
@@ -440,7 +451,8 @@ impl Server {
     fn accept(&mut self, lt: Token) {
         while !self.accept_paused && self.shutdown.is_none() {
             let now = self.core.now;
-            let (conn_of, peer): (Box<dyn FnOnce(Token, Bounds) -> Conn>, PeerCred) =
+            type Make = Box<dyn FnOnce(Token, Bounds) -> Conn>;
+            let (conn_of, peer, groups): (Make, PeerCred, Vec<u32>) =
                 match self.listeners.accept(lt) {
                     Accepted::Nothing => return,
                     Accepted::Failed(e) => {
@@ -465,8 +477,8 @@ impl Server {
                         );
                         continue;
                     }
-                    Accepted::Unix(stream, peer) => {
-                        if !self.peer_allowed(&peer) {
+                    Accepted::Unix(stream, peer, groups) => {
+                        if !self.peer_allowed(&peer, &groups) {
                             self.refuse(peer, "peer not allowed");
                             continue;
                         }
@@ -477,7 +489,12 @@ impl Server {
                             self.refuse(peer, "max-clients");
                             continue;
                         }
-                        (Box::new(move |t, b| Conn::unix(stream, t, peer, b)), peer)
+                        let own = groups.clone();
+                        (
+                            Box::new(move |t, b| Conn::unix(stream, t, peer, own, b)),
+                            peer,
+                            groups,
+                        )
                     }
                     Accepted::Http(stream) => {
                         let peer = self.listeners.http_peer;
@@ -497,6 +514,7 @@ impl Server {
                         (
                             Box::new(move |t, b| Conn::http(stream, t, peer, b, auth)),
                             peer,
+                            Vec::new(),
                         )
                     }
                 };
@@ -513,6 +531,7 @@ impl Server {
                     gid: peer.gid,
                     pid: peer.pid,
                 },
+                groups,
             );
         }
     }
@@ -655,8 +674,11 @@ impl Server {
 
     /// Starts an admitted command, then settles the request with the family's tail.
     fn start(&mut self, token: Token, req: Option<ReqNo>, launch: &LaunchRequest) {
-        let over_tcp = self.conns.get(&token).is_some_and(Conn::is_tcp);
-        let started = self.launch(launch, over_tcp);
+        let origin = self.conns.get(&token).map(|c| Origin {
+            over_tcp: c.is_tcp(),
+            groups: c.groups.clone(),
+        });
+        let started = self.launch(launch, origin.unwrap_or_default());
         let next = dispatch::after_launch(&mut self.core, launch, started);
         self.settle(token, req, next);
     }
@@ -850,22 +872,30 @@ impl Server {
     // ---- spawning ----------------------------------------------------------------------
 
     /// Who a peer's commands run as: a root daemon runs a non-root peer's commands as that
-    /// peer (or `--run-as`; a request over TCP always as its peer, `--http-run-as`);
-    /// otherwise as the daemon itself. Looked up at the peer's first spawn and reused for
-    /// a while, since user databases (LDAP, sssd) can be slow.
-    fn identity(&mut self, peer: Peer, over_tcp: bool) -> Option<Identity> {
+    /// peer with the groups it holds (or as `--run-as`); a request over TCP as its peer,
+    /// `--http-run-as`, with the groups of its user entry (looked up at its first spawn and
+    /// reused for a while, since user databases such as LDAP can be slow). Otherwise as the
+    /// daemon itself.
+    fn identity(&mut self, peer: Peer, origin: Origin) -> Option<Identity> {
         if self.uid != 0 || peer.uid == 0 {
             return None;
         }
-        if let (Some(id), false) = (&self.run_as, over_tcp) {
+        if origin.over_tcp {
+            return Some(self.identities.of_peer(peer.uid, peer.gid, self.core.now));
+        }
+        if let Some(id) = &self.run_as {
             return Some(id.clone());
         }
-        Some(self.identities.of_peer(peer.uid, peer.gid, self.core.now))
+        Some(Identity {
+            uid: peer.uid,
+            gid: peer.gid,
+            groups: origin.groups,
+        })
     }
 
     /// Starts a command and records it: its place (a cgroup with its limits, made before
     /// the spawn), the spawn, its pipes. A failure at any step leaves nothing behind.
-    fn launch(&mut self, req: &LaunchRequest, over_tcp: bool) -> Result<Key, RpcError> {
+    fn launch(&mut self, req: &LaunchRequest, origin: Origin) -> Result<Key, RpcError> {
         let max = self.core.cfg.max_processes;
         if self.core.table.running() >= max {
             return Err(RpcError::limit("max-processes", max));
@@ -881,7 +911,7 @@ impl Server {
                 PrepareError::Unavailable(u) => unavailable(&u),
                 PrepareError::Io(e) => RpcError::internal(format!("{e}")),
             })?;
-        let user = self.identity(req.peer, over_tcp);
+        let user = self.identity(req.peer, origin);
         let spec = process::SpawnSpec {
             program: &req.program,
             env: &req.env,

@@ -173,6 +173,19 @@ mod tests {
     }
 
     #[test]
+    fn the_watchdog_pings_at_half_its_interval_and_never_at_zero() {
+        let every = |usec: &str| {
+            Notifier::from_env(Some("@x".into()), Some(usec.into()), None)
+                .unwrap()
+                .unwrap()
+                .watchdog
+        };
+        assert_eq!(every("10000000"), Some(Duration::from_secs(5)));
+        assert_eq!(every("1"), Some(Duration::from_millis(1)));
+        assert_eq!(every("0"), None);
+    }
+
+    #[test]
     fn the_watchdog_is_for_the_named_pid_only() {
         let n = Notifier::from_env(
             Some("@x".into()),
