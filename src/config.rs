@@ -33,6 +33,7 @@ pub const DEFAULT_STDIN_BUFFER: usize = 64 << 10;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// A bash session unused this long (and running nothing) is closed.
 pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
+pub const DEFAULT_HTTP_IDLE: Duration = Duration::from_secs(60);
 /// Most bash sessions at once.
 pub const DEFAULT_MAX_SESSIONS: usize = 256;
 /// Finished commands kept per bash session; older ones are dropped, oldest first.
@@ -92,6 +93,8 @@ pub struct Config {
     /// `--http-run-as USER`: whom TCP requests run as and are owned by (required when
     /// the daemon runs as root).
     pub http_run_as: Option<String>,
+    /// `--http-idle`: a TCP connection without a request this long, owed nothing, closes.
+    pub http_idle: Duration,
 }
 
 /// Where `--audit` sends records.
@@ -138,6 +141,7 @@ impl Default for Config {
             http_token_file: None,
             http_no_auth: false,
             http_run_as: None,
+            http_idle: DEFAULT_HTTP_IDLE,
         }
     }
 }
@@ -210,6 +214,8 @@ options:
                            be readable by others)
   --http-no-auth           no token, for loopback listeners only
   --http-run-as USER       whom TCP requests run as (required when execd runs as root)
+  --http-idle DURATION     close a TCP connection that sends no request this long
+                           while nothing is owed to it (default 60s)
   -h, --help               print this help
   -V, --version            print the version
 
@@ -365,6 +371,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--http-token-file" => cfg.http_token_file = Some(PathBuf::from(value()?)),
             "--http-no-auth" => cfg.http_no_auth = true,
             "--http-run-as" => cfg.http_run_as = Some(value()?),
+            "--http-idle" => cfg.http_idle = parse_duration(&value()?)?,
             "--memory-max" => cfg.limits.memory_max = Some(parse_size(&value()?)? as u64),
             "--pids-max" => cfg.limits.pids_max = Some(parse_num(&flag, &value()?)?),
             "--cpu-max" => {
@@ -415,6 +422,9 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
     }
     if cfg.max_output_memory < 1 << 20 {
         return Err("--max-output-memory must be at least 1M".into());
+    }
+    if cfg.http_idle < Duration::from_secs(1) {
+        return Err("--http-idle must be at least 1s".into());
     }
     if cfg.client_buffer < 64 << 10 {
         return Err("--client-buffer must be at least 64K".into());

@@ -15,6 +15,7 @@
 //! - WRITABLE interest is registered only while bytes are pending.
 
 use std::io::{self, Read, Write};
+use std::time::Instant;
 
 use mio::event::Source;
 use mio::net::{TcpStream, UnixStream};
@@ -111,6 +112,8 @@ pub struct Conn {
     pub broken: bool,
     /// The supplementary groups the peer held when it connected (Unix socket only).
     pub groups: Vec<u32>,
+    /// When it connected or last handed out a request (an idle TCP connection closes).
+    pub last_request: Instant,
 }
 
 impl Conn {
@@ -156,6 +159,7 @@ impl Conn {
             eof: false,
             broken: false,
             groups: Vec::new(),
+            last_request: Instant::now(),
         }
     }
 
@@ -294,6 +298,9 @@ impl Conn {
         // requests are in flight as may be: take no more until that changes.
         let full = self.pending_out() + held >= self.bounds.cap;
         self.read_pending = next.is_none() && (full || pipeline_full);
+        if next.is_some() {
+            self.last_request = Instant::now();
+        }
         next
     }
 

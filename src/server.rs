@@ -81,10 +81,16 @@ struct Origin {
     groups: Vec<u32>,
 }
 
+/// How often idle TCP connections are looked for at most, while there are any.
+const TCP_IDLE_SWEEP: Duration = Duration::from_secs(5);
+
 /// The loop's own deadlines (the core keeps the rest).
 #[derive(Debug)]
 enum LoopTimer {
     AcceptResume,
+    /// Close TCP connections idle for `--http-idle`: an idle keep-alive connection, or
+    /// one that never finishes a request.
+    TcpIdleSweep,
     /// Grace plus a little after shutdown began: end what is left, stop waiting.
     ShutdownDeadline,
     /// Look again whether shutdown can finish.
@@ -159,6 +165,8 @@ pub struct Server {
     /// Leaders killed as they started (their pipes could not be watched), by pid: their
     /// holds are let go when they are reaped.
     abandoned: HashMap<i32, Key>,
+    /// A `TcpIdleSweep` is due.
+    tcp_sweep_armed: bool,
     uid: u32,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
@@ -289,6 +297,7 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             abandoned: HashMap::new(),
+            tcp_sweep_armed: false,
             uid: process::current_uid(),
             sinks,
             memory_peak: 0,
@@ -498,16 +507,26 @@ impl Server {
                     }
                     Accepted::Http(stream) => {
                         let peer = self.listeners.http_peer;
-                        if self.conns.len() >= self.core.cfg.max_clients {
+                        // TCP peers take at most half the connections: the Unix socket,
+                        // whose peers say who they are, always keeps the other half.
+                        let cap = self.core.cfg.max_clients.div_ceil(2);
+                        let tcp = self.conns.values().filter(|c| c.is_tcp()).count();
+                        let full = if tcp >= cap {
+                            Some(("tcp-clients", cap))
+                        } else if self.conns.len() >= self.core.cfg.max_clients {
+                            Some(("max-clients", self.core.cfg.max_clients))
+                        } else {
+                            None
+                        };
+                        if let Some((limit, value)) = full {
                             let mut stream = stream;
-                            let max = self.core.cfg.max_clients;
                             let (status, body) = http::error_body(
                                 rpc::LIMIT_REACHED,
-                                "limit reached: max-clients",
-                                Some(&json!({ "limit": "max-clients", "value": max })),
+                                &format!("limit reached: {limit}"),
+                                Some(&json!({ "limit": limit, "value": value })),
                             );
                             let _ = stream.write(&http::response(status, &body, false, &[]));
-                            self.refuse(peer, "max-clients");
+                            self.refuse(peer, limit);
                             continue;
                         }
                         let auth = self.listeners.http_auth.clone();
@@ -523,6 +542,12 @@ impl Server {
             if conn.register(self.poll.registry()).is_err() {
                 continue;
             }
+            if conn.is_tcp() && !self.tcp_sweep_armed {
+                self.tcp_sweep_armed = true;
+                self.timers
+                    .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
+            }
+            conn.last_request = now;
             self.conns.insert(token, conn);
             self.core.connected(
                 ConnId(token.0),
@@ -861,6 +886,36 @@ impl Server {
         self.apply();
     }
 
+    /// How often idle TCP connections are looked for: a connection closes within half of
+    /// `--http-idle` (or `TCP_IDLE_SWEEP`) after its time is up.
+    fn tcp_sweep_every(&self) -> Duration {
+        (self.core.cfg.http_idle / 2).min(TCP_IDLE_SWEEP)
+    }
+
+    /// Closes TCP connections that went `--http-idle` without a request while nothing was
+    /// owed to them, and looks again later while any are open.
+    fn close_idle_tcp(&mut self) {
+        let now = self.core.now;
+        let limit = self.core.cfg.http_idle;
+        let mut any = false;
+        for (token, c) in self.conns.iter_mut() {
+            if !c.is_tcp() {
+                continue;
+            }
+            any = true;
+            let idle = c.waiting() == 0 && c.pending_out() == 0;
+            if idle && now.saturating_duration_since(c.last_request) >= limit {
+                c.broken = true;
+                self.dirty.push(*token);
+            }
+        }
+        self.tcp_sweep_armed = any;
+        if any {
+            self.timers
+                .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
+        }
+    }
+
     fn close_conn(&mut self, token: Token) {
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
@@ -1149,6 +1204,7 @@ impl Server {
                     }
                 }
                 LoopTimer::Status => self.status_pending = false,
+                LoopTimer::TcpIdleSweep => self.close_idle_tcp(),
             }
         }
     }

@@ -2329,3 +2329,59 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
         "the README's python block printed something else"
     );
 }
+
+/// TCP peers, who need no credentials to connect, take at most half of `--max-clients`:
+/// idle TCP connections cannot lock the Unix socket out. A TCP connection that sends no
+/// request for `--http-idle` is closed; one with a request in flight is not.
+#[test]
+fn tcp_connections_have_half_the_slots_and_close_when_idle() {
+    let front = start_front(&["--max-clients", "4", "--http-idle", "1s"]);
+    // A connection known to hold a slot: it was answered (the listener probe of
+    // `start_front` may still hold one for a moment, hence the retry).
+    let held = || {
+        let via = front.tcp();
+        let mut tries = 0;
+        loop {
+            let mut raw = Raw::open(&via);
+            raw.send(&request(&via, "GET", "/v1/health", ""));
+            if raw.response().status == 200 {
+                return raw;
+            }
+            tries += 1;
+            assert!(tries < 100, "no TCP slot");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let mut idle = vec![held(), held()];
+    let mut third = Raw::open(&front.tcp());
+    let (_, data) = failure(&third.response(), 429);
+    assert_eq!(data, json!({"limit": "tcp-clients", "value": 2}));
+    third.closed();
+    // The Unix socket still has its half.
+    ok_data(
+        &get(&front.unix(), "/v1/bash/sessions"),
+        Some(SESSIONS_SCHEMA),
+    );
+
+    // The idle connections are closed; a long poll outlives the idle time.
+    for raw in &mut idle {
+        raw.closed();
+    }
+    let via = front.tcp();
+    let session = ok_data(
+        &post(
+            &via,
+            "/v1/bash/exec",
+            &json!({"command": "sleep 30", "async_mode": true}),
+        ),
+        Some(EXEC_SCHEMA),
+    )["session_id"]
+        .clone();
+    let mut polling = Raw::open(&via);
+    let body = json!({"session_id": session, "wait": true, "wait_timeout": 3}).to_string();
+    polling.send(&request(&via, "POST", "/v1/bash/output", &body));
+    let d = ok_data(&polling.response(), Some(OUTPUT_SCHEMA));
+    assert_eq!(d["command"]["status"], "running", "{d}");
+    // Idle again afterwards: closed.
+    polling.closed();
+}
