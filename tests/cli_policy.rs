@@ -450,10 +450,13 @@ fn approve_shows_the_requesters_control_characters_escaped() {
     let (raw, req) = j.next_raw("approval_request");
     assert_eq!(req["command"], line, "{req}");
     assert!(
-        !raw.contains(['\r', '\u{1b}']),
+        !raw.contains(['\r', '\u{1b}', '\u{202e}']),
         "raw controls in the JSON line: {raw:?}"
     );
-    assert!(raw.contains(r"\r\u001b[2K"), "{raw}");
+    assert!(
+        raw.contains(r"\r\u001b[2K") && raw.contains(r"\u202e"),
+        "{raw}"
+    );
 
     let screen = a.screen.wait_for("[y]es / [n]o / [s]ession", 1);
     // The terminal turns each "\n" execctl writes into "\r\n".

@@ -44,12 +44,39 @@ pub fn print(text: &str) -> Res<()> {
 /// Prints a JSON result on stdout, indented, with a final newline.
 pub fn print_json(v: &Value) -> Res<()> {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
-    print(&format!("{text}\n"))
+    print(&format!("{}\n", json_escaped(text)))
 }
 
 /// Prints a JSON value as one line on stdout (a stream of records).
 pub fn print_json_line(v: &Value) -> Res<()> {
-    print(&format!("{v}\n"))
+    print(&format!("{}\n", json_line(v)))
+}
+
+/// A JSON value as execctl prints it on one line.
+pub fn json_line(v: &Value) -> String {
+    json_escaped(v.to_string())
+}
+
+/// JSON text with DEL and the characters `hidden` names written as `\uXXXX`. serde_json
+/// escapes only what JSON requires (C0 controls, `"` and `\`), but JSON is read on
+/// terminals too. The value read back is the same: outside its strings JSON text is ASCII
+/// punctuation and whitespace, so each such character is inside a string, where `\uXXXX`
+/// stands for it (all of them are in the Basic Multilingual Plane).
+fn json_escaped(text: String) -> String {
+    use std::fmt::Write as _;
+    let raw = |c: char| c == '\x7f' || (!c.is_ascii() && hidden(c));
+    if !text.contains(raw) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if raw(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One line on stderr, prefixed `execctl: `.
@@ -410,6 +437,20 @@ mod tests {
         // Printable text of any script, and plain ASCII, are left alone.
         assert_eq!(visible("café 漢字 ~/src 'a b'"), "café 漢字 ~/src 'a b'");
         assert_eq!(visible(""), "");
+    }
+
+    #[test]
+    fn json_escapes_what_a_terminal_would_act_on() {
+        let v = serde_json::json!({"k\u{202e}": ["a\u{1b}\u{7f}\u{9b}\u{2066}b", "é 漢字"]});
+        let line = json_line(&v);
+        assert_eq!(
+            line,
+            r#"{"k\u202e":["a\u001b\u007f\u009b\u2066b","é 漢字"]}"#
+        );
+        assert_eq!(serde_json::from_str::<Value>(&line).ok(), Some(v.clone()));
+        let pretty = json_escaped(serde_json::to_string_pretty(&v).unwrap_or_default());
+        assert!(pretty.contains('\n') && !pretty.contains(['\u{202e}', '\u{9b}']));
+        assert_eq!(serde_json::from_str::<Value>(&pretty).ok(), Some(v));
     }
 
     #[test]
