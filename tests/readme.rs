@@ -52,11 +52,7 @@ fn the_readme_unit_files_pass_systemd_analyze_verify() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !available {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "systemd-analyze is missing in CI: .ci/run must install it"
-        );
-        eprintln!("skipped: systemd-analyze is not installed");
+        skip("systemd-analyze is not installed (.ci/run installs package systemd)");
         return;
     }
     let dir = TempDir::new();
