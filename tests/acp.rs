@@ -1188,16 +1188,11 @@ fn refused_start(args: &[&str]) -> String {
     stderr
 }
 
-fn running_as_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A root daemon runs a non-root peer's commands as that peer, groups included.
 #[test]
 fn root_daemon_runs_a_peers_commands_as_the_peer() {
     if !running_as_root() {
-        eprintln!("skipped: needs root to start a daemon that switches users");
+        skip("needs root to start a daemon that switches users");
         return;
     }
     let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
@@ -1222,7 +1217,7 @@ fn root_daemon_runs_a_peers_commands_as_the_peer() {
 #[test]
 fn run_as_names_the_user_for_non_root_peers() {
     if !running_as_root() {
-        eprintln!("skipped: needs root to start a daemon that switches users");
+        skip("needs root to start a daemon that switches users");
         return;
     }
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
@@ -1231,7 +1226,7 @@ fn run_as_names_the_user_for_non_root_peers() {
         .find(|l| l.starts_with("daemon:"))
         .and_then(|l| l.split(':').nth(2))
     else {
-        eprintln!("skipped: no 'daemon' user to run as");
+        skip("no 'daemon' user in /etc/passwd to run as");
         return;
     };
     let d = Daemon::start(&[

@@ -303,7 +303,7 @@ fn underscore_methods_and_cancel_request() {
 #[test]
 fn two_uids_use_one_session_name_apart() {
     if !running_as_root() {
-        eprintln!("skipped: needs root to connect as another uid");
+        skip("needs root to connect as another uid");
         return;
     }
     let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
@@ -342,11 +342,6 @@ fn two_uids_use_one_session_name_apart() {
         r["stdout"], "root\n",
         "root's newest command is its own: {r}"
     );
-}
-
-fn running_as_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// `execctl call METHOD PARAMS` as uid 65534; returns the JSON it printed.

@@ -322,6 +322,57 @@ fn ps_rows_fit_the_terminal_width() {
     );
 }
 
+/// `ps` and `sessions` show what an agent sent (session ids, directories, commands)
+/// escaped: a newline cannot start a row of its own, nor a carriage return or an escape
+/// sequence redraw one. Not a terminal here, so nothing is cut.
+#[test]
+fn ps_and_sessions_show_an_agents_control_characters_escaped() {
+    let d = Daemon::start(&[]);
+    let dir = TempDir::new();
+    let cwd = dir.path().join("d\u{1b}[2Kir");
+    std::fs::create_dir(&cwd).expect("mkdir");
+    let session = "s\u{1b}]0;x\u{7}\u{202e}";
+    let line = "sleep 30 #\r\u{1b}[2K\nsleep 1";
+    let o = ctl_code(
+        &d,
+        &[
+            "exec",
+            "-d",
+            "--session",
+            session,
+            "--cwd",
+            cwd.to_str().expect("utf-8"),
+            line,
+        ],
+        0,
+    );
+    let id = o.stdout.trim();
+    let clean = |what: &str, text: &str| {
+        assert!(
+            !text.contains(['\u{1b}', '\r', '\u{7}', '\u{202e}']),
+            "{what}: raw controls in {text:?}"
+        );
+    };
+    let ps = ctl_code(&d, &["ps"], 0).stdout;
+    clean("ps", &ps);
+    assert_eq!(ps.lines().count(), 2, "a header and one row: {ps}");
+    let row = ps.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with(id), "{row}");
+    assert!(row.contains(r"s\x1b]0;x\x07\u{202e}"), "{row}");
+    assert!(row.ends_with(r"sleep 30 #\r\x1b[2K\nsleep 1"), "{row}");
+
+    let sessions = ctl_code(&d, &["sessions"], 0).stdout;
+    clean("sessions", &sessions);
+    assert_eq!(sessions.lines().count(), 2, "{sessions}");
+    let row = sessions.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with(r"s\x1b]0;x\x07\u{202e}"), "{row}");
+    assert!(row.contains(r"/d\x1b[2Kir"), "{row}");
+    assert!(row.ends_with(r"sleep 30 #\r\x1b[2K\nsleep 1"), "{row}");
+
+    let closed = ctl_code(&d, &["sessions", "close", session], 0).stdout;
+    assert_eq!(closed, "s\\x1b]0;x\\x07\\u{202e}\n");
+}
+
 // ---- the command line ----------------------------------------------------------------------
 
 #[test]

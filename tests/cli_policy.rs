@@ -242,10 +242,17 @@ impl JsonApprover {
     /// The next line of type `kind`, skipping others.
     #[track_caller]
     fn next(&mut self, kind: &str) -> Value {
+        self.next_raw(kind).1
+    }
+
+    /// The next line of type `kind` as printed, and its value.
+    #[track_caller]
+    fn next_raw(&mut self, kind: &str) -> (String, Value) {
         loop {
-            let v = parse_json(&next_line(&self.lines));
+            let line = next_line(&self.lines);
+            let v = parse_json(&line);
             if v["type"] == kind {
-                return v;
+                return (line, v);
             }
         }
     }
@@ -413,4 +420,73 @@ fn a_request_answered_by_another_approver_leaves_the_prompt() {
     assert_eq!(outcome(&run).stdout, "elsewhere\n");
     a.screen
         .wait_for(&format!("{rid} was answered elsewhere: approve"), 1);
+}
+
+/// What the requester wrote reaches the approver's screen escaped: in the command, the cwd
+/// and the session id, a carriage return and an escape sequence cannot redraw the request
+/// being decided on, nor a newline add a line of its own. `--json` carries the same text
+/// as JSON escapes, nothing raw.
+#[test]
+fn approve_shows_the_requesters_control_characters_escaped() {
+    let (d, dir) = gated_daemon();
+    let mut a = TtyApprover::start(&d);
+    let mut j = JsonApprover::start(&d);
+    let cwd = dir.path().join("x\u{1b}[8m\ny");
+    std::fs::create_dir(&cwd).expect("mkdir a directory with controls in its name");
+    // Shown raw, the carriage return and "erase line" would leave `  command  ls`.
+    let line = "echo safe #\r\u{1b}[2K  command  ls\nsecond";
+    let run = agent(
+        &d,
+        &[
+            "exec",
+            "--session",
+            "s\u{202e}1\r",
+            "--cwd",
+            cwd.to_str().expect("utf-8"),
+            line,
+        ],
+    );
+
+    let (raw, req) = j.next_raw("approval_request");
+    assert_eq!(req["command"], line, "{req}");
+    assert!(
+        !raw.contains(['\r', '\u{1b}', '\u{202e}']),
+        "raw controls in the JSON line: {raw:?}"
+    );
+    assert!(
+        raw.contains(r"\r\u001b[2K") && raw.contains(r"\u202e"),
+        "{raw}"
+    );
+
+    let screen = a.screen.wait_for("[y]es / [n]o / [s]ession", 1);
+    // The terminal turns each "\n" execctl writes into "\r\n".
+    for field in [
+        r"  command  echo safe #\r\x1b[2K  command  ls\nsecond",
+        r"/x\x1b[8m\ny",
+        r"  session  s\u{202e}1\r",
+    ] {
+        assert!(
+            screen.contains(&format!("{field}\r\n")),
+            "{field:?} missing from {screen:?}"
+        );
+    }
+    assert!(
+        screen.lines().any(|l| l.starts_with("  cwd      /")),
+        "{screen:?}"
+    );
+    assert!(
+        !screen.contains('\u{1b}'),
+        "raw ESC on the screen: {screen:?}"
+    );
+    assert!(!screen.contains('\u{202e}'), "raw bidi control: {screen:?}");
+    assert!(
+        !screen.replace("\r\n", "\n").contains('\r'),
+        "raw carriage return on the screen: {screen:?}"
+    );
+
+    a.type_line("n");
+    a.screen.wait_for("feedback for the requester", 1);
+    a.type_line("");
+    let o = outcome(&run);
+    assert_eq!(o.code, Some(125), "{o:?}");
 }

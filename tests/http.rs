@@ -2194,7 +2194,6 @@ fn run_bounded(cmd: &mut Command, bound: Duration, log: &Path) -> Output {
 fn the_python_sdk_end_to_end() {
     let work = TempDir::new();
     let venv = work.path().join("venv");
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
 
     // `python3 -m venv` needs ensurepip (Debian: python3-venv). CI installs it; a machine
     // without it skips, saying so.
@@ -2213,8 +2212,9 @@ fn the_python_sdk_end_to_end() {
         Err(e) => Some(format!("python3 not runnable: {e}")),
     };
     if let Some(why) = why {
-        assert!(!ci, "CI must be able to make a virtualenv: {why}");
-        eprintln!("SKIPPED the_python_sdk_end_to_end: {why} (install python3-venv)");
+        skip(&format!(
+            "cannot make a virtualenv: {why} (install python3-venv)"
+        ));
         return;
     }
     let python = venv.join("bin/python");

@@ -282,13 +282,16 @@ pub fn list(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     let rows: Vec<Vec<String>> = sessions
         .iter()
         .map(|s| {
+            // Ids, directories and commands are whatever the agent sent: shown escaped,
+            // so a newline or an escape sequence cannot forge or hide a row.
+            let shown = |k: &str, none: &str| output::visible(s[k].as_str().unwrap_or(none));
             vec![
-                s["id"].as_str().unwrap_or("").into(),
+                shown("id", ""),
                 s["commands"].to_string(),
                 output::age(s["created_at"].as_str().unwrap_or("")),
                 output::age(s["last_used_at"].as_str().unwrap_or("")),
-                s["dir"].as_str().unwrap_or("").into(),
-                s["running"].as_str().unwrap_or("-").replace('\n', " "),
+                shown("dir", ""),
+                shown("running", "-"),
             ]
         })
         .collect();
@@ -308,7 +311,7 @@ fn close_all(ctx: &Ctx, c: &mut Client, ids: &[String]) -> Res<u8> {
         match c.call("bash/sessions/close", json!({"session_id": id})) {
             Ok(_) => {
                 if !ctx.json {
-                    output::print(&format!("{id}\n"))?;
+                    output::print(&format!("{}\n", output::visible(id)))?;
                 }
                 closed.push(id.clone());
             }

@@ -50,7 +50,7 @@ fn report(f: &Fail, json: bool, verbose: bool) {
         return;
     }
     if json {
-        let _ = output::write_stderr(format!("{}\n", f.to_json()).as_bytes());
+        let _ = output::write_stderr(format!("{}\n", output::json_line(&f.to_json())).as_bytes());
     } else {
         output::warn(&f.text(verbose));
     }

@@ -44,12 +44,39 @@ pub fn print(text: &str) -> Res<()> {
 /// Prints a JSON result on stdout, indented, with a final newline.
 pub fn print_json(v: &Value) -> Res<()> {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
-    print(&format!("{text}\n"))
+    print(&format!("{}\n", json_escaped(text)))
 }
 
 /// Prints a JSON value as one line on stdout (a stream of records).
 pub fn print_json_line(v: &Value) -> Res<()> {
-    print(&format!("{v}\n"))
+    print(&format!("{}\n", json_line(v)))
+}
+
+/// A JSON value as execctl prints it on one line.
+pub fn json_line(v: &Value) -> String {
+    json_escaped(v.to_string())
+}
+
+/// JSON text with DEL and the characters `hidden` names written as `\uXXXX`. serde_json
+/// escapes only what JSON requires (C0 controls, `"` and `\`), but JSON is read on
+/// terminals too. The value read back is the same: outside its strings JSON text is ASCII
+/// punctuation and whitespace, so each such character is inside a string, where `\uXXXX`
+/// stands for it (all of them are in the Basic Multilingual Plane).
+fn json_escaped(text: String) -> String {
+    use std::fmt::Write as _;
+    let raw = |c: char| c == '\x7f' || (!c.is_ascii() && hidden(c));
+    if !text.contains(raw) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if raw(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One line on stderr, prefixed `execctl: `.
@@ -236,6 +263,51 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::from_millis(secs.max(0) as u64 * 1000 + millis))
 }
 
+/// Text from a peer (a command line, a directory, a session id) as a terminal may show
+/// it to a person: control characters and bidirectional controls cannot move the cursor,
+/// clear a line, start an escape sequence or reorder what is shown; each reads as its
+/// escape instead (`\n`, `\r`, `\t`, `\x1b`, `\u{202e}`), and a backslash as `\\`, so
+/// every shown text stands for exactly one original. Printable text of any script stays
+/// as it is.
+pub fn visible(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_ascii_control() => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if hidden(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Characters a terminal acts on or hides rather than shows, beyond ASCII: the C1
+/// controls (U+0080..U+009F; some terminals read U+009B as CSI), the bidirectional
+/// embeddings, overrides, isolates and marks, which reorder what follows them, and the
+/// line and paragraph separators.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{061c}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+}
+
 /// A word as a POSIX shell would need it typed: as is when plain, else single-quoted.
 pub fn shell_quote(word: &str) -> String {
     let plain = !word.is_empty()
@@ -339,6 +411,46 @@ mod tests {
             snake_keys(&serde_json::json!({"outputMemory": {"maxRssKb": 1}})),
             serde_json::json!({"output_memory": {"max_rss_kb": 1}})
         );
+    }
+
+    #[test]
+    fn peer_text_is_shown_escaped() {
+        // The review's example: a carriage return and "erase line" would show `ls`.
+        assert_eq!(
+            visible("rm -rf ~ #\r\u{1b}[2K  command  ls"),
+            "rm -rf ~ #\\r\\x1b[2K  command  ls"
+        );
+        assert_eq!(visible("a\nb\tc"), "a\\nb\\tc");
+        assert_eq!(visible("\0\u{7}\u{7f}"), "\\x00\\x07\\x7f");
+        assert_eq!(visible("\u{9b}31m\u{85}"), "\\u{9b}31m\\u{85}");
+        for bidi in [
+            '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}',
+            '\u{2068}', '\u{2069}', '\u{200e}', '\u{200f}', '\u{61c}',
+        ] {
+            let shown = visible(&format!("x{bidi}y"));
+            assert_eq!(shown, format!("x\\u{{{:x}}}y", u32::from(bidi)));
+        }
+        assert_eq!(visible("a\u{2028}b"), "a\\u{2028}b");
+        // A backslash is escaped too, so no typed text can pose as an escape.
+        assert_eq!(visible(r"C:\x1b"), r"C:\\x1b");
+        assert_ne!(visible("\u{1b}"), visible(r"\x1b"));
+        // Printable text of any script, and plain ASCII, are left alone.
+        assert_eq!(visible("café 漢字 ~/src 'a b'"), "café 漢字 ~/src 'a b'");
+        assert_eq!(visible(""), "");
+    }
+
+    #[test]
+    fn json_escapes_what_a_terminal_would_act_on() {
+        let v = serde_json::json!({"k\u{202e}": ["a\u{1b}\u{7f}\u{9b}\u{2066}b", "é 漢字"]});
+        let line = json_line(&v);
+        assert_eq!(
+            line,
+            r#"{"k\u202e":["a\u001b\u007f\u009b\u2066b","é 漢字"]}"#
+        );
+        assert_eq!(serde_json::from_str::<Value>(&line).ok(), Some(v.clone()));
+        let pretty = json_escaped(serde_json::to_string_pretty(&v).unwrap_or_default());
+        assert!(pretty.contains('\n') && !pretty.contains(['\u{202e}', '\u{9b}']));
+        assert_eq!(serde_json::from_str::<Value>(&pretty).ok(), Some(v));
     }
 
     #[test]

@@ -294,32 +294,56 @@ fn request_json(r: &Request) -> Value {
 }
 
 /// The daemon's brief, "rule R: why; uid U (pid P), cwd C, session S", as labelled
-/// lines; `None` when it reads otherwise.
+/// lines; `None` when it reads otherwise, or could be read two ways.
+///
+/// The rule and its justification come from the policy file, the uid and pid are the
+/// daemon's digits, but the cwd and the session id are the requester's and may hold any
+/// text, ", session " included. So the uid part is the first "; uid DIGITS (pid DIGITS),
+/// cwd " (a requester cannot write before it), and the cwd and session are told apart
+/// only when ", session " occurs once after it: more than once, the split could be any of
+/// them, and the caller shows the whole brief rather than guess.
 fn brief_fields(text: &str) -> Option<Vec<(&'static str, &str)>> {
-    let rule = text.strip_prefix("rule ")?;
-    let (rule, who) = rule.rsplit_once("; uid ")?;
-    let (who, session) = who.rsplit_once(", session ")?;
-    let (uid, cwd) = who.split_once(", cwd ")?;
+    let rest = text.strip_prefix("rule ")?;
+    let (rule, uid, place) = rest.match_indices("; uid ").find_map(|(at, sep)| {
+        let (uid, place) = uid_and_pid(&rest[at + sep.len()..])?;
+        Some((&rest[..at], uid, place))
+    })?;
+    let mut splits = place.match_indices(", session ");
+    let (at, sep) = splits.next()?;
+    if splits.next().is_some() {
+        return None;
+    }
     Some(vec![
         ("rule", rule),
         ("uid", uid),
-        ("cwd", cwd),
-        ("session", session),
+        ("cwd", &place[..at]),
+        ("session", &place[at + sep.len()..]),
     ])
 }
 
+/// "U (pid P), cwd REST" as ("U (pid P)", REST), U and P digits.
+fn uid_and_pid(s: &str) -> Option<(&str, &str)> {
+    let (who, place) = s.split_once("), cwd ")?;
+    let (uid, pid) = who.split_once(" (pid ")?;
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    (digits(uid) && digits(pid)).then_some((&s[..who.len() + 1], place))
+}
+
 /// A request as a person reads it: id, command, rule and justification, uid, cwd and
-/// session, each on its line.
+/// session, each on its line. Every value is shown through `output::visible`: the
+/// command, cwd and session are the requester's, and a carriage return or an escape
+/// sequence in them must not redraw what the approver is deciding on.
 fn request_text(r: &Request) -> String {
     let p = &r.payload;
-    let mut s = format!("\napproval request {}", r.request_id);
+    let shown = output::visible;
+    let mut s = format!("\napproval request {}", shown(&r.request_id));
     if let Some(t) = p["tool_call_id"].as_str() {
-        s.push_str(&format!(" (command id {t})"));
+        s.push_str(&format!(" (command id {})", shown(t)));
     }
     s.push('\n');
     s.push_str(&format!(
         "  command  {}\n",
-        p["description"].as_str().unwrap_or("?")
+        shown(p["description"].as_str().unwrap_or("?"))
     ));
     for d in p["display"].as_array().into_iter().flatten() {
         let Some(text) = d["text"].as_str() else {
@@ -328,10 +352,10 @@ fn request_text(r: &Request) -> String {
         match brief_fields(text) {
             Some(fields) => {
                 for (label, value) in fields {
-                    s.push_str(&format!("  {label:<8} {value}\n"));
+                    s.push_str(&format!("  {label:<8} {}\n", shown(value)));
                 }
             }
-            None => s.push_str(&format!("  {text}\n")),
+            None => s.push_str(&format!("  {}\n", shown(text))),
         }
     }
     s
@@ -429,7 +453,9 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
                         if !ctx.json {
                             let lead = if i == 0 { "\n" } else { "" };
                             output::print(&format!(
-                                "{lead}{rid} was answered elsewhere: {response}\n"
+                                "{lead}{} was answered elsewhere: {}\n",
+                                output::visible(rid),
+                                output::visible(response)
                             ))?;
                             if i == 0 && feedback_for.is_none() {
                                 show(&queue, false)?;
@@ -447,7 +473,10 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
             Heard::Line(line) => {
                 if let Some(r) = feedback_for.take() {
                     wire.answer(&r, "reject", Some(line.trim()))?;
-                    output::print(&format!("{}: rejected\n", r.request_id))?;
+                    output::print(&format!(
+                        "{}: rejected\n",
+                        output::visible(&r.request_id)
+                    ))?;
                     show(&queue, false)?;
                     continue;
                 }
@@ -477,7 +506,10 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
                     } else {
                         "approved for the rest of its session".to_string()
                     };
-                    output::print(&format!("{}: {said}\n", r.request_id))?;
+                    output::print(&format!(
+                        "{}: {said}\n",
+                        output::visible(&r.request_id)
+                    ))?;
                 }
                 show(&queue, false)?;
             }
@@ -554,6 +586,72 @@ mod tests {
         assert_eq!(
             j["display"][0].as_str().map(|s| s.starts_with("rule push")),
             Some(true)
+        );
+    }
+
+    fn asked(description: &str, brief: &str) -> Request {
+        Request {
+            rpc_id: json!("appr_1"),
+            request_id: "appr_1".into(),
+            payload: json!({"id": "appr_1", "tool_call_id": "cmd_1", "description": description,
+                "display": [{"type": "brief", "text": brief}]}),
+        }
+    }
+
+    #[test]
+    fn what_the_requester_wrote_cannot_redraw_the_request() {
+        // A carriage return and "erase line" would leave the approver reading `ls`.
+        let r = asked(
+            "rm -rf ~ #\r\u{1b}[2K  command  ls\nsecond",
+            "rule rm: deletes files; uid 0 (pid 9), cwd /t\u{1b}[8m\nx, session s\u{202e}1\r",
+        );
+        let t = request_text(&r);
+        assert!(
+            t.contains("  command  rm -rf ~ #\\r\\x1b[2K  command  ls\\nsecond\n"),
+            "{t}"
+        );
+        assert!(t.contains("  cwd      /t\\x1b[8m\\nx\n"), "{t}");
+        assert!(t.contains("  session  s\\u{202e}1\\r\n"), "{t}");
+        assert!(!t.contains(['\r', '\u{1b}', '\u{202e}']), "{t:?}");
+        assert_eq!(t.lines().count(), 7, "{t}");
+        // A brief the parser cannot read is shown whole, escaped the same way.
+        let t = request_text(&asked("ls", "not a brief\u{1b}[2J"));
+        assert!(t.ends_with("  not a brief\\x1b[2J\n"), "{t}");
+    }
+
+    #[test]
+    fn the_brief_is_split_only_where_it_reads_one_way() {
+        let fields = |t| brief_fields(t).map(|f| f.into_iter().map(|(_, v)| v).collect::<Vec<_>>());
+        // The requester's cwd may look like the daemon's own uid part: the first one, in
+        // the part only the daemon and the policy write, is the real one.
+        assert_eq!(
+            fields("rule r: why; uid 1000 (pid 42), cwd /a; uid 0 (pid 1), cwd /b, session s"),
+            Some(vec![
+                "r: why",
+                "1000 (pid 42)",
+                "/a; uid 0 (pid 1), cwd /b",
+                "s"
+            ])
+        );
+        // A justification holding "; uid " is passed over: no digits follow it.
+        assert_eq!(
+            fields("rule r: a; uid of it; uid 7 (pid 8), cwd /, session s"),
+            Some(vec!["r: a; uid of it", "7 (pid 8)", "/", "s"])
+        );
+        // ", session " in a cwd or a session id could place the split anywhere: no fields.
+        assert_eq!(
+            fields("rule r; uid 7 (pid 8), cwd /x, session y, session z"),
+            None
+        );
+        assert_eq!(fields("rule r; uid me (pid 8), cwd /, session s"), None);
+        assert_eq!(fields("rule r; uid 7 (pid 8), cwd /"), None);
+        let t = request_text(&asked(
+            "ls",
+            "rule r; uid 7 (pid 8), cwd /x, session y, session z",
+        ));
+        assert!(
+            t.ends_with("  rule r; uid 7 (pid 8), cwd /x, session y, session z\n"),
+            "{t}"
         );
     }
 }

@@ -144,15 +144,18 @@ pub fn ps(ctx: &Ctx, p: &Parsed) -> Res<u8> {
             let duration = x["duration_ms"].as_u64().map_or("-".into(), |ms| {
                 output::human_duration(Duration::from_millis(ms))
             });
+            // Session ids and commands are whatever the agent sent: shown escaped, so a
+            // newline or an escape sequence cannot forge or hide a row.
+            let shown = |k: &str| output::visible(x[k].as_str().unwrap_or(""));
             vec![
-                x["id"].as_str().unwrap_or("").into(),
-                x["session"].as_str().unwrap_or("").into(),
+                shown("id"),
+                shown("session"),
                 x["pid"].to_string(),
                 x["state"].as_str().unwrap_or("").into(),
                 exit,
                 output::age(x["started_at"].as_str().unwrap_or("")),
                 duration,
-                x["command"].as_str().unwrap_or("").replace('\n', " "),
+                shown("command"),
             ]
         })
         .collect();

@@ -205,6 +205,35 @@ pub fn zombie_children(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Whether the tests run in CI (`CI=true`, as .ci/run is run): there every capability a
+/// test needs (root, a writable cgroup2 mount, the tools .ci/run installs) must be present.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A test cannot run here because `why`; the caller returns after this. In CI that fails
+/// the test, since CI must provide what the test needs and a skip there would pass
+/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` on stderr
+/// (`cargo test -- --nocapture` shows it).
+#[track_caller]
+pub fn skip(why: &str) {
+    let here = std::panic::Location::caller();
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    assert!(
+        !in_ci(),
+        "{test} ({here}) cannot run under CI=true: {why}; CI must provide it"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Whether this process runs as root (needed to start a daemon that switches users, or
+/// to connect as another uid).
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
 #[track_caller]
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
