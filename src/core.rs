@@ -1072,15 +1072,14 @@ impl Core {
                 let asked = Asked {
                     rule: verdict.rule.clone(),
                     justification: verdict.justification.clone(),
-                    // What the requester chose is shown with its control characters
-                    // escaped, so it cannot rewrite the approver's screen.
+                    // Raw, like the description: what shows it to a person escapes
+                    // control characters (execctl approve does).
                     brief: format!(
-                        "rule {}{why}; uid {} (pid {}), cwd {}, session {}",
+                        "rule {}{why}; uid {} (pid {}), cwd {}, session {session}",
                         verdict.rule,
                         peer.uid,
                         peer.pid,
-                        launch.cwd.display().to_string().escape_debug(),
-                        session.escape_debug()
+                        launch.cwd.display()
                     ),
                     description: crate::view::cut_text(&command, approvals::DESCRIPTION_MAX),
                 };

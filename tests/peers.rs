@@ -42,28 +42,10 @@ fn call_as_nobody_with(
     cmd.output().expect("run execctl as nobody")
 }
 
-fn running_as_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether the test can run; under CI it must.
-fn needs_root(test: &str) -> bool {
-    if running_as_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{test} needs root, and CI runs tests as root"
-    );
-    eprintln!("SKIPPED {test}: needs root to connect as another uid");
-    false
-}
-
 #[test]
 fn a_peer_s_held_groups_admit_it_judge_it_and_are_what_its_commands_get() {
-    if !needs_root("a_peer_s_held_groups_admit_it_judge_it_and_are_what_its_commands_get") {
-        return;
+    if !running_as_root() {
+        return skip("needs root to connect as another uid");
     }
     let dir = TempDir::new();
     let policy = dir.path().join("policy.json");
