@@ -149,8 +149,8 @@ fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u6
     write_event(out, "Gap", &payload);
 }
 
-/// An `Output` event of a base64 subscription: the exact bytes of `[from, to)`.
-fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
+/// The start of an `Output` event, up to and including its offset.
+fn output_head(out: &mut Vec<u8>, id: &str, stream: &str, from: u64) {
     write_event_head(out, "Output");
     out.extend_from_slice(b"{\"id\":");
     rpc::write_json_str(out, id);
@@ -158,6 +158,11 @@ fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     out.extend_from_slice(stream.as_bytes());
     out.extend_from_slice(b"\",\"offset\":");
     let _ = write!(out, "{from}");
+}
+
+/// An `Output` event of a base64 subscription: the exact bytes of `[from, to)`.
+fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
+    output_head(out, id, stream, from);
     out.extend_from_slice(b",\"encoding\":\"base64\",\"data\":\"");
     match ring.slices(from, to) {
         (one, []) => rpc::base64_encode(out, one),
@@ -169,13 +174,7 @@ fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
 /// An `Output` event for `[from, to)` of `ring`, escaped straight from the ring: text that
 /// is valid UTF-8 in one slice (the common case) is never copied into a `String` first.
 fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
-    write_event_head(out, "Output");
-    out.extend_from_slice(b"{\"id\":");
-    rpc::write_json_str(out, id);
-    out.extend_from_slice(b",\"stream\":\"");
-    out.extend_from_slice(stream.as_bytes());
-    out.extend_from_slice(b"\",\"offset\":");
-    let _ = write!(out, "{from}");
+    output_head(out, id, stream, from);
     out.extend_from_slice(b",\"data\":");
     match ring.slices(from, to) {
         (one, []) => match std::str::from_utf8(one) {

@@ -1196,11 +1196,7 @@ fn root_daemon_runs_a_peers_commands_as_the_peer() {
         return;
     }
     let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("let nobody reach the socket");
+    d.let_others_in();
     let out = execctl_as_nobody(&d.socket, &["run", "--", "sh", "-c", "id -u; id -g; id -G"]);
     assert_eq!(
         out, "65534\n65534\n65534\n",
@@ -1237,11 +1233,7 @@ fn run_as_names_the_user_for_non_root_peers() {
         "--run-as",
         "daemon",
     ]);
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("let nobody reach the socket");
+    d.let_others_in();
     let out = execctl_as_nobody(&d.socket, &["run", "--", "id", "-u"]);
     assert_eq!(out.trim(), daemon_uid);
 }

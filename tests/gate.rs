@@ -23,7 +23,11 @@ const POLICY: &str = r#"{
 
 /// A daemon with `POLICY` (and `extra` flags); returns it and the policy file's path.
 fn daemon_with_policy(extra: &[&str]) -> (Daemon, PathBuf) {
-    let dir = TempDir::new();
+    daemon_with_policy_in(TempDir::new(), extra)
+}
+
+/// `daemon_with_policy` in `dir`.
+fn daemon_with_policy_in(dir: TempDir, extra: &[&str]) -> (Daemon, PathBuf) {
     let policy = dir.path().join("policy.json");
     std::fs::write(&policy, POLICY).expect("write policy");
     let socket = dir.path().join("execd.sock");
@@ -427,22 +431,20 @@ fn audit_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A daemon with `POLICY` and an audit file; returns it, the policy's path and the audit
+/// file's.
+fn daemon_with_audit() -> (Daemon, PathBuf, PathBuf) {
+    let dir = TempDir::new();
+    let audit = dir.path().join("audit.jsonl");
+    let (d, policy) = daemon_with_policy_in(dir, &["--audit", audit.to_str().expect("utf-8")]);
+    (d, policy, audit)
+}
+
 /// A scripted session read back from the audit file: every line is valid JSON with `ts`
 /// and `event`, and each event carries its fields.
 #[test]
 fn the_audit_log_records_every_decision_start_and_end() {
-    let dir = TempDir::new();
-    let audit = dir.path().join("audit.jsonl");
-    let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, POLICY).expect("write");
-    let socket = dir.path().join("execd.sock");
-    let flags = [
-        "--policy",
-        policy.to_str().unwrap(),
-        "--audit",
-        audit.to_str().unwrap(),
-    ];
-    let d = Daemon::start_at(dir, socket, &flags);
+    let (d, _, audit) = daemon_with_audit();
     let mut a = approver(&d);
     let mut c = d.client();
     let id = create(&mut c, "sh", &["-c", "echo hi; exit 3"]);
@@ -543,18 +545,7 @@ fn the_audit_log_records_every_decision_start_and_end() {
 /// file. A bad policy on SIGHUP keeps the old one, and says so.
 #[test]
 fn sighup_reopens_the_audit_file_and_reloads_the_policy() {
-    let dir = TempDir::new();
-    let audit = dir.path().join("audit.jsonl");
-    let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, POLICY).expect("write");
-    let socket = dir.path().join("execd.sock");
-    let flags = [
-        "--policy",
-        policy.to_str().unwrap(),
-        "--audit",
-        audit.to_str().unwrap(),
-    ];
-    let d = Daemon::start_at(dir, socket, &flags);
+    let (d, policy, audit) = daemon_with_audit();
     let mut c = d.client();
     let a = create(&mut c, "true", &[]);
     wait_exit(&mut c, &a);

@@ -73,11 +73,7 @@ fn a_peer_s_held_groups_admit_it_judge_it_and_are_what_its_commands_get() {
             &policy,
         ],
     );
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("let nobody reach the socket");
+    d.let_others_in();
 
     // Holding the group: admitted by it, its commands hold exactly what it holds.
     let out = call_as_nobody_with(

@@ -115,6 +115,16 @@ impl Daemon {
         }
     }
 
+    /// Lets other users reach the socket (started with `--socket-mode 0666`): its private
+    /// directory becomes searchable.
+    pub fn let_others_in(&self) {
+        std::fs::set_permissions(
+            self.dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("let other users reach the socket");
+    }
+
     /// Resident set size of the daemon in KiB, from /proc.
     pub fn rss_kb(&self) -> u64 {
         rss_kb(self.pid())
