@@ -151,6 +151,23 @@ fn all_gone(m: &str, what: &str) {
     }
 }
 
+/// Every escape shape, each with a marker of its own: (shape, marker, script).
+fn marked_escapes() -> Vec<(&'static str, String, String)> {
+    let shapes: Vec<&'static str> = escapes("x").into_iter().map(|(s, _)| s).collect();
+    shapes
+        .into_iter()
+        .map(|shape| {
+            let m = marker();
+            let script = escapes(&m)
+                .into_iter()
+                .find(|(s, _)| *s == shape)
+                .expect("shape")
+                .1;
+            (shape, m, script)
+        })
+        .collect()
+}
+
 /// Starts a terminal of `script` and waits until it printed `ready` and its marked
 /// processes exist.
 #[track_caller]
@@ -176,13 +193,7 @@ fn terminal_release_kill_and_shutdown_leave_nothing_alive() {
         let mut d = cgroup_daemon(&cg, &[]);
         let mut c = d.client();
         let mut marks = Vec::new();
-        for (shape, _) in escapes("x") {
-            let m = marker();
-            let script = escapes(&m)
-                .into_iter()
-                .find(|(s, _)| *s == shape)
-                .expect("shape")
-                .1;
+        for (shape, m, script) in marked_escapes() {
             let id = start_tree(&mut c, &script, &m);
             marks.push((shape, m, id));
         }
@@ -211,13 +222,7 @@ fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
     let d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
     for ending in ["bash/kill", "hard_timeout", "bash/sessions/close"] {
-        for (shape, _) in escapes("x") {
-            let m = marker();
-            let script = escapes(&m)
-                .into_iter()
-                .find(|(s, _)| *s == shape)
-                .expect("shape")
-                .1;
+        for (shape, m, script) in marked_escapes() {
             let session = format!("{}-{}", ending.replace('/', "-"), m);
             let mut params = json!({"command": script, "async_mode": true, "session_id": session});
             if ending == "hard_timeout" {
@@ -251,13 +256,7 @@ fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
     let mut d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
     let mut marks = Vec::new();
-    for (shape, _) in escapes("x") {
-        let m = marker();
-        let script = escapes(&m)
-            .into_iter()
-            .find(|(s, _)| *s == shape)
-            .expect("shape")
-            .1;
+    for (_, m, script) in marked_escapes() {
         start_tree(&mut c, &script, &m);
         marks.push(m);
     }
