@@ -171,7 +171,7 @@ pub fn request_line(id: &str, tool_call_id: &str, asked: &Asked) -> Vec<u8> {
 /// The Wire event that tells an approver how request `id` ended.
 pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
     let mut line = Vec::with_capacity(128);
-    crate::events::write_event(
+    rpc::write_event(
         &mut line,
         "ApprovalRequestResolved",
         &json!({ "request_id": id, "response": answer.as_str() }),

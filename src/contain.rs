@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use crate::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
 use crate::process;
-use crate::table::Key;
+use crate::table::{Key, TreeUsage};
 
 /// The two steps of ending a tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,15 +30,6 @@ pub enum Stage {
     Term,
     /// SIGKILL to whatever of the tree is left.
     Kill,
-}
-
-/// Whole-tree figures of a command, read from its cgroup when its leader exits.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct TreeUsage {
-    pub cpu_ms: Option<u64>,
-    pub memory_peak_kb: Option<u64>,
-    /// The OOM killer took a process of the tree.
-    pub oom_killed: bool,
 }
 
 /// A command cgroup made for a spawn: the child joins it through `procs`.

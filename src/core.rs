@@ -23,13 +23,13 @@ use serde_json::{json, Value};
 use crate::approvals::{self, Answer, Approvals, Asked, Pending};
 use crate::audit::{self, Log, Queue};
 use crate::config::{Config, BASH_HISTORY};
-use crate::contain::{Stage, TreeUsage};
+use crate::contain::Stage;
 use crate::launch::{Admitted, LaunchRequest};
 use crate::policy::{self, Decision, Judged, Policy};
 use crate::process::{Ended, Stdio3, Usage};
 use crate::rpc::{ReqNo, RpcError};
 use crate::table::{
-    ConnId, Exit, Key, KillReason, Peer, Proc, Session, SessionKey, Stdin, Stream, Table,
+    ConnId, Exit, Key, KillReason, Peer, Proc, Session, SessionKey, Stdin, Stream, Table, TreeUsage,
 };
 use crate::timers::{TimerId, Timers};
 use crate::view;

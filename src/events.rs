@@ -16,7 +16,7 @@
 
 use std::io::Write;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::core::{Caller, Core, Effect, Step};
 use crate::ring::Ring;
@@ -131,27 +131,14 @@ fn stream_name(p: &Proc, stream: usize) -> &'static str {
     }
 }
 
-fn write_event_head(out: &mut Vec<u8>, kind: &str) {
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"event\",\"params\":{\"type\":\"");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\",\"payload\":");
-}
-
-/// Appends a whole `event` notification with a JSON payload.
-pub fn write_event(out: &mut Vec<u8>, kind: &str, payload: &Value) {
-    write_event_head(out, kind);
-    rpc::write_json(out, payload);
-    out.extend_from_slice(b"}}\n");
-}
-
 fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u64) {
     let payload = json!({ "id": id, "stream": stream, "offset": offset, "skipped": skipped });
-    write_event(out, "Gap", &payload);
+    rpc::write_event(out, "Gap", &payload);
 }
 
 /// The start of an `Output` event, up to and including its offset.
 fn output_head(out: &mut Vec<u8>, id: &str, stream: &str, from: u64) {
-    write_event_head(out, "Output");
+    rpc::write_event_head(out, "Output");
     out.extend_from_slice(b"{\"id\":");
     rpc::write_json_str(out, id);
     out.extend_from_slice(b",\"stream\":\"");
@@ -228,7 +215,7 @@ pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Pumped {
             if sub.lagging {
                 catch_up(p, &mut sub, out.buf());
             }
-            write_event(out.buf(), "Exit", &view::exit_event(p));
+            rpc::write_event(out.buf(), "Exit", &view::exit_event(p));
             sub.done = true;
         }
         if out.pending() != before {
@@ -333,6 +320,7 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) -> bool {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use serde_json::Value;
     use std::collections::HashMap;
 
     /// A connection's outgoing buffer with a cap, and nothing behind it.

@@ -731,6 +731,20 @@ pub fn write_json(out: &mut Vec<u8>, value: &Value) {
     let _ = serde_json::to_writer(out, value);
 }
 
+/// Appends the start of a Wire `event` notification of type `kind`, up to its payload.
+pub fn write_event_head(out: &mut Vec<u8>, kind: &str) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":\"event\",\"params\":{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"payload\":");
+}
+
+/// Appends a whole Wire `event` notification with a JSON payload.
+pub fn write_event(out: &mut Vec<u8>, kind: &str, payload: &Value) {
+    write_event_head(out, kind);
+    write_json(out, payload);
+    out.extend_from_slice(b"}}\n");
+}
+
 /// Appends `s` as a JSON string literal, with the same escapes serde_json writes.
 ///
 /// This is the hot path of output events (every byte a command prints passes here), so
