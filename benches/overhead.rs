@@ -5,8 +5,8 @@
 //! load. It prints medians and the ratio per bench, then a summary table. No thresholds:
 //! the targets are printed beside the figures.
 //!
-//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, policy,
-//! http, parallel, ingest, stream, memory, scale).
+//! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
+//! policy, http, parallel, ingest, stream, memory, scale).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -152,6 +152,44 @@ fn bench_spawn(rows: &mut Vec<Row>) {
 
 /// The spawn round trip of a shell line through `bash/exec`, with a 1,000-rule policy
 /// loaded (the line split and judged) against no policy, interleaved.
+/// The spawn round trip with a cgroup per command (`--cgroup` on a private parent) against
+/// process groups only (`--cgroup off`): what containment costs a command.
+fn bench_cgroup(rows: &mut Vec<Row>) {
+    let cg = match common::TestCgroup::new("bench") {
+        Ok(cg) => cg,
+        Err(why) => {
+            println!("1e cgroup per command: not measured: {why}");
+            return;
+        }
+    };
+    let groups = Daemon::start(&["--cgroup", "off"]);
+    let contained = Daemon::start(&["--cgroup", cg.path()]);
+    let (mut cp, mut cc) = (client(&groups), client(&contained));
+    for _ in 0..20 {
+        execd_run(&mut cp, "/bin/true", &[]);
+        execd_run(&mut cc, "/bin/true", &[]);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        execd_run(&mut cp, "/bin/true", &[]);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        execd_run(&mut cc, "/bin/true", &[]);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop((cc, contained)); // the daemon goes before its parent cgroup does
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "1e spawn round trip, cgroup per command vs process groups".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us"),
+        format!("{:.2}", mb / ma),
+        "-".into(),
+    );
+}
+
 fn bench_policy(rows: &mut Vec<Row>) {
     let plain = Daemon::start(&[]);
     let dir = common::TempDir::new();
@@ -756,8 +794,9 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 8] = [
+    let benches: [(&str, Bench); 9] = [
         ("spawn", bench_spawn),
+        ("cgroup", bench_cgroup),
         ("policy", bench_policy),
         ("http", bench_http),
         ("parallel", bench_parallel),

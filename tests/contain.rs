@@ -5,83 +5,19 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-/// A private parent cgroup under the cgroup2 mount, torn down on drop: everything in it
-/// killed, every cgroup below it removed, deepest first.
-struct TestCgroup(PathBuf);
-
-impl TestCgroup {
-    /// `None` where no cgroup2 mount is writable: the test is skipped (`skip`), which
-    /// fails it in CI.
-    #[track_caller]
-    fn new() -> Option<TestCgroup> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let Some(mount) = execd::cgroup::cgroup2_mount(&mountinfo) else {
-            skip("no cgroup2 mount in /proc/self/mountinfo");
-            return None;
-        };
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let dir = mount.join(format!("execd-test-{}-{n}", std::process::id()));
-        if let Err(e) = std::fs::create_dir(&dir) {
-            skip(&format!(
-                "cannot create the test cgroup {}: {e} (needs root)",
-                dir.display()
-            ));
-            return None;
-        }
-        Some(TestCgroup(dir))
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8")
-    }
-
-    /// The command cgroups execd made in it.
-    fn command_cgroups(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.0)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .is_some_and(|n| n.to_string_lossy().starts_with("cmd-"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // Every cgroup below, deepest first.
-        let mut dirs = Vec::new();
-        let mut stack = vec![self.0.clone()];
-        while let Some(d) = stack.pop() {
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                stack.extend(
-                    rd.flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path()),
-                );
-            }
-            dirs.push(d);
-        }
-        for d in dirs.iter().skip(1) {
-            let _ = std::fs::write(d.join("cgroup.kill"), "1");
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for d in dirs.iter().rev() {
-            while std::fs::remove_dir(d).is_err() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+/// A private parent cgroup for one test, or `None` (skipped: `skip` fails it in CI).
+#[track_caller]
+fn test_cgroup() -> Option<TestCgroup> {
+    match TestCgroup::new("test") {
+        Ok(cg) => Some(cg),
+        Err(why) => {
+            skip(&why);
+            None
         }
     }
 }
@@ -188,7 +124,7 @@ fn cgroup_daemon(cg: &TestCgroup, extra: &[&str]) -> Daemon {
 /// Release, kill, and a daemon's SIGTERM end every shape of escape, for terminals.
 #[test]
 fn terminal_release_kill_and_shutdown_leave_nothing_alive() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     for ending in ["terminal/release", "terminal/kill", "shutdown"] {
         let mut d = cgroup_daemon(&cg, &[]);
         let mut c = d.client();
@@ -218,7 +154,7 @@ fn terminal_release_kill_and_shutdown_leave_nothing_alive() {
 /// `bash/kill` with SIGKILL, a hard timeout and session close end every shape too.
 #[test]
 fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
     for ending in ["bash/kill", "hard_timeout", "bash/sessions/close"] {
@@ -252,7 +188,7 @@ fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
 /// cgroup: what it left is killed at start, and the count is logged.
 #[test]
 fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let mut d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
     let mut marks = Vec::new();
@@ -287,7 +223,7 @@ fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
 /// A command's cgroup goes once its tree is empty: 500 commands leave none behind.
 #[test]
 fn five_hundred_commands_leave_no_cgroup_behind() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let d = cgroup_daemon(&cg, &["--max-processes", "600"]);
     let mut c = d.client();
     let sent: Vec<u64> = (0..500)
@@ -321,7 +257,7 @@ fn five_hundred_commands_leave_no_cgroup_behind() {
 /// Whole-tree accounting: `cpuMs` from the cgroup beside the leader's rusage.
 #[test]
 fn exit_reports_the_whole_trees_cpu() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
     let id = create(&mut c, "sh", &["-c", "true"]);
@@ -335,7 +271,7 @@ fn exit_reports_the_whole_trees_cpu() {
 /// `-32003` naming the controller, and so is a daemon-wide flag at start.
 #[test]
 fn limits_without_their_controller_are_refused_by_name() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let controllers = std::fs::read_to_string(cg.0.join("cgroup.controllers")).unwrap_or_default();
     let d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
@@ -431,7 +367,7 @@ fn fallbacks_to_process_groups_say_why() {
 /// `pids.max`, and an OOM kill is reported as such.
 #[test]
 fn limits_hold_where_controllers_exist() {
-    let Some(cg) = TestCgroup::new() else { return };
+    let Some(cg) = test_cgroup() else { return };
     let controllers = std::fs::read_to_string(cg.0.join("cgroup.controllers")).unwrap_or_default();
     let has = |c: &str| controllers.split_whitespace().any(|w| w == c);
     // Which controllers a cgroup2 mount offers is the host's setup (a hybrid v1/v2 host

@@ -369,3 +369,75 @@ pub fn cpu_ticks(pid: i32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+static NEXT_CGROUP: AtomicUsize = AtomicUsize::new(0);
+
+/// A private parent cgroup under the cgroup2 mount (found in /proc/self/mountinfo) for a
+/// daemon's `--cgroup`, torn down on drop: everything in it killed, every cgroup below it
+/// removed, deepest first.
+pub struct TestCgroup(pub PathBuf);
+
+impl TestCgroup {
+    /// `execd-KIND-PID-N` under the cgroup2 mount; why not, where there is no writable one.
+    pub fn new(kind: &str) -> Result<TestCgroup, String> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let Some(mount) = execd::cgroup::cgroup2_mount(&mountinfo) else {
+            return Err("no cgroup2 mount in /proc/self/mountinfo".into());
+        };
+        let n = NEXT_CGROUP.fetch_add(1, Ordering::SeqCst);
+        let dir = mount.join(format!("execd-{kind}-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "cannot create the cgroup {}: {e} (needs root)",
+                dir.display()
+            )
+        })?;
+        Ok(TestCgroup(dir))
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8")
+    }
+
+    /// The command cgroups execd made in it.
+    pub fn command_cgroups(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.0)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("cmd-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Every cgroup below, deepest first.
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.0.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                stack.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().skip(1) {
+            let _ = std::fs::write(d.join("cgroup.kill"), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for d in dirs.iter().rev() {
+            while std::fs::remove_dir(d).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
