@@ -196,6 +196,17 @@ impl Conn {
         self.pending_out() + held
     }
 
+    /// Whether a connection held back from reading may take requests again: it owes less
+    /// than its buffer (answers held behind an earlier one included) and, over HTTP, has
+    /// room in its pipeline. Only then is it worth reading again.
+    pub fn can_take(&self) -> bool {
+        let pipeline_full = match &self.codec {
+            Codec::Http(s) => s.pipeline_full(),
+            _ => false,
+        };
+        !self.owes_past_cap() && !pipeline_full
+    }
+
     /// Whether more than `--client-buffer` is owed: the peer is not reading.
     pub fn owes_past_cap(&self) -> bool {
         self.owed() >= self.bounds.cap

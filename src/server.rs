@@ -846,7 +846,10 @@ impl Server {
                     break;
                 }
                 let owed = conn.pending_out();
-                let held_back = conn.read_pending;
+                // Read again only what may take requests now: re-reading a connection
+                // still held back would mark it dirty again and spin the loop until its
+                // oldest request is answered (which marks it dirty in turn).
+                let held_back = conn.read_pending && conn.can_take();
                 let mut done = events::on_room(
                     &mut self.core.table,
                     ConnId(token.0),

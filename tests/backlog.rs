@@ -233,3 +233,48 @@ fn a_client_piling_up_unread_answers_is_closed_at_the_budget() {
     // The daemon goes on serving.
     ok(&mut c, "bash/sessions", json!({}));
 }
+
+/// A connection held back (a full pipeline, or answers held behind a slow request that
+/// fill its buffer) costs no CPU while it waits: the loop sleeps until the slow request is
+/// answered instead of re-reading it every turn.
+#[test]
+fn a_held_back_http_connection_costs_no_cpu() {
+    let d = Daemon::start(&["--client-buffer", "64K"]);
+    let mut c = d.client();
+    let big = async_exec(&mut c, "head -c 200000 /dev/zero | tr '\\0' a; sleep 30");
+    wait_until("200 KB of output", || {
+        let out = ok(&mut c, "bash/output", json!({"session_id": big}));
+        out["stdout"].as_str().map_or(0, str::len) == 200_000
+    });
+    let post = |path: &str, params: Value| {
+        let body = params.to_string();
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let slow = post(
+        "/v1/bash/exec",
+        json!({"command": "sleep 4", "timeout": 30}),
+    );
+    // A full pipeline behind the slow request.
+    let mut full = UnixStream::connect(&d.socket).expect("connect");
+    let mut bytes = slow.clone();
+    for _ in 0..40 {
+        bytes.push_str("GET /v1/bash/sessions HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    full.write_all(bytes.as_bytes()).expect("write");
+    // An answer bigger than the buffer held behind the slow request.
+    let mut held = UnixStream::connect(&d.socket).expect("connect");
+    let bytes = slow + &post("/v1/bash/output", json!({"session_id": big}));
+    held.write_all(bytes.as_bytes()).expect("write");
+
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_ticks(d.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(d.pid()) - before;
+    // Spinning would be about 200; an idle loop is 0 or 1.
+    assert!(used <= 15, "the daemon used {used} ticks of CPU in 2 s");
+    assert_eq!(read_statuses(&mut full, 41).len(), 41);
+    assert_eq!(read_statuses(&mut held, 2).len(), 2);
+}
