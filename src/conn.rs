@@ -110,24 +110,18 @@ pub struct Conn {
     pub eof: bool,
     /// A write failed or the peer hung up: close once the loop gets to it.
     pub broken: bool,
-    /// The supplementary groups the peer held when it connected (Unix socket only).
+    /// The peer's supplementary groups: those it held when it connected (Unix socket), or
+    /// `--http-run-as`'s (TCP).
     pub groups: Vec<u32>,
-    /// When it connected or last handed out a request (an idle TCP connection closes).
+    /// When it connected, last read a whole HTTP request, or last had something in flight
+    /// (an idle TCP connection closes).
     pub last_request: Instant,
 }
 
 impl Conn {
     /// A connection on the Unix socket: JSON-RPC or HTTP, as its first byte says.
-    pub fn unix(
-        stream: UnixStream,
-        token: Token,
-        peer: PeerCred,
-        groups: Vec<u32>,
-        bounds: Bounds,
-    ) -> Conn {
-        let mut c = Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds);
-        c.groups = groups;
-        c
+    pub fn unix(stream: UnixStream, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
+        Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds)
     }
 
     /// A connection on an HTTP listener.
@@ -303,15 +297,19 @@ impl Conn {
         let (next, held, pipeline_full) = match &mut self.codec {
             Codec::Undecided => (None, 0, false),
             Codec::Rpc(s) => (s.next(&mut self.out, room), 0, false),
-            Codec::Http(s) => (s.next(&mut self.out, room), s.held(), s.pipeline_full()),
+            Codec::Http(s) => {
+                let before = s.requests();
+                let next = s.next(&mut self.out, room);
+                if s.requests() != before {
+                    self.last_request = Instant::now();
+                }
+                (next, s.held(), s.pipeline_full())
+            }
         };
         // Answers are not being read (queued, or held behind an earlier one), or as many
         // requests are in flight as may be: take no more until that changes.
         let full = self.pending_out() + held >= self.bounds.cap;
         self.read_pending = next.is_none() && (full || pipeline_full);
-        if next.is_some() {
-            self.last_request = Instant::now();
-        }
         next
     }
 
@@ -353,6 +351,9 @@ impl Conn {
             }
         }
         if self.out_pos == self.out.len() {
+            if self.is_tcp() && !self.out.is_empty() {
+                self.last_request = Instant::now(); // idle from the end of an answer
+            }
             self.out.clear();
             self.out_pos = 0;
             // Give back memory a burst needed, keeping a working size.

@@ -1042,6 +1042,8 @@ pub struct Session {
     waiting: usize,
     /// Bytes of `Ready` slots held behind a `Waiting` one.
     held: usize,
+    /// Whole requests read, those answered here included.
+    requests: u64,
     next_req: u64,
 }
 
@@ -1053,6 +1055,7 @@ impl Session {
             order: VecDeque::new(),
             waiting: 0,
             held: 0,
+            requests: 0,
             next_req: 0,
         }
     }
@@ -1070,6 +1073,12 @@ impl Session {
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
         self.waiting
+    }
+
+    /// Whole requests read so far, those answered without the loop (health, refusals)
+    /// included.
+    pub fn requests(&self) -> u64 {
+        self.requests
     }
 
     /// Bytes of answers ready and held behind an earlier request: owed like queued ones.
@@ -1104,7 +1113,11 @@ impl Session {
             if room.owed + self.held + (out.len() - base) >= room.cap || self.pipeline_full() {
                 return None;
             }
-            let answered = match self.codec.next()? {
+            let event = self.codec.next()?;
+            if !matches!(event, Event::Continue) {
+                self.requests += 1;
+            }
+            let answered = match event {
                 Event::Continue => CONTINUE.to_vec(),
                 Event::Reject { response, .. } => response,
                 Event::Request(r) => match self.request(r) {

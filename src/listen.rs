@@ -47,6 +47,8 @@ pub struct Listeners {
     pub http_auth: http::Auth,
     /// Whom HTTP requests on TCP run as and are owned by.
     pub http_peer: PeerCred,
+    /// The supplementary groups they run and are judged with.
+    pub http_groups: Vec<u32>,
 }
 
 impl Listeners {
@@ -97,6 +99,7 @@ impl Listeners {
             http: front.listeners,
             http_auth: front.auth,
             http_peer: front.peer,
+            http_groups: front.groups,
         })
     }
 
@@ -172,6 +175,8 @@ struct HttpFront {
     auth: http::Auth,
     /// Whom TCP requests run as and are owned by.
     peer: PeerCred,
+    /// Its supplementary groups: its user entry's, looked up once at start.
+    groups: Vec<u32>,
 }
 
 impl HttpFront {
@@ -182,7 +187,7 @@ impl HttpFront {
     fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
         let me = process::current_uid();
         let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-        let peer = match (&cfg.http_run_as, me) {
+        let (peer, groups) = match (&cfg.http_run_as, me) {
             (Some(user), _) => {
                 let id = Identity::of_user(user)?;
                 // Only root can run commands as someone else; naming oneself is fine.
@@ -191,11 +196,12 @@ impl HttpFront {
                         "--http-run-as {user} needs a daemon running as root"
                     )));
                 }
-                PeerCred {
+                let peer = PeerCred {
                     pid: 0,
                     uid: id.uid,
                     gid: id.gid,
-                }
+                };
+                (peer, id.groups)
             }
             (None, 0) if !cfg.http_listen.is_empty() => {
                 return Err(refuse(
@@ -204,11 +210,14 @@ impl HttpFront {
                         .into(),
                 ))
             }
-            (None, _) => PeerCred {
-                pid: 0,
-                uid: me,
-                gid: process::current_gid(),
-            },
+            (None, _) => {
+                let peer = PeerCred {
+                    pid: 0,
+                    uid: me,
+                    gid: process::current_gid(),
+                };
+                (peer, process::current_groups())
+            }
         };
         let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
             (Some(path), _) => http::Auth::Token(read_token(path)?.into()),
@@ -246,6 +255,7 @@ impl HttpFront {
             listeners,
             auth,
             peer,
+            groups,
         })
     }
 }

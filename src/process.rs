@@ -149,16 +149,6 @@ fn group_list(user: &CString, gid: u32) -> Vec<u32> {
 }
 
 impl Identity {
-    /// The identity of a peer: its uid and gid, and the supplementary groups its user
-    /// entry gives (just the gid when it has none).
-    pub fn of_peer(uid: u32, gid: u32) -> Identity {
-        let groups = match passwd_entry(Some(uid), None) {
-            Ok(Some((name, _, _))) => group_list(&name, gid),
-            _ => vec![gid],
-        };
-        Identity { uid, gid, groups }
-    }
-
     /// The identity of a user named in `--run-as` (a name or a numeric uid).
     pub fn of_user(user: &str) -> io::Result<Identity> {
         let entry = match user.parse::<u32>() {
@@ -173,35 +163,6 @@ impl Identity {
             gid,
             groups: group_list(&name, gid),
         })
-    }
-}
-
-/// Peer identities (uid and gid -> supplementary groups), looked up at a peer's first
-/// spawn and reused for a while: user databases (LDAP, sssd) can take seconds, and the
-/// loop must not wait on them per connection.
-#[derive(Debug, Default)]
-pub struct Identities {
-    known: HashMap<(u32, u32), (Identity, std::time::Instant)>,
-}
-
-impl Identities {
-    /// How long a looked-up identity is reused.
-    const TTL: Duration = Duration::from_secs(60);
-
-    /// The identity of peer `uid`/`gid` at `now`.
-    pub fn of_peer(&mut self, uid: u32, gid: u32, now: std::time::Instant) -> Identity {
-        let fresh = |at: &std::time::Instant| now.saturating_duration_since(*at) < Self::TTL;
-        if let Some((id, at)) = self.known.get(&(uid, gid)) {
-            if fresh(at) {
-                return id.clone();
-            }
-        }
-        let id = Identity::of_peer(uid, gid);
-        if self.known.len() > 4096 {
-            self.known.retain(|_, (_, at)| fresh(at));
-        }
-        self.known.insert((uid, gid), (id.clone(), now));
-        id
     }
 }
 
@@ -937,6 +898,17 @@ pub fn current_uid() -> u32 {
 pub fn current_gid() -> u32 {
     // SAFETY: getgid cannot fail.
     unsafe { libc::getgid() }
+}
+
+/// The daemon's supplementary groups.
+pub fn current_groups() -> Vec<u32> {
+    // SAFETY: with a size of 0 getgroups only counts, writing nothing.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
+    // SAFETY: `groups` holds `n` entries, the most getgroups writes.
+    let got = unsafe { libc::getgroups(n.max(0), groups.as_mut_ptr()) };
+    groups.truncate(got.max(0) as usize);
+    groups
 }
 
 /// Changes the owner group of a path (the socket file, for `--socket-group`).

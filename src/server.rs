@@ -34,7 +34,7 @@ use crate::http;
 use crate::launch::LaunchRequest;
 use crate::listen::{Accepted, Listeners};
 use crate::pipes::{Flushed, Got, Pipes, Source};
-use crate::process::{self, Identities, Identity, PeerCred};
+use crate::process::{self, Identity, PeerCred};
 use crate::rpc::Incoming;
 use crate::rpc::{self, ReqNo, RpcError};
 use crate::table::{ConnId, Key, Peer};
@@ -151,8 +151,6 @@ pub struct Server {
     spawner: process::Spawner,
     /// `--run-as`, resolved at startup.
     run_as: Option<Identity>,
-    /// Peer identities, looked up at a peer's first spawn.
-    identities: Identities,
     timers: Timers<LoopTimer>,
     next_token: usize,
     scratch: Vec<u8>,
@@ -288,7 +286,6 @@ impl Server {
             contain,
             spawner,
             run_as,
-            identities: Identities::default(),
             timers: Timers::default(),
             next_token,
             scratch: vec![0; SCRATCH],
@@ -498,9 +495,8 @@ impl Server {
                             self.refuse(peer, "max-clients");
                             continue;
                         }
-                        let own = groups.clone();
                         (
-                            Box::new(move |t, b| Conn::unix(stream, t, peer, own, b)),
+                            Box::new(move |t, b| Conn::unix(stream, t, peer, b)),
                             peer,
                             groups,
                         )
@@ -533,7 +529,7 @@ impl Server {
                         (
                             Box::new(move |t, b| Conn::http(stream, t, peer, b, auth)),
                             peer,
-                            Vec::new(),
+                            self.listeners.http_groups.clone(),
                         )
                     }
                 };
@@ -548,6 +544,7 @@ impl Server {
                     .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
             }
             conn.last_request = now;
+            conn.groups = groups.clone();
             self.conns.insert(token, conn);
             self.core.connected(
                 ConnId(token.0),
@@ -906,8 +903,10 @@ impl Server {
                 continue;
             }
             any = true;
-            let idle = c.waiting() == 0 && c.pending_out() == 0;
-            if idle && now.saturating_duration_since(c.last_request) >= limit {
+            if c.waiting() > 0 || c.owed() > 0 {
+                continue; // in flight: idle from when its answer is written (`flush`)
+            }
+            if now.saturating_duration_since(c.last_request) >= limit {
                 c.broken = true;
                 self.dirty.push(*token);
             }
@@ -930,18 +929,14 @@ impl Server {
     // ---- spawning ----------------------------------------------------------------------
 
     /// Who a peer's commands run as: a root daemon runs a non-root peer's commands as that
-    /// peer with the groups it holds (or as `--run-as`); a request over TCP as its peer,
-    /// `--http-run-as`, with the groups of its user entry (looked up at its first spawn and
-    /// reused for a while, since user databases such as LDAP can be slow). Otherwise as the
-    /// daemon itself.
-    fn identity(&mut self, peer: Peer, origin: Origin) -> Option<Identity> {
+    /// peer with the groups it holds (or as `--run-as`), and a request over TCP as its peer,
+    /// `--http-run-as`, with the groups of that user's entry (looked up once at start: no
+    /// user database is asked on the loop). Otherwise as the daemon itself.
+    fn identity(&self, peer: Peer, origin: Origin) -> Option<Identity> {
         if self.uid != 0 || peer.uid == 0 {
             return None;
         }
-        if origin.over_tcp {
-            return Some(self.identities.of_peer(peer.uid, peer.gid, self.core.now));
-        }
-        if let Some(id) = &self.run_as {
+        if let (Some(id), false) = (&self.run_as, origin.over_tcp) {
             return Some(id.clone());
         }
         Some(Identity {

@@ -2335,7 +2335,9 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
 /// request for `--http-idle` is closed; one with a request in flight is not.
 #[test]
 fn tcp_connections_have_half_the_slots_and_close_when_idle() {
-    let front = start_front(&["--max-clients", "4", "--http-idle", "1s"]);
+    // The sleeps below stay well inside the idle time, so a loaded machine does not
+    // turn them into idleness.
+    let front = start_front(&["--max-clients", "4", "--http-idle", "3s"]);
     // A connection known to hold a slot: it was answered (the listener probe of
     // `start_front` may still hold one for a moment, hence the retry).
     let held = || {
@@ -2378,10 +2380,21 @@ fn tcp_connections_have_half_the_slots_and_close_when_idle() {
     )["session_id"]
         .clone();
     let mut polling = Raw::open(&via);
-    let body = json!({"session_id": session, "wait": true, "wait_timeout": 3}).to_string();
+    let body = json!({"session_id": session, "wait": true, "wait_timeout": 5}).to_string();
     polling.send(&request(&via, "POST", "/v1/bash/output", &body));
     let d = ok_data(&polling.response(), Some(OUTPUT_SCHEMA));
     assert_eq!(d["command"]["status"], "running", "{d}");
+    // Its idle time starts when that answer is written: a request soon after is served.
+    std::thread::sleep(Duration::from_millis(500));
+    polling.send(&request(&via, "GET", "/v1/health", ""));
+    assert_eq!(polling.response().status, 200);
+    // Requests answered without a command (health) count as requests: polled more often
+    // than the idle time, the connection stays open well past it.
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        polling.send(&request(&via, "GET", "/v1/health", ""));
+        assert_eq!(polling.response().status, 200);
+    }
     // Idle again afterwards: closed.
     polling.closed();
 }
