@@ -963,13 +963,7 @@ fn running_out_of_descriptors_on_accept_backs_off_and_recovers() {
         });
     }
     let child = cmd.spawn().expect("spawn execd");
-    let d = Daemon {
-        child: Some(child),
-        socket,
-        dir,
-    };
-    let sock = d.socket.clone();
-    wait_until("execd listens", || UnixStream::connect(&sock).is_ok());
+    let d = Daemon::adopt(Some(child), socket.clone(), dir);
 
     // Far more connections than the daemon has descriptors for; each asks one thing.
     let mut conns: Vec<UnixStream> = (0..CONNS)
@@ -1061,14 +1055,7 @@ fn a_stalled_log_reader_never_stops_the_daemon() {
         .stderr(Stdio::from(writer))
         .spawn()
         .expect("spawn execd");
-    let d = Daemon {
-        child: Some(child),
-        socket: socket.clone(),
-        dir,
-    };
-    wait_until("execd listens", || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
+    let d = Daemon::adopt(Some(child), socket.clone(), dir);
     let mut c = d.client();
     // Each start logs its 10 KiB argument: 200 of them are 2 MiB of log, far more than
     // the 64 KiB pipe and the 1 MiB queue hold.

@@ -30,14 +30,7 @@ fn systemd_variables_never_reach_a_command() {
         .stderr(Stdio::from(log))
         .spawn()
         .expect("spawn execd");
-    let d = Daemon {
-        child: None,
-        socket: socket.clone(),
-        dir,
-    };
-    wait_until("execd listens", || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
+    let d = Daemon::adopt(None, socket.clone(), dir);
     let mut c = d.client();
     let id = create(&mut c, "env", &[]);
     wait_exit(&mut c, &id);
@@ -109,15 +102,7 @@ fn notified_daemon(dir: TempDir, notify: &str, watchdog_usec: Option<&str>) -> D
         cmd.env("WATCHDOG_USEC", us);
     }
     let child = cmd.spawn().expect("spawn execd");
-    let d = Daemon {
-        child: Some(child),
-        socket: socket.clone(),
-        dir,
-    };
-    wait_until("execd listens", || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
-    d
+    Daemon::adopt(Some(child), socket, dir)
 }
 
 /// sd_notify without libsystemd: READY=1 once it accepts, STATUS= with counts as they

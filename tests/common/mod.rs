@@ -66,14 +66,16 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         let child = cmd.spawn().expect("spawn execd");
-        let d = Daemon {
-            child: Some(child),
-            socket,
-            dir,
-        };
-        let socket = d.socket.clone();
+        Daemon::adopt(Some(child), socket, dir)
+    }
+
+    /// A daemon started some other way (its own flags, environment or stderr), once it
+    /// listens on `socket`; `child` is stopped on drop.
+    #[track_caller]
+    pub fn adopt(child: Option<Child>, socket: PathBuf, dir: TempDir) -> Daemon {
+        let d = Daemon { child, socket, dir };
         wait_until("execd listens", || {
-            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
         });
         d
     }
