@@ -180,7 +180,11 @@ fn waits_that_answer_with_output_are_bounded_per_connection() {
 fn a_client_piling_up_unread_answers_is_closed_at_the_budget() {
     let d = Daemon::start(&["--max-output-memory", "4M", "--client-buffer", "64K"]);
     let mut c = d.client();
-    // Writes 1 MiB at once when told to, into a 1 MiB ring.
+    // When told to, writes 1 MiB in 64 KiB writes. A 64 KiB write lands in the empty
+    // pipe whole before the daemon is woken, so every parked wait is answered with at
+    // least 64 KiB of NULs: 384 KiB of JSON each, 12 MiB for the 32, three times the
+    // budget whatever the scheduling. (`head` writes 8 KiB at a time: answered at its
+    // first write, the 32 answers came to 1.5 MiB and nothing was closed.)
     let fifo = d.dir.path().join("go");
     let status = std::process::Command::new("mkfifo")
         .arg(&fifo)
@@ -190,7 +194,7 @@ fn a_client_piling_up_unread_answers_is_closed_at_the_budget() {
     let session = async_exec(
         &mut c,
         &format!(
-            "read x < {}; head -c 1048576 /dev/zero; sleep 30",
+            "read x < {}; dd if=/dev/zero bs=64k count=16 2>/dev/null; sleep 30",
             fifo.display()
         ),
     );
