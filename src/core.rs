@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 
 use crate::approvals::{self, Answer, Approvals, Asked, Pending};
 use crate::audit::{self, Log, Queue};
+use crate::cgroup::Leftovers;
 use crate::config::{Config, BASH_HISTORY};
 use crate::contain::Stage;
 use crate::launch::{Admitted, LaunchRequest};
@@ -261,6 +262,28 @@ impl Core {
             Some(q) => q.push(&line),
             None => self.log.queue.push(&line),
         }
+    }
+
+    /// At start, containment ended what a previous instance left in command cgroups:
+    /// logged and audited (nothing is said when there was nothing).
+    pub fn found_leftovers(&mut self, l: &Leftovers) {
+        if l.cgroups == 0 {
+            return;
+        }
+        let kept = if l.kept > 0 {
+            format!("; {} could not be removed yet", l.kept)
+        } else {
+            String::new()
+        };
+        self.log.line(format_args!(
+            "killed {} process(es) a previous instance left in {} command cgroup(s){kept}",
+            l.processes, l.cgroups,
+        ));
+        self.record(
+            "leftovers",
+            None,
+            json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept }),
+        );
     }
 
     /// The earliest time a timer of the core is due.

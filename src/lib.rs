@@ -4,8 +4,9 @@
 //! methods, a bash pipe API and Wire-style live events, all from one process table.
 //!
 //! The house (data flows down and comes back up only as return values and effects):
-//! - `server`: the loop only: Poll, listener, signals, connections, pipes, spawner. Turns
-//!   a `Step` into action (`settle`) and carries out the core's `Effect`s (`apply`).
+//! - `server`: the loop only: Poll, listeners, signals, and readiness handed to `conns`
+//!   and `children`. Turns a `Step` into action (`settle`) and carries out the core's
+//!   `Effect`s (`apply`).
 //! - `dispatch`: method name -> family function; a started command -> the family's tail.
 //! - `acp`, `bash`, `events`: one method family each, `fn(&mut Core, &Caller, &Params)
 //!   -> Result<Step, RpcError>`.
@@ -14,7 +15,10 @@
 //! - `launch`: the one `LaunchRequest` every spawn goes through, and its validation.
 //! - `view`: one rendering of exits, statuses and usage.
 //! - `ring`, `timers`, `rpc`: pure building blocks (rings, deadline heap, JSON-RPC).
-//! - `conn`: a client's socket, codec, batches and capped output buffer.
+//! - `conns`: the connections as a set: who is let in, answers and what they cost, idle
+//!   TCP. `conn`: one client's socket, codec, batches and capped output buffer.
+//! - `children`: starting a command (place, spawn, pipes), reading its pipes into the
+//!   core, writing its stdin, reaping it.
 //! - `pipes`, `contain`, `process`, `systemd`, `audit`: descriptors and system calls
 //!   (every `unsafe` is in `process`), the loop's tools.
 //! - `config`: every flag; `client`: a small blocking client for `execctl`, tests, benches.
@@ -26,10 +30,12 @@ pub mod approvals;
 pub mod audit;
 pub mod bash;
 pub mod cgroup;
+pub mod children;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conn;
+pub mod conns;
 pub mod contain;
 pub mod core;
 pub mod dispatch;

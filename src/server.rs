@@ -1,6 +1,7 @@
-//! The event loop: one `Poll` over the listener, the signals, the log's descriptor, every
-//! connection and every child pipe. It owns every descriptor and nothing else: the state
-//! and the decisions are the core's.
+//! The event loop: one `Poll` over the listeners, the signals, the log's descriptors,
+//! every connection and every child pipe. It turns readiness into calls and nothing else:
+//! the state and the decisions are the core's; admitting and answering connections is
+//! `conns`'; starting commands, reading their pipes and reaping them is `children`'.
 //!
 //! Each turn: poll (timeout = earliest timer, or zero while work is left over), service
 //! what is ready (accept, read requests, read pipes, write stdin, reap on SIGCHLD), fire
@@ -12,32 +13,28 @@
 //! - No call here blocks: sockets, pipes and the log are non-blocking, children are reaped
 //!   with `WNOHANG`, and a source that errors closes alone.
 //! - An event for a token no longer held is ignored.
-//! - A process's exit is published only after its pipes were drained of what they held.
+//! - Every effect the core leaves is carried out before the loop sleeps.
 
-use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::audit::{Log, Sinks};
+use crate::children::{Children, Origin};
 use crate::config::Config;
-use crate::conn::{Bounds, Conn, Fill};
-use crate::contain::{Contain, Place, PrepareError, Unavailable};
+use crate::conn::{Conn, Fill};
+use crate::conns::{Admission, Conns};
 use crate::core::{Caller, Core, Effect, Gated, Step};
-use crate::events::{self, Outbox, Outboxes};
-use crate::http;
 use crate::launch::LaunchRequest;
-use crate::listen::{Accepted, Listeners};
-use crate::pipes::{Flushed, Got, Pipes, Source};
-use crate::process::{self, Identity, PeerCred};
-use crate::rpc::Incoming;
-use crate::rpc::{self, ReqNo, RpcError};
-use crate::table::{ConnId, Key, Peer};
+use crate::listen::Listeners;
+use crate::process;
+use crate::rpc::{Incoming, ReqNo, RpcError};
+use crate::table::ConnId;
 use crate::timers::Timers;
 use crate::{dispatch, systemd};
 
@@ -51,18 +48,8 @@ const AUDIT: Token = Token(3);
 const CGROUPS: Token = Token(4);
 const FIRST_DYNAMIC: usize = 5;
 
-/// Size of the buffer pipes and sockets are read into.
-const SCRATCH: usize = 256 << 10;
 /// Bytes read from a connection per read.
 const CONN_READ: usize = 64 << 10;
-/// Bytes read from one pipe per turn before other sources get a go.
-const PIPE_BYTES_PER_TURN: usize = 4 << 20;
-/// Bytes read from each pipe when its command exits: more than a full pipe holds (execd
-/// grows pipes to at most 1 MiB), and bounded even if a descendant keeps writing.
-const EXIT_DRAIN_BYTES: usize = 2 << 20;
-/// Smallest read from a watched pipe, so a tiny ring cannot turn reading into a busy loop
-/// of one-byte reads (a ring that small loses bytes to a fast writer either way).
-const MIN_WATCHED_READ: usize = 64 << 10;
 /// Pause before accepting again after running out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long shutdown waits for answers to drain to clients after the last command ended.
@@ -71,15 +58,6 @@ const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
-
-/// Where a command's request came from, for whom it runs as.
-#[derive(Debug, Default)]
-struct Origin {
-    /// Through a TCP listener: it runs as `--http-run-as`.
-    over_tcp: bool,
-    /// The supplementary groups of the Unix peer.
-    groups: Vec<u32>,
-}
 
 /// How often idle TCP connections are looked for at most, while there are any.
 const TCP_IDLE_SWEEP: Duration = Duration::from_secs(5);
@@ -110,62 +88,22 @@ enum Shutdown {
     Flushing(Instant),
 }
 
-/// The outgoing buffers of every connection, as the event pump sees them.
-struct ConnOuts<'a>(&'a mut HashMap<Token, Conn>);
-
-impl Outbox for Conn {
-    fn has_room(&self) -> bool {
-        Conn::has_room(self)
-    }
-    fn below_half(&self) -> bool {
-        Conn::below_half(self)
-    }
-    fn pending(&self) -> usize {
-        self.pending_out()
-    }
-    fn buf(&mut self) -> &mut Vec<u8> {
-        self.out_buf()
-    }
-}
-
-impl Outboxes for ConnOuts<'_> {
-    /// An HTTP connection has no outbox for events: its stream carries responses only (a
-    /// subscription an HTTP request asked for is dropped as if its connection were gone).
-    fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
-        self.0
-            .get_mut(&Token(conn.0))
-            .filter(|c| !c.is_http())
-            .map(|c| c as &mut dyn Outbox)
-    }
-}
-
 /// The daemon.
 pub struct Server {
     core: Core,
     poll: Poll,
     listeners: Listeners,
     signals: Signals,
-    conns: HashMap<Token, Conn>,
-    pipes: Pipes,
-    contain: Contain,
-    spawner: process::Spawner,
-    /// `--run-as`, resolved at startup.
-    run_as: Option<Identity>,
+    conns: Conns,
+    children: Children,
     timers: Timers<LoopTimer>,
     next_token: usize,
+    /// What connections are read into.
     scratch: Vec<u8>,
-    /// Connections with output queued this turn.
-    dirty: Vec<Token>,
-    /// Pipes left readable after their per-turn budget.
-    hot: Vec<(Key, usize)>,
     shutdown: Option<Shutdown>,
     accept_paused: bool,
-    /// Leaders killed as they started (their pipes could not be watched), by pid: their
-    /// holds are let go when they are reaped.
-    abandoned: HashMap<i32, Key>,
     /// A `TcpIdleSweep` is due.
     tcp_sweep_armed: bool,
-    uid: u32,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
     /// systemd's notification socket, when it gave one.
@@ -174,19 +112,6 @@ pub struct Server {
     status_pending: bool,
     /// Where the log and the audit records go.
     sinks: Sinks,
-}
-
-/// A limit containment cannot enforce: `-32003` naming the controller it needs.
-fn unavailable(u: &Unavailable) -> RpcError {
-    let c = u.0;
-    RpcError::new(
-        rpc::LIMIT_REACHED,
-        format!(
-            "limit reached: the {c} controller is not available to execd, so a {c} limit \
-             cannot be enforced"
-        ),
-    )
-    .with_data(json!({ "limit": format!("{c}-max"), "value": null, "controller": c }))
 }
 
 impl Server {
@@ -202,23 +127,6 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         process::become_subreaper()?;
-        let run_as = match &cfg.run_as {
-            Some(user) if process::current_uid() != 0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("--run-as {user} needs a daemon running as root"),
-                ));
-            }
-            Some(user) => Some(Identity::of_user(user)?),
-            None => None,
-        };
-        // After the signal handlers are in place: they are what children must reset.
-        let spawner = process::Spawner::new(
-            cfg.clean_env,
-            &systemd::PRIVATE_VARS,
-            &cfg.rlimits,
-            process::raise_nofile(),
-        )?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
@@ -235,19 +143,8 @@ impl Server {
             std::env::var_os("WATCHDOG_PID"),
         )?;
         // Before anything is spawned: the daemon may move itself into its cgroup's leaf.
-        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
-        if let Err(u) = contain.check(&cfg.limits) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "--{}-max needs the {} controller, and containment is {}",
-                    u.0,
-                    u.0,
-                    contain.describe()
-                ),
-            ));
-        }
-        if let Some(fd) = contain.events_fd() {
+        let (children, leftovers) = Children::new(&cfg)?;
+        if let Some(fd) = children.contain.events_fd() {
             poll.registry()
                 .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
         }
@@ -258,44 +155,23 @@ impl Server {
         let now = Instant::now();
         let mut core = Core::new(cfg, now, log);
         core.policy = policy;
-        core.containment = (contain.kind(), contain.describe());
-        if let Some(l) = leftovers.filter(|l| l.cgroups > 0) {
-            core.log.line(format_args!(
-                "killed {} process(es) a previous instance left in {} command cgroup(s){}",
-                l.processes,
-                l.cgroups,
-                if l.kept > 0 {
-                    format!("; {} could not be removed yet", l.kept)
-                } else {
-                    String::new()
-                }
-            ));
-            core.record(
-                "leftovers",
-                None,
-                json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept }),
-            );
+        core.containment = (children.contain.kind(), children.contain.describe());
+        if let Some(l) = &leftovers {
+            core.found_leftovers(l);
         }
         Ok(Server {
             core,
             poll,
             listeners,
             signals,
-            conns: HashMap::new(),
-            pipes: Pipes::default(),
-            contain,
-            spawner,
-            run_as,
+            conns: Conns::new(process::current_uid()),
+            children,
             timers: Timers::default(),
             next_token,
-            scratch: vec![0; SCRATCH],
-            dirty: Vec::new(),
-            hot: Vec::new(),
+            scratch: vec![0; CONN_READ],
             shutdown: None,
             accept_paused: false,
-            abandoned: HashMap::new(),
             tcp_sweep_armed: false,
-            uid: process::current_uid(),
             sinks,
             memory_peak: 0,
             notifier,
@@ -314,7 +190,7 @@ impl Server {
                 ""
             },
             std::process::id(),
-            self.contain.describe()
+            self.children.contain.describe()
         ));
         if let Some(n) = &self.notifier {
             n.send(&format!("READY=1\nSTATUS={}", self.status_text()));
@@ -329,7 +205,7 @@ impl Server {
             self.write_log();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
-            let timeout = if self.hot.is_empty() && self.dirty.is_empty() {
+            let timeout = if !self.children.busy() && self.conns.dirty.is_empty() {
                 let next = match (self.core.next_deadline(), self.timers.next_deadline()) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -349,7 +225,7 @@ impl Server {
                     t if self.listeners.owns(t) => self.accept(t),
                     SIGNALS => self.on_signals(),
                     LOG | AUDIT => self.sinks.writable(ev.token()),
-                    CGROUPS => self.contain.on_cgroup_events(),
+                    CGROUPS => self.children.contain.on_cgroup_events(),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -357,7 +233,8 @@ impl Server {
                     ),
                 }
             }
-            self.service_hot();
+            let (core, conns) = (&mut self.core, &mut self.conns);
+            self.children.service_hot(core, conns, self.poll.registry());
             self.fire_timers();
             self.apply();
             self.flush_dirty();
@@ -377,7 +254,7 @@ impl Server {
             "{} client(s), {} running command(s), containment: {}",
             self.conns.len(),
             self.core.table.running(),
-            self.contain.kind()
+            self.children.contain.kind()
         )
     }
 
@@ -394,12 +271,6 @@ impl Server {
                 self.timers.add(at, LoopTimer::Status);
             }
         }
-    }
-
-    fn token(&mut self) -> Token {
-        let t = Token(self.next_token);
-        self.next_token += 1;
-        t
     }
 
     /// Writes the log and the audit records as far as their targets take them.
@@ -442,153 +313,36 @@ impl Server {
 
     // ---- connections -------------------------------------------------------------------
 
-    fn peer_allowed(&self, peer: &PeerCred, groups: &[u32]) -> bool {
-        let cfg = &self.core.cfg;
-        peer.uid == self.uid
-            || peer.uid == 0
-            || cfg.allow_uids.contains(&peer.uid)
-            || std::iter::once(&peer.gid)
-                .chain(groups)
-                .any(|g| cfg.allow_gids.contains(g))
-    }
-
-    /// Accepts what waits on listener `lt`: a Unix peer its credentials allow, or an
-    /// HTTP client; none past `--max-clients` (told so in its own protocol).
+    /// Accepts what waits on listener `lt`, until nothing does or accepting fails (then
+    /// it pauses: the waiting connections stay queued in the kernel).
     fn accept(&mut self, lt: Token) {
         while !self.accept_paused && self.shutdown.is_none() {
-            let now = self.core.now;
-            type Make = Box<dyn FnOnce(Token, Bounds) -> Conn>;
-            let (conn_of, peer, groups): (Make, PeerCred, Vec<u32>) =
-                match self.listeners.accept(lt) {
-                    Accepted::Nothing => return,
-                    Accepted::Failed(e) => {
-                        // Out of descriptors (or memory): waiting connections stay queued
-                        // in the kernel. Pause instead of spinning on a listener that
-                        // stays ready.
-                        self.core.log.refusal(
-                            "accept",
-                            now,
-                            format_args!("accept failed: {e}; pausing accepts"),
-                        );
-                        self.accept_paused = true;
-                        self.timers
-                            .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
-                        return;
-                    }
-                    Accepted::NoCredentials(e) => {
-                        self.core.log.refusal(
-                            "peer credentials",
-                            now,
-                            format_args!("dropped a connection without peer credentials: {e}"),
-                        );
-                        continue;
-                    }
-                    Accepted::Unix(stream, peer, groups) => {
-                        if !self.peer_allowed(&peer, &groups) {
-                            self.refuse(peer, "peer not allowed");
-                            continue;
-                        }
-                        if self.conns.len() >= self.core.cfg.max_clients {
-                            let mut stream = stream;
-                            let e = RpcError::limit("max-clients", self.core.cfg.max_clients);
-                            let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
-                            self.refuse(peer, "max-clients");
-                            continue;
-                        }
-                        (
-                            Box::new(move |t, b| Conn::unix(stream, t, peer, b)),
-                            peer,
-                            groups,
-                        )
-                    }
-                    Accepted::Http(stream) => {
-                        let peer = self.listeners.http_peer;
-                        // TCP peers take at most half the connections: the Unix socket,
-                        // whose peers say who they are, always keeps the other half.
-                        let cap = self.core.cfg.max_clients.div_ceil(2);
-                        let tcp = self.conns.values().filter(|c| c.is_tcp()).count();
-                        let full = if tcp >= cap {
-                            Some(("tcp-clients", cap))
-                        } else if self.conns.len() >= self.core.cfg.max_clients {
-                            Some(("max-clients", self.core.cfg.max_clients))
-                        } else {
-                            None
-                        };
-                        if let Some((limit, value)) = full {
-                            let mut stream = stream;
-                            let (status, body) = http::error_body(
-                                rpc::LIMIT_REACHED,
-                                &format!("limit reached: {limit}"),
-                                Some(&json!({ "limit": limit, "value": value })),
-                            );
-                            let _ = stream.write(&http::response(status, &body, false, &[]));
-                            self.refuse(peer, limit);
-                            continue;
-                        }
-                        let auth = self.listeners.http_auth.clone();
-                        (
-                            Box::new(move |t, b| Conn::http(stream, t, peer, b, auth)),
-                            peer,
-                            self.listeners.http_groups.clone(),
-                        )
-                    }
-                };
-            let token = self.token();
-            let mut conn = conn_of(token, self.bounds());
-            if conn.register(self.poll.registry()).is_err() {
-                continue;
+            let registry = self.poll.registry();
+            let (core, next) = (&mut self.core, &mut self.next_token);
+            match self.conns.accept(lt, &self.listeners, core, registry, next) {
+                Admission::Nothing => return,
+                Admission::Failed => {
+                    self.accept_paused = true;
+                    self.timers
+                        .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
+                    return;
+                }
+                Admission::Admitted { tcp: true } if !self.tcp_sweep_armed => {
+                    self.tcp_sweep_armed = true;
+                    self.timers.add(
+                        self.core.now + self.tcp_sweep_every(),
+                        LoopTimer::TcpIdleSweep,
+                    );
+                }
+                Admission::Admitted { .. } | Admission::Refused => {}
             }
-            if conn.is_tcp() && !self.tcp_sweep_armed {
-                self.tcp_sweep_armed = true;
-                self.timers
-                    .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
-            }
-            conn.last_request = now;
-            conn.groups = groups.clone();
-            self.conns.insert(token, conn);
-            self.core.connected(
-                ConnId(token.0),
-                Peer {
-                    uid: peer.uid,
-                    gid: peer.gid,
-                    pid: peer.pid,
-                },
-                groups,
-            );
-        }
-    }
-
-    /// A peer turned away at accept: logged (rate-limited) and audited.
-    fn refuse(&mut self, peer: PeerCred, why: &str) {
-        let who = Peer {
-            uid: peer.uid,
-            gid: peer.gid,
-            pid: peer.pid,
-        };
-        self.core.record("refuse", Some(who), json!({ "why": why }));
-        self.core.log.refusal(
-            why,
-            self.core.now,
-            format_args!(
-                "refused a connection from uid {} gid {} pid {}: {why}",
-                peer.uid, peer.gid, peer.pid
-            ),
-        );
-    }
-
-    fn bounds(&self) -> Bounds {
-        let cfg = &self.core.cfg;
-        Bounds {
-            max_message: cfg.max_message,
-            max_batch: cfg.max_batch,
-            cap: cfg.client_buffer,
         }
     }
 
     /// A source is ready. For a connection, writing (and resuming what waited for room)
     /// happens in `flush_dirty`, so only readability and a hang-up matter here.
     fn on_ready(&mut self, token: Token, readable: bool, hung_up: bool) {
-        if self.conns.contains_key(&token) {
+        if self.conns.contains(&token) {
             if readable {
                 self.read_requests(token);
             }
@@ -601,15 +355,15 @@ impl Server {
                     c.broken = true;
                 }
             }
-            self.dirty.push(token);
+            self.conns.dirty.push(token);
             return;
         }
-        match self.pipes.source(token) {
-            Some(Source::Out { key, stream }) => {
-                self.read_pipe(key, stream, PIPE_BYTES_PER_TURN, false)
-            }
-            Some(Source::Stdin { key }) => self.flush_stdin(key),
-            None => {} // a source closed earlier this turn
+        let (core, conns) = (&mut self.core, &mut self.conns);
+        if self
+            .children
+            .on_ready(token, core, conns, self.poll.registry())
+        {
+            self.apply();
         }
     }
 
@@ -618,7 +372,7 @@ impl Server {
         let mut scratch = std::mem::take(&mut self.scratch);
         while let Some(conn) = self.conns.get_mut(&token) {
             // After EOF, requests already buffered are still handled.
-            let fill = conn.fill(&mut scratch[..CONN_READ]);
+            let fill = conn.fill(&mut scratch);
             self.handle_incoming(token);
             let held = self.conns.get(&token).is_none_or(|c| c.read_pending);
             if held || fill != Fill::More {
@@ -650,7 +404,7 @@ impl Server {
                 }
             }
         }
-        self.dirty.push(token);
+        self.conns.dirty.push(token);
     }
 
     fn request(
@@ -700,68 +454,16 @@ impl Server {
             over_tcp: c.is_tcp(),
             groups: c.groups.clone(),
         });
-        let started = self.launch(launch, origin.unwrap_or_default());
+        let (core, next) = (&mut self.core, &mut self.next_token);
+        let registry = self.poll.registry();
+        let origin = origin.unwrap_or_default();
+        let started = self.children.launch(core, registry, next, launch, origin);
         let next = dispatch::after_launch(&mut self.core, launch, started);
         self.settle(token, req, next);
     }
 
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
-        let Some(req) = req else { return };
-        if let Err(e) = &result {
-            if e.code == rpc::INTERNAL_ERROR {
-                self.core.log.line(format_args!(
-                    "internal error answered to conn {}: {}",
-                    token.0, e.message
-                ));
-            }
-            if e.code == rpc::LIMIT_REACHED {
-                let data = e.data.as_ref();
-                let limit = data
-                    .and_then(|d| d["limit"].as_str())
-                    .unwrap_or("limit")
-                    .to_string();
-                let value = data.map_or(Value::Null, |d| d["value"].clone());
-                let uid = self.conns.get(&token).map_or(0, |c| c.peer.uid);
-                self.core.log.refusal(
-                    &limit,
-                    self.core.now,
-                    format_args!("refused a request of uid {uid}: {limit} ({value}) reached"),
-                );
-            }
-        }
-        if let Some(c) = self.conns.get_mut(&token) {
-            let piling = c.owes_past_cap();
-            c.answer(req, &result);
-            self.dirty.push(token);
-            if piling {
-                self.bound_backlog(token);
-            }
-        }
-    }
-
-    /// A connection got an answer while more than `--client-buffer` was already owed to it
-    /// (it parks requests and does not read their answers). Answers are not dropped, so
-    /// when all that connections owe passes `--max-output-memory` this one is closed:
-    /// like the rings, the answers waiting to be read stay within the budget (plus one
-    /// answer), and a client reading its answers is never the one closed.
-    fn bound_backlog(&mut self, token: Token) {
-        let total: usize = self.conns.values().map(Conn::owed).sum();
-        if total <= self.core.cfg.max_output_memory {
-            return;
-        }
-        let Some(c) = self.conns.get_mut(&token) else {
-            return;
-        };
-        let (uid, owed) = (c.peer.uid, c.owed());
-        c.broken = true;
-        self.core.log.refusal(
-            "unread answers",
-            self.core.now,
-            format_args!(
-                "closed a connection of uid {uid}: {owed} bytes of answers unread while \
-                 connections are owed {total} bytes, over --max-output-memory"
-            ),
-        );
+        self.conns.answer(&mut self.core, token, req, result);
     }
 
     /// Carries out the core's effects, then lets it forget what is done with.
@@ -772,21 +474,16 @@ impl Server {
                     Effect::Reply { conn, req, result } => {
                         self.answer(Token(conn.0), Some(req), result)
                     }
-                    Effect::End { key, stage } => self.contain.end(key, stage),
-                    Effect::Signal { key, sig } => self.contain.signal(key, sig),
-                    Effect::ClosePipes(key) => {
-                        self.pipes.close_all(self.poll.registry(), key);
-                        self.hot.retain(|(k, _)| *k != key);
+                    Effect::End { key, stage } => self.children.contain.end(key, stage),
+                    Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
+                    Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),
+                    Effect::FlushStdin(key) => {
+                        let registry = self.poll.registry();
+                        self.children.flush_stdin(&mut self.core, registry, key);
                     }
-                    Effect::FlushStdin(key) => self.flush_stdin(key),
-                    Effect::CloseStdin(key) => self.pipes.close_stdin(self.poll.registry(), key),
-                    Effect::Pump(key) => self.pump(key),
-                    Effect::Send { conn, line } => {
-                        if let Some(c) = self.conns.get_mut(&Token(conn.0)) {
-                            c.queue_bytes(&line);
-                            self.dirty.push(Token(conn.0));
-                        }
-                    }
+                    Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
+                    Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.conns, key),
+                    Effect::Send { conn, line } => self.conns.send(conn, &line),
                     Effect::Launch { conn, req, launch } => self.start(Token(conn.0), req, &launch),
                 }
             }
@@ -801,27 +498,6 @@ impl Server {
         }
     }
 
-    /// Delivers events owed to `key`'s subscribers; marks the connections that got some.
-    fn pump(&mut self, key: Key) {
-        let done = events::pump(&mut self.core.table, key, &mut ConnOuts(&mut self.conns));
-        self.after_pump(done);
-    }
-
-    /// Marks the connections a pump wrote to, and reads again the pipes it unpaused (they
-    /// give no new readiness event while their writer waits on a full pipe).
-    fn after_pump(&mut self, done: events::Pumped) {
-        self.dirty
-            .extend(done.touched.into_iter().map(|c| Token(c.0)));
-        for key in done.resumed {
-            let n = self.core.table.get(key).map_or(0, |p| p.streams.len());
-            for s in 0..n {
-                if !self.hot.contains(&(key, s)) {
-                    self.hot.push((key, s));
-                }
-            }
-        }
-    }
-
     /// Writes what each connection touched this turn is owed, then closes the finished
     /// ones. While a connection has room, what waited for room goes on: lagging
     /// subscribers resume and requests held back by back-pressure are read, and what they
@@ -830,7 +506,7 @@ impl Server {
     fn flush_dirty(&mut self) {
         const ROUNDS: usize = 8;
         // A connection is marked once per message queued to it; flush it once.
-        let mut dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = std::mem::take(&mut self.conns.dirty);
         dirty.sort_unstable_by_key(|t| t.0);
         dirty.dedup();
         for token in dirty {
@@ -847,13 +523,8 @@ impl Server {
                 // still held back would mark it dirty again and spin the loop until its
                 // oldest request is answered (which marks it dirty in turn).
                 let held_back = conn.read_pending && conn.can_take();
-                let mut done = events::on_room(
-                    &mut self.core.table,
-                    ConnId(token.0),
-                    &mut ConnOuts(&mut self.conns),
-                );
-                done.touched.retain(|c| c.0 != token.0);
-                self.after_pump(done);
+                let (core, conns) = (&mut self.core, &mut self.conns);
+                self.children.on_room(core, conns, ConnId(token.0));
                 if held_back {
                     self.read_requests(token);
                 }
@@ -864,7 +535,7 @@ impl Server {
                     break; // nothing new to write
                 }
                 if round == ROUNDS {
-                    self.dirty.push(token);
+                    self.conns.dirty.push(token);
                     break;
                 }
             }
@@ -876,7 +547,8 @@ impl Server {
                 .approvals
                 .set_listening(ConnId(token.0), conn.has_room());
             if conn.finished() {
-                self.close_conn(token);
+                self.conns
+                    .close(token, self.poll.registry(), &mut self.core);
             } else {
                 conn.update_interest(self.poll.registry());
             }
@@ -892,239 +564,14 @@ impl Server {
         (self.core.cfg.http_idle / 2).min(TCP_IDLE_SWEEP)
     }
 
-    /// Closes TCP connections that went `--http-idle` without a request while nothing was
-    /// owed to them, and looks again later while any are open.
+    /// Closes TCP connections idle for `--http-idle`, and looks again later while any
+    /// are open.
     fn close_idle_tcp(&mut self) {
         let now = self.core.now;
-        let limit = self.core.cfg.http_idle;
-        let mut any = false;
-        for (token, c) in self.conns.iter_mut() {
-            if !c.is_tcp() {
-                continue;
-            }
-            any = true;
-            if c.waiting() > 0 || c.owed() > 0 {
-                continue; // in flight: idle from when its answer is written (`flush`)
-            }
-            if now.saturating_duration_since(c.last_request) >= limit {
-                c.broken = true;
-                self.dirty.push(*token);
-            }
-        }
-        self.tcp_sweep_armed = any;
-        if any {
+        self.tcp_sweep_armed = self.conns.close_idle_tcp(now, self.core.cfg.http_idle);
+        if self.tcp_sweep_armed {
             self.timers
                 .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
-        }
-    }
-
-    fn close_conn(&mut self, token: Token) {
-        let Some(mut conn) = self.conns.remove(&token) else {
-            return;
-        };
-        conn.deregister(self.poll.registry());
-        self.core.disconnected(ConnId(token.0));
-    }
-
-    // ---- spawning ----------------------------------------------------------------------
-
-    /// Who a peer's commands run as: a root daemon runs a non-root peer's commands as that
-    /// peer with the groups it holds (or as `--run-as`), and a request over TCP as its peer,
-    /// `--http-run-as`, with the groups of that user's entry (looked up once at start: no
-    /// user database is asked on the loop). Otherwise as the daemon itself.
-    fn identity(&self, peer: Peer, origin: Origin) -> Option<Identity> {
-        if self.uid != 0 || peer.uid == 0 {
-            return None;
-        }
-        if let (Some(id), false) = (&self.run_as, origin.over_tcp) {
-            return Some(id.clone());
-        }
-        Some(Identity {
-            uid: peer.uid,
-            gid: peer.gid,
-            groups: origin.groups,
-        })
-    }
-
-    /// Starts a command and records it: its place (a cgroup with its limits, made before
-    /// the spawn), the spawn, its pipes. A failure at any step leaves nothing behind.
-    fn launch(&mut self, req: &LaunchRequest, origin: Origin) -> Result<Key, RpcError> {
-        let max = self.core.cfg.max_processes;
-        if self.core.table.running() >= max {
-            return Err(RpcError::limit("max-processes", max));
-        }
-        let (key, id) = match &req.admitted {
-            Some(a) => (a.key, a.id.clone()),
-            None => self.core.table.next_ids(req.prefix),
-        };
-        let place = self
-            .contain
-            .prepare(&id, &req.limits)
-            .map_err(|e| match e {
-                PrepareError::Unavailable(u) => unavailable(&u),
-                PrepareError::Io(e) => RpcError::internal(format!("{e}")),
-            })?;
-        let user = self.identity(req.peer, origin);
-        let spec = process::SpawnSpec {
-            program: &req.program,
-            env: &req.env,
-            cwd: &req.cwd,
-            stdio: req.stdio,
-            user: user.as_ref(),
-            cgroup_procs: place.as_ref().map(Place::procs_fd),
-        };
-        let spawned = match self.spawner.spawn(&spec) {
-            Ok(s) => s,
-            Err(e) => {
-                self.contain.abandon(place);
-                self.core.log.refusal(
-                    "spawn failures",
-                    self.core.now,
-                    format_args!(
-                        "could not start {:?} for uid {}: {}",
-                        req.command,
-                        req.peer.uid,
-                        rpc::os_error_text(&e)
-                    ),
-                );
-                let program = match &req.program {
-                    process::Program::Direct { program, .. } => program.clone(),
-                    process::Program::Shell { shell, .. } => shell.display().to_string(),
-                };
-                return Err(RpcError::spawn_failed(&program, &e));
-            }
-        };
-        let pid = spawned.pid;
-        // From here the tree is held: whatever fails next, it can be ended.
-        self.contain.started(key, pid, place);
-        let outs: Vec<_> = std::iter::once(spawned.out).chain(spawned.err).collect();
-        let next = &mut self.next_token;
-        let added = self
-            .pipes
-            .add(self.poll.registry(), key, outs, spawned.stdin, || {
-                let t = Token(*next);
-                *next += 1;
-                t
-            });
-        if let Err(e) = added {
-            // Cannot watch its output: do not leave it running unobserved. Its hold is let
-            // go when the leader is reaped.
-            self.contain.end(key, crate::contain::Stage::Kill);
-            process::signal_group(pid, libc::SIGKILL);
-            self.abandoned.insert(pid, key);
-            return Err(RpcError::internal(format!("registering a pipe: {e}")));
-        }
-        let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
-        self.core.started(req, key, id, pid, runs_as);
-        Ok(key)
-    }
-
-    // ---- pipes -------------------------------------------------------------------------
-
-    /// Reads up to `budget` bytes from one of a process's pipes into its ring.
-    ///
-    /// With subscribers attached, each read is at most the ring's size (but not tiny) and
-    /// they are pumped after each one, so a subscriber with room never loses bytes to the
-    /// ring in between. `to_eof` (the drain when a command exits) reads on after a short
-    /// read, to see an EOF that is already there: a stream known to have ended hands out
-    /// its last incomplete character as U+FFFD instead of holding it back.
-    fn read_pipe(&mut self, key: Key, stream: usize, budget: usize, to_eof: bool) {
-        if !self.pipes.is_open(key, stream) {
-            self.core.read_out(key, stream);
-            return; // closed earlier (EOF, release), or never had one
-        }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut got = false;
-        let mut eof = false;
-        let mut exhausted = true;
-        let mut left = budget;
-        while left > 0 {
-            let Some(p) = self.core.table.get(key) else {
-                exhausted = false;
-                break;
-            };
-            if p.paused {
-                // A lossless subscriber is behind: the command waits on its full pipe
-                // until the subscriber drains (the pump then puts this pipe back here).
-                exhausted = false;
-                break;
-            }
-            let watched = !p.subs.is_empty();
-            let capacity = p.streams.get(stream).map_or(0, |s| s.ring.capacity());
-            let want = if watched {
-                capacity.clamp(MIN_WATCHED_READ, scratch.len())
-            } else {
-                scratch.len()
-            }
-            .min(left);
-            match self.pipes.read(key, stream, &mut scratch[..want]) {
-                Got::Data(n) => {
-                    self.core.output(key, stream, &scratch[..n]);
-                    got = true;
-                    left -= n;
-                    if watched {
-                        self.pump(key);
-                    }
-                    if n < want && !to_eof {
-                        // A short read from a pipe took all it held (under the pipe's lock),
-                        // so the next write finds it empty and wakes epoll again: the read
-                        // that would only say EAGAIN is not needed.
-                        exhausted = false;
-                        break;
-                    }
-                }
-                Got::Empty => {
-                    exhausted = false;
-                    break;
-                }
-                Got::Eof => {
-                    self.pipes.close_out(self.poll.registry(), key, stream);
-                    eof = true;
-                    exhausted = false;
-                    break;
-                }
-            }
-        }
-        self.scratch = scratch;
-        if exhausted && !self.hot.contains(&(key, stream)) {
-            self.hot.push((key, stream));
-        }
-        if eof {
-            self.hot.retain(|h| *h != (key, stream));
-            self.core.eof(key, stream);
-        } else if got {
-            self.pump(key);
-            self.core.wake(key);
-        }
-        // An exit that found this pipe paused waits for every pipe to be read out.
-        if !exhausted {
-            self.core.read_out(key, stream);
-        }
-    }
-
-    fn service_hot(&mut self) {
-        for (key, stream) in std::mem::take(&mut self.hot) {
-            self.read_pipe(key, stream, PIPE_BYTES_PER_TURN, false);
-        }
-    }
-
-    /// Writes pending stdin as far as the pipe takes it.
-    fn flush_stdin(&mut self, key: Key) {
-        let Some(stdin) = self.core.table.get_mut(key).and_then(|p| p.stdin.as_mut()) else {
-            return;
-        };
-        if !stdin.open {
-            return;
-        }
-        let before = stdin.buf.len();
-        let flushed = self.pipes.flush_stdin(self.poll.registry(), key, stdin);
-        if flushed == Flushed::Closed {
-            stdin.close();
-        }
-        if flushed == Flushed::Closed || stdin.buf.len() < before {
-            // Room, or never any: a write waiting for room can be answered.
-            self.core.wake(key);
-            self.apply();
         }
     }
 
@@ -1151,29 +598,14 @@ impl Server {
         }
     }
 
-    /// Reaps every exited child; one SIGCHLD may stand for many exits.
+    /// Reaps every exited child, carrying out what each exit leaves to do.
     fn reap_all(&mut self) {
-        let mut orphans = false;
-        while let Some(r) = process::reap_one() {
-            let Some(key) = self.core.table.by_pid(r.pid) else {
-                if let Some(key) = self.abandoned.remove(&r.pid) {
-                    self.contain.leader_exited(key); // killed as it started
-                } else {
-                    orphans = true; // a re-parented descendant: reaped, nothing to publish
-                }
-                continue;
-            };
-            // Whatever the pipes hold now was written before the exit: read it first.
-            let nstreams = self.core.table.get(key).map_or(0, |p| p.streams.len());
-            for s in 0..nstreams {
-                self.read_pipe(key, s, EXIT_DRAIN_BYTES, true);
+        loop {
+            let (core, conns) = (&mut self.core, &mut self.conns);
+            if !self.children.reap_one(core, conns, self.poll.registry()) {
+                return;
             }
-            let tree = self.contain.leader_exited(key);
-            self.core.exited(key, r.ended, r.usage, tree);
             self.apply();
-        }
-        if orphans {
-            self.contain.orphan_reaped();
         }
     }
 
@@ -1189,7 +621,7 @@ impl Server {
                 }
                 LoopTimer::ShutdownDeadline => {
                     // The grace is over: end whatever is left and stop waiting for it.
-                    self.contain.kill_all();
+                    self.children.contain.kill_all();
                     self.finish_shutdown();
                 }
                 LoopTimer::ShutdownRecheck => {}
@@ -1237,7 +669,7 @@ impl Server {
         self.timers.add(until, LoopTimer::ShutdownRecheck);
         self.core.answer_all_parked();
         self.apply();
-        self.dirty.extend(self.conns.keys().copied());
+        self.conns.mark_all();
         self.flush_dirty();
     }
 
@@ -1248,8 +680,8 @@ impl Server {
                 // Every killed command was reaped: what their trees still hold goes now
                 // (the leaders had their grace), and the daemon finishes once it is gone.
                 if self.core.table.running() == 0 {
-                    self.contain.kill_all();
-                    if self.contain.any_left() {
+                    self.children.contain.kill_all();
+                    if self.children.contain.any_left() {
                         self.timers.add(
                             Instant::now() + SHUTDOWN_RECHECK,
                             LoopTimer::ShutdownRecheck,

@@ -1,0 +1,348 @@
+//! Every client connection the loop holds, and the decisions about them as a set: who is
+//! let in at accept (credentials, `--max-clients`, the TCP half), what an answer costs (a
+//! refusal is logged; a connection piling up unread answers is closed at the output
+//! budget), and which TCP connections went idle. The loop reads requests from them and
+//! flushes them; what they asked for goes through `dispatch`, never through here.
+//!
+//! Invariants:
+//! - A connection is in the set from its accept until `close`, which tells the core.
+//! - `dirty` names every connection that got bytes since the last flush.
+//! - Answers are never dropped: a connection that does not read them is closed instead,
+//!   and never one that reads.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use mio::{Registry, Token};
+use serde_json::{json, Value};
+
+use crate::conn::{Bounds, Conn};
+use crate::core::Core;
+use crate::events::{Outbox, Outboxes};
+use crate::http;
+use crate::listen::{Accepted, Listeners};
+use crate::process::PeerCred;
+use crate::rpc::{self, ReqNo, RpcError};
+use crate::table::{ConnId, Peer};
+
+/// What one accept came to.
+#[derive(Debug, PartialEq)]
+pub enum Admission {
+    /// A connection was taken in (`tcp`: from an HTTP listener).
+    Admitted { tcp: bool },
+    /// A peer was turned away (told why in its own protocol) or dropped.
+    Refused,
+    /// Nothing waits on the listener.
+    Nothing,
+    /// `accept` failed (out of descriptors or memory): the loop pauses accepting.
+    Failed,
+}
+
+/// The connections, by token.
+#[derive(Default)]
+pub struct Conns {
+    map: HashMap<Token, Conn>,
+    /// Connections with output queued since the last flush.
+    pub dirty: Vec<Token>,
+    /// The daemon's own uid: its peers are always let in.
+    uid: u32,
+}
+
+impl Outbox for Conn {
+    fn has_room(&self) -> bool {
+        Conn::has_room(self)
+    }
+    fn below_half(&self) -> bool {
+        Conn::below_half(self)
+    }
+    fn pending(&self) -> usize {
+        self.pending_out()
+    }
+    fn buf(&mut self) -> &mut Vec<u8> {
+        self.out_buf()
+    }
+}
+
+impl Outboxes for Conns {
+    /// An HTTP connection has no outbox for events: its stream carries responses only (a
+    /// subscription an HTTP request asked for is dropped as if its connection were gone).
+    fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
+        self.map
+            .get_mut(&Token(conn.0))
+            .filter(|c| !c.is_http())
+            .map(|c| c as &mut dyn Outbox)
+    }
+}
+
+impl Conns {
+    pub fn new(uid: u32) -> Conns {
+        Conns {
+            uid,
+            ..Conns::default()
+        }
+    }
+
+    pub fn get(&self, token: &Token) -> Option<&Conn> {
+        self.map.get(token)
+    }
+
+    pub fn get_mut(&mut self, token: &Token) -> Option<&mut Conn> {
+        self.map.get_mut(token)
+    }
+
+    pub fn contains(&self, token: &Token) -> bool {
+        self.map.contains_key(token)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Conn> {
+        self.map.values()
+    }
+
+    /// Marks every connection for the next flush.
+    pub fn mark_all(&mut self) {
+        self.dirty.extend(self.map.keys().copied());
+    }
+
+    /// Queues bytes that are not an answer (an event, an approval request).
+    pub fn send(&mut self, conn: ConnId, line: &[u8]) {
+        if let Some(c) = self.map.get_mut(&Token(conn.0)) {
+            c.queue_bytes(line);
+            self.dirty.push(Token(conn.0));
+        }
+    }
+
+    // ---- accept ------------------------------------------------------------------------
+
+    /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials
+    /// allow, or an HTTP client; none past `--max-clients` (told so in its own protocol).
+    pub fn accept(
+        &mut self,
+        lt: Token,
+        listeners: &Listeners,
+        core: &mut Core,
+        registry: &Registry,
+        next_token: &mut usize,
+    ) -> Admission {
+        let now = core.now;
+        let bounds = Bounds {
+            max_message: core.cfg.max_message,
+            max_batch: core.cfg.max_batch,
+            cap: core.cfg.client_buffer,
+        };
+        let max_clients = core.cfg.max_clients;
+        let (mut conn, peer, groups) = match listeners.accept(lt) {
+            Accepted::Nothing => return Admission::Nothing,
+            Accepted::Failed(e) => {
+                // Out of descriptors (or memory): waiting connections stay queued in the
+                // kernel. The loop pauses instead of spinning on a listener that stays ready.
+                core.log.refusal(
+                    "accept",
+                    now,
+                    format_args!("accept failed: {e}; pausing accepts"),
+                );
+                return Admission::Failed;
+            }
+            Accepted::NoCredentials(e) => {
+                core.log.refusal(
+                    "peer credentials",
+                    now,
+                    format_args!("dropped a connection without peer credentials: {e}"),
+                );
+                return Admission::Refused;
+            }
+            Accepted::Unix(mut stream, peer, groups) => {
+                if !self.peer_allowed(core, &peer, &groups) {
+                    refuse(core, peer, "peer not allowed");
+                    return Admission::Refused;
+                }
+                if self.map.len() >= max_clients {
+                    let e = RpcError::limit("max-clients", max_clients);
+                    let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
+                    refuse(core, peer, "max-clients");
+                    return Admission::Refused;
+                }
+                let token = Token(*next_token);
+                (Conn::unix(stream, token, peer, bounds), peer, groups)
+            }
+            Accepted::Http(mut stream) => {
+                let peer = listeners.http_peer;
+                // TCP peers take at most half the connections: the Unix socket, whose
+                // peers say who they are, always keeps the other half.
+                let cap = max_clients.div_ceil(2);
+                let tcp = self.map.values().filter(|c| c.is_tcp()).count();
+                let full = if tcp >= cap {
+                    Some(("tcp-clients", cap))
+                } else if self.map.len() >= max_clients {
+                    Some(("max-clients", max_clients))
+                } else {
+                    None
+                };
+                if let Some((limit, value)) = full {
+                    let (status, body) = http::error_body(
+                        rpc::LIMIT_REACHED,
+                        &format!("limit reached: {limit}"),
+                        Some(&json!({ "limit": limit, "value": value })),
+                    );
+                    let _ = stream.write(&http::response(status, &body, false, &[]));
+                    refuse(core, peer, limit);
+                    return Admission::Refused;
+                }
+                let token = Token(*next_token);
+                let auth = listeners.http_auth.clone();
+                let conn = Conn::http(stream, token, peer, bounds, auth);
+                (conn, peer, listeners.http_groups.clone())
+            }
+        };
+        *next_token += 1;
+        if conn.register(registry).is_err() {
+            return Admission::Refused;
+        }
+        let token = conn.token;
+        let tcp = conn.is_tcp();
+        conn.last_request = now;
+        conn.groups = groups.clone();
+        self.map.insert(token, conn);
+        core.connected(ConnId(token.0), peer_of(peer), groups);
+        Admission::Admitted { tcp }
+    }
+
+    fn peer_allowed(&self, core: &Core, peer: &PeerCred, groups: &[u32]) -> bool {
+        let cfg = &core.cfg;
+        peer.uid == self.uid
+            || peer.uid == 0
+            || cfg.allow_uids.contains(&peer.uid)
+            || std::iter::once(&peer.gid)
+                .chain(groups)
+                .any(|g| cfg.allow_gids.contains(g))
+    }
+
+    // ---- answers -----------------------------------------------------------------------
+
+    /// Queues the answer to request `req` (none for a notification). A refusal at a
+    /// limit is logged (rate-limited), an internal error always.
+    pub fn answer(
+        &mut self,
+        core: &mut Core,
+        token: Token,
+        req: Option<ReqNo>,
+        result: Result<Value, RpcError>,
+    ) {
+        let Some(req) = req else { return };
+        if let Err(e) = &result {
+            if e.code == rpc::INTERNAL_ERROR {
+                core.log.line(format_args!(
+                    "internal error answered to conn {}: {}",
+                    token.0, e.message
+                ));
+            }
+            if e.code == rpc::LIMIT_REACHED {
+                let data = e.data.as_ref();
+                let limit = data
+                    .and_then(|d| d["limit"].as_str())
+                    .unwrap_or("limit")
+                    .to_string();
+                let value = data.map_or(Value::Null, |d| d["value"].clone());
+                let uid = self.map.get(&token).map_or(0, |c| c.peer.uid);
+                core.log.refusal(
+                    &limit,
+                    core.now,
+                    format_args!("refused a request of uid {uid}: {limit} ({value}) reached"),
+                );
+            }
+        }
+        if let Some(c) = self.map.get_mut(&token) {
+            let piling = c.owes_past_cap();
+            c.answer(req, &result);
+            self.dirty.push(token);
+            if piling {
+                self.bound_backlog(core, token);
+            }
+        }
+    }
+
+    /// A connection got an answer while more than `--client-buffer` was already owed to it
+    /// (it parks requests and does not read their answers). Answers are not dropped, so
+    /// when all that connections owe passes `--max-output-memory` this one is closed:
+    /// like the rings, the answers waiting to be read stay within the budget (plus one
+    /// answer), and a client reading its answers is never the one closed.
+    fn bound_backlog(&mut self, core: &mut Core, token: Token) {
+        let total: usize = self.map.values().map(Conn::owed).sum();
+        if total <= core.cfg.max_output_memory {
+            return;
+        }
+        let Some(c) = self.map.get_mut(&token) else {
+            return;
+        };
+        let (uid, owed) = (c.peer.uid, c.owed());
+        c.broken = true;
+        core.log.refusal(
+            "unread answers",
+            core.now,
+            format_args!(
+                "closed a connection of uid {uid}: {owed} bytes of answers unread while \
+                 connections are owed {total} bytes, over --max-output-memory"
+            ),
+        );
+    }
+
+    // ---- idle and closing --------------------------------------------------------------
+
+    /// Marks for closing the TCP connections that went `limit` without a request while
+    /// nothing was owed to them. Returns whether any TCP connection is open.
+    pub fn close_idle_tcp(&mut self, now: Instant, limit: Duration) -> bool {
+        let mut any = false;
+        for (token, c) in self.map.iter_mut() {
+            if !c.is_tcp() {
+                continue;
+            }
+            any = true;
+            if c.waiting() > 0 || c.owed() > 0 {
+                continue; // in flight: idle from when its answer is written (`flush`)
+            }
+            if now.saturating_duration_since(c.last_request) >= limit {
+                c.broken = true;
+                self.dirty.push(*token);
+            }
+        }
+        any
+    }
+
+    /// Closes a connection: its descriptor, and what the core keeps for it.
+    pub fn close(&mut self, token: Token, registry: &Registry, core: &mut Core) {
+        let Some(mut conn) = self.map.remove(&token) else {
+            return;
+        };
+        conn.deregister(registry);
+        core.disconnected(ConnId(token.0));
+    }
+}
+
+fn peer_of(peer: PeerCred) -> Peer {
+    Peer {
+        uid: peer.uid,
+        gid: peer.gid,
+        pid: peer.pid,
+    }
+}
+
+/// A peer turned away at accept: logged (rate-limited) and audited.
+fn refuse(core: &mut Core, peer: PeerCred, why: &str) {
+    core.record("refuse", Some(peer_of(peer)), json!({ "why": why }));
+    core.log.refusal(
+        why,
+        core.now,
+        format_args!(
+            "refused a connection from uid {} gid {} pid {}: {why}",
+            peer.uid, peer.gid, peer.pid
+        ),
+    );
+}
