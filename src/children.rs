@@ -7,8 +7,8 @@
 //! - A command that cannot be watched is not left running: a failure after the spawn
 //!   kills its tree, and its hold is let go when its leader is reaped.
 //! - A process's exit is published only after its pipes were drained of what they held.
-//! - A pipe is read at most `PIPE_BYTES_PER_TURN` a turn; one left readable is "hot" and
-//!   read again next turn without waiting for an event.
+//! - A pipe is read at most `PIPE_BYTES_PER_TURN` at a time; one left readable is "hot"
+//!   and read again at the end of the turn (`service_hot`), without waiting for an event.
 
 use std::collections::HashMap;
 use std::io;
@@ -49,6 +49,18 @@ pub struct Origin {
     pub groups: Vec<u32>,
 }
 
+/// What one reap found.
+#[derive(Debug, PartialEq)]
+pub enum Reaped {
+    /// A command's exit, published to the core (which has effects to carry out).
+    Command,
+    /// A child that is not a command: a leader killed as it started, or a re-parented
+    /// descendant.
+    Other,
+    /// Nothing more has exited.
+    Nothing,
+}
+
 /// The running commands' descriptors and how they are started and held.
 pub struct Children {
     pipes: Pipes,
@@ -87,10 +99,10 @@ fn unavailable(u: &Unavailable) -> RpcError {
 }
 
 impl Children {
-    /// Resolves `--run-as`, prepares the spawner (after the signal handlers are in place:
-    /// they are what children must reset) and chooses containment, which may move the
-    /// daemon into its cgroup's leaf and end what a previous instance left behind.
-    pub fn new(cfg: &Config) -> io::Result<(Children, Option<Leftovers>)> {
+    /// Resolves `--run-as` and prepares the spawner (after the signal handlers are in
+    /// place: they are what children must reset). Containment is chosen later, by
+    /// `choose_containment`, once nothing else can stop the start.
+    pub fn new(cfg: &Config) -> io::Result<Children> {
         let uid = process::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
@@ -108,6 +120,23 @@ impl Children {
             &cfg.rlimits,
             process::raise_nofile(),
         )?;
+        Ok(Children {
+            pipes: Pipes::default(),
+            contain: Contain::default(),
+            spawner,
+            run_as,
+            uid,
+            abandoned: HashMap::new(),
+            orphans: false,
+            hot: Vec::new(),
+            scratch: vec![0; SCRATCH],
+        })
+    }
+
+    /// Chooses containment as `--cgroup` says, before anything is spawned: it may move the
+    /// daemon into its cgroup's leaf and end what a previous instance left behind (which
+    /// it returns). A daemon-wide limit it cannot enforce stops the start.
+    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<Option<Leftovers>> {
         let (contain, leftovers) = Contain::choose(&cfg.cgroup);
         if let Err(u) = contain.check(&cfg.limits) {
             return Err(io::Error::new(
@@ -120,18 +149,8 @@ impl Children {
                 ),
             ));
         }
-        let children = Children {
-            pipes: Pipes::default(),
-            contain,
-            spawner,
-            run_as,
-            uid,
-            abandoned: HashMap::new(),
-            orphans: false,
-            hot: Vec::new(),
-            scratch: vec![0; SCRATCH],
-        };
-        Ok((children, leftovers))
+        self.contain = contain;
+        Ok(leftovers)
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -427,14 +446,14 @@ impl Children {
     // ---- reaping -----------------------------------------------------------------------
 
     /// Reaps one exited child and, if it is a command, reads its pipes out and publishes
-    /// its exit to the core. Returns false once nothing more has exited; one SIGCHLD may
-    /// stand for many exits, so the loop calls this until then.
-    pub fn reap_one(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) -> bool {
+    /// its exit to the core. One SIGCHLD may stand for many exits, so the loop calls this
+    /// until it says `Reaped::Nothing`.
+    pub fn reap_one(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) -> Reaped {
         let Some(r) = process::reap_one() else {
             if std::mem::take(&mut self.orphans) {
                 self.contain.orphan_reaped();
             }
-            return false;
+            return Reaped::Nothing;
         };
         let Some(key) = core.table.by_pid(r.pid) else {
             if let Some(key) = self.abandoned.remove(&r.pid) {
@@ -442,7 +461,7 @@ impl Children {
             } else {
                 self.orphans = true; // a re-parented descendant: reaped, nothing to publish
             }
-            return true;
+            return Reaped::Other;
         };
         // Whatever the pipes hold now was written before the exit: read it first.
         for s in 0..streams(core, key) {
@@ -450,6 +469,6 @@ impl Children {
         }
         let tree = self.contain.leader_exited(key);
         core.exited(key, r.ended, r.usage, tree);
-        true
+        Reaped::Command
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - A connection is in the set from its accept until `close`, which tells the core.
-//! - `dirty` names every connection that got bytes since the last flush.
+//! - `dirty` names every connection to flush this turn: one that got bytes, was read,
+//!   or is to be closed.
 //! - Answers are never dropped: a connection that does not read them is closed instead,
 //!   and never one that reads.
 

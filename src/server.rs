@@ -25,7 +25,7 @@ use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::audit::{Log, Sinks};
-use crate::children::{Children, Origin};
+use crate::children::{Children, Origin, Reaped};
 use crate::config::Config;
 use crate::conn::{Conn, Fill};
 use crate::conns::{Admission, Conns};
@@ -127,6 +127,7 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         process::become_subreaper()?;
+        let mut children = Children::new(&cfg)?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
@@ -143,7 +144,7 @@ impl Server {
             std::env::var_os("WATCHDOG_PID"),
         )?;
         // Before anything is spawned: the daemon may move itself into its cgroup's leaf.
-        let (children, leftovers) = Children::new(&cfg)?;
+        let leftovers = children.choose_containment(&cfg)?;
         if let Some(fd) = children.contain.events_fd() {
             poll.registry()
                 .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
@@ -479,7 +480,10 @@ impl Server {
                     Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),
                     Effect::FlushStdin(key) => {
                         let registry = self.poll.registry();
-                        self.children.flush_stdin(&mut self.core, registry, key);
+                        // Room made answers a waiting write before the rest of the batch.
+                        if self.children.flush_stdin(&mut self.core, registry, key) {
+                            self.apply();
+                        }
                     }
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.conns, key),
@@ -602,10 +606,11 @@ impl Server {
     fn reap_all(&mut self) {
         loop {
             let (core, conns) = (&mut self.core, &mut self.conns);
-            if !self.children.reap_one(core, conns, self.poll.registry()) {
-                return;
+            match self.children.reap_one(core, conns, self.poll.registry()) {
+                Reaped::Command => self.apply(),
+                Reaped::Other => {}
+                Reaped::Nothing => return,
             }
-            self.apply();
         }
     }
 
