@@ -58,8 +58,10 @@ pub const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 /// `percent * 1000` microseconds of quota.
 pub const CPU_PERIOD_USEC: u64 = 100_000;
 
-/// How long `Tree::sweep_leftovers` waits in all for killed leftovers to empty.
-pub const SWEEP_WAIT: Duration = Duration::from_secs(1);
+/// How long `Tree::sweep_leftovers` waits in all for killed leftovers to empty: SIGKILLed
+/// processes need CPU to exit, which a loaded host may not give them at once. A cgroup
+/// still busy after that (a process stuck in the kernel) is kept and counted.
+pub const SWEEP_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the freeze fallback waits for `frozen 1` before it signals anyway.
 pub const FREEZE_WAIT: Duration = Duration::from_millis(100);

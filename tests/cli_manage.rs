@@ -36,8 +36,14 @@ fn kill_takes_several_ids_and_signals_by_number_or_name_on_both_families() {
     let t = create(
         &mut c,
         "sh",
-        &["-c", "trap 'echo usr1' USR1; while :; do sleep 0.05; done"],
+        &[
+            "-c",
+            "trap 'echo usr1' USR1; echo ready; while :; do sleep 0.05; done",
+        ],
     );
+    wait_until("the trap is set", || {
+        output(&mut c, &t)["output"] == "ready\n"
+    });
     let o = ctl_code(&d, &["kill", "-s", "USR1", &t], 0);
     assert!(o.stdout.contains("still running"), "{o:?}");
     ctl_code(&d, &["kill", "-s", "SIGKILL", &t], 0);
@@ -55,8 +61,14 @@ fn kill_says_when_the_command_had_exited_and_when_it_outlived_sigterm() {
     let stubborn = create(
         &mut c,
         "sh",
-        &["-c", "trap '' TERM; while :; do sleep 0.05; done"],
+        &[
+            "-c",
+            "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+        ],
     );
+    wait_until("the trap is set", || {
+        output(&mut c, &stubborn)["output"] == "ready\n"
+    });
     let polite = exec_detached(&d, "sleep 30");
     let o = ctl_code(&d, &["kill", &done, &stubborn, &polite], 0);
     let lines: Vec<&str> = o.stdout.lines().collect();
@@ -198,8 +210,16 @@ fn logs_tail_and_follow() {
     let o = ctl_code(&d, &["logs", "--tail", "2", &b], 0);
     assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("4\n5\n", "7\n8\n"));
 
-    // -f with --tail: the last lines so far, then live output until the exit.
-    let b = exec_detached(&d, "seq 1 5; sleep 0.5; echo live");
+    // -f with --tail: the last lines so far, then live output until the exit. The live
+    // line waits until the follower has printed its tail, however slow its start.
+    let go = d.dir.path().join("go-live");
+    let b = exec_detached(
+        &d,
+        &format!(
+            "seq 1 5; while [ ! -e '{}' ]; do sleep 0.02; done; echo live",
+            go.display()
+        ),
+    );
     let session = bash_command(&mut c, &b)["session_id"].clone();
     wait_until("the first lines", || {
         ok(
@@ -210,8 +230,15 @@ fn logs_tail_and_follow() {
             .as_str()
             .is_some_and(|s| s.ends_with("5\n"))
     });
-    let o = ctl_code(&d, &["logs", "-f", "--tail", "1", &b], 0);
-    assert_eq!(o.stdout, "5\nlive\n");
+    let (mut follower, lines) = spawn_lines(&mut command(
+        Some(&d.socket),
+        &["logs", "-f", "--tail", "1", &b],
+    ));
+    assert_eq!(next_line(&lines), "5");
+    File::create(&go).expect("let the live line out");
+    assert_eq!(next_line(&lines), "live");
+    assert!(follower.wait().success());
+    assert!(lines.recv_timeout(WAIT).is_err(), "nothing after the exit");
 
     // -f is lossless: a follower reading a fast writer's 20 MB gets every byte.
     let b = exec_detached(&d, "sleep 0.2; seq 1 2500000");

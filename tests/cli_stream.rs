@@ -314,7 +314,7 @@ fn timeout_means_kill_and_124_for_run_and_exec_and_zero_means_none() {
             vec![
                 "run",
                 "--timeout",
-                "0.5",
+                "2",
                 "--",
                 "sh",
                 "-c",
@@ -323,11 +323,11 @@ fn timeout_means_kill_and_124_for_run_and_exec_and_zero_means_none() {
             "",
         ),
         (
-            vec!["exec", "--timeout", "500ms", "echo $$; exec sleep 30"],
+            vec!["exec", "--timeout", "2000ms", "echo $$; exec sleep 30"],
             "",
         ),
         (
-            vec!["exec", "--hard-timeout", "0.5", "echo $$; exec sleep 30"],
+            vec!["exec", "--hard-timeout", "2", "echo $$; exec sleep 30"],
             "alias",
         ),
     ] {
@@ -359,7 +359,7 @@ fn exec_wait_returns_with_the_command_still_running() {
     let mut c = d.client();
     let o = ctl_code(
         &d,
-        &["exec", "--wait", "0.3", "echo first; sleep 1; echo second"],
+        &["exec", "--wait", "2", "echo first; sleep 4; echo second"],
         0,
     );
     assert_eq!(o.stdout, "first\n");

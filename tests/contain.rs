@@ -162,7 +162,7 @@ fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
             let session = format!("{}-{}", ending.replace('/', "-"), m);
             let mut params = json!({"command": script, "async_mode": true, "session_id": session});
             if ending == "hard_timeout" {
-                params["hard_timeout"] = json!(1);
+                params["hard_timeout"] = json!(3);
             }
             ok(&mut c, "bash/exec", params);
             wait_until("the tree is up", || with_marker(&m).len() >= 2);

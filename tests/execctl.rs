@@ -72,7 +72,7 @@ fn run_timeout_exits_124_and_kills_the_command() {
         &[
             "run",
             "--timeout",
-            "0.5",
+            "2",
             "--",
             "sh",
             "-c",

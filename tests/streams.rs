@@ -140,13 +140,29 @@ fn bash_exec_subscribed_at_creation_keeps_streams_apart_and_exact() {
 fn a_lossless_subscriber_that_never_reads_holds_only_its_command() {
     let d = Daemon::start(&["--client-buffer", "64K"]);
     let mut c = d.client();
-    let id = create(&mut c, "head", &["-c", "104857600", "/dev/zero"]);
+    // It starts writing once subscribed: what is read before that is not the point.
+    let go = d.dir.path().join("go");
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exec head -c 104857600 /dev/zero",
+        go.display()
+    );
+    let id = create(&mut c, "sh", &["-c", &script]);
     let mut stuck = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
     let sub = json!({"jsonrpc": "2.0", "id": 1, "method": "events/subscribe",
                      "params": {"id": id, "lossless": true}});
     stuck
         .write_all(format!("{sub}\n").as_bytes())
         .expect("subscribe");
+    stuck.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\n") {
+        assert_eq!(stuck.read(&mut byte).expect("the subscribe answer"), 1);
+        answer.push(byte[0]);
+    }
+    let answer: Value = serde_json::from_slice(&answer).expect("JSON");
+    assert!(answer.get("result").is_some(), "{answer}");
+    std::fs::File::create(&go).expect("go");
     // The command stalls well short of its 100 MiB: it is not read while the subscriber
     // does not read.
     let mut last = 0;
@@ -347,7 +363,8 @@ fn bash_write_takes_exact_bytes_and_waits_for_room() {
 /// `terminal/kill` with `_meta.execd.signal` sends that one signal.
 #[test]
 fn terminal_kill_with_a_signal_of_the_clients_choice() {
-    let d = Daemon::start(&["--kill-grace", "500ms"]);
+    // The grace is what the answer waits for an exit: long enough for a loaded machine.
+    let d = Daemon::start(&["--kill-grace", "3s"]);
     let mut c = d.client();
     let id = create(&mut c, "sleep", &["30"]);
     let r = ok(
