@@ -17,9 +17,12 @@
 //!   every other child are left alone, so a ROOT shared by mistake loses nothing foreign.
 //! - A limit is refused, naming its controller, before anything is created when that
 //!   controller is not enabled for ROOT's children: never silently ignored.
-//! - Nothing here blocks for long or starts a thread: waits are bounded polls (at most
-//!   `SWEEP_WAIT` for the start-up sweep, `FREEZE_WAIT` for the freeze fallback); the loop
-//!   learns that a cgroup emptied from an inotify watch on its `cgroup.events`.
+//! - Nothing here starts a thread, and nothing blocks the running loop for long: waits
+//!   are bounded polls (`SWEEP_WAIT` for the start-up sweep, before the loop runs;
+//!   `FREEZE_WAIT` for the freeze fallback); the loop learns that a cgroup emptied from
+//!   an inotify watch on its `cgroup.events`.
+//! - A ROOT whose `daemon` leaf holds another live process belongs to another execd and
+//!   is not used: its commands are not leftovers.
 //! - Parsing is pure and separate from file operations, and every file operation works
 //!   against an arbitrary root, so tests run them on plain directories laid out like a
 //!   cgroup.
@@ -187,6 +190,9 @@ pub enum Fallback {
     Shared { others: usize },
     /// This cgroup file or directory may not be written.
     NotWritable(String),
+    /// ROOT's `daemon` leaf holds another process: another execd uses this ROOT, and
+    /// taking it over would sweep that daemon's commands as leftovers.
+    Taken { pid: u32 },
     /// Anything else that went wrong on the way, said in the text.
     Setup(String),
 }
@@ -218,6 +224,11 @@ impl fmt::Display for Fallback {
                 if *others == 1 { "" } else { "es" }
             )?,
             Fallback::NotWritable(what) => write!(f, "{what} is not writable by execd")?,
+            Fallback::Taken { pid } => write!(
+                f,
+                "the cgroup's {DAEMON} leaf already holds pid {pid} (another execd?), whose \
+                 commands execd must not kill"
+            )?,
             Fallback::Setup(why) => write!(f, "cgroup setup failed: {why}")?,
         }
         write!(f, ", {HOW_TO_DELEGATE}")
@@ -291,6 +302,7 @@ pub fn choose_root(
                 return Err(Fallback::Shared { others });
             }
             check_writable(&dir)?;
+            check_not_taken(&dir, self_pid)?;
             Ok(dir)
         }
         Mode::Path(path) => {
@@ -307,8 +319,22 @@ pub fn choose_root(
             }
             check_cgroup_dir(&dir, dir == mount)?;
             check_writable(&dir)?;
+            check_not_taken(&dir, self_pid)?;
             Ok(dir)
         }
+    }
+}
+
+/// A live process in `dir/daemon` other than this one is another execd using `dir` as its
+/// ROOT (a daemon moves itself there, and nothing else goes there). No leaf yet, or an
+/// empty one (its daemon is gone), is free.
+fn check_not_taken(dir: &Path, self_pid: u32) -> Result<(), Fallback> {
+    let Ok(procs) = fs::read_to_string(dir.join(DAEMON).join("cgroup.procs")) else {
+        return Ok(());
+    };
+    match parse_procs(&procs).into_iter().find(|&p| p != self_pid) {
+        Some(pid) => Err(Fallback::Taken { pid }),
+        None => Ok(()),
     }
 }
 
@@ -1331,8 +1357,22 @@ mod tests {
         fs::write(session.join("cgroup.procs"), "4242\n").unwrap();
         assert_eq!(
             choose_root(&Mode::Auto, Some(&t.path), own, 4242),
-            Ok(session)
+            Ok(session.clone())
         );
+        // Unless another daemon sits in its leaf: then in neither mode.
+        fake_cgroup(&session.join(DAEMON), "777\n", "", false);
+        let taken = Err(Fallback::Taken { pid: 777 });
+        assert_eq!(choose_root(&Mode::Auto, Some(&t.path), own, 4242), taken);
+        let path = Mode::Path(session.clone());
+        assert_eq!(choose_root(&path, Some(&t.path), None, 4242), taken);
+        // An empty leaf (its daemon is gone), or one holding only us, is free.
+        for procs in ["", "4242\n"] {
+            fs::write(session.join(DAEMON).join("cgroup.procs"), procs).unwrap();
+            assert_eq!(
+                choose_root(&path, Some(&t.path), None, 4242),
+                Ok(session.clone())
+            );
+        }
     }
 
     #[test]
@@ -1422,6 +1462,10 @@ mod tests {
             (Fallback::RootCgroup, "root cgroup"),
             (Fallback::Shared { others: 1 }, "1 other process (a login"),
             (Fallback::Shared { others: 3 }, "3 other processes"),
+            (
+                Fallback::Taken { pid: 77 },
+                "leaf already holds pid 77 (another execd?)",
+            ),
             (
                 Fallback::NotWritable("/sys/fs/cgroup/x/cgroup.procs".into()),
                 "/sys/fs/cgroup/x/cgroup.procs is not writable",

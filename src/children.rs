@@ -101,7 +101,7 @@ fn unavailable(u: &Unavailable) -> RpcError {
 impl Children {
     /// Resolves `--run-as` and prepares the spawner (after the signal handlers are in
     /// place: they are what children must reset). Containment is chosen later, by
-    /// `choose_containment`, once nothing else can stop the start.
+    /// `choose_containment`, once the daemon holds its socket.
     pub fn new(cfg: &Config) -> io::Result<Children> {
         let uid = process::current_uid();
         let run_as = match &cfg.run_as {

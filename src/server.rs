@@ -143,16 +143,22 @@ impl Server {
             std::env::var_os("WATCHDOG_USEC"),
             std::env::var_os("WATCHDOG_PID"),
         )?;
-        // Before anything is spawned: the daemon may move itself into its cgroup's leaf.
-        let leftovers = children.choose_containment(&cfg)?;
-        if let Some(fd) = children.contain.events_fd() {
-            poll.registry()
-                .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
-        }
         // The journal stamps its lines itself.
         let mut log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
         let mut next_token = FIRST_DYNAMIC;
-        let listeners = Listeners::open(&mut cfg, &poll, LISTENER, &mut next_token, &mut log)?;
+        let mut listeners = Listeners::open(&mut cfg, &poll, LISTENER, &mut next_token, &mut log)?;
+        // Last, once the socket is ours (a daemon that finds another listening stops before
+        // touching any cgroup), and before anything is spawned: the daemon may move itself
+        // into its cgroup's leaf and sweep what a previous instance left. A refusal here
+        // leaves no socket file behind.
+        let contained = children.choose_containment(&cfg).and_then(|leftovers| {
+            if let Some(fd) = children.contain.events_fd() {
+                poll.registry()
+                    .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
+            }
+            Ok(leftovers)
+        });
+        let leftovers = contained.inspect_err(|_| listeners.remove_socket_file())?;
         let now = Instant::now();
         let mut core = Core::new(cfg, now, log);
         core.policy = policy;

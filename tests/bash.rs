@@ -1348,8 +1348,9 @@ fn idle_sessions_are_reaped_but_not_while_a_command_runs() {
     let listed = sessions(&mut c);
     let busy = find_session(&listed, "busy").expect("a running command keeps its session");
     assert_eq!(busy["current_command"], cmd.as_str());
-    // Longer than the idle period again, still running: still kept.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Longer than the idle period (3 s) again, so the busy session is looked at once
+    // more while it runs: still kept.
+    std::thread::sleep(Duration::from_millis(4500));
     let listed = sessions(&mut c);
     let busy = find_session(&listed, "busy").expect("still kept while it runs");
     assert_eq!(busy["current_command"], cmd.as_str());

@@ -220,6 +220,60 @@ fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
     );
 }
 
+/// A second daemon started on the same `--cgroup` while the first runs takes none of it.
+/// On the first's socket it stops before touching a cgroup; on a socket of its own it
+/// finds the first in the `daemon` leaf and falls back to process groups, saying why.
+/// Either way the first's commands and their cgroups live on.
+#[test]
+fn a_second_daemon_on_the_same_cgroup_kills_nothing_of_the_first() {
+    let Some(cg) = test_cgroup() else { return };
+    let first = cgroup_daemon(&cg, &[]);
+    let mut c = first.client();
+    let m = marker();
+    let id = start_tree(&mut c, &format!("echo ready; sleep {m}"), &m);
+    let held = cg.command_cgroups();
+    assert_eq!(held.len(), 1, "{held:?}");
+
+    // The same socket: refused, before containment is chosen.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
+        .arg("--socket")
+        .arg(&first.socket)
+        .args(["--cgroup", cg.path()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run a second execd");
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another execd is listening"), "{stderr}");
+    assert!(
+        with_marker(&m).len() >= 2,
+        "the refused daemon killed nothing"
+    );
+    assert_eq!(cg.command_cgroups(), held);
+
+    // A socket of its own: it runs, on process groups.
+    let second = cgroup_daemon(&cg, &[]);
+    wait_until("the second says why it holds no cgroup", || {
+        second.log().contains("already holds pid")
+    });
+    let mut c2 = second.client();
+    let init = ok(&mut c2, "initialize", json!({"protocolVersion": 1}));
+    let containment = init["_meta"]["execd"]["containment"].to_string();
+    assert!(containment.contains("process"), "{containment}");
+    drop(c2);
+    drop(second);
+
+    assert!(with_marker(&m).len() >= 2, "the first's command lives on");
+    assert_eq!(cg.command_cgroups(), held);
+    assert!(output(&mut c, &id).get("exitStatus").is_none());
+    ok(
+        &mut c,
+        "terminal/release",
+        json!({"sessionId": "s", "terminalId": id}),
+    );
+    all_gone(&m, "released by the first daemon");
+}
+
 /// A command's cgroup goes once its tree is empty: 500 commands leave none behind.
 #[test]
 fn five_hundred_commands_leave_no_cgroup_behind() {
@@ -301,16 +355,24 @@ fn limits_without_their_controller_are_refused_by_name() {
         assert_eq!(data.expect("data")["controller"], controller);
         assert!(msg.contains(controller), "{msg}");
     }
-    // A daemon-wide limit without its controller refuses to start, saying why.
+    // A daemon-wide limit without its controller refuses to start, saying why, and
+    // leaves no socket file behind.
     if !controllers.split_whitespace().any(|w| w == "memory") {
+        let socket = d.dir.path().join("refused.sock");
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
-            .args(["--socket", "/nonexistent/execd.sock", "--cgroup", cg.path()])
-            .args(["--memory-max", "64M"])
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--cgroup", cg.path(), "--memory-max", "64M"])
+            .stdin(std::process::Stdio::null())
             .output()
             .expect("run");
         assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("memory controller"), "{err}");
+        assert!(
+            !socket.exists(),
+            "the refused daemon's socket file is removed"
+        );
     }
     // Process groups can enforce none.
     let plain = Daemon::start(&["--cgroup", "off"]);
