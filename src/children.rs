@@ -253,11 +253,6 @@ impl Children {
 
     // ---- pipes -------------------------------------------------------------------------
 
-    /// Whether `token` is one of the pipes.
-    pub fn owns(&self, token: Token) -> bool {
-        self.pipes.source(token).is_some()
-    }
-
     /// A pipe is ready: output is read, waiting stdin written. Returns whether the core
     /// has effects to carry out now (those of output wait for the end of the turn).
     pub fn on_ready(

@@ -96,12 +96,9 @@ impl Conns {
         self.map.contains_key(token)
     }
 
-    pub fn len(&self) -> usize {
+    /// How many connections are open.
+    pub fn count(&self) -> usize {
         self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 
     pub fn values(&self) -> impl Iterator<Item = &Conn> {

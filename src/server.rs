@@ -259,7 +259,7 @@ impl Server {
     fn status_text(&self) -> String {
         format!(
             "{} client(s), {} running command(s), containment: {}",
-            self.conns.len(),
+            self.conns.count(),
             self.core.table.running(),
             self.children.contain.kind()
         )
@@ -270,7 +270,7 @@ impl Server {
         if self.status_pending {
             return;
         }
-        let counts = (self.conns.len(), self.core.table.running());
+        let counts = (self.conns.count(), self.core.table.running());
         let text = self.status_text();
         if let Some(n) = self.notifier.as_mut() {
             if let systemd::Status::Later(at) = n.status(counts, &text, Instant::now()) {
