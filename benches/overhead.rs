@@ -467,7 +467,7 @@ fn drain_exact(c: &mut Client, expected: &[u8]) -> u64 {
                 .position(|&b| b == b'"')
                 .expect("end of data");
             let text = std::str::from_utf8(&rest[d..end]).expect("base64 is ASCII");
-            let bytes = execd::rpc::base64_decode(text).expect("base64");
+            let bytes = execd::base64_decode(text).expect("base64");
             assert!(
                 expected.get(at..at + bytes.len()) == Some(&bytes[..]),
                 "byte mismatch at offset {at}"

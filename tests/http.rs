@@ -1625,7 +1625,7 @@ fn run_as_does_not_override_http_run_as() {
 #[test]
 fn a_root_daemon_with_http_listen_needs_http_run_as() {
     assert_eq!(
-        execd::process::current_uid(),
+        execd::current_uid(),
         0,
         "this test runs as root (as CI does)"
     );

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
-use execd::rpc::{base64_decode, base64_encode};
+use execd::{base64_decode, base64_encode};
 
 const MIB: usize = 1 << 20;
 

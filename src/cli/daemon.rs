@@ -30,7 +30,7 @@ impl Ctx {
             Err(e) => Err(Fail::new(format!(
                 "cannot connect to execd at {} ({}); start it with: execd --socket {}",
                 self.socket.display(),
-                crate::rpc::os_error_text(&e),
+                crate::wire::rpc::os_error_text(&e),
                 self.socket.display()
             ))),
         }

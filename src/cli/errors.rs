@@ -102,7 +102,7 @@ impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Self {
         Fail::new(format!(
             "{}; check that execd is still running (execctl status)",
-            crate::rpc::os_error_text(&e)
+            crate::wire::rpc::os_error_text(&e)
         ))
     }
 }
@@ -244,7 +244,7 @@ pub fn exit_status(exit_code: &Value, signal: &Value) -> u8 {
     }
     let n = signal
         .as_str()
-        .and_then(crate::process::signal_number)
+        .and_then(crate::sys::signal_number)
         .unwrap_or(0);
     if n == 0 {
         return EXIT_FAILURE;

@@ -92,7 +92,7 @@ pub fn use_color() -> bool {
 /// The width of the terminal on stdout, when it is one.
 pub fn terminal_width() -> Option<usize> {
     if io::stdout().is_terminal() {
-        crate::process::terminal_width()
+        crate::sys::terminal_width()
     } else {
         None
     }
@@ -404,7 +404,7 @@ mod tests {
     #[test]
     fn rfc3339_round_trip_and_keys() {
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(951_782_400_123);
-        assert_eq!(parse_rfc3339(&crate::rpc::rfc3339(t)), Some(t));
+        assert_eq!(parse_rfc3339(&crate::wire::rpc::rfc3339(t)), Some(t));
         assert_eq!(parse_rfc3339("nope"), None);
         assert_eq!(snake("killGraceMs"), "kill_grace_ms");
         assert_eq!(

@@ -19,7 +19,7 @@ use super::daemon::{self, Ctx, Target};
 use super::errors::{daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
 use super::output::{self, warn};
 use crate::client::Client;
-use crate::rpc::base64_decode;
+use crate::wire::rpc::base64_decode;
 
 /// The one state vocabulary: running, exited, killed, timed_out.
 pub fn state(running: bool, status: Option<&str>, signal: &Value) -> &'static str {

@@ -26,7 +26,7 @@ use super::foreground::{create, watch_signals, Killer, Reason};
 use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
 use crate::config::{parse_duration, parse_size};
-use crate::rpc::{base64_decode, base64_encode};
+use crate::wire::rpc::{base64_decode, base64_encode};
 
 /// Largest stdin chunk sent in one write; each waits for its answer (back-pressure).
 const STDIN_CHUNK: usize = 32 << 10;
@@ -130,7 +130,7 @@ fn env_vars(files: &[&str], items: &[&str]) -> Res<Vec<(String, String)>> {
         let text = std::fs::read_to_string(file).map_err(|e| {
             Fail::new(format!(
                 "--env-file {file}: {}",
-                crate::rpc::os_error_text(&e)
+                crate::wire::rpc::os_error_text(&e)
             ))
         })?;
         for (n, line) in text.lines().enumerate() {

@@ -383,7 +383,7 @@ impl TestCgroup {
     /// `execd-KIND-PID-N` under the cgroup2 mount; why not, where there is no writable one.
     pub fn new(kind: &str) -> Result<TestCgroup, String> {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let Some(mount) = execd::cgroup::cgroup2_mount(&mountinfo) else {
+        let Some(mount) = execd::cgroup2_mount(&mountinfo) else {
             return Err("no cgroup2 mount in /proc/self/mountinfo".into());
         };
         let n = NEXT_CGROUP.fetch_add(1, Ordering::SeqCst);

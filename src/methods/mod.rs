@@ -2,13 +2,18 @@
 //! started command's family runs. Every front end (JSON-RPC lines today) calls through
 //! here, so a method behaves the same whoever asks.
 
+pub mod acp;
+pub mod approvals;
+pub mod bash;
+pub mod events;
+
 use serde_json::{Map, Value};
 
 use crate::core::{Caller, Core, Step};
-use crate::launch::{After, LaunchRequest};
-use crate::rpc::{Params, RpcError};
-use crate::table::Key;
-use crate::{acp, bash, events, gate};
+use crate::core::launch::{After, LaunchRequest};
+use crate::wire::rpc::{Params, RpcError};
+use crate::core::table::Key;
+
 
 /// A method: reads and changes the core, returns what to do with the request.
 pub type Method = fn(&mut Core, &Caller, &Params) -> Result<Step, RpcError>;
@@ -37,9 +42,9 @@ pub fn method(name: &str) -> Option<Method> {
         "bash/sessions/close" => bash::close_session,
         "events/subscribe" => events::subscribe,
         "events/unsubscribe" => events::unsubscribe,
-        "approvals/subscribe" => gate::subscribe,
-        "approvals/unsubscribe" => gate::unsubscribe,
-        "policy/check" => gate::check,
+        "approvals/subscribe" => approvals::subscribe,
+        "approvals/unsubscribe" => approvals::unsubscribe,
+        "policy/check" => approvals::check,
         _ => return None,
     })
 }

@@ -15,8 +15,8 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::process::{Ended, Usage};
-use crate::ring::Ring;
+use crate::sys::{Ended, Usage};
+use crate::core::ring::Ring;
 
 /// Whole-tree figures of a command, read from its cgroup when its leader exits.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -22,9 +22,9 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
 use serde_json::Value;
 
-use crate::http;
-use crate::process::PeerCred;
-use crate::rpc::{self, Incoming, ReqNo, Room, RpcError};
+use crate::wire::http;
+use crate::sys::PeerCred;
+use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]

@@ -13,10 +13,10 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
-use crate::launch::LaunchRequest;
-use crate::rpc::{self, ReqNo};
-use crate::table::ConnId;
-use crate::timers::TimerId;
+use crate::core::launch::LaunchRequest;
+use crate::wire::rpc::{self, ReqNo};
+use crate::core::table::ConnId;
+use crate::core::timers::TimerId;
 
 /// An approver's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,8 +183,8 @@ pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
 /// the words that need it quoted.
 pub fn describe(launch: &LaunchRequest) -> String {
     match &launch.program {
-        crate::process::Program::Shell { line, .. } => line.clone(),
-        crate::process::Program::Direct { program, args } => std::iter::once(program)
+        crate::sys::Program::Shell { line, .. } => line.clone(),
+        crate::sys::Program::Direct { program, args } => std::iter::once(program)
             .chain(args)
             .map(|w| shell_quote(w))
             .collect::<Vec<_>>()
@@ -194,7 +194,7 @@ pub fn describe(launch: &LaunchRequest) -> String {
 
 /// `word` as a shell would need it written to mean itself.
 fn shell_quote(word: &str) -> String {
-    if !word.is_empty() && crate::launch::plain_word(word) {
+    if !word.is_empty() && crate::core::launch::plain_word(word) {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))

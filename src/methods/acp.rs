@@ -9,11 +9,12 @@
 use serde_json::{json, Map, Value};
 
 use crate::core::{Caller, Core, Step, Wait};
-use crate::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
-use crate::process::{Program, Stdio3};
-use crate::rpc::{Params, RpcError};
-use crate::table::{Family, Key, KillReason};
-use crate::{events, view};
+use crate::core::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
+use crate::sys::{Program, Stdio3};
+use crate::wire::rpc::{Params, RpcError};
+use crate::core::table::{Family, Key, KillReason};
+use crate::core::view;
+use crate::methods::events;
 
 /// The ACP protocol version spoken.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -136,7 +137,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         .map(|o| events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
-    let limits = crate::launch::request_limits(
+    let limits = crate::core::launch::request_limits(
         m.opt_object("limits")?.map(Params).as_ref(),
         ["memoryMax", "pidsMax", "cpuMax"],
         &core.cfg.limits,
@@ -216,7 +217,7 @@ fn execd_meta(p: &Params) -> Result<Map<String, Value>, RpcError> {
 /// input for a terminal created with `_meta.execd.stdin`, as `bash/write` takes it.
 pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
-    let data = crate::bash::write_input(p)?;
+    let data = crate::methods::bash::write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
     core.write_stdin(key, data, eof, wait)
@@ -279,7 +280,7 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let key = lookup(core, caller, p)?;
     let meta = execd_meta(p)?;
     if let Some(name) = Params(&meta).opt_str("signal")? {
-        let sig = crate::process::signal_by_name(name).ok_or_else(|| {
+        let sig = crate::sys::signal_by_name(name).ok_or_else(|| {
             RpcError::invalid_params("_meta.execd.signal", format!("unknown signal {name:?}"))
         })?;
         let running = core.table.get(key).is_some_and(|t| t.running());
@@ -336,7 +337,7 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
                 "args": args,
                 "cwd": t.cwd.display().to_string(),
                 "pid": t.pid,
-                "startedAt": crate::rpc::rfc3339(t.started_wall),
+                "startedAt": crate::wire::rpc::rfc3339(t.started_wall),
                 "outputBytes": t.output_bytes(),
             });
             if t.exit.is_some() {

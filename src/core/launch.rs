@@ -8,10 +8,10 @@
 
 use std::path::PathBuf;
 
-use crate::cgroup::Limits;
-use crate::process::{Program, Stdio3};
-use crate::rpc::{os_error_text, Params, RpcError};
-use crate::table::{ConnId, Family, Key, Peer, SubOpts};
+use crate::sys::cgroup::Limits;
+use crate::sys::{Program, Stdio3};
+use crate::wire::rpc::{os_error_text, Params, RpcError};
+use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
 
 /// What the family does once the command is started (or failed to start).
 #[derive(Debug, Clone)]
@@ -239,7 +239,7 @@ mod tests {
         let asked = serde_json::json!({"m": 200});
         let e =
             request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).unwrap_err();
-        assert_eq!(e.code, crate::rpc::LIMIT_REACHED);
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
         assert_eq!(e.data.unwrap()["limit"], "memory-max");
         let asked = serde_json::json!({"c": 0});
         assert!(request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).is_err());

@@ -14,26 +14,32 @@
 //! - A released process is hidden at once and forgotten (`sweep`) once it has exited,
 //!   nobody waits on it and the loop has delivered its last events.
 
+pub mod gate;
+pub mod launch;
+pub mod ring;
+pub mod table;
+pub mod timers;
+pub mod view;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::approvals::{self, Answer, Approvals, Asked, Pending};
-use crate::audit::{self, Log, Queue};
-use crate::cgroup::Leftovers;
+use gate::{Answer, Approvals, Asked, Pending};
+use crate::sys::sinks::{self, Log, Queue};
+use crate::sys::cgroup::Leftovers;
 use crate::config::{Config, BASH_HISTORY};
-use crate::contain::Stage;
-use crate::launch::{Admitted, LaunchRequest};
+use crate::sys::contain::Stage;
+use crate::core::launch::{Admitted, LaunchRequest};
 use crate::policy::{self, Decision, Judged, Policy};
-use crate::process::{Ended, Stdio3, Usage};
-use crate::rpc::{ReqNo, RpcError};
-use crate::table::{
+use crate::sys::{Ended, Stdio3, Usage};
+use crate::wire::rpc::{ReqNo, RpcError};
+use crate::core::table::{
     ConnId, Exit, Key, KillReason, Peer, Proc, Session, SessionKey, Stdin, Stream, Table, TreeUsage,
 };
-use crate::timers::{TimerId, Timers};
-use crate::view;
+use crate::core::timers::{TimerId, Timers};
 
 /// Who is calling: the connection and the peer's credentials.
 #[derive(Debug, Clone, Copy)]
@@ -217,7 +223,7 @@ impl Core {
             None => (None, false),
             Some(crate::config::AuditTarget::Stderr) => (None, true),
             Some(crate::config::AuditTarget::File(_)) => (
-                Some(Queue::new(audit::QUEUE_BYTES, audit::Kind::Audit)),
+                Some(Queue::new(sinks::QUEUE_BYTES, sinks::Kind::Audit)),
                 false,
             ),
         };
@@ -257,7 +263,7 @@ impl Core {
             Value::Object(m) => m,
             _ => Default::default(),
         };
-        let line = audit::audit_line(event, peer, fields);
+        let line = sinks::audit_line(event, peer, fields);
         match self.audit.as_mut() {
             Some(q) => q.push(&line),
             None => self.log.queue.push(&line),
@@ -582,8 +588,8 @@ impl Core {
                 "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
             });
             match &req.program {
-                crate::process::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
-                crate::process::Program::Direct { program, args } => {
+                crate::sys::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
+                crate::sys::Program::Direct { program, args } => {
                     let argv: Vec<&String> = std::iter::once(program).chain(args).collect();
                     fields["argv"] = json!(argv);
                 }
@@ -852,7 +858,7 @@ impl Core {
         self.log.line(format_args!(
             "{} sent {}",
             p.id,
-            crate::process::signal_name(sig)
+            crate::sys::signal_name(sig)
         ));
         // SIGKILL means the whole tree, escaped or not; other signals are requests the
         // process group gets.
@@ -1006,8 +1012,8 @@ impl Core {
         let peer = launch.peer;
         let argv: Vec<String>;
         let judged = match &launch.program {
-            crate::process::Program::Shell { line, .. } => Judged::Line(line),
-            crate::process::Program::Direct { program, args } => {
+            crate::sys::Program::Shell { line, .. } => Judged::Line(line),
+            crate::sys::Program::Direct { program, args } => {
                 argv = std::iter::once(program.clone())
                     .chain(args.clone())
                     .collect();
@@ -1043,7 +1049,7 @@ impl Core {
                     "deny",
                     Some(peer),
                     json!({ "id": id, "rule": verdict.rule, "reason": "policy",
-                            "command": approvals::describe(&launch) }),
+                            "command": gate::describe(&launch) }),
                 );
                 self.log.line(format_args!(
                     "denied {id} of uid {}: rule {}",
@@ -1087,7 +1093,7 @@ impl Core {
                 }
                 let appr = self.approvals.next_id();
                 let session = launch.family.session_id().to_string();
-                let command = approvals::describe(&launch);
+                let command = gate::describe(&launch);
                 let why = verdict
                     .justification
                     .as_deref()
@@ -1104,9 +1110,9 @@ impl Core {
                         peer.pid,
                         launch.cwd.display()
                     ),
-                    description: crate::view::cut_text(&command, approvals::DESCRIPTION_MAX),
+                    description: crate::core::view::cut_text(&command, gate::DESCRIPTION_MAX),
                 };
-                let line = approvals::request_line(&appr, &id, &asked);
+                let line = gate::request_line(&appr, &id, &asked);
                 for a in &approvers {
                     self.out.push(Effect::Send {
                         conn: *a,
@@ -1181,7 +1187,7 @@ impl Core {
             return;
         };
         self.timers.cancel(p.timer);
-        let line = approvals::resolved_line(id, answer);
+        let line = gate::resolved_line(id, answer);
         for a in &p.sent_to {
             self.out.push(Effect::Send {
                 conn: *a,
@@ -1238,7 +1244,7 @@ impl Core {
     /// A command that will not start (refused by the gate or an approver, or its spawn
     /// failed): a bash session made for it alone is not kept.
     pub fn launch_failed(&mut self, launch: &LaunchRequest) {
-        if let crate::launch::After::BashExec {
+        if let crate::core::launch::After::BashExec {
             created_session: true,
             ..
         } = launch.after
@@ -1516,11 +1522,11 @@ fn queue_stdin(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::tests::FakeOuts;
-    use crate::events::{self};
-    use crate::launch::After;
-    use crate::process::Program;
-    use crate::table::{Family, SubOpts};
+    use crate::methods::events::tests::FakeOuts;
+    use crate::methods::events::{self};
+    use crate::core::launch::After;
+    use crate::sys::Program;
+    use crate::core::table::{Family, SubOpts};
 
     const C1: ConnId = ConnId(1);
     const C2: ConnId = ConnId(2);
@@ -1870,7 +1876,7 @@ mod tests {
         // Every session of the owner busy: refused, and nobody else's is touched.
         bash(&mut c, "c");
         let e = c.open_session(1000, Some("w"), None, true).unwrap_err();
-        assert_eq!(e.code, crate::rpc::LIMIT_REACHED);
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
         assert_eq!(session_names(&c).len(), 4);
     }
 

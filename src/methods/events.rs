@@ -19,10 +19,10 @@ use std::io::Write;
 use serde_json::json;
 
 use crate::core::{Caller, Core, Effect, Step};
-use crate::ring::Ring;
-use crate::rpc::{self, Params, RpcError};
-use crate::table::{ConnId, Family, Key, Proc, Sub, SubOpts, Table};
-use crate::view;
+use crate::core::ring::Ring;
+use crate::wire::rpc::{self, Params, RpcError};
+use crate::core::table::{ConnId, Family, Key, Proc, Sub, SubOpts, Table};
+use crate::core::view;
 
 /// Largest `Output` chunk, in bytes.
 const CHUNK: u64 = 64 << 10;
@@ -243,7 +243,7 @@ pub fn pump(table: &mut Table, key: Key, outs: &mut dyn Outboxes) -> Pumped {
 
 /// The end of what a subscriber may be handed of a stream now: every byte for base64,
 /// else up to the last complete character of a stream that may still grow.
-fn deliverable_end(st: &crate::table::Stream, sub: &Sub) -> u64 {
+fn deliverable_end(st: &crate::core::table::Stream, sub: &Sub) -> u64 {
     if sub.opts.base64 {
         st.ring.end()
     } else {

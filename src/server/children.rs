@@ -16,18 +16,18 @@ use std::io;
 use mio::{Registry, Token};
 use serde_json::json;
 
-use crate::cgroup::Leftovers;
+use crate::sys::cgroup::Leftovers;
 use crate::config::Config;
-use crate::conns::Conns;
-use crate::contain::{Contain, Place, PrepareError, Stage, Unavailable};
+use crate::server::clients::Conns;
+use crate::sys::contain::{Contain, Place, PrepareError, Stage, Unavailable};
 use crate::core::Core;
-use crate::events::{self, Pumped};
-use crate::launch::LaunchRequest;
-use crate::pipes::{Flushed, Got, Pipes, Source};
-use crate::process::{self, Identity};
-use crate::rpc::{self, RpcError};
-use crate::systemd;
-use crate::table::{ConnId, Key, Peer};
+use crate::methods::events::{self, Pumped};
+use crate::core::launch::LaunchRequest;
+use crate::server::pipes::{Flushed, Got, Pipes, Source};
+use crate::sys::{self, Identity};
+use crate::wire::rpc::{self, RpcError};
+use crate::sys::systemd;
+use crate::core::table::{ConnId, Key, Peer};
 
 /// Size of the buffer pipes are read into.
 const SCRATCH: usize = 256 << 10;
@@ -65,7 +65,7 @@ pub enum Reaped {
 pub struct Children {
     pipes: Pipes,
     pub contain: Contain,
-    spawner: process::Spawner,
+    spawner: sys::Spawner,
     /// `--run-as`, resolved at startup.
     run_as: Option<Identity>,
     /// The daemon's own uid.
@@ -103,7 +103,7 @@ impl Children {
     /// place: they are what children must reset). Containment is chosen later, by
     /// `choose_containment`, once the daemon holds its socket.
     pub fn new(cfg: &Config) -> io::Result<Children> {
-        let uid = process::current_uid();
+        let uid = sys::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
                 return Err(io::Error::new(
@@ -114,11 +114,11 @@ impl Children {
             Some(user) => Some(Identity::of_user(user)?),
             None => None,
         };
-        let spawner = process::Spawner::new(
+        let spawner = sys::Spawner::new(
             cfg.clean_env,
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
-            process::raise_nofile(),
+            sys::raise_nofile(),
         )?;
         Ok(Children {
             pipes: Pipes::default(),
@@ -200,7 +200,7 @@ impl Children {
                 PrepareError::Io(e) => RpcError::internal(format!("{e}")),
             })?;
         let user = self.identity(req.peer, origin);
-        let spec = process::SpawnSpec {
+        let spec = sys::SpawnSpec {
             program: &req.program,
             env: &req.env,
             cwd: &req.cwd,
@@ -223,8 +223,8 @@ impl Children {
                     ),
                 );
                 let program = match &req.program {
-                    process::Program::Direct { program, .. } => program.clone(),
-                    process::Program::Shell { shell, .. } => shell.display().to_string(),
+                    sys::Program::Direct { program, .. } => program.clone(),
+                    sys::Program::Shell { shell, .. } => shell.display().to_string(),
                 };
                 return Err(RpcError::spawn_failed(&program, &e));
             }
@@ -242,7 +242,7 @@ impl Children {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
             self.contain.end(key, Stage::Kill);
-            process::signal_group(pid, libc::SIGKILL);
+            sys::signal_group(pid, libc::SIGKILL);
             self.abandoned.insert(pid, key);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
@@ -444,7 +444,7 @@ impl Children {
     /// its exit to the core. One SIGCHLD may stand for many exits, so the loop calls this
     /// until it says `Reaped::Nothing`.
     pub fn reap_one(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) -> Reaped {
-        let Some(r) = process::reap_one() else {
+        let Some(r) = sys::reap_one() else {
             if std::mem::take(&mut self.orphans) {
                 self.contain.orphan_reaped();
             }

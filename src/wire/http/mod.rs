@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Map, Value};
 
-use crate::rpc::{Incoming, ReqNo, Room, RpcError};
+use crate::wire::rpc::{Incoming, ReqNo, Room, RpcError};
 
 /// The interim response `Event::Continue` asks for.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";

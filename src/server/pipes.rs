@@ -16,8 +16,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
-use crate::process;
-use crate::table::{Key, Stdin};
+use crate::sys;
+use crate::core::table::{Key, Stdin};
 
 /// A pipe's default capacity on Linux; a read this large means the pipe was full.
 const DEFAULT_PIPE_SIZE: usize = 64 << 10;
@@ -146,7 +146,7 @@ impl Pipes {
                 Ok(n) => {
                     if n == DEFAULT_PIPE_SIZE && !pipe.grown {
                         pipe.grown = true;
-                        process::grow_pipe(pipe.rx.as_raw_fd());
+                        sys::grow_pipe(pipe.rx.as_raw_fd());
                     }
                     Got::Data(n)
                 }

@@ -19,9 +19,9 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use crate::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
-use crate::process;
-use crate::table::{Key, TreeUsage};
+use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
+use crate::sys;
+use crate::core::table::{Key, TreeUsage};
 
 /// The two steps of ending a tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +101,7 @@ impl Contain {
             Err(why) => return (Contain::groups(why), None),
         };
         let setup = Tree::setup(&root, me).and_then(|tree| {
-            let inotify = process::inotify_init()?;
+            let inotify = sys::inotify_init()?;
             Ok((tree, inotify))
         });
         match setup {
@@ -204,10 +204,10 @@ impl Contain {
             wd: None,
         };
         if let (Some(place), Some(c)) = (place, self.cgroups.as_mut()) {
-            if let Ok(wd) = process::inotify_add_watch(
+            if let Ok(wd) = sys::inotify_add_watch(
                 &c.inotify,
                 &place.cgroup.events_path(),
-                process::IN_MODIFY,
+                sys::IN_MODIFY,
             ) {
                 c.watches.insert(wd, key);
                 hold.wd = Some(wd);
@@ -247,8 +247,8 @@ impl Contain {
     /// reaped are removed.
     pub fn on_cgroup_events(&mut self) {
         let Some(c) = &self.cgroups else { return };
-        let wds = process::read_events(&c.inotify).unwrap_or_default();
-        let keys: Vec<Key> = if wds.contains(&process::OVERFLOW_WD) {
+        let wds = sys::read_events(&c.inotify).unwrap_or_default();
+        let keys: Vec<Key> = if wds.contains(&sys::OVERFLOW_WD) {
             self.holds.keys().copied().collect()
         } else {
             wds.iter()
@@ -269,7 +269,7 @@ impl Contain {
         if h.leader_alive {
             return;
         }
-        h.group_alive = h.group_alive && process::group_exists(h.pgid);
+        h.group_alive = h.group_alive && sys::group_exists(h.pgid);
         let alive = match &h.cgroup {
             Some(cg) => cg.populated().unwrap_or(false),
             None => h.group_alive,
@@ -280,7 +280,7 @@ impl Contain {
         if let Some(h) = self.holds.remove(&key) {
             if let (Some(wd), Some(c)) = (h.wd, self.cgroups.as_mut()) {
                 c.watches.remove(&wd);
-                let _ = process::inotify_rm_watch(&c.inotify, wd);
+                let _ = sys::inotify_rm_watch(&c.inotify, wd);
             }
             if let Some(cg) = &h.cgroup {
                 // Empty now, so the kernel lets it go; a failure leaves a directory that
@@ -310,8 +310,8 @@ impl Contain {
         let Some(h) = self.holds.get(&key) else {
             return;
         };
-        if h.leader_alive || (h.group_alive && process::group_exists(h.pgid)) {
-            process::signal_group(h.pgid, sig);
+        if h.leader_alive || (h.group_alive && sys::group_exists(h.pgid)) {
+            sys::signal_group(h.pgid, sig);
         }
     }
 

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::core::{Caller, Core, Step};
 use crate::policy::{split_line, Judged, Peer};
-use crate::rpc::{Params, RpcError};
+use crate::wire::rpc::{Params, RpcError};
 
 /// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
 /// every uid), receiving each as a Wire `request`.

@@ -9,6 +9,11 @@
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - Nothing here ever waits: reaping is `wait4(-1, WNOHANG)`, driven by SIGCHLD.
 
+pub mod cgroup;
+pub mod contain;
+pub mod sinks;
+pub mod systemd;
+
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::io;

@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 use mio::{Registry, Token};
 use serde_json::{json, Value};
 
-use crate::conn::{Bounds, Conn};
+use crate::server::conn::{Bounds, Conn};
 use crate::core::Core;
-use crate::events::{Outbox, Outboxes};
-use crate::http;
-use crate::listen::{Accepted, Listeners};
-use crate::process::PeerCred;
-use crate::rpc::{self, ReqNo, RpcError};
-use crate::table::{ConnId, Peer};
+use crate::methods::events::{Outbox, Outboxes};
+use crate::wire::http;
+use crate::server::listen::{Accepted, Listeners};
+use crate::sys::PeerCred;
+use crate::wire::rpc::{self, ReqNo, RpcError};
+use crate::core::table::{ConnId, Peer};
 
 /// What one accept came to.
 #[derive(Debug, PartialEq)]

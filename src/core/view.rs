@@ -6,10 +6,10 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::process::{signal_name, Ended};
-use crate::ring::middle_cut;
-use crate::rpc::{Params, RpcError};
-use crate::table::Proc;
+use crate::sys::{signal_name, Ended};
+use crate::core::ring::middle_cut;
+use crate::wire::rpc::{Params, RpcError};
+use crate::core::table::Proc;
 
 /// `(exit code, signal name)` as every protocol reports them: a code with no signal when
 /// it exited, no code and the signal's name when a signal ended it, neither while it runs.

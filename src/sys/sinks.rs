@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
-use crate::rpc::{rfc3339, write_json};
+use crate::wire::rpc::{rfc3339, write_json};
 
 /// Bytes the log and the audit queue each hold while their target does not accept them.
 pub const QUEUE_BYTES: usize = 1 << 20;
@@ -272,7 +272,7 @@ impl Out {
         for _ in 0..2 {
             while !q.pending().is_empty() {
                 let r = if self.socket {
-                    crate::process::send_nonblocking(self.file.as_raw_fd(), q.pending())
+                    crate::sys::send_nonblocking(self.file.as_raw_fd(), q.pending())
                 } else {
                     self.file.write(q.pending())
                 };
@@ -456,8 +456,8 @@ mod tests {
 
     #[test]
     fn a_pipe_nobody_reads_never_blocks_the_writer() {
-        let (r, w) = crate::process::pipe().unwrap();
-        crate::process::set_nonblocking(w.as_raw_fd()).unwrap();
+        let (r, w) = crate::sys::pipe().unwrap();
+        crate::sys::set_nonblocking(w.as_raw_fd()).unwrap();
         let mut out = Out {
             file: File::from(w),
             socket: false,

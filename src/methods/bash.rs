@@ -13,11 +13,11 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::core::{Caller, Core, Step, Wait};
-use crate::launch::{validate_dir, validate_env, After, LaunchRequest};
-use crate::process::{self, Program, Stdio3};
-use crate::rpc::{rfc3339, Params, RpcError};
-use crate::table::{Family, Key, Session, SessionKey};
-use crate::view;
+use crate::core::launch::{validate_dir, validate_env, After, LaunchRequest};
+use crate::sys::{self, Program, Stdio3};
+use crate::wire::rpc::{rfc3339, Params, RpcError};
+use crate::core::table::{Family, Key, Session, SessionKey};
+use crate::core::view;
 
 /// `max_output_length` when the request names none.
 pub const DEFAULT_MAX_OUTPUT_LENGTH: u64 = 50_000;
@@ -94,10 +94,10 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .transpose()?;
     let subscribe = p
         .opt_object("subscribe")?
-        .map(|o| crate::events::sub_opts(&Params(o)))
+        .map(|o| crate::methods::events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
-    let limits = crate::launch::request_limits(
+    let limits = crate::core::launch::request_limits(
         p.opt_object("limits")?.map(Params).as_ref(),
         ["memory_max", "pids_max", "cpu_max"],
         &core.cfg.limits,
@@ -233,7 +233,7 @@ pub fn write_input(p: &Params) -> Result<Vec<u8>, RpcError> {
     let input = p.str("input")?;
     match p.opt_str("encoding")? {
         None | Some("text") => Ok(input.as_bytes().to_vec()),
-        Some("base64") => crate::rpc::base64_decode(input)
+        Some("base64") => crate::wire::rpc::base64_decode(input)
             .ok_or_else(|| RpcError::invalid_params("input", "not valid base64")),
         Some(other) => Err(RpcError::invalid_params(
             "encoding",
@@ -261,7 +261,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
 /// `bash/kill`: a signal to the command's tree.
 pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let name = p.opt_str("signal")?.unwrap_or("SIGTERM");
-    let sig = process::signal_by_name(name).ok_or_else(|| {
+    let sig = sys::signal_by_name(name).ok_or_else(|| {
         RpcError::invalid_params(
             "signal",
             format!("unknown signal {name:?}; use SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP or SIGCONT"),

@@ -45,7 +45,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::process;
+use crate::sys;
 
 /// The prefix of every command cgroup's name: how execd tells its own children of ROOT
 /// from anything else there.
@@ -366,7 +366,7 @@ fn check_writable(dir: &Path) -> Result<(), Fallback> {
         dir.join("cgroup.procs"),
         dir.join("cgroup.subtree_control"),
     ] {
-        match process::writable(&p) {
+        match sys::writable(&p) {
             Ok(true) => {}
             Ok(false) => return Err(Fallback::NotWritable(p.display().to_string())),
             Err(e) => return Err(Fallback::Setup(format!("{}: {e}", p.display()))),
@@ -687,7 +687,7 @@ impl Cgroup {
                 break;
             }
             for pid in fresh {
-                match process::signal_pid(pid, libc::SIGKILL) {
+                match sys::signal_pid(pid, libc::SIGKILL) {
                     Ok(()) => {}
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                     Err(e) => return Err(e),
@@ -706,7 +706,7 @@ impl Cgroup {
         let mut sent = 0;
         let mut refused = None;
         for pid in self.pids()? {
-            match process::signal_pid(pid, sig) {
+            match sys::signal_pid(pid, sig) {
                 Ok(()) => sent += 1,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => refused = refused.or(Some(e)),
@@ -923,7 +923,7 @@ mod tests {
     use std::process::{Child, ChildStdin, Command, Stdio};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::process::{inotify_add_watch, inotify_init, read_events, IN_MODIFY};
+    use crate::sys::{inotify_add_watch, inotify_init, read_events, IN_MODIFY};
 
     static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -968,7 +968,7 @@ mod tests {
         fn make_unwritable(&mut self, file: &Path) -> bool {
             use std::os::unix::fs::PermissionsExt;
             fs::set_permissions(file, fs::Permissions::from_mode(0o444)).unwrap();
-            if process::writable(file).unwrap() {
+            if sys::writable(file).unwrap() {
                 let ok = Command::new("chattr")
                     .arg("+i")
                     .arg(file)
@@ -979,7 +979,7 @@ mod tests {
                     self.immutable.push(file.to_path_buf());
                 }
             }
-            !process::writable(file).unwrap()
+            !sys::writable(file).unwrap()
         }
     }
 

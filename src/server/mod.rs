@@ -15,6 +15,12 @@
 //! - An event for a token no longer held is ignored.
 //! - Every effect the core leaves is carried out before the loop sleeps.
 
+pub mod children;
+pub mod clients;
+pub mod conn;
+pub mod listen;
+pub mod pipes;
+
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -24,19 +30,20 @@ use serde_json::{Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use crate::audit::{Log, Sinks};
-use crate::children::{Children, Origin, Reaped};
+use crate::sys::sinks::{Log, Sinks};
+use crate::server::children::{Children, Origin, Reaped};
 use crate::config::Config;
-use crate::conn::{Conn, Fill};
-use crate::conns::{Admission, Conns};
+use crate::server::conn::{Conn, Fill};
+use crate::server::clients::{Admission, Conns};
 use crate::core::{Caller, Core, Effect, Gated, Step};
-use crate::launch::LaunchRequest;
-use crate::listen::Listeners;
-use crate::process;
-use crate::rpc::{Incoming, ReqNo, RpcError};
-use crate::table::ConnId;
-use crate::timers::Timers;
-use crate::{dispatch, systemd};
+use crate::core::launch::LaunchRequest;
+use crate::server::listen::Listeners;
+use crate::sys;
+use crate::wire::rpc::{Incoming, ReqNo, RpcError};
+use crate::core::table::ConnId;
+use crate::core::timers::Timers;
+use crate::methods as dispatch;
+use crate::sys::systemd;
 
 /// Signals the loop handles; every other one keeps its default.
 const HANDLED_SIGNALS: [i32; 4] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP];
@@ -117,16 +124,16 @@ pub struct Server {
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
     pub fn new(mut cfg: Config) -> io::Result<Server> {
-        process::tune_allocator();
-        process::cloexec_inherited();
+        sys::tune_allocator();
+        sys::cloexec_inherited();
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
         let mut signals = Signals::new(HANDLED_SIGNALS)?;
         // A daemon started with these blocked would never hear of its children or a stop.
-        process::unblock_signals(&HANDLED_SIGNALS);
+        sys::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
-        process::become_subreaper()?;
+        sys::become_subreaper()?;
         let mut children = Children::new(&cfg)?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
@@ -171,7 +178,7 @@ impl Server {
             poll,
             listeners,
             signals,
-            conns: Conns::new(process::current_uid()),
+            conns: Conns::new(sys::current_uid()),
             children,
             timers: Timers::default(),
             next_token,
@@ -503,7 +510,7 @@ impl Server {
         let held = self.core.table.memory.total;
         self.memory_peak = self.memory_peak.max(held);
         if self.memory_peak - held >= TRIM_AFTER {
-            process::trim_heap();
+            sys::trim_heap();
             self.memory_peak = held;
         }
     }

@@ -1,0 +1,4 @@
+//! Sans-I/O codecs: JSON-RPC lines and HTTP/1.1 in, messages and responses out.
+
+pub mod http;
+pub mod rpc;
