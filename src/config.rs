@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::sys::cgroup::{Limits, Mode};
-use crate::sys::Rlimit;
+use crate::types::Rlimit;
 
 /// Most concurrent client connections.
 pub const DEFAULT_MAX_CLIENTS: usize = 1024;
@@ -247,7 +247,7 @@ pub fn resolve_socket(
 
 /// The process's own socket path resolution, from its real environment and uid.
 pub fn default_socket(flag: Option<PathBuf>) -> PathBuf {
-    let uid = crate::sys::current_uid();
+    let uid = crate::sys::ids::current_uid();
     resolve_socket(flag, &|k| std::env::var_os(k), uid)
 }
 

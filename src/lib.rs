@@ -33,10 +33,11 @@ pub mod methods;
 pub mod policy;
 pub mod server;
 pub mod sys;
+pub mod types;
 pub mod wire;
 
 // What tests and benches use besides the client: small helpers that would otherwise be
 // written a second time there.
+pub use crate::sys::ids::current_uid;
 pub use sys::cgroup::cgroup2_mount;
-pub use sys::current_uid;
 pub use wire::rpc::{base64_decode, base64_encode};

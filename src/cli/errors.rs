@@ -244,7 +244,7 @@ pub fn exit_status(exit_code: &Value, signal: &Value) -> u8 {
     }
     let n = signal
         .as_str()
-        .and_then(crate::sys::signal_number)
+        .and_then(crate::types::signal_number)
         .unwrap_or(0);
     if n == 0 {
         return EXIT_FAILURE;

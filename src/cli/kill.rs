@@ -40,7 +40,7 @@ pub fn signal_shorthand(args: &[String]) -> (Option<String>, Vec<String>) {
 /// A signal given as a number, `KILL` or `SIGKILL` (any case), as the daemon names it.
 pub fn signal_name(given: &str) -> Res<String> {
     let name = match given.parse::<i32>() {
-        Ok(n) => crate::sys::signal_name(n),
+        Ok(n) => crate::types::signal_name(n),
         Err(_) => {
             let upper = given.to_ascii_uppercase();
             if upper.starts_with("SIG") {
@@ -50,7 +50,7 @@ pub fn signal_name(given: &str) -> Res<String> {
             }
         }
     };
-    match crate::sys::signal_by_name(&name) {
+    match crate::types::signal_by_name(&name) {
         Some(_) => Ok(name),
         None => Err(Fail::usage(format!(
             "cannot send signal {given}; use TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP or CONT (or their numbers)"

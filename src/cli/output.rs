@@ -92,7 +92,7 @@ pub fn use_color() -> bool {
 /// The width of the terminal on stdout, when it is one.
 pub fn terminal_width() -> Option<usize> {
     if io::stdout().is_terminal() {
-        crate::sys::terminal_width()
+        crate::sys::host::terminal_width()
     } else {
         None
     }

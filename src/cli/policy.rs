@@ -55,7 +55,7 @@ fn number(flag: &str, v: &str) -> Res<u32> {
 /// Judges with a policy file, offline.
 fn check_file(file: &str, operands: &[String], uid: Option<u32>, gids: Vec<u32>) -> Res<Value> {
     let policy = Policy::load(Path::new(file)).map_err(Fail::new)?;
-    let me = crate::sys::current_uid();
+    let me = crate::sys::ids::current_uid();
     let uid = uid.unwrap_or(me);
     let gids = if gids.is_empty() && uid == me {
         own_groups()
@@ -102,7 +102,7 @@ fn check_daemon(ctx: &Ctx, operands: &[String], uid: Option<u32>) -> Res<Value> 
         "justification": r["justification"],
         "unparsed": r["unparsed"],
         "hits": r["hits"],
-        "uid": uid.unwrap_or_else(crate::sys::current_uid),
+        "uid": uid.unwrap_or_else(crate::sys::ids::current_uid),
         "source": if loaded { "daemon" } else { "daemon (no policy file)" },
     }))
 }

@@ -14,9 +14,9 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Value};
 
 use crate::core::launch::LaunchRequest;
-use crate::wire::rpc::{self, ReqNo};
 use crate::core::table::ConnId;
 use crate::core::timers::TimerId;
+use crate::wire::rpc::{self, ReqNo};
 
 /// An approver's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,8 +183,8 @@ pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
 /// the words that need it quoted.
 pub fn describe(launch: &LaunchRequest) -> String {
     match &launch.program {
-        crate::sys::Program::Shell { line, .. } => line.clone(),
-        crate::sys::Program::Direct { program, args } => std::iter::once(program)
+        crate::types::Program::Shell { line, .. } => line.clone(),
+        crate::types::Program::Direct { program, args } => std::iter::once(program)
             .chain(args)
             .map(|w| shell_quote(w))
             .collect::<Vec<_>>()

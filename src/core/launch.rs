@@ -8,10 +8,11 @@
 
 use std::path::PathBuf;
 
-use crate::sys::cgroup::Limits;
-use crate::sys::{Program, Stdio3};
-use crate::wire::rpc::{os_error_text, Params, RpcError};
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
+use crate::sys::cgroup::Limits;
+use crate::types::Program;
+use crate::types::Stdio3;
+use crate::wire::rpc::{os_error_text, Params, RpcError};
 
 /// What the family does once the command is started (or failed to start).
 #[derive(Debug, Clone)]

@@ -27,19 +27,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use gate::{Answer, Approvals, Asked, Pending};
-use crate::sys::sinks::{self, Log, Queue};
-use crate::sys::cgroup::Leftovers;
 use crate::config::{Config, BASH_HISTORY};
-use crate::sys::contain::Stage;
 use crate::core::launch::{Admitted, LaunchRequest};
-use crate::policy::{self, Decision, Judged, Policy};
-use crate::sys::{Ended, Stdio3, Usage};
-use crate::wire::rpc::{ReqNo, RpcError};
 use crate::core::table::{
     ConnId, Exit, Key, KillReason, Peer, Proc, Session, SessionKey, Stdin, Stream, Table, TreeUsage,
 };
 use crate::core::timers::{TimerId, Timers};
+use crate::policy::{self, Decision, Judged, Policy};
+use crate::sys::cgroup::Leftovers;
+use crate::sys::contain::Stage;
+use crate::sys::sinks::{self, Log, Queue};
+use crate::types::Ended;
+use crate::types::Stdio3;
+use crate::types::Usage;
+use crate::wire::rpc::{ReqNo, RpcError};
+use gate::{Answer, Approvals, Asked, Pending};
 
 /// Who is calling: the connection and the peer's credentials.
 #[derive(Debug, Clone, Copy)]
@@ -588,8 +590,8 @@ impl Core {
                 "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
             });
             match &req.program {
-                crate::sys::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
-                crate::sys::Program::Direct { program, args } => {
+                crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
+                crate::types::Program::Direct { program, args } => {
                     let argv: Vec<&String> = std::iter::once(program).chain(args).collect();
                     fields["argv"] = json!(argv);
                 }
@@ -858,7 +860,7 @@ impl Core {
         self.log.line(format_args!(
             "{} sent {}",
             p.id,
-            crate::sys::signal_name(sig)
+            crate::types::signal_name(sig)
         ));
         // SIGKILL means the whole tree, escaped or not; other signals are requests the
         // process group gets.
@@ -1012,8 +1014,8 @@ impl Core {
         let peer = launch.peer;
         let argv: Vec<String>;
         let judged = match &launch.program {
-            crate::sys::Program::Shell { line, .. } => Judged::Line(line),
-            crate::sys::Program::Direct { program, args } => {
+            crate::types::Program::Shell { line, .. } => Judged::Line(line),
+            crate::types::Program::Direct { program, args } => {
                 argv = std::iter::once(program.clone())
                     .chain(args.clone())
                     .collect();
@@ -1522,11 +1524,11 @@ fn queue_stdin(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::launch::After;
+    use crate::core::table::{Family, SubOpts};
     use crate::methods::events::tests::FakeOuts;
     use crate::methods::events::{self};
-    use crate::core::launch::After;
-    use crate::sys::Program;
-    use crate::core::table::{Family, SubOpts};
+    use crate::types::Program;
 
     const C1: ConnId = ConnId(1);
     const C2: ConnId = ConnId(2);

@@ -15,8 +15,9 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::sys::{Ended, Usage};
 use crate::core::ring::Ring;
+use crate::types::Ended;
+use crate::types::Usage;
 
 /// Whole-tree figures of a command, read from its cgroup when its leader exits.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -6,10 +6,11 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::sys::{signal_name, Ended};
 use crate::core::ring::middle_cut;
-use crate::wire::rpc::{Params, RpcError};
 use crate::core::table::Proc;
+use crate::types::signal_name;
+use crate::types::Ended;
+use crate::wire::rpc::{Params, RpcError};
 
 /// `(exit code, signal name)` as every protocol reports them: a code with no signal when
 /// it exited, no code and the signal's name when a signal ended it, neither while it runs.

@@ -8,13 +8,14 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::core::{Caller, Core, Step, Wait};
 use crate::core::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
-use crate::sys::{Program, Stdio3};
-use crate::wire::rpc::{Params, RpcError};
 use crate::core::table::{Family, Key, KillReason};
 use crate::core::view;
+use crate::core::{Caller, Core, Step, Wait};
 use crate::methods::events;
+use crate::types::Program;
+use crate::types::Stdio3;
+use crate::wire::rpc::{Params, RpcError};
 
 /// The ACP protocol version spoken.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -280,7 +281,7 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let key = lookup(core, caller, p)?;
     let meta = execd_meta(p)?;
     if let Some(name) = Params(&meta).opt_str("signal")? {
-        let sig = crate::sys::signal_by_name(name).ok_or_else(|| {
+        let sig = crate::types::signal_by_name(name).ok_or_else(|| {
             RpcError::invalid_params("_meta.execd.signal", format!("unknown signal {name:?}"))
         })?;
         let running = core.table.get(key).is_some_and(|t| t.running());

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::{Caller, Core, Step, Wait};
 use crate::core::launch::{validate_dir, validate_env, After, LaunchRequest};
-use crate::sys::{self, Program, Stdio3};
-use crate::wire::rpc::{rfc3339, Params, RpcError};
 use crate::core::table::{Family, Key, Session, SessionKey};
 use crate::core::view;
+use crate::core::{Caller, Core, Step, Wait};
+use crate::types::Program;
+use crate::types::Stdio3;
+use crate::wire::rpc::{rfc3339, Params, RpcError};
 
 /// `max_output_length` when the request names none.
 pub const DEFAULT_MAX_OUTPUT_LENGTH: u64 = 50_000;
@@ -261,7 +262,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
 /// `bash/kill`: a signal to the command's tree.
 pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let name = p.opt_str("signal")?.unwrap_or("SIGTERM");
-    let sig = sys::signal_by_name(name).ok_or_else(|| {
+    let sig = crate::types::signal_by_name(name).ok_or_else(|| {
         RpcError::invalid_params(
             "signal",
             format!("unknown signal {name:?}; use SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP or SIGCONT"),

@@ -18,11 +18,11 @@ use std::io::Write;
 
 use serde_json::json;
 
-use crate::core::{Caller, Core, Effect, Step};
 use crate::core::ring::Ring;
-use crate::wire::rpc::{self, Params, RpcError};
 use crate::core::table::{ConnId, Family, Key, Proc, Sub, SubOpts, Table};
 use crate::core::view;
+use crate::core::{Caller, Core, Effect, Step};
+use crate::wire::rpc::{self, Params, RpcError};
 
 /// Largest `Output` chunk, in bytes.
 const CHUNK: u64 = 64 << 10;

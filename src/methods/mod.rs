@@ -9,11 +9,10 @@ pub mod events;
 
 use serde_json::{Map, Value};
 
-use crate::core::{Caller, Core, Step};
 use crate::core::launch::{After, LaunchRequest};
-use crate::wire::rpc::{Params, RpcError};
 use crate::core::table::Key;
-
+use crate::core::{Caller, Core, Step};
+use crate::wire::rpc::{Params, RpcError};
 
 /// A method: reads and changes the core, returns what to do with the request.
 pub type Method = fn(&mut Core, &Caller, &Params) -> Result<Step, RpcError>;

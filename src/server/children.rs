@@ -16,18 +16,18 @@ use std::io;
 use mio::{Registry, Token};
 use serde_json::json;
 
-use crate::sys::cgroup::Leftovers;
 use crate::config::Config;
-use crate::server::clients::Conns;
-use crate::sys::contain::{Contain, Place, PrepareError, Stage, Unavailable};
+use crate::core::launch::LaunchRequest;
+use crate::core::table::{ConnId, Key, Peer};
 use crate::core::Core;
 use crate::methods::events::{self, Pumped};
-use crate::core::launch::LaunchRequest;
+use crate::server::clients::Conns;
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
-use crate::sys::{self, Identity};
-use crate::wire::rpc::{self, RpcError};
+use crate::sys::cgroup::Leftovers;
+use crate::sys::contain::{Contain, Place, PrepareError, Stage, Unavailable};
+use crate::sys::ids::Identity;
 use crate::sys::systemd;
-use crate::core::table::{ConnId, Key, Peer};
+use crate::wire::rpc::{self, RpcError};
 
 /// Size of the buffer pipes are read into.
 const SCRATCH: usize = 256 << 10;
@@ -65,7 +65,7 @@ pub enum Reaped {
 pub struct Children {
     pipes: Pipes,
     pub contain: Contain,
-    spawner: sys::Spawner,
+    spawner: crate::sys::spawn::Spawner,
     /// `--run-as`, resolved at startup.
     run_as: Option<Identity>,
     /// The daemon's own uid.
@@ -103,7 +103,7 @@ impl Children {
     /// place: they are what children must reset). Containment is chosen later, by
     /// `choose_containment`, once the daemon holds its socket.
     pub fn new(cfg: &Config) -> io::Result<Children> {
-        let uid = sys::current_uid();
+        let uid = crate::sys::ids::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
                 return Err(io::Error::new(
@@ -114,11 +114,11 @@ impl Children {
             Some(user) => Some(Identity::of_user(user)?),
             None => None,
         };
-        let spawner = sys::Spawner::new(
+        let spawner = crate::sys::spawn::Spawner::new(
             cfg.clean_env,
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
-            sys::raise_nofile(),
+            crate::sys::host::raise_nofile(),
         )?;
         Ok(Children {
             pipes: Pipes::default(),
@@ -200,7 +200,7 @@ impl Children {
                 PrepareError::Io(e) => RpcError::internal(format!("{e}")),
             })?;
         let user = self.identity(req.peer, origin);
-        let spec = sys::SpawnSpec {
+        let spec = crate::sys::spawn::SpawnSpec {
             program: &req.program,
             env: &req.env,
             cwd: &req.cwd,
@@ -223,8 +223,8 @@ impl Children {
                     ),
                 );
                 let program = match &req.program {
-                    sys::Program::Direct { program, .. } => program.clone(),
-                    sys::Program::Shell { shell, .. } => shell.display().to_string(),
+                    crate::types::Program::Direct { program, .. } => program.clone(),
+                    crate::types::Program::Shell { shell, .. } => shell.display().to_string(),
                 };
                 return Err(RpcError::spawn_failed(&program, &e));
             }
@@ -242,7 +242,7 @@ impl Children {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
             self.contain.end(key, Stage::Kill);
-            sys::signal_group(pid, libc::SIGKILL);
+            crate::sys::reap::signal_group(pid, libc::SIGKILL);
             self.abandoned.insert(pid, key);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));
         }
@@ -444,7 +444,7 @@ impl Children {
     /// its exit to the core. One SIGCHLD may stand for many exits, so the loop calls this
     /// until it says `Reaped::Nothing`.
     pub fn reap_one(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) -> Reaped {
-        let Some(r) = sys::reap_one() else {
+        let Some(r) = crate::sys::reap::reap_one() else {
             if std::mem::take(&mut self.orphans) {
                 self.contain.orphan_reaped();
             }

@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 use mio::{Registry, Token};
 use serde_json::{json, Value};
 
-use crate::server::conn::{Bounds, Conn};
+use crate::core::table::{ConnId, Peer};
 use crate::core::Core;
 use crate::methods::events::{Outbox, Outboxes};
-use crate::wire::http;
+use crate::server::conn::{Bounds, Conn};
 use crate::server::listen::{Accepted, Listeners};
-use crate::sys::PeerCred;
+use crate::sys::ids::PeerCred;
+use crate::wire::http;
 use crate::wire::rpc::{self, ReqNo, RpcError};
-use crate::core::table::{ConnId, Peer};
 
 /// What one accept came to.
 #[derive(Debug, PartialEq)]

@@ -22,8 +22,8 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
 use serde_json::Value;
 
+use crate::sys::ids::PeerCred;
 use crate::wire::http;
-use crate::sys::PeerCred;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
 
 /// What a read pass found.

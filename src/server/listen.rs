@@ -16,11 +16,12 @@ use std::path::PathBuf;
 use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Interest, Poll, Token};
 
-use crate::sys::sinks::Log;
 use crate::config::Config;
-use crate::wire::http;
-use crate::sys::{self, Identity, PeerCred};
+use crate::sys::ids::Identity;
+use crate::sys::ids::PeerCred;
+use crate::sys::sinks::Log;
 use crate::sys::systemd;
+use crate::wire::http;
 
 /// What one `accept` found.
 pub enum Accepted {
@@ -124,10 +125,11 @@ impl Listeners {
                 };
                 l.accept().map(|(s, _)| {
                     use std::os::fd::AsRawFd;
-                    match sys::peer_cred(s.as_raw_fd()) {
+                    match crate::sys::ids::peer_cred(s.as_raw_fd()) {
                         // Without its groups a peer is judged and run with none.
                         Ok(peer) => {
-                            let groups = sys::peer_groups(s.as_raw_fd()).unwrap_or_default();
+                            let groups =
+                                crate::sys::ids::peer_groups(s.as_raw_fd()).unwrap_or_default();
                             Accepted::Unix(s, peer, groups)
                         }
                         Err(e) => Accepted::NoCredentials(e),
@@ -185,7 +187,7 @@ impl HttpFront {
     /// daemon: requests over TCP carry no credentials of their own). The token never
     /// reaches a log line.
     fn open(cfg: &Config, poll: &Poll, next: &mut usize, log: &mut Log) -> io::Result<HttpFront> {
-        let me = sys::current_uid();
+        let me = crate::sys::ids::current_uid();
         let refuse = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
         let (peer, groups) = match (&cfg.http_run_as, me) {
             (Some(user), _) => {
@@ -214,9 +216,9 @@ impl HttpFront {
                 let peer = PeerCred {
                     pid: 0,
                     uid: me,
-                    gid: sys::current_gid(),
+                    gid: crate::sys::ids::current_gid(),
                 };
-                (peer, sys::current_groups())
+                (peer, crate::sys::ids::current_groups())
             }
         };
         let auth = match (&cfg.http_token_file, cfg.http_no_auth) {
@@ -315,7 +317,7 @@ fn bind(cfg: &Config) -> io::Result<UnixListener> {
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))?;
     if let Some(gid) = cfg.socket_group {
-        sys::chown_group(path, gid)?;
+        crate::sys::host::chown_group(path, gid)?;
     }
     Ok(listener)
 }

@@ -30,20 +30,19 @@ use serde_json::{Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use crate::sys::sinks::{Log, Sinks};
-use crate::server::children::{Children, Origin, Reaped};
 use crate::config::Config;
-use crate::server::conn::{Conn, Fill};
-use crate::server::clients::{Admission, Conns};
-use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::core::launch::LaunchRequest;
-use crate::server::listen::Listeners;
-use crate::sys;
-use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 use crate::core::table::ConnId;
 use crate::core::timers::Timers;
+use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::methods as dispatch;
+use crate::server::children::{Children, Origin, Reaped};
+use crate::server::clients::{Admission, Conns};
+use crate::server::conn::{Conn, Fill};
+use crate::server::listen::Listeners;
+use crate::sys::sinks::{Log, Sinks};
 use crate::sys::systemd;
+use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 
 /// Signals the loop handles; every other one keeps its default.
 const HANDLED_SIGNALS: [i32; 4] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP];
@@ -124,16 +123,16 @@ pub struct Server {
 impl Server {
     /// Binds (or takes the systemd socket), installs signals and becomes subreaper.
     pub fn new(mut cfg: Config) -> io::Result<Server> {
-        sys::tune_allocator();
-        sys::cloexec_inherited();
+        crate::sys::host::tune_allocator();
+        crate::sys::host::cloexec_inherited();
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
         let mut signals = Signals::new(HANDLED_SIGNALS)?;
         // A daemon started with these blocked would never hear of its children or a stop.
-        sys::unblock_signals(&HANDLED_SIGNALS);
+        crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
-        sys::become_subreaper()?;
+        crate::sys::host::become_subreaper()?;
         let mut children = Children::new(&cfg)?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
@@ -178,7 +177,7 @@ impl Server {
             poll,
             listeners,
             signals,
-            conns: Conns::new(sys::current_uid()),
+            conns: Conns::new(crate::sys::ids::current_uid()),
             children,
             timers: Timers::default(),
             next_token,
@@ -510,7 +509,7 @@ impl Server {
         let held = self.core.table.memory.total;
         self.memory_peak = self.memory_peak.max(held);
         if self.memory_peak - held >= TRIM_AFTER {
-            sys::trim_heap();
+            crate::sys::host::trim_heap();
             self.memory_peak = held;
         }
     }

@@ -16,7 +16,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
-use crate::sys;
 use crate::core::table::{Key, Stdin};
 
 /// A pipe's default capacity on Linux; a read this large means the pipe was full.
@@ -146,7 +145,7 @@ impl Pipes {
                 Ok(n) => {
                     if n == DEFAULT_PIPE_SIZE && !pipe.grown {
                         pipe.grown = true;
-                        sys::grow_pipe(pipe.rx.as_raw_fd());
+                        crate::sys::spawn::grow_pipe(pipe.rx.as_raw_fd());
                     }
                     Got::Data(n)
                 }

@@ -45,8 +45,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::sys;
-
 /// The prefix of every command cgroup's name: how execd tells its own children of ROOT
 /// from anything else there.
 pub const PREFIX: &str = "cmd-";
@@ -366,7 +364,7 @@ fn check_writable(dir: &Path) -> Result<(), Fallback> {
         dir.join("cgroup.procs"),
         dir.join("cgroup.subtree_control"),
     ] {
-        match sys::writable(&p) {
+        match crate::sys::host::writable(&p) {
             Ok(true) => {}
             Ok(false) => return Err(Fallback::NotWritable(p.display().to_string())),
             Err(e) => return Err(Fallback::Setup(format!("{}: {e}", p.display()))),
@@ -687,7 +685,7 @@ impl Cgroup {
                 break;
             }
             for pid in fresh {
-                match sys::signal_pid(pid, libc::SIGKILL) {
+                match crate::sys::reap::signal_pid(pid, libc::SIGKILL) {
                     Ok(()) => {}
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                     Err(e) => return Err(e),
@@ -706,7 +704,7 @@ impl Cgroup {
         let mut sent = 0;
         let mut refused = None;
         for pid in self.pids()? {
-            match sys::signal_pid(pid, sig) {
+            match crate::sys::reap::signal_pid(pid, sig) {
                 Ok(()) => sent += 1,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => refused = refused.or(Some(e)),
@@ -923,7 +921,10 @@ mod tests {
     use std::process::{Child, ChildStdin, Command, Stdio};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::sys::{inotify_add_watch, inotify_init, read_events, IN_MODIFY};
+    use crate::sys::inotify::inotify_add_watch;
+    use crate::sys::inotify::inotify_init;
+    use crate::sys::inotify::read_events;
+    use crate::sys::inotify::IN_MODIFY;
 
     static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -968,7 +969,7 @@ mod tests {
         fn make_unwritable(&mut self, file: &Path) -> bool {
             use std::os::unix::fs::PermissionsExt;
             fs::set_permissions(file, fs::Permissions::from_mode(0o444)).unwrap();
-            if sys::writable(file).unwrap() {
+            if crate::sys::host::writable(file).unwrap() {
                 let ok = Command::new("chattr")
                     .arg("+i")
                     .arg(file)
@@ -979,7 +980,7 @@ mod tests {
                     self.immutable.push(file.to_path_buf());
                 }
             }
-            !sys::writable(file).unwrap()
+            !crate::sys::host::writable(file).unwrap()
         }
     }
 

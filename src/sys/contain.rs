@@ -19,9 +19,8 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
-use crate::sys;
 use crate::core::table::{Key, TreeUsage};
+use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
 
 /// The two steps of ending a tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +100,7 @@ impl Contain {
             Err(why) => return (Contain::groups(why), None),
         };
         let setup = Tree::setup(&root, me).and_then(|tree| {
-            let inotify = sys::inotify_init()?;
+            let inotify = crate::sys::inotify::inotify_init()?;
             Ok((tree, inotify))
         });
         match setup {
@@ -204,10 +203,10 @@ impl Contain {
             wd: None,
         };
         if let (Some(place), Some(c)) = (place, self.cgroups.as_mut()) {
-            if let Ok(wd) = sys::inotify_add_watch(
+            if let Ok(wd) = crate::sys::inotify::inotify_add_watch(
                 &c.inotify,
                 &place.cgroup.events_path(),
-                sys::IN_MODIFY,
+                crate::sys::inotify::IN_MODIFY,
             ) {
                 c.watches.insert(wd, key);
                 hold.wd = Some(wd);
@@ -247,8 +246,8 @@ impl Contain {
     /// reaped are removed.
     pub fn on_cgroup_events(&mut self) {
         let Some(c) = &self.cgroups else { return };
-        let wds = sys::read_events(&c.inotify).unwrap_or_default();
-        let keys: Vec<Key> = if wds.contains(&sys::OVERFLOW_WD) {
+        let wds = crate::sys::inotify::read_events(&c.inotify).unwrap_or_default();
+        let keys: Vec<Key> = if wds.contains(&crate::sys::inotify::OVERFLOW_WD) {
             self.holds.keys().copied().collect()
         } else {
             wds.iter()
@@ -269,7 +268,7 @@ impl Contain {
         if h.leader_alive {
             return;
         }
-        h.group_alive = h.group_alive && sys::group_exists(h.pgid);
+        h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
         let alive = match &h.cgroup {
             Some(cg) => cg.populated().unwrap_or(false),
             None => h.group_alive,
@@ -280,7 +279,7 @@ impl Contain {
         if let Some(h) = self.holds.remove(&key) {
             if let (Some(wd), Some(c)) = (h.wd, self.cgroups.as_mut()) {
                 c.watches.remove(&wd);
-                let _ = sys::inotify_rm_watch(&c.inotify, wd);
+                let _ = crate::sys::inotify::inotify_rm_watch(&c.inotify, wd);
             }
             if let Some(cg) = &h.cgroup {
                 // Empty now, so the kernel lets it go; a failure leaves a directory that
@@ -310,8 +309,8 @@ impl Contain {
         let Some(h) = self.holds.get(&key) else {
             return;
         };
-        if h.leader_alive || (h.group_alive && sys::group_exists(h.pgid)) {
-            sys::signal_group(h.pgid, sig);
+        if h.leader_alive || (h.group_alive && crate::sys::reap::group_exists(h.pgid)) {
+            crate::sys::reap::signal_group(h.pgid, sig);
         }
     }
 

@@ -272,7 +272,7 @@ impl Out {
         for _ in 0..2 {
             while !q.pending().is_empty() {
                 let r = if self.socket {
-                    crate::sys::send_nonblocking(self.file.as_raw_fd(), q.pending())
+                    crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
                 } else {
                     self.file.write(q.pending())
                 };
@@ -456,8 +456,8 @@ mod tests {
 
     #[test]
     fn a_pipe_nobody_reads_never_blocks_the_writer() {
-        let (r, w) = crate::sys::pipe().unwrap();
-        crate::sys::set_nonblocking(w.as_raw_fd()).unwrap();
+        let (r, w) = crate::sys::spawn::pipe().unwrap();
+        crate::sys::spawn::set_nonblocking(w.as_raw_fd()).unwrap();
         let mut out = Out {
             file: File::from(w),
             socket: false,

@@ -41,13 +41,13 @@ pub fn listener(
             format!("systemd passed {fds} sockets (LISTEN_FDS); execd takes exactly one"),
         ));
     }
-    crate::sys::check_listening_unix_socket(LISTEN_FDS_START).map_err(|e| {
+    crate::sys::socket::check_listening_unix_socket(LISTEN_FDS_START).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("fd 3 from systemd is not a listening Unix stream socket: {e}"),
         )
     })?;
-    Ok(Some(crate::sys::take_listener(LISTEN_FDS_START)))
+    Ok(Some(crate::sys::socket::take_listener(LISTEN_FDS_START)))
 }
 
 /// The most often systemd hears a new `STATUS=`.

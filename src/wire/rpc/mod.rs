@@ -103,7 +103,7 @@ impl RpcError {
     pub fn spawn_failed(program: &str, err: &std::io::Error) -> RpcError {
         let errno = err
             .raw_os_error()
-            .map_or_else(|| "EINVAL".to_string(), crate::sys::errno_name);
+            .map_or_else(|| "EINVAL".to_string(), crate::types::errno_name);
         RpcError::new(SPAWN_FAILED, os_error_text(err))
             .with_data(json!({ "program": program, "errno": errno }))
     }

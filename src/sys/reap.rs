@@ -1,0 +1,101 @@
+//! Signals to commands and their reaping: a process group, a single pid, and
+//! `wait4(-1, WNOHANG)` with rusage, driven by SIGCHLD. Nothing here ever waits.
+//!
+//! A signal never goes to a pid that is not a single positive process id: `kill(0)`,
+//! `kill(-1)` and negative numbers address groups or everything, never what a
+//! `cgroup.procs` line meant.
+
+use std::io;
+use std::time::Duration;
+
+use crate::types::{Ended, Usage};
+
+/// Sends `sig` to process group `pgid`. A group that no longer exists is not an error.
+pub fn signal_group(pgid: i32, sig: i32) {
+    if pgid <= 1 {
+        return; // never signal -1 (everything) or -0 (our own group)
+    }
+    // SAFETY: kill takes plain integers; a negative pid addresses a process group.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// One reaped child.
+#[derive(Debug, Clone, Copy)]
+pub struct Reaped {
+    pub pid: i32,
+    pub ended: Ended,
+    pub usage: Usage,
+}
+
+fn timeval(tv: libc::timeval) -> Duration {
+    Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64)
+}
+
+/// Reaps one exited child, ours or a re-parented orphan, without blocking.
+pub fn reap_one() -> Option<Reaped> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data; zeroed is a valid value for wait4 to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: status and ru are valid for writes; WNOHANG makes this return at once.
+        let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
+        if pid > 0 {
+            let ended = if libc::WIFSIGNALED(status) {
+                Ended::Signal(libc::WTERMSIG(status))
+            } else {
+                Ended::Code(libc::WEXITSTATUS(status))
+            };
+            let usage = Usage {
+                user: timeval(ru.ru_utime),
+                system: timeval(ru.ru_stime),
+                max_rss_kb: ru.ru_maxrss.max(0) as u64,
+            };
+            return Some(Reaped { pid, ended, usage });
+        }
+        if pid < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return None; // 0: children remain but none has exited; ECHILD: no children
+    }
+}
+
+/// Whether process group `pgid` still has a member.
+pub fn group_exists(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    pgid > 1 && unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
+/// Sends `sig` to the one process `pid`. Refuses 0 and anything that would not fit a
+/// positive `pid_t`, since `kill` reads those as "my group", "every process" or a group.
+pub fn signal_pid(pid: u32, sig: i32) -> io::Result<()> {
+    let pid = match i32::try_from(pid) {
+        Ok(p) if p > 0 => p,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("refusing to signal pid {pid}"),
+            ))
+        }
+    };
+    // SAFETY: kill with a positive pid and a plain signal number touches no memory.
+    if unsafe { libc::kill(pid, sig) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_group_and_broadcast_pids() {
+        for pid in [0, u32::MAX, i32::MAX as u32 + 1] {
+            let err = signal_pid(pid, 0).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "pid {pid}");
+        }
+        signal_pid(std::process::id(), 0).expect("signal 0 to ourselves");
+    }
+}

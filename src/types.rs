@@ -1,0 +1,202 @@
+//! Plain types that the core, the method families and the OS layer all speak: what to
+//! execute and how its stdio is wired, how a process ended and what it used, resource
+//! limits by name, and the names of signals and errno values. Nothing here makes a system
+//! call; it is a leaf every room may import, so the pure half never needs `sys`.
+
+use std::time::Duration;
+
+/// A resource limit `--rlimit` may set for commands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rlimit {
+    Cpu,
+    As,
+    Nofile,
+    Nproc,
+    Fsize,
+    Core,
+}
+
+impl Rlimit {
+    /// The name `--rlimit` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rlimit::Cpu => "cpu",
+            Rlimit::As => "as",
+            Rlimit::Nofile => "nofile",
+            Rlimit::Nproc => "nproc",
+            Rlimit::Fsize => "fsize",
+            Rlimit::Core => "core",
+        }
+    }
+
+    /// The resource `--rlimit` names.
+    pub fn parse(name: &str) -> Option<Rlimit> {
+        Some(match name {
+            "cpu" => Rlimit::Cpu,
+            "as" => Rlimit::As,
+            "nofile" => Rlimit::Nofile,
+            "nproc" => Rlimit::Nproc,
+            "fsize" => Rlimit::Fsize,
+            "core" => Rlimit::Core,
+            _ => return None,
+        })
+    }
+}
+
+/// What to execute.
+#[derive(Debug, Clone)]
+pub enum Program {
+    /// `program` looked up in PATH, with these arguments.
+    Direct { program: String, args: Vec<String> },
+    /// `shell -c line`.
+    Shell {
+        shell: std::path::PathBuf,
+        line: String,
+    },
+}
+
+/// How the command's stdio is wired.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stdio3 {
+    /// stdin `/dev/null`; stdout and stderr share one pipe, so their order is kept.
+    Merged,
+    /// stdin a pipe; stdout and stderr share one pipe (a terminal fed by its client).
+    MergedWithStdin,
+    /// stdin a pipe; stdout and stderr each their own pipe.
+    Separate,
+}
+
+/// How a reaped process ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Ended {
+    Code(i32),
+    Signal(i32),
+}
+
+/// Resource use from `wait4`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub user: Duration,
+    pub system: Duration,
+    pub max_rss_kb: u64,
+}
+
+/// Every signal by its conventional name.
+const SIGNAL_NAMES: &[(&str, i32)] = &[
+    ("SIGHUP", libc::SIGHUP),
+    ("SIGINT", libc::SIGINT),
+    ("SIGQUIT", libc::SIGQUIT),
+    ("SIGILL", libc::SIGILL),
+    ("SIGTRAP", libc::SIGTRAP),
+    ("SIGABRT", libc::SIGABRT),
+    ("SIGBUS", libc::SIGBUS),
+    ("SIGFPE", libc::SIGFPE),
+    ("SIGKILL", libc::SIGKILL),
+    ("SIGUSR1", libc::SIGUSR1),
+    ("SIGSEGV", libc::SIGSEGV),
+    ("SIGUSR2", libc::SIGUSR2),
+    ("SIGPIPE", libc::SIGPIPE),
+    ("SIGALRM", libc::SIGALRM),
+    ("SIGTERM", libc::SIGTERM),
+    ("SIGSTKFLT", libc::SIGSTKFLT),
+    ("SIGCHLD", libc::SIGCHLD),
+    ("SIGCONT", libc::SIGCONT),
+    ("SIGSTOP", libc::SIGSTOP),
+    ("SIGTSTP", libc::SIGTSTP),
+    ("SIGTTIN", libc::SIGTTIN),
+    ("SIGTTOU", libc::SIGTTOU),
+    ("SIGURG", libc::SIGURG),
+    ("SIGXCPU", libc::SIGXCPU),
+    ("SIGXFSZ", libc::SIGXFSZ),
+    ("SIGVTALRM", libc::SIGVTALRM),
+    ("SIGPROF", libc::SIGPROF),
+    ("SIGWINCH", libc::SIGWINCH),
+    ("SIGIO", libc::SIGIO),
+    ("SIGPWR", libc::SIGPWR),
+    ("SIGSYS", libc::SIGSYS),
+];
+
+/// Signals `bash/kill` accepts.
+const KILL_SIGNALS: &[i32] = &[
+    libc::SIGTERM,
+    libc::SIGKILL,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGSTOP,
+    libc::SIGCONT,
+];
+
+/// The number of a signal named with or without `SIG`, in any case.
+fn named_signal(name: &str) -> Option<i32> {
+    let upper = name.to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    SIGNAL_NAMES
+        .iter()
+        .find(|(n, _)| n[3..] == *bare)
+        .map(|&(_, s)| s)
+}
+
+/// The number of a signal as `signal_name` writes it: a name, or `SIG<n>`.
+pub fn signal_number(name: &str) -> Option<i32> {
+    named_signal(name).or_else(|| name.strip_prefix("SIG")?.parse().ok())
+}
+
+/// The signal a client may send with `bash/kill`: by name only, from the allowed list.
+pub fn signal_by_name(name: &str) -> Option<i32> {
+    named_signal(name).filter(|s| KILL_SIGNALS.contains(s))
+}
+
+/// The conventional name of a signal number, e.g. `"SIGKILL"` (`"SIG40"` when it has none).
+pub fn signal_name(sig: i32) -> String {
+    SIGNAL_NAMES
+        .iter()
+        .find(|&&(_, s)| s == sig)
+        .map_or_else(|| format!("SIG{sig}"), |(n, _)| n.to_string())
+}
+
+/// The symbolic name of an errno value a spawn can fail with (`"ENOENT"`), for clients
+/// that map it to an exit status; `"E<n>"` for others.
+pub fn errno_name(code: i32) -> String {
+    let name = match code {
+        libc::ENOENT => "ENOENT",
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::ENOEXEC => "ENOEXEC",
+        libc::EISDIR => "EISDIR",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::ELOOP => "ELOOP",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::E2BIG => "E2BIG",
+        libc::ENOMEM => "ENOMEM",
+        libc::ETXTBSY => "ETXTBSY",
+        libc::EAGAIN => "EAGAIN",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::EINVAL => "EINVAL",
+        _ => return format!("E{code}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_round_trip() {
+        assert_eq!(signal_by_name("SIGINT"), Some(libc::SIGINT));
+        assert_eq!(signal_by_name("term"), Some(libc::SIGTERM));
+        assert_eq!(signal_by_name("SIGSEGV"), None, "not one bash/kill sends");
+        assert_eq!(signal_number("SIGSEGV"), Some(libc::SIGSEGV));
+        assert_eq!(signal_number("SIG40"), Some(40));
+        assert_eq!(signal_number("nope"), None);
+        assert_eq!(signal_by_name("9"), None, "names only");
+        assert_eq!(signal_by_name(""), None);
+        assert_eq!(signal_by_name("SIG"), None);
+        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(200), "SIG200");
+    }
+}
