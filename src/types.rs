@@ -4,6 +4,8 @@
 //! call; it is a leaf every room may import, so the pure half never needs `sys`.
 
 use std::time::Duration;
+#[cfg(test)]
+use std::time::{Instant, SystemTime};
 
 /// A resource limit `--rlimit` may set for commands.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,6 +181,16 @@ pub fn errno_name(code: i32) -> String {
         _ => return format!("E{code}"),
     };
     name.to_string()
+}
+
+/// Where unit tests start their fake clocks: a monotonic instant and a fixed wall time
+/// (2026-11-25T00:00:00Z). The core never reads a clock; its tests advance these.
+#[cfg(test)]
+pub fn test_clock() -> (Instant, SystemTime) {
+    (
+        Instant::now(),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_564_800),
+    )
 }
 
 #[cfg(test)]

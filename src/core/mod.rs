@@ -16,6 +16,7 @@
 
 pub mod gate;
 pub mod launch;
+pub mod log;
 pub mod ring;
 pub mod table;
 pub mod timers;
@@ -36,12 +37,12 @@ use crate::core::timers::{TimerId, Timers};
 use crate::policy::{self, Decision, Judged, Policy};
 use crate::sys::cgroup::Leftovers;
 use crate::sys::contain::Stage;
-use crate::sys::sinks::{self, Log, Queue};
 use crate::types::Ended;
 use crate::types::Stdio3;
 use crate::types::Usage;
 use crate::wire::rpc::{ReqNo, RpcError};
 use gate::{Answer, Approvals, Asked, Pending};
+use log::{Log, Queue};
 
 /// Who is calling: the connection and the peer's credentials.
 #[derive(Debug, Clone, Copy)]
@@ -201,7 +202,10 @@ pub struct Core {
     pub clients: HashMap<ConnId, Peer>,
     /// The supplementary groups of connected Unix peers, for rules keyed on `gids`.
     groups: HashMap<ConnId, Vec<u32>>,
+    /// The loop's monotonic clock at this turn, and the wall clock beside it: the core
+    /// never reads a clock itself (`tick` sets both).
     pub now: Instant,
+    pub wall: SystemTime,
     pub started: Instant,
     /// The daemon log's queue (the loop writes it out).
     pub log: Log,
@@ -220,14 +224,14 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(cfg: Config, now: Instant, log: Log) -> Core {
+    pub fn new(cfg: Config, now: Instant, wall: SystemTime, mut log: Log) -> Core {
+        log.wall = wall;
         let (audit, audit_to_log) = match &cfg.audit {
             None => (None, false),
             Some(crate::config::AuditTarget::Stderr) => (None, true),
-            Some(crate::config::AuditTarget::File(_)) => (
-                Some(Queue::new(sinks::QUEUE_BYTES, sinks::Kind::Audit)),
-                false,
-            ),
+            Some(crate::config::AuditTarget::File(_)) => {
+                (Some(Queue::new(log::QUEUE_BYTES, log::Kind::Audit)), false)
+            }
         };
         Core {
             cfg,
@@ -242,6 +246,7 @@ impl Core {
             clients: HashMap::new(),
             groups: HashMap::new(),
             now,
+            wall,
             started: now,
             log,
             audit,
@@ -265,7 +270,7 @@ impl Core {
             Value::Object(m) => m,
             _ => Default::default(),
         };
-        let line = sinks::audit_line(event, peer, fields);
+        let line = log::audit_line(self.wall, event, peer, fields);
         match self.audit.as_mut() {
             Some(q) => q.push(&line),
             None => self.log.queue.push(&line),
@@ -299,9 +304,16 @@ impl Core {
         self.timers.next_deadline()
     }
 
-    /// Runs every timer due at `now`.
-    pub fn fire_due(&mut self, now: Instant) {
+    /// The time of this turn: `now` on the monotonic clock, `wall` on the wall clock.
+    pub fn tick(&mut self, now: Instant, wall: SystemTime) {
         self.now = now;
+        self.wall = wall;
+        self.log.wall = wall;
+    }
+
+    /// Runs every timer due at `now` (the time of this turn, see `tick`).
+    pub fn fire_due(&mut self) {
+        let now = self.now;
         while let Some(t) = self.timers.pop_due(now) {
             match t {
                 Timer::Escalate(key) => self.out.push(Effect::End {
@@ -609,7 +621,7 @@ impl Core {
             cwd: req.cwd.clone(),
             pid,
             started: self.now,
-            started_wall: SystemTime::now(),
+            started_wall: self.wall,
             streams,
             stdin,
             exit: None,
@@ -1318,7 +1330,7 @@ impl Core {
                 ));
                 self.close_session(&victim);
             }
-            let now_wall = SystemTime::now();
+            let now_wall = self.wall;
             self.table.sessions.insert(
                 key.clone(),
                 Session {
@@ -1334,7 +1346,7 @@ impl Core {
             );
             self.arm_idle(&key, self.now + self.cfg.session_idle);
         }
-        self.table.touch_session(&key, self.now);
+        self.table.touch_session(&key, self.now, self.wall);
         if let (Some(dir), Some(s)) = (dir, self.table.sessions.get_mut(&key)) {
             s.workdir = dir;
         }
@@ -1344,7 +1356,7 @@ impl Core {
     /// Counts a request on a bash command as use of its session.
     pub fn touch_session_of(&mut self, key: Key) {
         if let Some(sk) = self.table.get(key).and_then(Proc::session_key) {
-            self.table.touch_session(&sk, self.now);
+            self.table.touch_session(&sk, self.now, self.wall);
         }
     }
 
@@ -1540,7 +1552,10 @@ mod tests {
             max_sessions: 6,
             ..Config::default()
         };
-        Core::new(cfg, Instant::now(), Log::new(false))
+        {
+            let (now, wall) = crate::types::test_clock();
+            Core::new(cfg, now, wall, Log::new(false))
+        }
     }
 
     fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
@@ -1617,8 +1632,9 @@ mod tests {
     }
 
     fn later(c: &mut Core, d: Duration) {
-        let at = c.now + d;
-        c.fire_due(at);
+        let (now, wall) = (c.now + d, c.wall + d);
+        c.tick(now, wall);
+        c.fire_due();
     }
 
     #[test]
@@ -1941,7 +1957,10 @@ mod tests {
             max_output_memory: max,
             ..Config::default()
         };
-        Core::new(cfg, Instant::now(), Log::new(false))
+        {
+            let (now, wall) = crate::types::test_clock();
+            Core::new(cfg, now, wall, Log::new(false))
+        }
     }
 
     const MIB: usize = 1 << 20;

@@ -542,10 +542,10 @@ impl Table {
     }
 
     /// Marks a session used now.
-    pub fn touch_session(&mut self, key: &SessionKey, now: Instant) {
+    pub fn touch_session(&mut self, key: &SessionKey, now: Instant, wall: SystemTime) {
         if let Some(s) = self.sessions.get_mut(key) {
             s.last_used = now;
-            s.last_used_wall = SystemTime::now();
+            s.last_used_wall = wall;
         }
     }
 
@@ -626,8 +626,8 @@ mod tests {
             args: vec![],
             cwd: PathBuf::from("/"),
             pid,
-            started: Instant::now(),
-            started_wall: SystemTime::now(),
+            started: crate::types::test_clock().0,
+            started_wall: crate::types::test_clock().1,
             streams: vec![],
             stdin: None,
             exit: None,
@@ -648,7 +648,7 @@ mod tests {
             ended: Ended::Code(0),
             usage: Usage::default(),
             tree: None,
-            at: Instant::now(),
+            at: crate::types::test_clock().0,
         }
     }
 
@@ -666,9 +666,9 @@ mod tests {
                 id: id.into(),
                 owner,
                 workdir: "/".into(),
-                created_wall: SystemTime::now(),
+                created_wall: crate::types::test_clock().1,
                 last_used: now,
-                last_used_wall: SystemTime::now(),
+                last_used_wall: crate::types::test_clock().1,
                 commands: VecDeque::new(),
                 command_count: 0,
             },
@@ -760,7 +760,7 @@ mod tests {
     #[test]
     fn bash_history_keeps_the_newest_finished_commands() {
         let mut t = Table::default();
-        let now = Instant::now();
+        let now = crate::types::test_clock().0;
         let b = session(&mut t, "b", 1, now);
         let bash = || Family::Bash {
             session_id: "b".into(),
@@ -785,7 +785,7 @@ mod tests {
     #[test]
     fn sessions_are_per_owner() {
         let mut t = Table::default();
-        let now = Instant::now();
+        let now = crate::types::test_clock().0;
         let mine = session(&mut t, "default", 1000, now);
         let yours = session(&mut t, "default", 1001, now);
         proc(
@@ -808,7 +808,7 @@ mod tests {
     #[test]
     fn idle_and_least_recently_used_sessions_with_a_fake_clock() {
         let mut t = Table::default();
-        let t0 = Instant::now();
+        let t0 = crate::types::test_clock().0;
         let idle = Duration::from_secs(60);
         let a = session(&mut t, "a", 1, t0);
         let b = session(&mut t, "b", 1, t0 + Duration::from_secs(1));
@@ -818,7 +818,11 @@ mod tests {
         };
         proc(&mut t, "cmd", bash, 1, 400);
         assert!(!t.session_idle(&a, t0 + Duration::from_secs(59), idle));
-        t.touch_session(&b, t0 + Duration::from_secs(30));
+        t.touch_session(
+            &b,
+            t0 + Duration::from_secs(30),
+            crate::types::test_clock().1,
+        );
         // "a" is idle; "b" was used since; "c" runs a command, which keeps it alive.
         let at = t0 + Duration::from_secs(61);
         assert!(t.session_idle(&a, at, idle));
@@ -837,7 +841,7 @@ mod tests {
     #[test]
     fn session_ids_do_not_collide_with_chosen_ones() {
         let mut t = Table::default();
-        session(&mut t, "session_1", 1, Instant::now());
+        session(&mut t, "session_1", 1, crate::types::test_clock().0);
         assert_eq!(t.new_session_id(1), "session_2");
         assert_eq!(t.new_session_id(2), "session_3");
     }

@@ -85,7 +85,7 @@ mod tests {
 
     #[test]
     fn fires_in_deadline_order_and_skips_cancelled() {
-        let t0 = Instant::now();
+        let t0 = crate::types::test_clock().0;
         let s = Duration::from_secs;
         let mut t = Timers::default();
         t.add(t0 + s(3), "c");
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn cancelled_far_deadlines_do_not_pile_up() {
-        let t0 = Instant::now();
+        let t0 = crate::types::test_clock().0;
         let mut t = Timers::default();
         let keep = t.add(t0 + Duration::from_secs(1), 0);
         for i in 0..10_000 {

@@ -17,9 +17,9 @@ use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Interest, Poll, Token};
 
 use crate::config::Config;
+use crate::core::log::Log;
 use crate::sys::ids::Identity;
 use crate::sys::ids::PeerCred;
-use crate::sys::sinks::Log;
 use crate::sys::systemd;
 use crate::wire::http;
 

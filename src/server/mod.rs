@@ -22,7 +22,7 @@ pub mod listen;
 pub mod pipes;
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -32,6 +32,7 @@ use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
+use crate::core::log::Log;
 use crate::core::table::ConnId;
 use crate::core::timers::Timers;
 use crate::core::{Caller, Core, Effect, Gated, Step};
@@ -40,7 +41,7 @@ use crate::server::children::{Children, Origin, Reaped};
 use crate::server::clients::{Admission, Conns};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
-use crate::sys::sinks::{Log, Sinks};
+use crate::sys::sinks::Sinks;
 use crate::sys::systemd;
 use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 
@@ -151,6 +152,7 @@ impl Server {
         )?;
         // The journal stamps its lines itself.
         let mut log = Log::new(std::env::var_os("JOURNAL_STREAM").is_none());
+        log.wall = SystemTime::now();
         let mut next_token = FIRST_DYNAMIC;
         let mut listeners = Listeners::open(&mut cfg, &poll, LISTENER, &mut next_token, &mut log)?;
         // Last, once the socket is ours (a daemon that finds another listening stops before
@@ -165,8 +167,7 @@ impl Server {
             Ok(leftovers)
         });
         let leftovers = contained.inspect_err(|_| listeners.remove_socket_file())?;
-        let now = Instant::now();
-        let mut core = Core::new(cfg, now, log);
+        let mut core = Core::new(cfg, Instant::now(), SystemTime::now(), log);
         core.policy = policy;
         core.containment = (children.contain.kind(), children.contain.describe());
         if let Some(l) = &leftovers {
@@ -232,7 +233,7 @@ impl Server {
                     return Err(e);
                 }
             }
-            self.core.now = Instant::now();
+            self.core.tick(Instant::now(), SystemTime::now());
             for ev in events.iter() {
                 match ev.token() {
                     t if self.listeners.owns(t) => self.accept(t),
@@ -627,7 +628,8 @@ impl Server {
     }
 
     fn fire_timers(&mut self) {
-        self.core.fire_due(Instant::now());
+        self.core.tick(Instant::now(), SystemTime::now());
+        self.core.fire_due();
         while let Some(t) = self.timers.pop_due(Instant::now()) {
             match t {
                 LoopTimer::AcceptResume => {
