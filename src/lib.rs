@@ -40,4 +40,4 @@ pub mod wire;
 // written a second time there.
 pub use crate::sys::ids::current_uid;
 pub use sys::cgroup::cgroup2_mount;
-pub use wire::rpc::{base64_decode, base64_encode};
+pub use wire::encode::{base64_decode, base64_encode};

@@ -220,7 +220,7 @@ pub fn human_duration(d: Duration) -> String {
 
 /// How long ago an RFC 3339 time was, coarsely: `3s`, `5m`, `2h`, `4d`.
 pub fn age(started: &str) -> String {
-    let Some(t) = parse_rfc3339(started) else {
+    let Some(t) = crate::wire::encode::parse_rfc3339(started) else {
         return "?".into();
     };
     let secs = SystemTime::now()
@@ -233,34 +233,6 @@ pub fn age(started: &str) -> String {
         s if s < 86_400 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86_400),
     }
-}
-
-/// Parses the daemon's RFC 3339 form (`YYYY-MM-DDTHH:MM:SS.mmmZ`).
-pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[10] != b'T' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let millis = match b.get(19) {
-        Some(b'.') => s
-            .get(20..23)
-            .and_then(|m| m.parse::<u64>().ok())
-            .unwrap_or(0),
-        _ => 0,
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_millis(secs.max(0) as u64 * 1000 + millis))
 }
 
 /// Text from a peer (a command line, a directory, a session id) as a terminal may show
@@ -402,10 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn rfc3339_round_trip_and_keys() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(951_782_400_123);
-        assert_eq!(parse_rfc3339(&crate::wire::rpc::rfc3339(t)), Some(t));
-        assert_eq!(parse_rfc3339("nope"), None);
+    fn snake_keys_convert_camel_case() {
         assert_eq!(snake("killGraceMs"), "kill_grace_ms");
         assert_eq!(
             snake_keys(&serde_json::json!({"outputMemory": {"maxRssKb": 1}})),

@@ -19,7 +19,7 @@ use super::daemon::{self, Ctx, Target};
 use super::errors::{daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
 use super::output::{self, warn};
 use crate::client::Client;
-use crate::wire::rpc::base64_decode;
+use crate::wire::encode::base64_decode;
 
 /// The one state vocabulary: running, exited, killed, timed_out.
 pub fn state(running: bool, status: Option<&str>, signal: &Value) -> &'static str {
@@ -37,7 +37,9 @@ fn duration_ms(started_at: &Value, recorded: &Value) -> Value {
     if recorded.is_u64() {
         return recorded.clone();
     }
-    let started = started_at.as_str().and_then(output::parse_rfc3339);
+    let started = started_at
+        .as_str()
+        .and_then(crate::wire::encode::parse_rfc3339);
     match started {
         Some(t) => json!(SystemTime::now()
             .duration_since(t)

@@ -26,7 +26,7 @@ use super::foreground::{create, watch_signals, Killer, Reason};
 use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
 use crate::config::{parse_duration, parse_size};
-use crate::wire::rpc::{base64_decode, base64_encode};
+use crate::wire::encode::{base64_decode, base64_encode};
 
 /// Largest stdin chunk sent in one write; each waits for its answer (back-pressure).
 const STDIN_CHUNK: usize = 32 << 10;

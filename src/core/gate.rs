@@ -163,7 +163,7 @@ pub fn request_line(id: &str, tool_call_id: &str, asked: &Asked) -> Vec<u8> {
         },
     });
     let mut line = Vec::with_capacity(256);
-    rpc::write_json(&mut line, &msg);
+    crate::wire::encode::write_json(&mut line, &msg);
     line.push(b'\n');
     line
 }

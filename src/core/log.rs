@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
-use crate::wire::rpc::{rfc3339, write_json};
+use crate::wire::encode::{rfc3339, write_json};
 
 /// Bytes the log and the audit queue each hold while their target does not accept them.
 pub const QUEUE_BYTES: usize = 1 << 20;

@@ -338,7 +338,7 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
                 "args": args,
                 "cwd": t.cwd.display().to_string(),
                 "pid": t.pid,
-                "startedAt": crate::wire::rpc::rfc3339(t.started_wall),
+                "startedAt": crate::wire::encode::rfc3339(t.started_wall),
                 "outputBytes": t.output_bytes(),
             });
             if t.exit.is_some() {

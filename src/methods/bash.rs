@@ -18,7 +18,8 @@ use crate::core::view;
 use crate::core::{Caller, Core, Step, Wait};
 use crate::types::Program;
 use crate::types::Stdio3;
-use crate::wire::rpc::{rfc3339, Params, RpcError};
+use crate::wire::encode::rfc3339;
+use crate::wire::rpc::{Params, RpcError};
 
 /// `max_output_length` when the request names none.
 pub const DEFAULT_MAX_OUTPUT_LENGTH: u64 = 50_000;
@@ -234,7 +235,7 @@ pub fn write_input(p: &Params) -> Result<Vec<u8>, RpcError> {
     let input = p.str("input")?;
     match p.opt_str("encoding")? {
         None | Some("text") => Ok(input.as_bytes().to_vec()),
-        Some("base64") => crate::wire::rpc::base64_decode(input)
+        Some("base64") => crate::wire::encode::base64_decode(input)
             .ok_or_else(|| RpcError::invalid_params("input", "not valid base64")),
         Some(other) => Err(RpcError::invalid_params(
             "encoding",

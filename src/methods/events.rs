@@ -140,7 +140,7 @@ fn gap_event(out: &mut Vec<u8>, id: &str, stream: &str, offset: u64, skipped: u6
 fn output_head(out: &mut Vec<u8>, id: &str, stream: &str, from: u64) {
     rpc::write_event_head(out, "Output");
     out.extend_from_slice(b"{\"id\":");
-    rpc::write_json_str(out, id);
+    crate::wire::encode::write_json_str(out, id);
     out.extend_from_slice(b",\"stream\":\"");
     out.extend_from_slice(stream.as_bytes());
     out.extend_from_slice(b"\",\"offset\":");
@@ -152,8 +152,8 @@ fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     output_head(out, id, stream, from);
     out.extend_from_slice(b",\"encoding\":\"base64\",\"data\":\"");
     match ring.slices(from, to) {
-        (one, []) => rpc::base64_encode(out, one),
-        (a, b) => rpc::base64_encode(out, &[a, b].concat()),
+        (one, []) => crate::wire::encode::base64_encode(out, one),
+        (a, b) => crate::wire::encode::base64_encode(out, &[a, b].concat()),
     }
     out.extend_from_slice(b"\"}}}\n");
 }
@@ -165,10 +165,10 @@ fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     out.extend_from_slice(b",\"data\":");
     match ring.slices(from, to) {
         (one, []) => match std::str::from_utf8(one) {
-            Ok(text) => rpc::write_json_str(out, text),
-            Err(_) => rpc::write_json_str(out, &String::from_utf8_lossy(one)),
+            Ok(text) => crate::wire::encode::write_json_str(out, text),
+            Err(_) => crate::wire::encode::write_json_str(out, &String::from_utf8_lossy(one)),
         },
-        _ => rpc::write_json_str(out, &ring.text(from, to)),
+        _ => crate::wire::encode::write_json_str(out, &ring.text(from, to)),
     }
     out.extend_from_slice(b"}}}\n");
 }

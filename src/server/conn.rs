@@ -80,7 +80,7 @@ impl Sock {
 enum Codec {
     /// Nothing read yet on the Unix socket: the first byte decides.
     Undecided,
-    Rpc(rpc::Session),
+    Rpc(rpc::RpcSession),
     Http(http::Session),
 }
 
@@ -244,7 +244,7 @@ impl Conn {
                     http::Auth::Peer,
                 ))
             } else {
-                Codec::Rpc(rpc::Session::new(b.max_message, b.max_batch))
+                Codec::Rpc(rpc::RpcSession::new(b.max_message, b.max_batch))
             };
         }
         match &mut self.codec {
