@@ -81,7 +81,7 @@ enum Codec {
     /// Nothing read yet on the Unix socket: the first byte decides.
     Undecided,
     Rpc(rpc::RpcSession),
-    Http(http::Session),
+    Http(http::HttpSession),
 }
 
 /// The bounds a connection's codecs take.
@@ -132,7 +132,7 @@ impl Conn {
         bounds: Bounds,
         auth: http::Auth,
     ) -> Conn {
-        let codec = Codec::Http(http::Session::new(
+        let codec = Codec::Http(http::HttpSession::new(
             http::Limits::new(bounds.max_message),
             auth,
         ));
@@ -239,7 +239,7 @@ impl Conn {
         if let Codec::Undecided = self.codec {
             let b = self.bounds;
             self.codec = if bytes.first().is_some_and(u8::is_ascii_alphabetic) {
-                Codec::Http(http::Session::new(
+                Codec::Http(http::HttpSession::new(
                     http::Limits::new(b.max_message),
                     http::Auth::Peer,
                 ))

@@ -1,0 +1,1526 @@
+//! HTTP/1.1 requests from bytes, sans I/O: bytes in, `Event`s (whole requests, interim
+//! `100 Continue`s, refusals) out.
+//!
+//! Invariants of a `Codec`:
+//! - Requests come out whole and in the order they were sent, however the bytes were split
+//!   across reads: splitting a stream at any byte boundary yields the same requests.
+//! - Nothing a peer sends can make it panic or hold unbounded memory. Once `next` has
+//!   returned `None`, the unconsumed bytes it holds are at most `max(max_head,
+//!   MAX_CHUNK_LINE)`, and a request in progress holds at most `max_body` body bytes: a body
+//!   over the limit is refused (413) when its size becomes known, before it is buffered.
+//!   Consumed bytes are compacted away on the next `push`.
+//! - Framing is strict where leniency would let two parsers disagree about where a request
+//!   ends (request smuggling): `Content-Length` with `Transfer-Encoding`, conflicting
+//!   lengths, a transfer coding other than a final `chunked`, and malformed chunk lines are
+//!   refused and the connection is closed.
+//! - After a refusal that closes (or after a request that does not keep the connection
+//!   alive), nothing more is parsed: `next` returns `None` for ever and `push` drops input.
+//! - Each head is handed to `httparse` only when a new line has arrived (or the head is over
+//!   its bound), so a head trickled in byte by byte costs linear time, not quadratic.
+
+use serde_json::{json, Value};
+
+use super::route::{failure_body, response};
+
+/// The interim response `Event::Continue` asks for.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Default bound of a request head (request line and header fields), in bytes (section 11).
+pub const DEFAULT_MAX_HEAD: usize = 64 * 1024;
+
+/// Default bound of the number of header fields in one request (section 11).
+pub const DEFAULT_MAX_HEADERS: usize = 100;
+
+/// The longest chunk-size line (size, extensions, CRLF) accepted in a chunked body.
+/// Extensions are ignored, so they get no more room than any sane client needs.
+pub const MAX_CHUNK_LINE: usize = 4096;
+
+/// Once a connection's input buffer is drained, capacity above this is given back, so an
+/// idle keep-alive connection does not keep the memory of its largest request.
+const KEEP_CAPACITY: usize = 16 * 1024;
+
+/// Bounds of one connection's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes in a request head (request line, header fields, final blank line), and in
+    /// a chunked body's trailer section. Over it: 431.
+    pub max_head: usize,
+    /// Most header fields in a request head (and trailer fields). Over it: 431.
+    pub max_headers: usize,
+    /// Most body bytes, after de-chunking: the daemon's `--max-message`. Over it: 413.
+    pub max_body: usize,
+}
+
+impl Limits {
+    /// Section 11's head bounds (64 KiB, 100 fields) with the given body bound.
+    pub fn new(max_body: usize) -> Limits {
+        Limits {
+            max_head: DEFAULT_MAX_HEAD,
+            max_headers: DEFAULT_MAX_HEADERS,
+            max_body,
+        }
+    }
+}
+
+/// One request, whole: head understood, body de-chunked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The method as sent (methods are case-sensitive): "GET", "POST", ...
+    pub method: String,
+    /// The target's path, without query string or fragment, not yet percent-decoded. An
+    /// absolute-form target (`http://host/p`) is reduced to its path (`/p`).
+    pub path: String,
+    /// The body, de-chunked; empty when the request declared none. Not interpreted here.
+    pub body: Vec<u8>,
+    /// Whether the connection stays open after the answer: HTTP/1.1 unless
+    /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
+    pub keep_alive: bool,
+    /// The `Authorization` header's value, trimmed of surrounding whitespace.
+    pub authorization: Option<String>,
+}
+
+/// What a connection must act on next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The client sent `Expect: 100-continue` and its body has not arrived: write
+    /// `CONTINUE` now.
+    Continue,
+    /// A whole request.
+    Request(Request),
+    /// Malformed or oversized input: write `response` (already encoded, with
+    /// `Connection: close` where `close`), and when `close`, stop reading and close once it
+    /// is written.
+    Reject {
+        status: u16,
+        close: bool,
+        response: Vec<u8>,
+    },
+}
+
+/// A sans-I/O HTTP/1.1 server-side codec for one connection, on `httparse`.
+#[derive(Debug)]
+pub struct Codec {
+    limits: Limits,
+    /// Bytes read; `buf[..start]` is consumed and compacted away on the next `push`.
+    buf: Vec<u8>,
+    start: usize,
+    /// How many unconsumed bytes were already looked at for a line end without finding a
+    /// complete item: a parse is retried only once a new line arrives.
+    scanned: usize,
+    state: State,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Waiting for a request head.
+    Head,
+    /// Head understood; reading the body.
+    Body(Box<Partial>),
+    /// Nothing more is parsed: a refusal closed the connection, or the last request did
+    /// not keep it alive.
+    Done,
+}
+
+/// A request whose body is still arriving.
+#[derive(Debug)]
+struct Partial {
+    request: Request,
+    framing: Framing,
+    /// `Expect: 100-continue` was sent and no `Continue` was returned yet.
+    continue_due: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// This many body bytes are still to come.
+    Length(usize),
+    Chunked(Chunk),
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk: this many data bytes are still to come.
+    Data(usize),
+    /// After a chunk's data: expecting its CRLF.
+    DataEnd,
+    /// After the last chunk: expecting the trailer section and its blank line.
+    Trailers,
+}
+
+/// Why input is refused: becomes an `Event::Reject` that closes the connection.
+#[derive(Debug)]
+struct Fault {
+    status: u16,
+    message: &'static str,
+    data: Option<Value>,
+}
+
+impl Fault {
+    fn new(status: u16, message: &'static str) -> Fault {
+        Fault {
+            status,
+            message,
+            data: None,
+        }
+    }
+
+    fn bad(message: &'static str) -> Fault {
+        Fault::new(400, message)
+    }
+
+    fn head_too_large(limits: &Limits) -> Fault {
+        Fault {
+            status: 431,
+            message: "request header fields too large",
+            data: Some(json!({ "max_bytes": limits.max_head, "max_fields": limits.max_headers })),
+        }
+    }
+
+    fn body_too_large(limits: &Limits) -> Fault {
+        Fault {
+            status: 413,
+            message: "request body too large",
+            data: Some(json!({ "limit": limits.max_body })),
+        }
+    }
+}
+
+/// What one step of the decoder produced.
+enum Step {
+    /// An event to hand out.
+    Event(Event),
+    /// The state moved on (a head was understood): step again.
+    Again,
+    /// Nothing more can be done until more bytes arrive.
+    Wait,
+}
+
+impl Codec {
+    /// A codec for a new connection.
+    pub fn new(limits: Limits) -> Codec {
+        Codec {
+            limits,
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            state: State::Head,
+        }
+    }
+
+    /// Bytes read from the peer.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.closed() {
+            // Nothing more will be parsed; holding the bytes would only cost memory.
+            return;
+        }
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes buffered and not yet consumed (for read back-pressure).
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// True once nothing more will be parsed: after an `Event::Reject` with close, and also
+    /// after a `Request` whose `keep_alive` is false (answer it, then close). Either way the
+    /// connection should stop reading.
+    pub fn closed(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// The unconsumed bytes.
+    fn avail(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        self.scanned = 0;
+    }
+
+    /// Whether a line end arrived since the last look, marking everything as looked at.
+    fn fresh_line(&mut self) -> bool {
+        let avail = &self.buf[self.start..];
+        let fresh = avail[self.scanned.min(avail.len())..].contains(&b'\n');
+        self.scanned = avail.len();
+        fresh
+    }
+
+    /// Called when waiting for more input: drop consumed bytes that are cheap to drop, and
+    /// excess capacity once everything is consumed.
+    fn tidy(&mut self) {
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+            if self.buf.capacity() > KEEP_CAPACITY {
+                self.buf.shrink_to(KEEP_CAPACITY);
+            }
+        }
+    }
+
+    /// Drops all input for good.
+    fn release(&mut self) {
+        self.buf = Vec::new();
+        self.start = 0;
+        self.scanned = 0;
+    }
+
+    /// Waiting for a head: parse it when a line has completed, then decide the framing.
+    fn head(&mut self) -> Result<Step, Fault> {
+        // RFC 9112 §2.2: empty lines before a request line are ignored (some clients send
+        // an extra CRLF after a body). Consuming them keeps them out of the head bound.
+        let skip = leading_empty_lines(self.avail());
+        if skip > 0 {
+            self.consume(skip);
+        }
+        let over = self.pending() > self.limits.max_head;
+        if !self.fresh_line() && !over {
+            self.state = State::Head;
+            return Ok(Step::Wait);
+        }
+        let parsed = parse_head(self.avail(), &self.limits)?;
+        let Some((len, head)) = parsed else {
+            if over {
+                return Err(Fault::head_too_large(&self.limits));
+            }
+            self.state = State::Head;
+            return Ok(Step::Wait);
+        };
+        if len > self.limits.max_head {
+            return Err(Fault::head_too_large(&self.limits));
+        }
+        self.consume(len);
+        let Head {
+            request,
+            framing,
+            expect_continue,
+        } = head;
+        self.state = State::Body(Box::new(Partial {
+            request,
+            framing,
+            continue_due: expect_continue,
+        }));
+        Ok(Step::Again)
+    }
+
+    /// Reading a body: take what is buffered; hand out the request once it is whole.
+    fn body(&mut self, mut partial: Box<Partial>) -> Result<Step, Fault> {
+        self.decode(&mut partial)?;
+        if partial.framing == Framing::Length(0) {
+            let request = partial.request;
+            if request.keep_alive {
+                self.state = State::Head;
+            } else {
+                // The answer to this request is the last thing the connection does: bytes
+                // pipelined after it are never answered, so they are not parsed or kept.
+                self.state = State::Done;
+                self.release();
+            }
+            return Ok(Step::Event(Event::Request(request)));
+        }
+        // The body is incomplete: the moment to invite the rest, once.
+        let due = std::mem::take(&mut partial.continue_due);
+        self.state = State::Body(partial);
+        Ok(if due {
+            Step::Event(Event::Continue)
+        } else {
+            Step::Wait
+        })
+    }
+
+    /// Advances the body decoder as far as the buffered bytes allow. A finished body is
+    /// left as `Length(0)`.
+    fn decode(&mut self, partial: &mut Partial) -> Result<(), Fault> {
+        loop {
+            match partial.framing {
+                Framing::Length(0) => return Ok(()),
+                Framing::Length(left) => {
+                    let taken = self.take(&mut partial.request.body, left, left);
+                    if taken == 0 {
+                        return Ok(());
+                    }
+                    partial.framing = Framing::Length(left - taken);
+                }
+                Framing::Chunked(Chunk::Size) => {
+                    let Some((len, size)) = self.chunk_line()? else {
+                        return Ok(());
+                    };
+                    self.consume(len);
+                    if size == 0 {
+                        partial.framing = Framing::Chunked(Chunk::Trailers);
+                        continue;
+                    }
+                    let room = self
+                        .limits
+                        .max_body
+                        .saturating_sub(partial.request.body.len());
+                    match usize::try_from(size) {
+                        Ok(size) if size <= room => {
+                            partial.framing = Framing::Chunked(Chunk::Data(size));
+                        }
+                        _ => return Err(Fault::body_too_large(&self.limits)),
+                    }
+                }
+                Framing::Chunked(Chunk::Data(left)) => {
+                    let bound = self
+                        .limits
+                        .max_body
+                        .saturating_sub(partial.request.body.len());
+                    let taken = self.take(&mut partial.request.body, left, bound);
+                    if taken == 0 {
+                        return Ok(());
+                    }
+                    partial.framing = Framing::Chunked(match left - taken {
+                        0 => Chunk::DataEnd,
+                        left => Chunk::Data(left),
+                    });
+                }
+                Framing::Chunked(Chunk::DataEnd) => match self.avail() {
+                    [b'\r', b'\n', ..] => {
+                        self.consume(2);
+                        partial.framing = Framing::Chunked(Chunk::Size);
+                    }
+                    [] | [b'\r'] => return Ok(()),
+                    _ => return Err(Fault::bad("chunk data not followed by CRLF")),
+                },
+                Framing::Chunked(Chunk::Trailers) => {
+                    let over = self.pending() > self.limits.max_head;
+                    if !self.fresh_line() && !over {
+                        return Ok(());
+                    }
+                    match parse_trailers(self.avail(), &self.limits)? {
+                        Some(len) if len <= self.limits.max_head => {
+                            self.consume(len);
+                            partial.framing = Framing::Length(0);
+                            return Ok(());
+                        }
+                        None if !over => return Ok(()),
+                        _ => return Err(Fault::head_too_large(&self.limits)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves up to `left` buffered body bytes into `body`, growing it by doubling but never
+    /// past `bound` more bytes than it holds. Returns how many were moved.
+    fn take(&mut self, body: &mut Vec<u8>, left: usize, bound: usize) -> usize {
+        let avail = &self.buf[self.start..];
+        let n = avail.len().min(left);
+        if n == 0 {
+            return 0;
+        }
+        if body.capacity() - body.len() < n {
+            let want = n.max(body.len()).min(bound.max(n));
+            body.reserve_exact(want);
+        }
+        body.extend_from_slice(&avail[..n]);
+        self.consume(n);
+        n
+    }
+
+    /// A complete chunk-size line, if buffered: its length with CRLF, and the chunk size.
+    fn chunk_line(&self) -> Result<Option<(usize, u64)>, Fault> {
+        let avail = self.avail();
+        let Some(lf) = avail.iter().position(|&b| b == b'\n') else {
+            if avail.len() > MAX_CHUNK_LINE {
+                return Err(Fault::bad("chunk-size line too long"));
+            }
+            return Ok(None);
+        };
+        if lf >= MAX_CHUNK_LINE {
+            return Err(Fault::bad("chunk-size line too long"));
+        }
+        let size = parse_chunk_size(&avail[..=lf]).ok_or(Fault::bad("invalid chunk-size line"))?;
+        Ok(Some((lf + 1, size)))
+    }
+}
+
+/// `codec.next()` is the one way events come out. The iterator is not fused: after `None`,
+/// a `push` may make more events available (until `closed()`).
+impl Iterator for Codec {
+    type Item = Event;
+
+    /// The next thing the connection must act on, if a whole one is buffered.
+    fn next(&mut self) -> Option<Event> {
+        loop {
+            // Each step puts back the state it leaves; a fault leaves `Done`.
+            let step = match std::mem::replace(&mut self.state, State::Done) {
+                State::Done => return None,
+                State::Head => self.head(),
+                State::Body(partial) => self.body(partial),
+            };
+            match step {
+                Ok(Step::Again) => continue,
+                Ok(Step::Event(event)) => return Some(event),
+                Ok(Step::Wait) => {
+                    self.tidy();
+                    return None;
+                }
+                Err(fault) => {
+                    self.state = State::Done;
+                    self.release();
+                    let body = failure_body(fault.message, fault.data.as_ref());
+                    return Some(Event::Reject {
+                        status: fault.status,
+                        close: true,
+                        response: response(fault.status, &body, false, &[]),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A request head, understood.
+struct Head {
+    /// The request as far as the head tells (empty body).
+    request: Request,
+    framing: Framing,
+    expect_continue: bool,
+}
+
+/// How many bytes of empty lines (CRLF or LF) `buf` starts with. A lone trailing CR is
+/// left for the next read to complete.
+fn leading_empty_lines(buf: &[u8]) -> usize {
+    let mut n = 0;
+    loop {
+        match &buf[n..] {
+            [b'\n', ..] => n += 1,
+            [b'\r', b'\n', ..] => n += 2,
+            _ => return n,
+        }
+    }
+}
+
+/// Parses a head with `httparse`: `None` while incomplete, else its length and meaning.
+fn parse_head(buf: &[u8], limits: &Limits) -> Result<Option<(usize, Head)>, Fault> {
+    let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
+    let mut req = httparse::Request::new(&mut fields);
+    match req.parse(buf) {
+        Ok(httparse::Status::Partial) => Ok(None),
+        Ok(httparse::Status::Complete(len)) => Ok(Some((len, understand(&req, limits)?))),
+        Err(httparse::Error::TooManyHeaders) => Err(Fault::head_too_large(limits)),
+        Err(httparse::Error::Version) if well_formed_version(buf) => {
+            Err(Fault::new(505, "HTTP version not supported"))
+        }
+        Err(_) => Err(Fault::bad("malformed request head")),
+    }
+}
+
+/// Whether the request line is `method SP target SP HTTP/d.d` (RFC 9112 3, 2.3): only a
+/// well-formed line whose version execd does not speak is 505; anything else is a bad
+/// request.
+fn well_formed_version(buf: &[u8]) -> bool {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let parts: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    matches!(parts[..], [_, _, [b'H', b'T', b'T', b'P', b'/', major, b'.', minor]]
+        if major.is_ascii_digit() && minor.is_ascii_digit())
+}
+
+/// Parses a chunked body's trailer section: `None` while incomplete, else its length. The
+/// fields are checked for syntax and count, then ignored.
+fn parse_trailers(buf: &[u8], limits: &Limits) -> Result<Option<usize>, Fault> {
+    let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
+    match httparse::parse_headers(buf, &mut fields) {
+        Ok(httparse::Status::Partial) => Ok(None),
+        Ok(httparse::Status::Complete((len, _))) => Ok(Some(len)),
+        Err(httparse::Error::TooManyHeaders) => Err(Fault::head_too_large(limits)),
+        Err(_) => Err(Fault::bad("malformed trailer section")),
+    }
+}
+
+/// Reads what section 11 needs from a parsed head and decides how its body is framed
+/// (RFC 9112 §6).
+fn understand(req: &httparse::Request, limits: &Limits) -> Result<Head, Fault> {
+    // A complete parse always sets these; a missing one is refused, not unwrapped.
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(Fault::bad("malformed request line"));
+    };
+    let http11 = version == 1;
+
+    let mut length: Option<u64> = None;
+    let mut codings: Vec<&[u8]> = Vec::new();
+    let mut has_te = false;
+    let mut close = false;
+    let mut keep_alive_token = false;
+    let mut expect_continue = false;
+    let mut authorization: Option<String> = None;
+    for field in req.headers.iter() {
+        let name = field.name;
+        let value = trim(field.value);
+        if name.eq_ignore_ascii_case("content-length") {
+            // Repeated or listed values are accepted only when all equal (RFC 9112 §6.3).
+            for item in value.split(|&b| b == b',') {
+                let item = content_length(trim(item))?;
+                if length.is_some_and(|seen| seen != item) {
+                    return Err(Fault::bad("conflicting Content-Length values"));
+                }
+                length = Some(item);
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            has_te = true;
+            // Empty list elements are allowed and mean nothing (RFC 9110 §5.6.1).
+            codings.extend(
+                value
+                    .split(|&b| b == b',')
+                    .map(trim)
+                    .filter(|c| !c.is_empty()),
+            );
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|&b| b == b',').map(trim) {
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            // Other expectations are ignored (RFC 9110 §10.1.1 lets a server do so).
+            expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
+        } else if name.eq_ignore_ascii_case("authorization") {
+            if authorization.is_some() {
+                // Which of two credentials would be checked is ambiguous: refuse both.
+                return Err(Fault::bad("more than one Authorization header"));
+            }
+            let value = std::str::from_utf8(value)
+                .map_err(|_| Fault::bad("Authorization header is not UTF-8"))?;
+            authorization = Some(value.to_owned());
+        }
+    }
+    // RFC 9110 §10.1.1: a server must not send 100 Continue to an HTTP/1.0 client.
+    let expect_continue = expect_continue && http11;
+
+    let framing = if has_te {
+        if length.is_some() {
+            // Two framings: the classic request-smuggling vector (RFC 9112 §6.1).
+            return Err(Fault::bad("both Content-Length and Transfer-Encoding"));
+        }
+        if !http11 {
+            // RFC 9112 §6.1: HTTP/1.0 with Transfer-Encoding has faulty framing.
+            return Err(Fault::bad("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        let chunked = |c: &&[u8]| c.eq_ignore_ascii_case(b"chunked");
+        match codings.split_last() {
+            Some((last, rest)) if chunked(last) && !rest.iter().any(chunked) => {
+                if rest.is_empty() {
+                    Framing::Chunked(Chunk::Size)
+                } else {
+                    // A known framing under a coding execd does not decode (gzip, ...).
+                    return Err(Fault::new(501, "transfer coding not implemented"));
+                }
+            }
+            // Without a final, single chunked the body's end cannot be found (§6.3).
+            _ => return Err(Fault::bad("Transfer-Encoding must end in a single chunked")),
+        }
+    } else if let Some(length) = length {
+        match usize::try_from(length) {
+            Ok(length) if length <= limits.max_body => Framing::Length(length),
+            _ => return Err(Fault::body_too_large(limits)),
+        }
+    } else if expect_continue {
+        // A body is promised but nothing says where it ends.
+        return Err(Fault::new(411, "length required"));
+    } else {
+        // RFC 9112 §6.3: no framing in a request means no body (`curl -X POST` without -d).
+        Framing::Length(0)
+    };
+
+    let keep_alive = !close && (http11 || keep_alive_token);
+    Ok(Head {
+        request: Request {
+            method: method.to_owned(),
+            path: target_path(target).to_owned(),
+            body: Vec::new(),
+            keep_alive,
+            authorization,
+        },
+        framing,
+        expect_continue,
+    })
+}
+
+/// One `Content-Length` value: 1*DIGIT. A value too large for `u64` saturates: its syntax
+/// is fine and it is refused for its size (413), like any length over the limit.
+fn content_length(value: &[u8]) -> Result<u64, Fault> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return Err(Fault::bad("invalid Content-Length"));
+    }
+    Ok(value.iter().fold(0u64, |n, &d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
+/// Parses `chunk-size [ chunk-ext ] CRLF` (RFC 9112 §7.1), strictly: at least one hex
+/// digit, at most 16, optional blanks, extensions without control characters (ignored),
+/// then CRLF. `line` ends with LF.
+fn parse_chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r\n")?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return None;
+    }
+    let size = line[..digits].iter().try_fold(0u64, |n, &d| {
+        let v = char::from(d).to_digit(16)?;
+        n.checked_mul(16)?.checked_add(u64::from(v))
+    })?;
+    let rest = &line[digits..];
+    let rest = &rest[rest
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count()..];
+    let ext_ok = match rest.split_first() {
+        None => true,
+        Some((b';', ext)) => ext.iter().all(|&b| b == b'\t' || (b >= b' ' && b != 0x7f)),
+        Some(_) => false,
+    };
+    ext_ok.then_some(size)
+}
+
+/// The path of a request target: origin-form loses its query and fragment; absolute-form
+/// (`http://host/p?q`, which RFC 9112 §3.2.2 says servers must accept) is reduced to its
+/// path, `/` when it has none. Other forms (`*`, authority-form) are returned as they are,
+/// and route to 404.
+fn target_path(target: &str) -> &str {
+    let path = match target.find("://") {
+        Some(i) if !target.starts_with('/') => {
+            let rest = &target[i + 3..];
+            match rest.find(['/', '?', '#']) {
+                Some(j) if rest[j..].starts_with('/') => &rest[j..],
+                _ => "/",
+            }
+        }
+        _ => target,
+    };
+    match path.find(['?', '#']) {
+        Some(end) => &path[..end],
+        None => path,
+    }
+}
+
+/// Trims optional whitespace (SP, HTAB) from both ends.
+fn trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let bytes = &bytes[start..];
+    let end = bytes.len()
+        - bytes
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
+    &bytes[..end]
+}
+
+#[cfg(test)]
+impl Codec {
+    /// Body bytes held by the request in progress (for the memory-bound tests).
+    fn held_body(&self) -> usize {
+        match &self.state {
+            State::Body(partial) => partial.request.body.len(),
+            State::Head | State::Done => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Small bounds, so the limit tests stay small.
+    pub fn limits() -> Limits {
+        Limits {
+            max_head: 256,
+            max_headers: 8,
+            max_body: 1024,
+        }
+    }
+
+    /// Pushes `bytes`, then takes every event the codec has.
+    pub fn feed(codec: &mut Codec, bytes: &[u8]) -> Vec<Event> {
+        codec.push(bytes);
+        std::iter::from_fn(|| codec.next()).collect()
+    }
+
+    /// Every event of `bytes` pushed at once into a new codec.
+    pub fn events(bytes: &[u8]) -> Vec<Event> {
+        feed(&mut Codec::new(limits()), bytes)
+    }
+
+    /// The only event of `bytes`, which must be a request.
+    #[track_caller]
+    pub fn one_request(bytes: &[u8]) -> Request {
+        match events(bytes).as_slice() {
+            [Event::Request(request)] => request.clone(),
+            other => panic!("expected one request, got {other:?}"),
+        }
+    }
+
+    /// The status of the only event of `bytes`, which must be a closing refusal; checks
+    /// the codec is then closed for good.
+    #[track_caller]
+    pub fn rejected(bytes: &[u8]) -> u16 {
+        let mut codec = Codec::new(limits());
+        let events = feed(&mut codec, bytes);
+        let status = match events.last() {
+            Some(Event::Reject {
+                status,
+                close: true,
+                response,
+            }) => {
+                let (code, head, body) = split(response);
+                assert_eq!(code, *status);
+                assert!(head.contains("Connection: close\r\n"), "{head}");
+                let body: Value = serde_json::from_slice(&body).expect("JSON body");
+                assert_eq!(body["success"], false);
+                *status
+            }
+            other => panic!("expected a closing refusal, got {other:?}"),
+        };
+        assert!(codec.closed());
+        assert_eq!(feed(&mut codec, b"GET /v1/health HTTP/1.1\r\n\r\n"), vec![]);
+        assert_eq!(codec.pending(), 0);
+        status
+    }
+
+    /// Splits an encoded response into status code, head text and body, checking
+    /// `Content-Length` and `Content-Type` on the way.
+    #[track_caller]
+    pub fn split(response: &[u8]) -> (u16, String, Vec<u8>) {
+        let text = String::from_utf8_lossy(response);
+        let end = text.find("\r\n\r\n").expect("end of head");
+        let head = text[..end + 4].to_string();
+        let body = response[end + 4..].to_vec();
+        let code = head["HTTP/1.1 ".len().."HTTP/1.1 ".len() + 3]
+            .parse()
+            .expect("status code");
+        assert!(head.starts_with("HTTP/1.1 "), "{head}");
+        assert!(
+            head.contains(&format!("\r\nContent-Length: {}\r\n", body.len())),
+            "{head}"
+        );
+        assert!(
+            head.contains("\r\nContent-Type: application/json; charset=utf-8\r\n"),
+            "{head}"
+        );
+        (code, head, body)
+    }
+
+    pub fn requests(events: Vec<Event>) -> Vec<Request> {
+        events
+            .into_iter()
+            .filter_map(|event| match event {
+                Event::Request(request) => Some(request),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub const EXEC: &[u8] = b"POST /v1/bash/exec HTTP/1.1\r\nHost: execd\r\n\
+        Content-Type: application/json\r\nContent-Length: 18\r\n\r\n{\"command\":\"pwd\"}\n";
+
+    pub const CHUNKED: &[u8] = b"POST /v1/bash/write HTTP/1.1\r\nHost: execd\r\n\
+        Transfer-Encoding: chunked\r\n\r\n\
+        5;name=value\r\nhello\r\n6 ; x=\"y z\"\r\n world\r\n0;last\r\nX-Sum: 1\r\nY: 2\r\n\r\n";
+
+    pub const EXPECTING: &[u8] = b"POST /v1/bash/exec HTTP/1.1\r\nHost: execd\r\n\
+        Expect: 100-continue\r\nContent-Length: 4\r\n\r\nbody";
+
+    // ---- requests ----
+
+    #[test]
+    fn a_get_has_no_body_and_keeps_alive() {
+        let request = one_request(b"GET /v1/health HTTP/1.1\r\nHost: execd\r\n\r\n");
+        assert_eq!(
+            request,
+            Request {
+                method: "GET".into(),
+                path: "/v1/health".into(),
+                body: vec![],
+                keep_alive: true,
+                authorization: None,
+            }
+        );
+    }
+
+    #[test]
+    fn a_content_length_body_is_read() {
+        let request = one_request(EXEC);
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/v1/bash/exec");
+        assert_eq!(request.body, b"{\"command\":\"pwd\"}\n");
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_returned_as_bytes() {
+        let request =
+            one_request(b"POST /v1/bash/exec HTTP/1.1\r\nContent-Length: 4\r\n\r\n{\xff\x00]");
+        assert_eq!(request.body, b"{\xff\x00]");
+    }
+
+    #[test]
+    fn a_post_without_framing_has_an_empty_body() {
+        // What `curl -X POST http://execd/v1/bash/sessions/create` sends.
+        let request = one_request(
+            b"POST /v1/bash/sessions/create HTTP/1.1\r\nHost: execd\r\nUser-Agent: curl/8\r\nAccept: */*\r\n\r\n",
+        );
+        assert_eq!(request.body, b"");
+        assert_eq!(request.path, "/v1/bash/sessions/create");
+    }
+
+    #[test]
+    fn the_path_loses_query_and_fragment_and_absolute_form_is_reduced() {
+        let path =
+            |target: &str| one_request(format!("GET {target} HTTP/1.1\r\n\r\n").as_bytes()).path;
+        assert_eq!(path("/v1/health?x=1&y"), "/v1/health");
+        assert_eq!(
+            path("/v1/bash/sessions/a%20b/close?q"),
+            "/v1/bash/sessions/a%20b/close"
+        );
+        assert_eq!(path("http://execd:8080/v1/health?x"), "/v1/health");
+        assert_eq!(path("http://execd"), "/");
+        assert_eq!(path("http://execd?x=/y"), "/");
+        assert_eq!(path("*"), "*");
+    }
+
+    #[test]
+    fn authorization_is_kept_raw_and_trimmed() {
+        let request =
+            one_request(b"GET /v1/health HTTP/1.1\r\nauthorization:   Bearer s3cr=t \r\n\r\n");
+        assert_eq!(request.authorization.as_deref(), Some("Bearer s3cr=t"));
+    }
+
+    #[test]
+    fn two_pipelined_requests_in_one_push_come_out_in_order() {
+        let mut stream = EXEC.to_vec();
+        stream.extend_from_slice(b"GET /v1/bash/sessions HTTP/1.1\r\n\r\n");
+        let mut codec = Codec::new(limits());
+        codec.push(&stream);
+        let first = codec.next();
+        assert!(matches!(&first, Some(Event::Request(r)) if r.path == "/v1/bash/exec"));
+        assert!(codec.pending() > 0, "the second request waits its turn");
+        let second = codec.next();
+        assert!(matches!(&second, Some(Event::Request(r)) if r.path == "/v1/bash/sessions"));
+        assert_eq!(codec.next(), None);
+        assert_eq!(codec.pending(), 0);
+        assert!(!codec.closed());
+    }
+
+    #[test]
+    fn empty_lines_between_requests_are_ignored() {
+        let mut stream = EXEC.to_vec();
+        stream.extend_from_slice(b"\r\n\n\r\nGET /v1/health HTTP/1.1\r\n\r\n");
+        let got = requests(events(&stream));
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].path, "/v1/health");
+    }
+
+    #[test]
+    fn bare_lf_line_ends_are_accepted_in_the_head() {
+        let request = one_request(b"POST /v1/bash/kill HTTP/1.1\nContent-Length: 2\n\n{}");
+        assert_eq!(request.body, b"{}");
+    }
+
+    #[test]
+    fn equal_duplicate_content_lengths_are_accepted() {
+        let request =
+            one_request(b"POST /x HTTP/1.1\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\n{}");
+        assert_eq!(request.body, b"{}");
+    }
+
+    // ---- split at any byte boundary ----
+
+    /// The requests of `stream` fed whole, for comparison with any split of it.
+    fn whole(stream: &[u8]) -> Vec<Request> {
+        let got = requests(events(stream));
+        assert!(!got.is_empty());
+        got
+    }
+
+    #[test]
+    fn a_request_split_at_every_byte_boundary_assembles_the_same() {
+        let mut pipelined = CHUNKED.to_vec();
+        pipelined.extend_from_slice(EXEC);
+        for stream in [EXEC, CHUNKED, EXPECTING, &pipelined[..]] {
+            let expected = whole(stream);
+            for at in 0..=stream.len() {
+                let mut codec = Codec::new(limits());
+                let mut got = feed(&mut codec, &stream[..at]);
+                got.extend(feed(&mut codec, &stream[at..]));
+                let continues = got.iter().filter(|e| **e == Event::Continue).count();
+                assert!(continues <= 1, "split at {at}: {continues} Continue events");
+                assert_eq!(requests(got), expected, "split at {at}");
+                assert_eq!(codec.pending(), 0, "split at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_split_in_three_anywhere_assembles_the_same() {
+        let stream = CHUNKED;
+        let expected = whole(stream);
+        for a in 0..=stream.len() {
+            for b in a..=stream.len() {
+                let mut codec = Codec::new(limits());
+                let mut got = feed(&mut codec, &stream[..a]);
+                got.extend(feed(&mut codec, &stream[a..b]));
+                got.extend(feed(&mut codec, &stream[b..]));
+                assert_eq!(requests(got), expected, "split at {a} and {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_trickled_byte_by_byte_assembles_the_same() {
+        let mut stream = EXPECTING.to_vec();
+        stream.extend_from_slice(CHUNKED);
+        stream.extend_from_slice(EXEC);
+        let mut codec = Codec::new(limits());
+        let mut got = Vec::new();
+        for byte in &stream {
+            got.extend(feed(&mut codec, std::slice::from_ref(byte)));
+        }
+        assert_eq!(got[0], Event::Continue);
+        assert_eq!(requests(got), whole(&stream));
+    }
+
+    // ---- chunked ----
+
+    #[test]
+    fn chunked_bodies_ignore_extensions_and_trailers() {
+        let request = one_request(CHUNKED);
+        assert_eq!(request.body, b"hello world");
+        assert!(request.keep_alive);
+    }
+
+    #[test]
+    fn chunked_sizes_are_hex_in_either_case_and_may_have_leading_zeros() {
+        let request = one_request(
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n\
+              A\r\n0123456789\r\n00b\r\nabcdefghijk\r\n000\r\n\r\n",
+        );
+        assert_eq!(request.body, b"0123456789abcdefghijk");
+    }
+
+    #[test]
+    fn an_empty_chunked_body_is_empty() {
+        let request =
+            one_request(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        assert_eq!(request.body, b"");
+    }
+
+    #[test]
+    fn malformed_chunk_framing_is_400() {
+        let head = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for body in [
+            "zz\r\n",                    // not hex
+            "\r\nabc",                   // no size at all
+            "5\nhello\r\n0\r\n\r\n",     // bare LF after the size
+            "5\r\nhelloXY0\r\n\r\n",     // data not followed by CRLF
+            "5 6\r\nhello\r\n0\r\n\r\n", // junk after the size
+            "5;a\x01b\r\nhello\r\n",     // control character in an extension
+            "11111111111111111\r\n",     // more than 16 digits
+            "0\r\nbad trailer\r\n\r\n",  // trailer that is not a field
+        ] {
+            assert_eq!(
+                rejected(format!("{head}{body}").as_bytes()),
+                400,
+                "{body:?}"
+            );
+        }
+        let long = format!(
+            "{head}5;{}\r\nhello\r\n0\r\n\r\n",
+            "x".repeat(MAX_CHUNK_LINE)
+        );
+        assert_eq!(rejected(long.as_bytes()), 400);
+        let unterminated = format!("{head}5;{}", "x".repeat(MAX_CHUNK_LINE + 1));
+        assert_eq!(rejected(unterminated.as_bytes()), 400);
+    }
+
+    // ---- keep-alive ----
+
+    #[test]
+    fn http10_closes_unless_keep_alive_is_asked_for() {
+        let mut codec = Codec::new(limits());
+        let got = feed(
+            &mut codec,
+            b"GET /v1/health HTTP/1.0\r\n\r\nGET /v1/health HTTP/1.0\r\n\r\n",
+        );
+        assert_eq!(requests(got.clone()).len(), 1, "{got:?}");
+        assert!(!requests(got)[0].keep_alive);
+        assert!(codec.closed(), "nothing after a last request is parsed");
+        assert_eq!(codec.pending(), 0);
+
+        let got = requests(events(
+            b"GET /v1/health HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\nGET /v1/health HTTP/1.0\r\n\r\n",
+        ));
+        assert_eq!(got.len(), 2);
+        assert!(got[0].keep_alive);
+        assert!(!got[1].keep_alive);
+    }
+
+    #[test]
+    fn connection_close_ends_an_http11_connection() {
+        let close = |value: &str| {
+            !one_request(format!("GET / HTTP/1.1\r\nConnection: {value}\r\n\r\n").as_bytes())
+                .keep_alive
+        };
+        assert!(close("close"));
+        assert!(close("CLOSE"));
+        assert!(close("keep-alive, close"));
+        assert!(close("Upgrade,  Close "));
+        assert!(!close("keep-alive"));
+        assert!(!close("upgrade"));
+    }
+
+    // ---- Expect: 100-continue ----
+
+    #[test]
+    fn expect_continue_is_answered_before_the_body_arrives() {
+        let (head, body) = EXPECTING.split_at(EXPECTING.len() - 4);
+        let mut codec = Codec::new(limits());
+        assert_eq!(feed(&mut codec, head), vec![Event::Continue]);
+        assert_eq!(
+            feed(&mut codec, &body[..2]),
+            vec![],
+            "Continue is sent once"
+        );
+        let got = feed(&mut codec, &body[2..]);
+        assert!(matches!(&got[..], [Event::Request(r)] if r.body == b"body"));
+        assert_eq!(CONTINUE, b"HTTP/1.1 100 Continue\r\n\r\n");
+    }
+
+    #[test]
+    fn expect_continue_with_the_body_already_here_needs_no_interim_answer() {
+        assert_eq!(requests(events(EXPECTING)).len(), 1);
+        assert!(matches!(&events(EXPECTING)[..], [Event::Request(_)]));
+        let empty = b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n";
+        assert!(matches!(&events(empty)[..], [Event::Request(_)]));
+    }
+
+    #[test]
+    fn expect_continue_works_with_chunked_bodies() {
+        let head =
+            b"POST /x HTTP/1.1\r\nExpect: 100-Continue\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut codec = Codec::new(limits());
+        assert_eq!(feed(&mut codec, head), vec![Event::Continue]);
+        let got = feed(&mut codec, b"2\r\n{}\r\n0\r\n\r\n");
+        assert!(matches!(&got[..], [Event::Request(r)] if r.body == b"{}"));
+    }
+
+    #[test]
+    fn http10_gets_no_interim_answer() {
+        let mut codec = Codec::new(limits());
+        let head = b"POST /x HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+        assert_eq!(feed(&mut codec, head), vec![]);
+        assert_eq!(requests(feed(&mut codec, b"{}")).len(), 1);
+    }
+
+    #[test]
+    fn expect_continue_without_framing_is_411() {
+        assert_eq!(
+            rejected(b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n"),
+            411
+        );
+    }
+
+    // ---- refusals ----
+
+    #[test]
+    fn a_head_that_does_not_parse_is_400() {
+        for head in [
+            &b"GET /v1/health HTTP/1.1\r\nNo colon here\r\n\r\n"[..],
+            b"GET /v1/he\x01lth HTTP/1.1\r\n\r\n",
+            b"GET  /v1/health HTTP/1.1\r\n\r\n",
+            b"G(ET /v1/health HTTP/1.1\r\n\r\n",
+            b"GET /v1/health HTTP/1.1\r\nBad\x00: v\r\n\r\n",
+            b"GET /v1/health HTTP/1.1\r\nX: a\rb\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n",
+        ] {
+            assert_eq!(rejected(head), 400, "{:?}", String::from_utf8_lossy(head));
+        }
+    }
+
+    #[test]
+    fn a_malformed_request_line_is_refused_before_the_head_ends() {
+        let mut codec = Codec::new(limits());
+        let got = feed(&mut codec, b"GET /v1/he\x7flth HTTP/1.1\r\n");
+        assert!(matches!(&got[..], [Event::Reject { status: 400, .. }]));
+    }
+
+    #[test]
+    fn bad_or_conflicting_lengths_are_400() {
+        for length in ["abc", "-1", "+5", "", "5 5", "0x5", "5, 6", "1,"] {
+            let head = format!("POST /x HTTP/1.1\r\nContent-Length: {length}\r\n\r\n");
+            assert_eq!(rejected(head.as_bytes()), 400, "{length:?}");
+        }
+        let twice = b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!";
+        assert_eq!(rejected(twice), 400);
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused() {
+        let both =
+            b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert_eq!(rejected(both), 400);
+        let te = |value: &str, version: &str| {
+            rejected(
+                format!("POST /x HTTP/{version}\r\nTransfer-Encoding: {value}\r\n\r\n").as_bytes(),
+            )
+        };
+        assert_eq!(te("gzip", "1.1"), 400, "chunked is not final");
+        assert_eq!(te("chunked, gzip", "1.1"), 400);
+        assert_eq!(te("chunked, chunked", "1.1"), 400);
+        assert_eq!(te("identity", "1.1"), 400);
+        assert_eq!(te("", "1.1"), 400);
+        assert_eq!(
+            te("gzip, chunked", "1.1"),
+            501,
+            "a coding execd does not decode"
+        );
+        assert_eq!(
+            te("chunked", "1.0"),
+            400,
+            "HTTP/1.0 has no transfer codings"
+        );
+        let split =
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(rejected(split), 501);
+        let listed =
+            one_request(b"POST /x HTTP/1.1\r\nTransfer-Encoding: ,chunked,\r\n\r\n0\r\n\r\n");
+        assert_eq!(listed.body, b"");
+    }
+
+    #[test]
+    fn two_authorization_headers_are_400() {
+        let head = b"GET /v1/health HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n";
+        assert_eq!(rejected(head), 400);
+        let binary = b"GET /v1/health HTTP/1.1\r\nAuthorization: Bearer \xff\r\n\r\n";
+        assert_eq!(rejected(binary), 400);
+    }
+
+    #[test]
+    fn other_versions_are_505() {
+        for line in [
+            "GET / HTTP/2.0\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            "GET / HTTP/1.2\r\n\r\n",
+            "GET / HTTP/0.9\r\n\r\n",
+        ] {
+            assert_eq!(rejected(line.as_bytes()), 505, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn versions_that_are_not_http_versions_are_400() {
+        for line in [
+            "GET / FTP/1.1\r\n\r\n",
+            "GET / HTTP/1.x\r\n\r\n",
+            "GET / HTTP/11\r\n\r\n",
+            "GET / http/1.1\r\n\r\n",
+            "GET /a /b HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(rejected(line.as_bytes()), 400, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn heads_over_their_bounds_are_431() {
+        let limits = limits();
+        // No end of head within max_head bytes.
+        let endless = format!(
+            "GET /v1/health HTTP/1.1\r\nX: {}",
+            "a".repeat(limits.max_head)
+        );
+        assert_eq!(rejected(endless.as_bytes()), 431);
+        // A head that ends, but past max_head.
+        let long = format!(
+            "GET /v1/health HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(limits.max_head)
+        );
+        assert_eq!(rejected(long.as_bytes()), 431);
+        // One field too many.
+        let fields: String = (0..=limits.max_headers)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
+        assert_eq!(
+            rejected(format!("GET / HTTP/1.1\r\n{fields}\r\n").as_bytes()),
+            431
+        );
+        // Exactly max_headers fields is fine.
+        let fields: String = (0..limits.max_headers)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
+        one_request(format!("GET / HTTP/1.1\r\n{fields}\r\n").as_bytes());
+        // Trailers have the same bounds.
+        let trailers: String = (0..=limits.max_headers)
+            .map(|i| format!("T-{i}: v\r\n"))
+            .collect();
+        let chunked =
+            format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n{trailers}\r\n");
+        assert_eq!(rejected(chunked.as_bytes()), 431);
+        let trailer = format!(
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: {}",
+            "t".repeat(limits.max_head)
+        );
+        assert_eq!(rejected(trailer.as_bytes()), 431);
+    }
+
+    #[test]
+    fn the_431_is_reported_however_the_head_trickles_in() {
+        let mut codec = Codec::new(limits());
+        let mut got = feed(&mut codec, b"GET / HTTP/1.1\r\nX: ");
+        for _ in 0..limits().max_head {
+            got.extend(feed(&mut codec, b"a"));
+            assert!(codec.pending() <= limits().max_head + 1);
+        }
+        assert!(
+            matches!(&got[..], [Event::Reject { status: 431, .. }]),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_large_head_trickled_byte_by_byte_is_parsed_once_per_line() {
+        // Re-parsing on every byte would be quadratic: ~60 KiB x 60 KiB here.
+        let mut codec = Codec::new(Limits::new(1024));
+        let head = format!(
+            "GET /v1/health HTTP/1.1\r\nX-Long: {}\r\n\r\n",
+            "v".repeat(60 * 1024)
+        );
+        let mut got = Vec::new();
+        for byte in head.as_bytes() {
+            got.extend(feed(&mut codec, std::slice::from_ref(byte)));
+        }
+        assert!(matches!(&got[..], [Event::Request(r)] if r.path == "/v1/health"));
+    }
+
+    #[test]
+    fn bodies_over_the_limit_are_413_before_they_are_buffered() {
+        let max = limits().max_body;
+        // Refused from the head alone, even with Expect (no Continue is sent).
+        let head = format!(
+            "POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            max + 1
+        );
+        assert_eq!(rejected(head.as_bytes()), 413);
+        let huge = b"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999999999999\r\n\r\n";
+        assert_eq!(rejected(huge), 413);
+        // Exactly the limit is fine.
+        let exact = format!(
+            "POST /x HTTP/1.1\r\nContent-Length: {max}\r\n\r\n{}",
+            "a".repeat(max)
+        );
+        assert_eq!(one_request(exact.as_bytes()).body.len(), max);
+        // Chunked: refused at the chunk that would pass the limit.
+        let mut codec = Codec::new(limits());
+        let first = format!(
+            "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n",
+            max,
+            "a".repeat(max)
+        );
+        assert_eq!(feed(&mut codec, first.as_bytes()), vec![]);
+        let got = feed(&mut codec, b"1\r\n");
+        assert!(matches!(
+            &got[..],
+            [Event::Reject {
+                status: 413,
+                close: true,
+                ..
+            }]
+        ));
+        let giant = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n";
+        assert_eq!(rejected(giant), 413);
+    }
+
+    #[test]
+    fn after_a_refusal_nothing_more_is_parsed() {
+        let mut codec = Codec::new(limits());
+        let got = feed(
+            &mut codec,
+            b"GET / HTTP/3\r\n\r\nGET /v1/health HTTP/1.1\r\n\r\n",
+        );
+        assert_eq!(got.len(), 1);
+        assert!(codec.closed());
+        for _ in 0..3 {
+            assert_eq!(codec.next(), None);
+        }
+        codec.push(b"GET /v1/health HTTP/1.1\r\n\r\n");
+        assert_eq!(codec.pending(), 0);
+        assert_eq!(codec.next(), None);
+    }
+
+    #[test]
+    fn a_refusal_is_a_complete_response() {
+        let got = events(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n");
+        let Some(Event::Reject { response, .. }) = got.first() else {
+            panic!("{got:?}");
+        };
+        let (code, head, body) = split(response);
+        assert_eq!(code, 400);
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+        let body: Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(body["success"], false);
+        assert_eq!(body["data"], Value::Null);
+        assert_eq!(body["hint"], Value::Null);
+        assert!(body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Content-Length")));
+        let got = events(format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", 5000).as_bytes());
+        let Some(Event::Reject { response, .. }) = got.first() else {
+            panic!("{got:?}");
+        };
+        let body: Value = serde_json::from_slice(&split(response).2).expect("JSON");
+        assert_eq!(body["data"], json!({ "limit": limits().max_body }));
+    }
+
+    // ---- memory ----
+
+    #[test]
+    fn a_body_is_moved_out_of_the_input_buffer_as_it_arrives() {
+        let max = limits().max_body;
+        let mut codec = Codec::new(limits());
+        feed(
+            &mut codec,
+            format!("POST /x HTTP/1.1\r\nContent-Length: {max}\r\n\r\n").as_bytes(),
+        );
+        for _ in 0..max / 16 - 1 {
+            assert_eq!(feed(&mut codec, &[b'a'; 16]), vec![]);
+            assert_eq!(codec.pending(), 0);
+        }
+        assert!(codec.held_body() <= max);
+        let got = feed(&mut codec, &[b'a'; 16]);
+        assert!(matches!(&got[..], [Event::Request(r)] if r.body.len() == max));
+
+        // One-byte chunks: the framing never accumulates.
+        feed(
+            &mut codec,
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        for _ in 0..max {
+            assert_eq!(feed(&mut codec, b"1\r\nz\r\n"), vec![]);
+            assert_eq!(codec.pending(), 0);
+        }
+        let got = feed(&mut codec, b"0\r\n\r\n");
+        assert!(matches!(&got[..], [Event::Request(r)] if r.body.len() == max));
+    }
+
+    #[test]
+    fn the_input_buffer_gives_back_its_capacity_when_drained() {
+        let mut codec = Codec::new(Limits::new(1 << 20));
+        let body = vec![b'a'; 200_000];
+        let mut stream =
+            format!("POST /x HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        stream.extend_from_slice(&body);
+        assert_eq!(requests(feed(&mut codec, &stream)).len(), 1);
+        assert!(codec.buf.capacity() <= KEEP_CAPACITY);
+    }
+
+    // ---- properties ----
+
+    /// Feeds `stream` cut at `cuts`, draining after each piece and checking the memory
+    /// bound; returns every event.
+    fn feed_in_pieces(stream: &[u8], cuts: &[usize]) -> Vec<Event> {
+        let limits = limits();
+        let mut codec = Codec::new(limits);
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+        cuts.sort_unstable();
+        cuts.push(stream.len());
+        let mut got = Vec::new();
+        let mut from = 0;
+        for to in cuts {
+            got.extend(feed(&mut codec, &stream[from..to]));
+            from = to;
+            assert!(codec.pending() <= limits.max_head.max(MAX_CHUNK_LINE));
+            assert!(codec.held_body() <= limits.max_body);
+            if codec.closed() {
+                assert_eq!(codec.pending(), 0);
+                assert_eq!(codec.next(), None);
+            }
+        }
+        got
+    }
+
+    /// One well-formed request, built from generated parts.
+    fn request_strategy() -> impl Strategy<Value = Vec<u8>> {
+        let method = prop::sample::select(vec!["GET", "POST", "PUT"]);
+        let path = "/[a-z0-9%/]{0,12}";
+        let body = prop::collection::vec(any::<u8>(), 0..64);
+        let chunk_sizes = prop::collection::vec(1usize..8, 0..6);
+        (
+            method,
+            path,
+            body,
+            any::<bool>(),
+            chunk_sizes,
+            any::<bool>(),
+        )
+            .prop_map(|(method, path, body, chunked, sizes, expect)| {
+                let mut out = format!("{method} {path} HTTP/1.1\r\nHost: execd\r\n").into_bytes();
+                if expect {
+                    out.extend_from_slice(b"Expect: 100-continue\r\n");
+                }
+                if chunked {
+                    out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                    let mut rest = &body[..];
+                    let mut sizes = sizes.iter().cycle();
+                    while !rest.is_empty() {
+                        let n = sizes.next().copied().unwrap_or(rest.len()).min(rest.len());
+                        out.extend_from_slice(format!("{n:x};ext=1\r\n").as_bytes());
+                        out.extend_from_slice(&rest[..n]);
+                        out.extend_from_slice(b"\r\n");
+                        rest = &rest[n..];
+                    }
+                    out.extend_from_slice(b"0\r\nTrailer: t\r\n\r\n");
+                } else {
+                    out.extend_from_slice(
+                        format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes(),
+                    );
+                    out.extend_from_slice(&body);
+                }
+                out
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_nor_pile_up(
+            stream in prop::collection::vec(any::<u8>(), 0..2048),
+            cuts in prop::collection::vec(any::<usize>(), 0..16),
+        ) {
+            feed_in_pieces(&stream, &cuts);
+        }
+
+        #[test]
+        fn arbitrary_text_after_a_valid_start_never_panics(
+            tail in "[ -~\r\n\t]{0,600}",
+            cuts in prop::collection::vec(any::<usize>(), 0..16),
+        ) {
+            let mut stream = b"POST /v1/bash/exec HTTP/1.1\r\n".to_vec();
+            stream.extend_from_slice(tail.as_bytes());
+            feed_in_pieces(&stream, &cuts);
+            let mut stream = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            stream.extend_from_slice(tail.as_bytes());
+            feed_in_pieces(&stream, &cuts);
+        }
+
+        #[test]
+        fn pipelined_requests_split_anywhere_assemble_the_same(
+            parts in prop::collection::vec(request_strategy(), 1..5),
+            cuts in prop::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let stream = parts.concat();
+            let expected = requests(events(&stream));
+            prop_assert_eq!(expected.len(), parts.len());
+            prop_assert_eq!(requests(feed_in_pieces(&stream, &cuts)), expected);
+        }
+    }
+}

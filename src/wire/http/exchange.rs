@@ -1,0 +1,325 @@
+//! One connection's HTTP exchange, sans I/O: its codec, who its requests must prove to
+//! be, the requests handed to the loop as `bash/*` methods, and their answers written in
+//! request order (pipelining) with the envelope and status of section 11.
+
+use std::collections::VecDeque;
+
+use serde_json::{json, Map, Value};
+
+use super::codec::{Codec, Event, Limits, Request, CONTINUE};
+use super::route::*;
+use crate::wire::rpc::{Incoming, ReqNo, Room, RpcError};
+
+/// Who a connection's requests must prove to be.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// The Unix socket: the peer's credentials already say who it is.
+    Peer,
+    /// A TCP listener: `Authorization: Bearer TOKEN` with this token.
+    Token(std::sync::Arc<[u8]>),
+    /// A loopback TCP listener started with `--http-no-auth`.
+    Open,
+}
+
+impl Auth {
+    fn admits(&self, header: Option<&str>) -> bool {
+        match self {
+            Auth::Peer | Auth::Open => true,
+            Auth::Token(token) => header
+                .and_then(|h| {
+                    let (scheme, value) = h.split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
+                })
+                .is_some_and(|given| same_secret(given.as_bytes(), token)),
+        }
+    }
+}
+
+/// Compares a secret in time that depends on its length only, not on where it differs.
+fn same_secret(given: &[u8], token: &[u8]) -> bool {
+    given.len() == token.len()
+        && given
+            .iter()
+            .zip(token)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// One answer in request order: written already, or still being worked on.
+#[derive(Debug)]
+enum Slot {
+    Ready(Vec<u8>),
+    Waiting { req: ReqNo, keep_alive: bool },
+}
+
+/// Requests one connection may have in flight at once (pipelining): further requests stay
+/// unread until the oldest is answered. Answers are written in request order, so those
+/// ready behind a long poll are held here; the depth bounds how many.
+pub const MAX_PIPELINE: usize = 32;
+
+/// One connection's HTTP exchange: its codec, the requests it handed to the loop as
+/// `bash/*` methods, and their answers, written in request order (pipelining) with the
+/// envelope and status of section 11. Sans-I/O like the codec.
+#[derive(Debug)]
+pub struct HttpSession {
+    codec: Codec,
+    auth: Auth,
+    order: VecDeque<Slot>,
+    /// `Waiting` slots in `order`.
+    waiting: usize,
+    /// Bytes of `Ready` slots held behind a `Waiting` one.
+    held: usize,
+    /// Whole requests read, those answered here included.
+    requests: u64,
+    next_req: u64,
+}
+
+impl HttpSession {
+    pub fn new(limits: Limits, auth: Auth) -> HttpSession {
+        HttpSession {
+            codec: Codec::new(limits),
+            auth,
+            order: VecDeque::new(),
+            waiting: 0,
+            held: 0,
+            requests: 0,
+            next_req: 0,
+        }
+    }
+
+    /// Bytes read from the peer.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.codec.push(bytes);
+    }
+
+    /// Bytes buffered and not yet consumed.
+    pub fn pending_input(&self) -> usize {
+        self.codec.pending()
+    }
+
+    /// Requests handed out and not answered yet.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Whole requests read so far, those answered without the loop (health, refusals)
+    /// included.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// Bytes of answers ready and held behind an earlier request: owed like queued ones.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether as many requests are in flight as one connection may have: take no more
+    /// until the oldest is answered.
+    pub fn pipeline_full(&self) -> bool {
+        self.order.len() >= MAX_PIPELINE
+    }
+
+    /// Nothing owed.
+    pub fn idle(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The connection closes once what is owed is written: a refusal that closes, a
+    /// request without keep-alive, or HTTP/1.0.
+    pub fn done(&self) -> bool {
+        self.codec.closed() && self.order.is_empty()
+    }
+
+    /// The next request for the loop, as a `bash/*` method with its params. Everything
+    /// else (health, refusals, routing errors, bodies that are not a JSON object) is
+    /// answered into `out` here, in order. `None` while the outgoing buffer is full (answers
+    /// held count) or the pipeline is.
+    pub fn next(&mut self, out: &mut Vec<u8>, room: Room) -> Option<Incoming> {
+        let base = out.len();
+        loop {
+            if room.owed + self.held + (out.len() - base) >= room.cap || self.pipeline_full() {
+                return None;
+            }
+            let event = self.codec.next()?;
+            if !matches!(event, Event::Continue) {
+                self.requests += 1;
+            }
+            let answered = match event {
+                Event::Continue => CONTINUE.to_vec(),
+                Event::Reject { response, .. } => response,
+                Event::Request(r) => match self.request(r) {
+                    Ok(incoming) => return Some(incoming),
+                    Err(bytes) => bytes,
+                },
+            };
+            self.held += answered.len();
+            self.order.push_back(Slot::Ready(answered));
+            self.write_ready(out);
+        }
+    }
+
+    /// A whole request: the loop's `Incoming`, or the response it gets at once.
+    fn request(&mut self, r: Request) -> Result<Incoming, Vec<u8>> {
+        let keep = r.keep_alive;
+        if !self.auth.admits(r.authorization.as_deref()) {
+            return Err(unauthorized(keep));
+        }
+        let route = route(&r.method, &r.path).map_err(|refusal| refusal.response(keep))?;
+        let Some(method) = route.method() else {
+            return Err(response(200, HEALTH_BODY, keep, &[]));
+        };
+        let mut params = match body_params(&r.body) {
+            Ok(p) => p,
+            Err((code, message, data)) => {
+                let (status, body) = error_body(code, &message, data.as_ref());
+                return Err(response(status, &body, keep, &[]));
+            }
+        };
+        if route == Route::SessionsCreate
+            && params.get("snapshot_path").is_some_and(|v| !v.is_null())
+        {
+            let (status, body) = error_body(
+                -32602,
+                "execd does not source session snapshots",
+                Some(&json!({
+                    "field": "snapshot_path",
+                    "reason": "execd does not source session snapshots",
+                })),
+            );
+            return Err(response(status, &body, keep, &[]));
+        }
+        if let Route::SessionClose(id) = route {
+            params.insert("session_id".into(), id.into());
+        }
+        let req = ReqNo(self.next_req);
+        self.next_req += 1;
+        self.order.push_back(Slot::Waiting {
+            req,
+            keep_alive: keep,
+        });
+        self.waiting += 1;
+        Ok(Incoming::Request {
+            req: Some(req),
+            method: method.to_string(),
+            params,
+        })
+    }
+
+    /// Answers request `req`: the envelope with 200, or the error's status and body; what
+    /// is next in order is written to `out`.
+    pub fn answer(&mut self, req: ReqNo, result: &Result<Value, RpcError>, out: &mut Vec<u8>) {
+        let Some(slot) = self
+            .order
+            .iter_mut()
+            .find(|s| matches!(s, Slot::Waiting { req: r, .. } if *r == req))
+        else {
+            return;
+        };
+        let Slot::Waiting { keep_alive, .. } = *slot else {
+            return;
+        };
+        let bytes = match result {
+            Ok(v) => response(200, &success_body(v), keep_alive, &[]),
+            Err(e) => {
+                let (status, body) = error_body(e.code, &e.message, e.data.as_ref());
+                response(status, &body, keep_alive, &[])
+            }
+        };
+        self.waiting -= 1;
+        self.held += bytes.len();
+        *slot = Slot::Ready(bytes);
+        self.write_ready(out);
+    }
+
+    /// Writes the answers that are ready at the front of the order.
+    fn write_ready(&mut self, out: &mut Vec<u8>) {
+        while let Some(Slot::Ready(_)) = self.order.front() {
+            if let Some(Slot::Ready(bytes)) = self.order.pop_front() {
+                out.extend_from_slice(&bytes);
+                self.held = self.held.saturating_sub(bytes.len());
+            }
+        }
+    }
+}
+
+/// A body as a method's params: empty is `{}`, a JSON object is itself; anything else is
+/// the error it maps to (`-32700` not JSON, `-32602` not an object).
+fn body_params(body: &[u8]) -> Result<Map<String, Value>, (i64, String, Option<Value>)> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err((-32602, "the body must be a JSON object".into(), None)),
+        Err(e) => Err((-32700, format!("the body is not JSON: {e}"), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::tests::*;
+    use super::*;
+
+    const SESSIONS: &[u8] = b"GET /v1/bash/sessions HTTP/1.1\r\nHost: x\r\n\r\n";
+    fn room(cap: usize) -> Room {
+        Room { owed: 0, cap }
+    }
+
+    /// The requests `s` hands out now.
+    fn take(s: &mut HttpSession, out: &mut Vec<u8>, room: Room) -> Vec<ReqNo> {
+        std::iter::from_fn(|| match s.next(out, room)? {
+            Incoming::Request { req, .. } => req,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+    }
+
+    fn responses(out: &[u8]) -> usize {
+        out.windows(12).filter(|w| w == b"HTTP/1.1 200").count()
+    }
+
+    #[test]
+    fn a_session_takes_no_more_than_the_pipeline_depth() {
+        let mut s = HttpSession::new(limits(), Auth::Peer);
+        let mut out = Vec::new();
+        for _ in 0..MAX_PIPELINE + 8 {
+            s.push(SESSIONS);
+        }
+        let reqs = take(&mut s, &mut out, room(1 << 20));
+        assert_eq!(reqs.len(), MAX_PIPELINE);
+        assert!(s.pipeline_full());
+        assert_eq!(s.waiting(), MAX_PIPELINE);
+        // Answers behind the first are held until it is answered, then written in order.
+        for req in &reqs[1..] {
+            s.answer(*req, &Ok(json!([])), &mut out);
+        }
+        assert!(out.is_empty());
+        assert!(
+            take(&mut s, &mut out, room(1 << 20)).is_empty(),
+            "still full"
+        );
+        s.answer(reqs[0], &Ok(json!([])), &mut out);
+        assert_eq!(responses(&out), MAX_PIPELINE);
+        assert_eq!((s.waiting(), s.held()), (0, 0));
+        assert_eq!(take(&mut s, &mut out, room(1 << 20)).len(), 8);
+    }
+
+    #[test]
+    fn answers_held_behind_a_wait_count_against_the_room() {
+        let mut s = HttpSession::new(limits(), Auth::Peer);
+        let mut out = Vec::new();
+        s.push(SESSIONS);
+        s.push(SESSIONS);
+        let reqs = take(&mut s, &mut out, room(1 << 20));
+        assert_eq!(reqs.len(), 2);
+        s.answer(reqs[1], &Ok(json!([])), &mut out);
+        let held = s.held();
+        assert!(held > 0 && out.is_empty());
+        s.push(SESSIONS);
+        assert!(
+            take(&mut s, &mut out, room(held)).is_empty(),
+            "held fills the room"
+        );
+        assert_eq!(take(&mut s, &mut out, room(held + 1)).len(), 1);
+    }
+}
