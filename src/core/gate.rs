@@ -1,8 +1,9 @@
-//! Approvals (PROTOCOL.md 7.3): who may approve, what waits for an answer, what was
-//! approved for a whole session, and the Wire messages that carry them: an
-//! `ApprovalRequest` sent as a JSON-RPC `request` to each approver, the answer it sends
-//! back, and the `ApprovalRequestResolved` event. State and messages only; the core
-//! decides when to ask and what an answer does.
+//! The gate (PROTOCOL 7): every command passes it once before anything starts. The policy
+//! decides `allow`, `deny` or `ask`; an `ask` parks the request and goes to the approvers
+//! as a Wire `ApprovalRequest`; the first answer (or the timeout, the requester leaving,
+//! its session closing, shutdown) decides; every decision is audited. This room holds
+//! that state machine whole: who may approve, what waits for an answer, what was approved
+//! for a whole session, and the Wire messages that carry them.
 //!
 //! Invariants:
 //! - An approver gets the requests of its own uid (root: of every uid), and only the
@@ -13,9 +14,13 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
-use crate::core::launch::LaunchRequest;
+use crate::core::launch::{Admitted, LaunchRequest};
 use crate::core::table::ConnId;
+use crate::core::table::Peer;
 use crate::core::timers::TimerId;
+use crate::core::{Core, Effect, Timer, MAX_OUTPUT_WAITS};
+use crate::policy::{self, Decision, Judged, Policy};
+use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
 
 /// An approver's answer.
@@ -198,6 +203,304 @@ fn shell_quote(word: &str) -> String {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// What the gate made of a command.
+#[derive(Debug)]
+pub enum Gated {
+    /// Start it now.
+    Admitted(Box<LaunchRequest>),
+    /// Answer the request with this error; nothing starts.
+    Refused(RpcError),
+    /// An approver was asked; the request waits.
+    Asked,
+}
+
+impl Core {
+    /// Passes a command through the policy, once, before anything starts (PROTOCOL 7):
+    /// `allow` admits it, `deny` refuses it (`-32005`), `ask` sends it to the approvers
+    /// of its owner and parks request `req` of `conn` until one answers, it times out or
+    /// the requester leaves. An earlier `approve_for_session` of the same rule, owner and
+    /// session admits it at once; no approver at all refuses it at once (`-32006`).
+    pub fn gate(
+        &mut self,
+        mut launch: Box<LaunchRequest>,
+        conn: ConnId,
+        req: Option<ReqNo>,
+    ) -> Gated {
+        if launch.answers_with_output() && self.output_waits_of(conn) >= MAX_OUTPUT_WAITS {
+            self.launch_failed(&launch);
+            return Gated::Refused(RpcError::limit("waiting-output", MAX_OUTPUT_WAITS));
+        }
+        let (key, id) = self.table.next_ids(launch.prefix);
+        let peer = launch.peer;
+        let argv: Vec<String>;
+        let judged = match &launch.program {
+            crate::types::Program::Shell { line, .. } => Judged::Line(line),
+            crate::types::Program::Direct { program, args } => {
+                argv = std::iter::once(program.clone())
+                    .chain(args.clone())
+                    .collect();
+                Judged::Argv(&argv)
+            }
+        };
+        // A rule's `gids` match the peer's primary group and the groups it holds.
+        let gids: Vec<u32> = std::iter::once(peer.gid)
+            .chain(self.groups.get(&conn).into_iter().flatten().copied())
+            .collect();
+        let verdict = self.policy.judge(
+            &judged,
+            &policy::Peer {
+                uid: peer.uid,
+                gids: &gids,
+            },
+        );
+        let admit = |launch: &mut LaunchRequest, decision, rule: &str| {
+            launch.admitted = Some(Admitted {
+                key,
+                id: id.clone(),
+                decision,
+                rule: rule.to_string(),
+            });
+        };
+        match verdict.decision {
+            Decision::Allow => {
+                admit(&mut launch, "allow", &verdict.rule);
+                Gated::Admitted(launch)
+            }
+            Decision::Deny => {
+                self.record(
+                    "deny",
+                    Some(peer),
+                    json!({ "id": id, "rule": verdict.rule, "reason": "policy",
+                            "command": describe(&launch) }),
+                );
+                self.log.line(format_args!(
+                    "denied {id} of uid {}: rule {}",
+                    peer.uid, verdict.rule
+                ));
+                self.launch_failed(&launch);
+                Gated::Refused(RpcError::denied(
+                    &verdict.rule,
+                    verdict.justification.as_deref(),
+                ))
+            }
+            Decision::Ask => {
+                let grant = (peer.uid, launch.session_ref(), verdict.rule.clone());
+                if self.approvals.grants.contains(&grant) {
+                    admit(&mut launch, "approve_for_session", &verdict.rule);
+                    return Gated::Admitted(launch);
+                }
+                let approvers = self.approvals.approvers_for(peer.uid);
+                let reason = if approvers.is_empty() {
+                    Some("no approver")
+                } else if self.approvals.pending.len() >= self.cfg.max_pending_approvals {
+                    None
+                } else {
+                    Some("")
+                };
+                let Some(reason) = reason else {
+                    self.launch_failed(&launch);
+                    return Gated::Refused(RpcError::limit(
+                        "max-pending-approvals",
+                        self.cfg.max_pending_approvals,
+                    ));
+                };
+                if !reason.is_empty() {
+                    self.record(
+                        "reject",
+                        Some(peer),
+                        json!({ "id": id, "rule": verdict.rule, "reason": reason }),
+                    );
+                    self.launch_failed(&launch);
+                    return Gated::Refused(RpcError::not_approved(&verdict.rule, reason, None));
+                }
+                let appr = self.approvals.next_id();
+                let session = launch.family.session_id().to_string();
+                let command = describe(&launch);
+                let why = verdict
+                    .justification
+                    .as_deref()
+                    .map_or(String::new(), |j| format!(": {j}"));
+                let asked = Asked {
+                    rule: verdict.rule.clone(),
+                    justification: verdict.justification.clone(),
+                    // Raw, like the description: what shows it to a person escapes
+                    // control characters (execctl approve does).
+                    brief: format!(
+                        "rule {}{why}; uid {} (pid {}), cwd {}, session {session}",
+                        verdict.rule,
+                        peer.uid,
+                        peer.pid,
+                        launch.cwd.display()
+                    ),
+                    description: crate::core::view::cut_text(&command, DESCRIPTION_MAX),
+                };
+                let line = request_line(&appr, &id, &asked);
+                for a in &approvers {
+                    self.out.push(Effect::Send {
+                        conn: *a,
+                        line: line.clone(),
+                    });
+                }
+                self.record(
+                    "ask",
+                    Some(peer),
+                    json!({ "id": id, "approval": appr, "rule": verdict.rule,
+                            "reason": if verdict.unparsed { "unparsed" } else { "policy" },
+                            "command": command }),
+                );
+                admit(&mut launch, "approve", &verdict.rule);
+                let timer = self.timers.add(
+                    self.now + self.cfg.approval_timeout,
+                    Timer::Approval(appr.clone()),
+                );
+                self.approvals.pending.insert(
+                    appr.clone(),
+                    Pending {
+                        id: appr,
+                        conn,
+                        req,
+                        launch,
+                        asked,
+                        sent_to: approvers,
+                        timer,
+                    },
+                );
+                Gated::Asked
+            }
+        }
+    }
+
+    /// An approver's answer to approval `id` (a Wire response). Only an approver that got
+    /// the request may answer it; the first answer wins, later ones are ignored.
+    pub fn approval_answer(&mut self, from: ConnId, id: &str, result: &Result<Value, Value>) {
+        let may = self
+            .approvals
+            .pending
+            .get(id)
+            .is_some_and(|p| p.sent_to.contains(&from));
+        if !may {
+            return;
+        }
+        let (answer, feedback) = Answer::from_response(id, result);
+        let approver = self.clients.get(&from).copied();
+        self.resolve_approval_by(id, answer, "rejected", feedback, approver);
+    }
+
+    /// Ends approval `id` with `answer` (`reason` says why a reject happened).
+    pub(super) fn resolve_approval(
+        &mut self,
+        id: &str,
+        answer: Answer,
+        reason: &str,
+        feedback: Option<String>,
+    ) {
+        self.resolve_approval_by(id, answer, reason, feedback, None);
+    }
+
+    pub(super) fn resolve_approval_by(
+        &mut self,
+        id: &str,
+        answer: Answer,
+        reason: &str,
+        feedback: Option<String>,
+        approver: Option<Peer>,
+    ) {
+        let Some(p) = self.approvals.pending.remove(id) else {
+            return;
+        };
+        self.timers.cancel(p.timer);
+        let line = resolved_line(id, answer);
+        for a in &p.sent_to {
+            self.out.push(Effect::Send {
+                conn: *a,
+                line: line.clone(),
+            });
+        }
+        let peer = p.launch.peer;
+        let command_id = p.launch.admitted.as_ref().map(|a| a.id.clone());
+        let mut fields = json!({ "id": command_id, "approval": id, "rule": p.asked.rule });
+        if let Some(a) = approver {
+            fields["approver"] = json!({ "uid": a.uid, "pid": a.pid });
+        }
+        // Nothing new starts once the daemon is stopping.
+        let answer = if self.stopping {
+            Answer::Reject
+        } else {
+            answer
+        };
+        match answer {
+            Answer::Approve | Answer::ApproveForSession => {
+                if answer == Answer::ApproveForSession {
+                    self.approvals.grants.insert((
+                        peer.uid,
+                        p.launch.session_ref(),
+                        p.asked.rule.clone(),
+                    ));
+                    fields["for_session"] = true.into();
+                }
+                self.record("approve", Some(peer), fields);
+                self.out.push(Effect::Launch {
+                    conn: p.conn,
+                    req: p.req,
+                    launch: p.launch,
+                });
+            }
+            Answer::Reject => {
+                fields["reason"] = reason.into();
+                if let Some(f) = &feedback {
+                    fields["feedback"] = f.clone().into();
+                }
+                self.record("reject", Some(peer), fields);
+                self.launch_failed(&p.launch);
+                if let Some(req) = p.req {
+                    self.out.push(Effect::Reply {
+                        conn: p.conn,
+                        req,
+                        result: Err(RpcError::not_approved(&p.asked.rule, reason, feedback)),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A command that will not start (refused by the gate or an approver, or its spawn
+    /// failed): a bash session made for it alone is not kept.
+    pub fn launch_failed(&mut self, launch: &LaunchRequest) {
+        if let crate::core::launch::After::BashExec {
+            created_session: true,
+            ..
+        } = launch.after
+        {
+            let key = (launch.peer.uid, launch.family.session_id().to_string());
+            let unused = self
+                .table
+                .sessions
+                .get(&key)
+                .is_some_and(|s| s.commands.is_empty());
+            if unused {
+                self.forget_session(&key);
+            }
+        }
+    }
+
+    /// Replaces the policy (SIGHUP), or keeps the old one when the new one is refused.
+    pub fn reload_policy(&mut self, loaded: Result<Policy, String>) {
+        match loaded {
+            Ok(p) => {
+                self.log
+                    .line(format_args!("policy reloaded: {} rule(s)", p.rule_count()));
+                self.policy = p;
+                self.record("policy_reload", None, json!({ "ok": true }));
+            }
+            Err(e) => {
+                self.log
+                    .line(format_args!("policy not reloaded, the old one stays: {e}"));
+                self.record("policy_reload", None, json!({ "ok": false, "error": e }));
+            }
+        }
     }
 }
 

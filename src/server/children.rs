@@ -18,9 +18,9 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
+use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, Peer};
 use crate::core::Core;
-use crate::methods::events::{self, Pumped};
 use crate::server::clients::Conns;
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::cgroup::Leftovers;
@@ -380,13 +380,13 @@ impl Children {
 
     /// Hands a command's new output to its subscribers.
     pub fn pump(&mut self, core: &mut Core, conns: &mut Conns, key: Key) {
-        let done = events::pump(&mut core.table, key, conns);
+        let done = crate::core::pump::pump(&mut core.table, key, conns);
         self.after_pump(core, conns, done);
     }
 
     /// A connection drained below half its cap: its lagging subscribers resume.
     pub fn on_room(&mut self, core: &mut Core, conns: &mut Conns, conn: ConnId) {
-        let mut done = events::on_room(&mut core.table, conn, conns);
+        let mut done = crate::core::pump::on_room(&mut core.table, conn, conns);
         done.touched.retain(|c| *c != conn);
         self.after_pump(core, conns, done);
     }

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use mio::{Registry, Token};
 use serde_json::{json, Value};
 
+use crate::core::pump::{Outbox, Outboxes};
 use crate::core::table::{ConnId, Peer};
 use crate::core::Core;
-use crate::methods::events::{Outbox, Outboxes};
 use crate::server::conn::{Bounds, Conn};
 use crate::server::listen::{Accepted, Listeners};
 use crate::sys::ids::PeerCred;

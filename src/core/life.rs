@@ -1,0 +1,486 @@
+//! A command's life in the core: started, output and EOF, exit, kill (SIGTERM, then
+//! SIGKILL after the grace), signals, release and forgetting, stdin.
+//!
+//! Invariants:
+//! - A kill is one SIGTERM to the tree and, after `--kill-grace`, one SIGKILL to whatever
+//!   of it is left (even when the leader died of the SIGTERM). A second kill of a command
+//!   already being killed only waits for the first.
+//! - A released process is hidden at once and forgotten (`sweep`) once it has exited,
+//!   nobody waits on it and the loop has delivered its last events.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::launch::LaunchRequest;
+use super::park::Wait;
+use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table, TreeUsage};
+use super::view;
+use super::{Core, Effect, Step, Timer};
+use crate::config::BASH_HISTORY;
+use crate::sys::contain::Stage;
+use crate::types::{Ended, Stdio3, Usage};
+use crate::wire::rpc::RpcError;
+
+impl Core {
+    /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
+    /// `runs_as` is the uid the command runs as (a root daemon runs peers as
+    /// themselves, or as `--run-as`).
+    pub fn started(&mut self, req: &LaunchRequest, key: Key, id: String, pid: i32, runs_as: u32) {
+        let (streams, stdin) = match req.stdio {
+            Stdio3::Merged => (vec![Stream::new(req.ring_capacity)], None),
+            Stdio3::MergedWithStdin => (
+                vec![Stream::new(req.ring_capacity)],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
+            Stdio3::Separate => (
+                vec![
+                    Stream::new(req.ring_capacity),
+                    Stream::new(req.ring_capacity),
+                ],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
+        };
+        self.log.line(format_args!(
+            "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
+            req.peer.uid,
+            req.cwd,
+            req.command,
+            if req.args.is_empty() {
+                String::new()
+            } else {
+                format!(" args {:?}", req.args)
+            }
+        ));
+        if self.audit.is_some() || self.audit_to_log {
+            let (decision, rule) = req
+                .admitted
+                .as_ref()
+                .map_or(("allow", "default"), |a| (a.decision, a.rule.as_str()));
+            let mut fields = json!({
+                "id": id, "session": req.family.session_id(), "cwd": req.cwd,
+                "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
+            });
+            match &req.program {
+                crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
+                crate::types::Program::Direct { program, args } => {
+                    let argv: Vec<&String> = std::iter::once(program).chain(args).collect();
+                    fields["argv"] = json!(argv);
+                }
+            }
+            self.record("start", Some(req.peer), fields);
+        }
+        self.table.insert(Proc {
+            key,
+            id,
+            family: req.family.clone(),
+            owner: req.peer.uid,
+            peer: req.peer,
+            command: req.command.clone(),
+            args: req.args.clone(),
+            cwd: req.cwd.clone(),
+            pid,
+            started: self.now,
+            started_wall: self.wall,
+            streams,
+            stdin,
+            exit: None,
+            kill: None,
+            signalled: false,
+            released: false,
+            waiters: Vec::new(),
+            subs: Vec::new(),
+            paused: false,
+            drained: false,
+            read_out: [false; 2],
+        });
+        if let Some((conn, opts)) = req.subscribe {
+            self.table.subscribe(key, conn, [0, 0], opts);
+        }
+    }
+
+    /// Output stream `stream` of `key` reached its end.
+    pub fn eof(&mut self, key: Key, stream: usize) {
+        if let Some(s) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.streams.get_mut(stream))
+        {
+            s.open = false;
+        }
+        self.out.push(Effect::Pump(key));
+        self.wake(key);
+    }
+
+    /// The leader of `key` was reaped (after its pipes were drained of what they held).
+    pub fn exited(&mut self, key: Key, ended: Ended, usage: Usage, tree: Option<TreeUsage>) {
+        let exit = Exit {
+            ended,
+            usage,
+            tree,
+            at: self.now,
+        };
+        let evict = self.table.record_exit(key, exit, self.cfg.max_retained);
+        if let Some(p) = self.table.get_mut(key) {
+            // The loop read what the pipes held, unless a lossless subscriber holds them
+            // paused: then `drained` comes when they are read again.
+            p.drained = !p.paused;
+        }
+        self.close_stdin(key);
+        if let Some(t) = self.hard_timers.remove(&key) {
+            self.timers.cancel(t);
+        }
+        let Some(p) = self.table.get(key) else { return };
+        self.log.line(format_args!(
+            "{} exited: {} after {} ms",
+            p.id,
+            view::describe_exit(p),
+            p.duration().as_millis()
+        ));
+        if self.audit.is_some() || self.audit_to_log {
+            let (code, signal) = view::exit_fields(p);
+            let streams: Vec<u64> = p.streams.iter().map(|s| s.ring.end()).collect();
+            let fields = json!({
+                "id": p.id, "status": p.status(), "exit_code": code, "signal": signal,
+                "duration_ms": p.duration().as_millis() as u64,
+                "cpu_ms": tree.and_then(|t| t.cpu_ms)
+                    .unwrap_or((usage.user + usage.system).as_millis() as u64),
+                "memory_peak_kb": tree.and_then(|t| t.memory_peak_kb),
+                "oomKilled": tree.is_some_and(|t| t.oom_killed),
+                "max_rss_kb": usage.max_rss_kb,
+                "stdout_bytes": streams.first().copied().unwrap_or(0),
+                "stderr_bytes": streams.get(1).copied(),
+            });
+            let peer = p.peer;
+            self.record("exit", Some(peer), fields);
+        }
+        let Some(p) = self.table.get(key) else { return };
+        let (released, session) = (p.released, p.session_key());
+        self.out.push(Effect::Pump(key));
+        self.wake(key);
+        if released {
+            self.forget.push(key);
+        }
+        for k in evict {
+            self.release(k, KillReason::Release);
+        }
+        if let Some(s) = session {
+            for k in self.table.history_overflow(&s, BASH_HISTORY) {
+                self.drop_finished(k);
+            }
+        }
+    }
+
+    /// Output stream `stream` of `key` was just read to empty (or found closed). After an
+    /// exit that found the pipes paused, the `Exit` event may follow once every stream
+    /// has been: each may still hold what was written before the exit.
+    pub fn read_out(&mut self, key: Key, stream: usize) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if p.exit.is_none() || p.drained || p.paused {
+            return;
+        }
+        if let Some(done) = p.read_out.get_mut(stream) {
+            *done = true;
+        }
+        let all = p
+            .streams
+            .iter()
+            .enumerate()
+            .all(|(i, s)| !s.open || p.read_out[i]);
+        if all {
+            p.drained = true;
+            self.out.push(Effect::Pump(key));
+        }
+    }
+
+    /// Starts ending a command: SIGTERM to its tree now, SIGKILL to what is left after the
+    /// grace. A command already being killed is left to that kill.
+    pub fn kill(&mut self, key: Key, reason: KillReason) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if !p.running() || p.kill.is_some() {
+            return;
+        }
+        p.kill = Some(reason);
+        let fields = json!({ "id": p.id, "reason": reason.as_str() });
+        let peer = p.peer;
+        self.record("kill", Some(peer), fields);
+        self.end_tree(key);
+    }
+
+    /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
+    pub(super) fn end_tree(&mut self, key: Key) {
+        self.out.push(Effect::End {
+            key,
+            stage: Stage::Term,
+        });
+        self.timers
+            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key));
+    }
+
+    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
+    pub fn signal(&mut self, key: Key, sig: i32) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if !p.running() {
+            return;
+        }
+        if sig != libc::SIGSTOP && sig != libc::SIGCONT {
+            p.signalled = true;
+        }
+        self.log.line(format_args!(
+            "{} sent {}",
+            p.id,
+            crate::types::signal_name(sig)
+        ));
+        // SIGKILL means the whole tree, escaped or not; other signals are requests the
+        // process group gets.
+        if sig == libc::SIGKILL {
+            self.out.push(Effect::End {
+                key,
+                stage: Stage::Kill,
+            });
+        } else {
+            self.out.push(Effect::Signal { key, sig });
+        }
+    }
+
+    /// Release: hide the id, stop reading, end what runs (or what an exited command left
+    /// in its tree). Parked waiters still get the exit.
+    pub fn release(&mut self, key: Key, reason: KillReason) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        let running = p.running();
+        for s in &mut p.streams {
+            s.open = false;
+        }
+        self.log.line(format_args!("{} released", p.id));
+        let fields = json!({ "id": p.id });
+        let peer = p.peer;
+        self.record("release", Some(peer), fields);
+        self.table.hide(key);
+        self.out.push(Effect::ClosePipes(key));
+        self.close_stdin(key);
+        if running {
+            self.kill(key, reason);
+        } else {
+            // The leader is gone; descendants that kept its tree alive are not wanted.
+            self.end_tree(key);
+            self.out.push(Effect::Pump(key));
+            self.forget.push(key);
+        }
+    }
+
+    /// Marks a command's stdin closed (counting what never got through) and has the loop
+    /// close its pipe; a write waiting for room learns it never will.
+    pub fn close_stdin(&mut self, key: Key) {
+        if let Some(stdin) = self.table.get_mut(key).and_then(|p| p.stdin.as_mut()) {
+            if stdin.open {
+                stdin.close();
+                self.out.push(Effect::CloseStdin(key));
+                self.wake(key);
+            }
+        }
+    }
+
+    /// Queues input for a running command's stdin (`bash/write`, `terminal/write`):
+    /// answered at once with `{written}`, or, with `wait`, once it fits the buffer.
+    /// Input that does not fit is otherwise refused whole (`-32003`); so is a write while
+    /// another waits, which keeps input in the order it was sent.
+    pub fn write_stdin(
+        &mut self,
+        key: Key,
+        data: Vec<u8>,
+        eof: bool,
+        wait: bool,
+    ) -> Result<Step, RpcError> {
+        let waiting = self.table.get(key).is_some_and(|p| {
+            p.waiters.iter().any(|w| {
+                self.parked
+                    .get(w)
+                    .is_some_and(|x| matches!(x.wait, Wait::StdinRoom { .. }))
+            })
+        });
+        let capacity = self
+            .table
+            .get(key)
+            .and_then(|p| p.stdin.as_ref())
+            .map_or(0, |s| s.capacity);
+        if !waiting {
+            if let Some(n) = queue_stdin(&mut self.table, key, &data, eof)? {
+                self.out.push(Effect::FlushStdin(key));
+                return Ok(Step::Done(json!({ "written": n })));
+            }
+        }
+        if wait && !waiting && data.len() <= capacity {
+            return Ok(Step::Park {
+                wait: Wait::StdinRoom { key, data, eof },
+                deadline: None,
+            });
+        }
+        Err(RpcError::limit("stdin-buffer", capacity))
+    }
+
+    /// Removes a finished command from view (bash history trimming, session close).
+    pub(super) fn drop_finished(&mut self, key: Key) {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        if p.running() {
+            return;
+        }
+        for s in &mut p.streams {
+            s.open = false;
+        }
+        let waiters = p.waiters.clone();
+        self.table.hide(key);
+        self.out.push(Effect::ClosePipes(key));
+        for w in waiters {
+            self.resolve(w, true);
+        }
+        self.forget.push(key);
+    }
+
+    /// Forgets released, exited processes that nobody waits on any more. The loop calls
+    /// it after carrying out the effects, so their last events were delivered first.
+    pub fn sweep(&mut self) {
+        for key in std::mem::take(&mut self.forget) {
+            let done = self
+                .table
+                .get(key)
+                .is_some_and(|p| p.released && p.exit.is_some() && p.waiters.is_empty());
+            if done {
+                self.table.remove(key);
+            }
+        }
+    }
+
+    /// Arms a bash command's hard timeout.
+    pub fn arm_hard_timeout(&mut self, key: Key, after: Duration) {
+        let t = self.timers.add(self.now + after, Timer::HardTimeout(key));
+        if let Some(old) = self.hard_timers.insert(key, t) {
+            self.timers.cancel(old);
+        }
+    }
+}
+
+/// Puts `data` in `key`'s stdin buffer if it fits: `Some(written)`, or `None` when it
+/// does not fit yet. An error when the command is gone, has exited or its stdin is closed.
+pub(super) fn queue_stdin(
+    table: &mut Table,
+    key: Key,
+    data: &[u8],
+    eof: bool,
+) -> Result<Option<usize>, RpcError> {
+    let p = table
+        .get_mut(key)
+        .ok_or_else(|| RpcError::not_found("process", "released"))?;
+    if !p.running() {
+        return Err(RpcError::invalid_state(format!("{} has exited", p.id)));
+    }
+    let id = p.id.clone();
+    let stdin = p
+        .stdin
+        .as_mut()
+        .ok_or_else(|| RpcError::invalid_state(format!("{id} has no stdin pipe")))?;
+    if !stdin.open || stdin.eof_requested {
+        let n = stdin.undelivered;
+        let msg = if n > 0 {
+            format!("stdin of {id} is closed; {n} bytes of earlier input were not delivered")
+        } else {
+            format!("stdin of {id} is closed")
+        };
+        return Err(RpcError::invalid_state(msg).with_data(json!({ "undelivered": n })));
+    }
+    if stdin.buf.len() + data.len() > stdin.capacity {
+        return Ok(None);
+    }
+    stdin.buf.extend(data);
+    stdin.eof_requested = eof;
+    Ok(Some(data.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testkit::*;
+
+    #[test]
+    fn kill_escalates_after_the_grace_even_when_the_leader_died() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.kill(k, KillReason::Request);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        // A second kill waits for the first: no new SIGTERM, no second escalation.
+        c.kill(k, KillReason::Request);
+        assert!(ends(&mut c).is_empty());
+        // The leader dies of the SIGTERM; a descendant may not have.
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
+        std::mem::take(&mut c.out);
+        later(&mut c, Duration::from_millis(1999));
+        assert!(ends(&mut c).is_empty());
+        later(&mut c, Duration::from_millis(1));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)], "exactly one SIGKILL");
+        assert_eq!(c.table.get(k).unwrap().status(), "killed");
+    }
+
+    #[test]
+    fn release_of_a_running_command_kills_it_and_forgets_it_once_reaped() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        let id = c.table.get(k).unwrap().id.clone();
+        c.park(C1, ReqNo(1), Wait::Exit(k), None);
+        c.release(k, KillReason::Release);
+        assert_eq!(c.table.find(&id, 1000), None, "hidden at once");
+        let effects = std::mem::take(&mut c.out);
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::ClosePipes(x) if *x == k)));
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term } if *key == k)));
+        c.sweep();
+        assert!(c.table.get(k).is_some(), "kept until reaped");
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
+        assert_eq!(
+            replies(&mut c).len(),
+            1,
+            "the parked waiter still gets the exit"
+        );
+        c.sweep();
+        assert!(
+            c.table.get(k).is_none(),
+            "forgotten once reaped and answered"
+        );
+    }
+
+    #[test]
+    fn release_of_an_exited_command_ends_its_leftovers_and_forgets_it() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        std::mem::take(&mut c.out);
+        c.release(k, KillReason::Release);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        c.sweep();
+        assert!(c.table.get(k).is_none());
+        later(&mut c, Duration::from_secs(2));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    #[test]
+    fn a_hard_timeout_kills_and_reports_timed_out() {
+        let mut c = core();
+        let k = bash(&mut c, "h");
+        c.arm_hard_timeout(k, Duration::from_secs(3));
+        later(&mut c, Duration::from_secs(3));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
+        assert_eq!(c.table.get(k).unwrap().status(), "timed_out");
+    }
+}

@@ -1,0 +1,367 @@
+//! Parked requests: a request whose answer waits for a command (its exit, output past an
+//! offset, room in its stdin buffer) or a deadline. Each is answered exactly once: when
+//! its condition holds, its deadline passes, its command is forgotten, or the daemon
+//! stops; a request whose connection closed is dropped unanswered. The core decides when;
+//! the family renders what (`methods::answer`).
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::gate::Answer;
+use super::table::{ConnId, Key};
+use super::timers::TimerId;
+use super::{Core, Effect, Timer};
+use crate::wire::rpc::{ReqNo, RpcError};
+
+use super::life::queue_stdin;
+use super::view;
+
+/// What a parked request waits for.
+#[derive(Debug, Clone)]
+pub enum Wait {
+    /// `terminal/wait_for_exit`.
+    Exit(Key),
+    /// `terminal/kill`: answered `{}` once the leader exited.
+    Killed(Key),
+    /// Synchronous `bash/exec`.
+    BashExec { key: Key, max_len: usize },
+    /// `bash/output` with `wait`.
+    BashOutput { key: Key, from: [u64; 2] },
+    /// `bash/kill`: answered once the command ended or the grace passed.
+    BashKill(Key),
+    /// `terminal/kill` with a signal of the client's: answered once the leader exited or
+    /// the grace passed, saying which.
+    Signalled(Key),
+    /// A write with `wait`: answered once its input fits the stdin buffer.
+    StdinRoom { key: Key, data: Vec<u8>, eof: bool },
+}
+
+impl Wait {
+    /// Whether its answer carries output (a ring's worth at most).
+    fn carries_output(&self) -> bool {
+        matches!(self, Wait::BashExec { .. } | Wait::BashOutput { .. })
+    }
+
+    fn key(&self) -> Key {
+        match self {
+            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => *k,
+            Wait::BashExec { key, .. }
+            | Wait::BashOutput { key, .. }
+            | Wait::StdinRoom { key, .. } => *key,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub(super) conn: ConnId,
+    pub(super) req: ReqNo,
+    pub(super) wait: Wait,
+    pub(super) timer: Option<TimerId>,
+}
+
+/// Parked requests one connection may have whose answers carry output (synchronous
+/// `bash/exec`, `bash/output` with `wait`), counting those waiting for an approver. One
+/// write can resolve all of them at once, each answer holding up to a ring's worth, so
+/// they are bounded well below `MAX_WAITING`; more are refused with `-32003`.
+pub const MAX_OUTPUT_WAITS: usize = 32;
+
+impl Core {
+    /// Requests of `conn` whose answers will carry output: parked, or synchronous execs
+    /// waiting for an approver.
+    pub(super) fn output_waits_of(&self, conn: ConnId) -> usize {
+        let asked = self
+            .approvals
+            .pending
+            .values()
+            .filter(|p| p.conn == conn && p.req.is_some() && p.launch.answers_with_output())
+            .count();
+        self.output_waits.get(&conn).copied().unwrap_or(0) + asked
+    }
+
+    /// Requests of `conn` parked now.
+    pub fn parked_by(&self, conn: ConnId) -> usize {
+        self.parked.values().filter(|p| p.conn == conn).count()
+    }
+
+    /// Parks request `req` of `conn` until `wait` holds or `deadline` passes. It may hold
+    /// already (an exited command, output already past the offset): then it is answered now.
+    pub fn park(&mut self, conn: ConnId, req: ReqNo, wait: Wait, deadline: Option<Instant>) {
+        if wait.carries_output() {
+            // A synchronous exec was counted at the gate, before it started.
+            let sync_exec = matches!(wait, Wait::BashExec { .. });
+            if !sync_exec && self.output_waits_of(conn) >= MAX_OUTPUT_WAITS {
+                self.out.push(Effect::Reply {
+                    conn,
+                    req,
+                    result: Err(RpcError::limit("waiting-output", MAX_OUTPUT_WAITS)),
+                });
+                return;
+            }
+            *self.output_waits.entry(conn).or_default() += 1;
+        }
+        let id = self.next_park;
+        self.next_park += 1;
+        let key = wait.key();
+        let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline(id)));
+        self.parked.insert(
+            id,
+            Parked {
+                conn,
+                req,
+                wait,
+                timer,
+            },
+        );
+        match self.table.get_mut(key) {
+            Some(p) => {
+                p.waiters.push(id);
+                self.resolve(id, false);
+            }
+            None => self.resolve(id, true),
+        }
+    }
+
+    /// Answers parked request `id` if its condition holds (or `expired`).
+    pub(super) fn resolve(&mut self, id: u64, expired: bool) {
+        let Some(p) = self.parked.get(&id) else {
+            return;
+        };
+        if let Wait::StdinRoom { key, data, eof } = &p.wait {
+            let result = match queue_stdin(&mut self.table, *key, data, *eof) {
+                Ok(None) => return, // still no room
+                Ok(Some(n)) => {
+                    self.out.push(Effect::FlushStdin(*key));
+                    Ok(json!({ "written": n }))
+                }
+                Err(e) => Err(e),
+            };
+            if let Some(p) = self.unpark(id) {
+                self.out.push(Effect::Reply {
+                    conn: p.conn,
+                    req: p.req,
+                    result,
+                });
+            }
+            return;
+        }
+        let result = match (self.table.get(p.wait.key()), &p.wait) {
+            (None, _) => Some(Err(RpcError::not_found("process", "released"))),
+            (Some(proc_), Wait::Exit(_)) => {
+                proc_.exit.is_some().then(|| Ok(view::exit_status(proc_)))
+            }
+            (Some(proc_), Wait::Killed(_)) => proc_.exit.is_some().then(|| Ok(json!({}))),
+            (Some(proc_), Wait::BashExec { max_len, .. }) => {
+                (expired || proc_.exit.is_some()).then(|| Ok(view::exec_result(proc_, *max_len)))
+            }
+            (Some(proc_), Wait::BashOutput { from, .. }) => {
+                (expired || proc_.exit.is_some() || view::has_output_past(proc_, *from))
+                    .then(|| Ok(view::output_result(proc_, *from)))
+            }
+            (Some(proc_), Wait::BashKill(_)) => {
+                (expired || proc_.exit.is_some()).then(|| Ok(view::command_info(proc_)))
+            }
+            (Some(proc_), Wait::Signalled(_)) => (expired || proc_.exit.is_some())
+                .then(|| Ok(json!({ "_meta": { "execd": { "exited": proc_.exit.is_some() } } }))),
+            (Some(_), Wait::StdinRoom { .. }) => None, // handled above
+        };
+        let Some(result) = result else { return };
+        if let Some(p) = self.unpark(id) {
+            self.out.push(Effect::Reply {
+                conn: p.conn,
+                req: p.req,
+                result,
+            });
+        }
+    }
+
+    /// `$/cancel_request`: ends request `req` of `conn` with `-32800` if it is parked, or
+    /// withdraws it if it waits for an approver (nothing starts).
+    pub fn cancel(&mut self, conn: ConnId, req: ReqNo) {
+        let asked = self
+            .approvals
+            .pending
+            .values()
+            .find(|p| p.conn == conn && p.req == Some(req))
+            .map(|p| p.id.clone());
+        if let Some(id) = asked {
+            if let Some(p) = self.approvals.pending.get_mut(&id) {
+                p.req = None; // answered below with -32800, not with the reject
+            }
+            self.resolve_approval(&id, Answer::Reject, "withdrawn", None);
+            self.out.push(Effect::Reply {
+                conn,
+                req,
+                result: Err(RpcError::cancelled()),
+            });
+            return;
+        }
+        let found = self
+            .parked
+            .iter()
+            .find(|(_, p)| p.conn == conn && p.req == req)
+            .map(|(id, _)| *id);
+        if let Some(p) = found.and_then(|id| self.unpark(id)) {
+            self.out.push(Effect::Reply {
+                conn: p.conn,
+                req: p.req,
+                result: Err(RpcError::cancelled()),
+            });
+        }
+    }
+
+    /// Takes a parked request out of every index: its timer and its process's waiters.
+    pub(super) fn unpark(&mut self, id: u64) -> Option<Parked> {
+        let p = self.parked.remove(&id)?;
+        if p.wait.carries_output() {
+            if let Some(n) = self.output_waits.get_mut(&p.conn) {
+                *n -= 1;
+                if *n == 0 {
+                    self.output_waits.remove(&p.conn);
+                }
+            }
+        }
+        if let Some(t) = p.timer {
+            self.timers.cancel(t);
+        }
+        if let Some(proc_) = self.table.get_mut(p.wait.key()) {
+            proc_.waiters.retain(|w| *w != id);
+        }
+        Some(p)
+    }
+
+    /// Re-checks every parked request on process `key`.
+    pub fn wake(&mut self, key: Key) {
+        let Some(p) = self.table.get(key) else { return };
+        if p.waiters.is_empty() {
+            return;
+        }
+        for id in p.waiters.clone() {
+            self.resolve(id, false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testkit::*;
+
+    #[test]
+    fn a_wait_for_exit_parks_until_the_exit() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.park(C1, ReqNo(7), Wait::Exit(k), None);
+        assert!(replies(&mut c).is_empty(), "still running");
+        assert_eq!(c.parked_by(C1), 1);
+        c.exited(k, Ended::Code(3), Usage::default(), None);
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, C1);
+        assert_eq!(r[0].1, ReqNo(7));
+        assert_eq!(
+            r[0].2.as_ref().unwrap(),
+            &json!({"exitCode": 3, "signal": null})
+        );
+        assert_eq!(c.parked_by(C1), 0);
+        // Already exited: answered at once.
+        c.park(C2, ReqNo(1), Wait::Exit(k), None);
+        assert_eq!(replies(&mut c).len(), 1);
+    }
+
+    #[test]
+    fn bash_output_wait_answers_on_output_past_the_offset_or_the_deadline() {
+        let mut c = core();
+        let k = bash(&mut c, "w");
+        let deadline = c.now + Duration::from_secs(5);
+        c.park(
+            C1,
+            ReqNo(1),
+            Wait::BashOutput {
+                key: k,
+                from: [0, 0],
+            },
+            Some(deadline),
+        );
+        assert!(replies(&mut c).is_empty(), "nothing yet");
+        c.output(k, 0, b"abc");
+        c.wake(k);
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].1, ReqNo(1));
+        assert_eq!(r[0].2.as_ref().unwrap()["stdout"], "abc");
+        c.park(
+            C1,
+            ReqNo(2),
+            Wait::BashOutput {
+                key: k,
+                from: [3, 0],
+            },
+            Some(deadline),
+        );
+        assert!(replies(&mut c).is_empty(), "nothing past offset 3");
+        // The other answers at its deadline, with nothing new.
+        later(&mut c, Duration::from_secs(4));
+        assert!(replies(&mut c).is_empty());
+        later(&mut c, Duration::from_secs(1));
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].2.as_ref().unwrap()["stdout"], "");
+        assert_eq!(r[0].2.as_ref().unwrap()["offset"], 3);
+    }
+
+    #[test]
+    fn waits_that_answer_with_output_are_bounded_per_connection() {
+        let mut c = core();
+        let k = bash(&mut c, "s");
+        let wait = || Wait::BashOutput {
+            key: k,
+            from: [0, 0],
+        };
+        for n in 0..MAX_OUTPUT_WAITS as u64 {
+            c.park(C1, ReqNo(n), wait(), None);
+        }
+        assert!(replies(&mut c).is_empty());
+        // One more is refused; another connection and other waits are not.
+        c.park(C1, ReqNo(100), wait(), None);
+        c.park(C1, ReqNo(101), Wait::Exit(k), None);
+        c.park(C2, ReqNo(1), wait(), None);
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].1, ReqNo(100));
+        let e = r[0].2.as_ref().unwrap_err();
+        assert_eq!(e.code, -32003);
+        assert_eq!(
+            e.data,
+            Some(json!({"limit": "waiting-output", "value": 32}))
+        );
+        // An answered wait frees its place.
+        c.cancel(C1, ReqNo(0));
+        assert_eq!(replies(&mut c).len(), 1);
+        c.park(C1, ReqNo(102), wait(), None);
+        assert!(replies(&mut c).is_empty());
+        assert_eq!(c.parked_by(C1), MAX_OUTPUT_WAITS + 1);
+    }
+
+    #[test]
+    fn a_disconnected_client_leaves_nothing_parked() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.park(C1, ReqNo(1), Wait::Exit(k), None);
+        c.park(
+            C2,
+            ReqNo(1),
+            Wait::Exit(k),
+            Some(c.now + Duration::from_secs(1)),
+        );
+        c.disconnected(C2);
+        assert_eq!(c.parked_by(C2), 0);
+        assert_eq!(c.table.get(k).unwrap().waiters.len(), 1);
+        later(&mut c, Duration::from_secs(2));
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, C1);
+    }
+}

@@ -1,0 +1,257 @@
+//! Bash sessions in the core: opened (and made room for at `--max-sessions`), used,
+//! closed by request or after `--session-idle`, with their commands and their asks.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::gate::Answer;
+use super::table::{Key, KillReason, Proc, Session, SessionKey};
+use super::{Core, Timer};
+use crate::wire::rpc::RpcError;
+
+impl Core {
+    /// Finds the caller's session `id`, or creates it (under that name, or a new one when
+    /// `id` is absent or empty) when `create`. At `--max-sessions` (or, for a non-root
+    /// owner, at half of it for its own) the owner's least recently used session running
+    /// nothing is closed to make room; another owner's never is. When every session of the
+    /// owner is busy the new one is refused. Counts as use; `dir` becomes its default
+    /// directory.
+    pub fn open_session(
+        &mut self,
+        owner: u32,
+        id: Option<&str>,
+        dir: Option<PathBuf>,
+        create: bool,
+    ) -> Result<SessionKey, RpcError> {
+        let name = match id.filter(|i| !i.is_empty()) {
+            Some(i) => i.to_string(),
+            None if create => self.table.new_session_id(owner),
+            None => return Err(RpcError::invalid_params("session_id", "required")),
+        };
+        let key = (owner, name);
+        if !self.table.sessions.contains_key(&key) {
+            if !create {
+                return Err(RpcError::not_found("session", &key.1));
+            }
+            let max = self.cfg.max_sessions;
+            let share = if owner == 0 { max } else { (max / 2).max(1) };
+            let own = self.table.sessions.keys().filter(|k| k.0 == owner).count();
+            if self.table.sessions.len() >= max || own >= share {
+                let Some(victim) = self.table.lru_quiet_session(owner) else {
+                    return Err(RpcError::limit("max-sessions", max));
+                };
+                self.log.line(format_args!(
+                    "session {:?} of uid {} closed to make room (max-sessions {max})",
+                    victim.1, victim.0
+                ));
+                self.close_session(&victim);
+            }
+            let now_wall = self.wall;
+            self.table.sessions.insert(
+                key.clone(),
+                Session {
+                    id: key.1.clone(),
+                    owner,
+                    workdir: self.cfg.workdir.clone(),
+                    created_wall: now_wall,
+                    last_used: self.now,
+                    last_used_wall: now_wall,
+                    commands: Default::default(),
+                    command_count: 0,
+                },
+            );
+            self.arm_idle(&key, self.now + self.cfg.session_idle);
+        }
+        self.table.touch_session(&key, self.now, self.wall);
+        if let (Some(dir), Some(s)) = (dir, self.table.sessions.get_mut(&key)) {
+            s.workdir = dir;
+        }
+        Ok(key)
+    }
+
+    /// Counts a request on a bash command as use of its session.
+    pub fn touch_session_of(&mut self, key: Key) {
+        if let Some(sk) = self.table.get(key).and_then(Proc::session_key) {
+            self.table.touch_session(&sk, self.now, self.wall);
+        }
+    }
+
+    /// Frees a session: running commands are killed (and forgotten once reaped), finished
+    /// ones dropped now.
+    pub fn close_session(&mut self, key: &SessionKey) {
+        let Some(s) = self.table.sessions.get(key) else {
+            return;
+        };
+        let keys: Vec<Key> = s.commands.iter().copied().collect();
+        for k in keys {
+            if self.table.get(k).is_some_and(Proc::running) {
+                self.release(k, KillReason::SessionClose);
+            } else {
+                self.drop_finished(k);
+            }
+        }
+        // Its commands still waiting for an approver are withdrawn: they would start in a
+        // session that no longer exists.
+        let session_ref = format!("bash:{}", key.1);
+        let mut asked: Vec<String> = self
+            .approvals
+            .pending
+            .values()
+            .filter(|p| p.launch.peer.uid == key.0 && p.launch.session_ref() == session_ref)
+            .map(|p| p.id.clone())
+            .collect();
+        asked.sort();
+        for id in asked {
+            self.resolve_approval(&id, Answer::Reject, "session closed", None);
+        }
+        self.forget_session(key);
+        self.approvals.end_session(key.0, &session_ref);
+        self.log.line(format_args!("session {:?} closed", key.1));
+        self.record(
+            "session_close",
+            None,
+            json!({ "session": key.1, "uid": key.0 }),
+        );
+    }
+
+    /// Removes a session record and its idle timer (a session whose only command never
+    /// started is not kept).
+    pub fn forget_session(&mut self, key: &SessionKey) {
+        self.table.sessions.remove(key);
+        if let Some(t) = self.idle_timers.remove(key) {
+            self.timers.cancel(t);
+        }
+    }
+
+    /// (Re)arms a session's idle check at `at`.
+    pub(super) fn arm_idle(&mut self, key: &SessionKey, at: Instant) {
+        let t = self.timers.add(at, Timer::SessionIdle(key.clone()));
+        if let Some(old) = self.idle_timers.insert(key.clone(), t) {
+            self.timers.cancel(old);
+        }
+    }
+
+    /// A session's idle timer fired: close it, or look again when it could next be idle.
+    pub(super) fn check_idle(&mut self, key: &SessionKey) {
+        let idle = self.cfg.session_idle;
+        if self.table.session_idle(key, self.now, idle) {
+            self.log.line(format_args!(
+                "session {:?} idle for {} s",
+                key.1,
+                idle.as_secs()
+            ));
+            self.close_session(key);
+            return;
+        }
+        let Some(s) = self.table.sessions.get(key) else {
+            return;
+        };
+        let next = if self.table.session_busy(key) {
+            self.now + idle
+        } else {
+            s.last_used + idle
+        };
+        self.arm_idle(key, next.max(self.now + Duration::from_millis(10)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testkit::*;
+
+    #[test]
+    fn idle_sessions_close_and_busy_ones_stay() {
+        let mut c = core();
+        let k = bash(&mut c, "busy");
+        c.open_session(1000, Some("quiet"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(61));
+        let quiet = (1000, "quiet".to_string());
+        let busy = (1000, "busy".to_string());
+        assert!(!c.table.sessions.contains_key(&quiet), "idle: closed");
+        assert!(
+            c.table.sessions.contains_key(&busy),
+            "a running command keeps it"
+        );
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        later(&mut c, Duration::from_secs(59));
+        assert!(
+            c.table.sessions.contains_key(&busy),
+            "used by the exit just now"
+        );
+        later(&mut c, Duration::from_secs(62));
+        assert!(!c.table.sessions.contains_key(&busy));
+    }
+
+    fn session_names(c: &Core) -> Vec<(u32, String)> {
+        let mut v: Vec<(u32, String)> = c.table.sessions.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn at_the_session_cap_the_owner_s_least_recently_used_quiet_session_makes_room() {
+        let mut c = core();
+        c.cfg.max_sessions = 4;
+        c.open_session(0, Some("root-old"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(1));
+        bash(&mut c, "a"); // uid 1000, busy
+        c.open_session(1000, Some("b"), None, true).unwrap();
+        later(&mut c, Duration::from_secs(1));
+        // uid 1000 holds half the cap: its oldest quiet session makes room, not root's
+        // older one.
+        c.open_session(1000, Some("c"), None, true).unwrap();
+        let names = session_names(&c);
+        assert_eq!(
+            names,
+            [
+                (0, "root-old".into()),
+                (1000, "a".into()),
+                (1000, "c".into())
+            ]
+        );
+        // At the cap, root's own oldest quiet session goes.
+        c.open_session(0, Some("root-new"), None, true).unwrap();
+        c.open_session(0, Some("root-newer"), None, true).unwrap();
+        let names = session_names(&c);
+        assert_eq!(
+            names,
+            [
+                (0, "root-new".into()),
+                (0, "root-newer".into()),
+                (1000, "a".into()),
+                (1000, "c".into())
+            ]
+        );
+        // Every session of the owner busy: refused, and nobody else's is touched.
+        bash(&mut c, "c");
+        let e = c.open_session(1000, Some("w"), None, true).unwrap_err();
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
+        assert_eq!(session_names(&c).len(), 4);
+    }
+
+    #[test]
+    fn closing_a_session_releases_running_commands_and_drops_finished_ones() {
+        let mut c = core();
+        let done = bash(&mut c, "s");
+        let running = bash(&mut c, "s");
+        c.exited(done, Ended::Code(0), Usage::default(), None);
+        std::mem::take(&mut c.out);
+        c.close_session(&(1000, "s".to_string()));
+        assert_eq!(ends(&mut c), vec![(running, Stage::Term)]);
+        c.sweep();
+        assert!(c.table.get(done).is_none());
+        assert!(c.table.get(running).is_some());
+        c.exited(
+            running,
+            Ended::Signal(libc::SIGTERM),
+            Usage::default(),
+            None,
+        );
+        assert_eq!(c.table.get(running).unwrap().status(), "killed");
+        c.sweep();
+        assert!(c.table.get(running).is_none());
+    }
+}
