@@ -6,7 +6,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::sys::cgroup::{Limits, Mode};
+use crate::types::CgroupLimits;
+use crate::types::Mode;
 use crate::types::Rlimit;
 
 /// Most concurrent client connections.
@@ -83,7 +84,7 @@ pub struct Config {
     pub cgroup: Mode,
     /// `--memory-max`, `--pids-max`, `--cpu-max`: every command's limits; a request may
     /// only lower them.
-    pub limits: Limits,
+    pub limits: CgroupLimits,
     /// `--http-listen ADDR:PORT` (repeatable): TCP listeners of the HTTP front end.
     pub http_listen: Vec<std::net::SocketAddr>,
     /// `--http-token-file`: the bearer token every TCP request must carry.
@@ -136,7 +137,7 @@ impl Default for Config {
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             max_pending_approvals: DEFAULT_MAX_PENDING_APPROVALS,
             cgroup: Mode::Auto,
-            limits: Limits::default(),
+            limits: CgroupLimits::default(),
             http_listen: Vec::new(),
             http_token_file: None,
             http_no_auth: false,

@@ -1,8 +1,9 @@
 //! Plain types that the core, the method families and the OS layer all speak: what to
-//! execute and how its stdio is wired, how a process ended and what it used, resource
-//! limits by name, and the names of signals and errno values. Nothing here makes a system
+//! execute and how its stdio is wired, how a process ended and what it used, resource and
+//! cgroup limits, how a tree is ended, and the names of signals and errno values. Nothing here makes a system
 //! call; it is a leaf every room may import, so the pure half never needs `sys`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 #[cfg(test)]
 use std::time::{Instant, SystemTime};
@@ -185,6 +186,71 @@ pub fn errno_name(code: i32) -> String {
 
 /// Where unit tests start their fake clocks: a monotonic instant and a fixed wall time
 /// (2026-11-25T00:00:00Z). The core never reads a clock; its tests advance these.
+/// One command's limits; `None` leaves the kernel's default (`max`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupLimits {
+    /// `memory.max`, bytes.
+    pub memory_max: Option<u64>,
+    /// `pids.max`.
+    pub pids_max: Option<u64>,
+    /// `cpu.max`, percent of one CPU (50 is half a CPU, 200 two CPUs).
+    pub cpu_max: Option<u32>,
+}
+
+/// What the start-up sweep found of a previous instance's command cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Command cgroups found under ROOT.
+    pub cgroups: usize,
+    /// Processes found in them (and killed).
+    pub processes: usize,
+    /// Of `cgroups`, how many could not be removed (still busy after `SWEEP_WAIT`).
+    pub kept: usize,
+}
+
+/// How execd chooses its ROOT: `--cgroup auto|off|PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// The daemon's own cgroup, when it is delegated to it (see `choose_root`).
+    Auto,
+    /// Process groups only.
+    Off,
+    /// This cgroup v2 directory, named by the operator.
+    Path(PathBuf),
+}
+
+impl Mode {
+    /// Reads the flag's value: `auto`, `off`, or an absolute path.
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s {
+            "auto" => Ok(Mode::Auto),
+            "off" => Ok(Mode::Off),
+            p if p.starts_with('/') => Ok(Mode::Path(PathBuf::from(p))),
+            _ => Err(format!(
+                "--cgroup takes auto, off or an absolute path, not {s:?}"
+            )),
+        }
+    }
+}
+
+/// The two steps of ending a tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// SIGTERM to the process group: a polite request.
+    Term,
+    /// SIGKILL to whatever of the tree is left.
+    Kill,
+}
+
+/// Whole-tree figures of a command, read from its cgroup when its leader exits.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TreeUsage {
+    pub cpu_ms: Option<u64>,
+    pub memory_peak_kb: Option<u64>,
+    /// The OOM killer took a process of the tree.
+    pub oom_killed: bool,
+}
+
 #[cfg(test)]
 pub fn test_clock() -> (Instant, SystemTime) {
     (

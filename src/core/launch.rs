@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
-use crate::sys::cgroup::Limits;
+use crate::types::CgroupLimits;
 use crate::types::Program;
 use crate::types::Stdio3;
 use crate::wire::rpc::{os_error_text, Params, RpcError};
@@ -51,7 +51,7 @@ pub struct LaunchRequest {
     /// Subscribe this connection from the first byte, as the command starts.
     pub subscribe: Option<(ConnId, SubOpts)>,
     /// Its cgroup limits: the daemon's, or lower ones the request asked for.
-    pub limits: Limits,
+    pub limits: CgroupLimits,
     pub after: After,
     /// Set by the gate: the key and public id the command will have (an approver sees
     /// the id before the command exists), and how it was let through.
@@ -98,8 +98,8 @@ impl LaunchRequest {
 pub fn request_limits(
     asked: Option<&Params>,
     names: [&str; 3],
-    daemon: &Limits,
-) -> Result<Limits, RpcError> {
+    daemon: &CgroupLimits,
+) -> Result<CgroupLimits, RpcError> {
     let Some(p) = asked else {
         return Ok(*daemon);
     };
@@ -126,7 +126,7 @@ pub fn request_limits(
             (None, d) => Ok(d),
         }
     }
-    Ok(Limits {
+    Ok(CgroupLimits {
         memory_max: lower(memory, daemon.memory_max, "memory-max")?,
         pids_max: lower(pids, daemon.pids_max, "pids-max")?,
         cpu_max: lower(cpu, daemon.cpu_max, "cpu-max")?,
@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_request_may_lower_limits_but_never_raise_them() {
-        let daemon = Limits {
+        let daemon = CgroupLimits {
             memory_max: Some(100),
             pids_max: None,
             cpu_max: Some(50),
@@ -231,7 +231,7 @@ mod tests {
             request_limits(Some(&Params(asked.as_object().unwrap())), names, &daemon).unwrap();
         assert_eq!(
             got,
-            Limits {
+            CgroupLimits {
                 memory_max: Some(60),
                 pids_max: Some(10),
                 cpu_max: Some(50)

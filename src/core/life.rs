@@ -14,11 +14,12 @@ use serde_json::json;
 
 use super::launch::LaunchRequest;
 use super::park::Wait;
-use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table, TreeUsage};
+use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table};
 use super::view;
 use super::{Core, Effect, Step, Timer};
 use crate::config::BASH_HISTORY;
-use crate::sys::contain::Stage;
+use crate::types::Stage;
+use crate::types::TreeUsage;
 use crate::types::{Ended, Stdio3, Usage};
 use crate::wire::rpc::RpcError;
 

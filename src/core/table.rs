@@ -16,17 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::core::ring::Ring;
-use crate::types::Ended;
-use crate::types::Usage;
-
-/// Whole-tree figures of a command, read from its cgroup when its leader exits.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct TreeUsage {
-    pub cpu_ms: Option<u64>,
-    pub memory_peak_kb: Option<u64>,
-    /// The OOM killer took a process of the tree.
-    pub oom_killed: bool,
-}
+use crate::types::{Ended, TreeUsage, Usage};
 
 /// Internal key of a process record; never reused.
 pub type Key = u64;

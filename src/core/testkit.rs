@@ -11,7 +11,7 @@ pub use super::log::Log;
 pub use super::table::{ConnId, Family, Key, KillReason, Peer, SubOpts};
 pub use super::{Core, Effect, Wait};
 pub use crate::config::Config;
-pub use crate::sys::contain::Stage;
+pub use crate::types::Stage;
 pub use crate::types::{Ended, Program, Stdio3, Usage};
 pub use crate::wire::rpc::{ReqNo, RpcError};
 

@@ -23,10 +23,11 @@ use crate::core::table::{ConnId, Key, Peer};
 use crate::core::Core;
 use crate::server::clients::Conns;
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
-use crate::sys::cgroup::Leftovers;
-use crate::sys::contain::{Contain, Place, PrepareError, Stage, Unavailable};
+use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::ids::Identity;
 use crate::sys::systemd;
+use crate::types::Leftovers;
+use crate::types::Stage;
 use crate::wire::rpc::{self, RpcError};
 
 /// Size of the buffer pipes are read into.

@@ -34,6 +34,7 @@
 //! `Cgroup::signal` / `Cgroup::kill` to end it, `Cgroup::stats` when the leader is reaped,
 //! and `Cgroup::remove` once `populated` reads 0.
 
+use crate::types::{CgroupLimits, Leftovers, Mode};
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fmt;
@@ -233,31 +234,6 @@ impl fmt::Display for Fallback {
     }
 }
 
-/// How execd chooses its ROOT: `--cgroup auto|off|PATH`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mode {
-    /// The daemon's own cgroup, when it is delegated to it (see `choose_root`).
-    Auto,
-    /// Process groups only.
-    Off,
-    /// This cgroup v2 directory, named by the operator.
-    Path(PathBuf),
-}
-
-impl Mode {
-    /// Reads the flag's value: `auto`, `off`, or an absolute path.
-    pub fn parse(s: &str) -> Result<Mode, String> {
-        match s {
-            "auto" => Ok(Mode::Auto),
-            "off" => Ok(Mode::Off),
-            p if p.starts_with('/') => Ok(Mode::Path(PathBuf::from(p))),
-            _ => Err(format!(
-                "--cgroup takes auto, off or an absolute path, not {s:?}"
-            )),
-        }
-    }
-}
-
 /// Decides ROOT (PROTOCOL 9). `mount` and `own` are what `locate` found (`own` relative to
 /// the mount). `Auto` takes the daemon's own cgroup only when it is not the host's root
 /// cgroup, holds no process but `self_pid`, and may be written; `Path` takes that
@@ -405,28 +381,6 @@ impl fmt::Display for Controllers {
     }
 }
 
-/// One command's limits; `None` leaves the kernel's default (`max`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// `memory.max`, bytes.
-    pub memory_max: Option<u64>,
-    /// `pids.max`.
-    pub pids_max: Option<u64>,
-    /// `cpu.max`, percent of one CPU (50 is half a CPU, 200 two CPUs).
-    pub cpu_max: Option<u32>,
-}
-
-/// What the start-up sweep found of a previous instance's command cgroups.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Leftovers {
-    /// Command cgroups found under ROOT.
-    pub cgroups: usize,
-    /// Processes found in them (and killed).
-    pub processes: usize,
-    /// Of `cgroups`, how many could not be removed (still busy after `SWEEP_WAIT`).
-    pub kept: usize,
-}
-
 /// Why a command cgroup was not created.
 #[derive(Debug)]
 pub enum CreateError {
@@ -538,7 +492,7 @@ impl Tree {
     /// limit whose controller is not available is refused naming it, and a bad name (only
     /// letters, digits and `_ . -`) or a zero CPU share is `InvalidInput`, both before
     /// anything is created. A cgroup of that name already there is an error, not reused.
-    pub fn create(&self, name: &str, limits: &Limits) -> Result<Cgroup, CreateError> {
+    pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Cgroup, CreateError> {
         let c = &self.controllers;
         for (asked, on, controller) in [
             (limits.memory_max.is_some(), c.memory, "memory"),
@@ -762,7 +716,7 @@ impl Cgroup {
         }
     }
 
-    fn write_limits(&self, limits: &Limits) -> io::Result<()> {
+    fn write_limits(&self, limits: &CgroupLimits) -> io::Result<()> {
         if let Some(bytes) = limits.memory_max {
             write_file(&self.path.join("memory.max"), &format_memory_max(bytes))?;
         }
@@ -1051,7 +1005,7 @@ mod tests {
         let t = TempDir::new("limits");
         fake_cgroup(&t.path, "", ALL, false);
         let tree = Tree::setup(&t.path, 1).unwrap();
-        let limits = Limits {
+        let limits = CgroupLimits {
             memory_max: Some(512 << 20),
             pids_max: Some(64),
             cpu_max: Some(50),
@@ -1064,19 +1018,19 @@ mod tests {
         assert_eq!(cg.events_path(), t.path.join("cmd-7/cgroup.events"));
 
         // No limit: nothing written, the kernel's `max` stays.
-        let plain = tree.create("8", &Limits::default()).unwrap();
+        let plain = tree.create("8", &CgroupLimits::default()).unwrap();
         assert_eq!(fs::read_dir(plain.path()).unwrap().count(), 0);
 
         // Two CPUs' worth.
-        let two = Limits {
+        let two = CgroupLimits {
             cpu_max: Some(200),
-            ..Limits::default()
+            ..CgroupLimits::default()
         };
         let cg = tree.create("9", &two).unwrap();
         assert_eq!(read(cg.path().join("cpu.max")), "200000 100000");
 
         // A name taken is an error, not a reuse.
-        let err = tree.create("7", &Limits::default()).unwrap_err();
+        let err = tree.create("7", &CgroupLimits::default()).unwrap_err();
         assert!(matches!(&err, CreateError::Io(e) if e.kind() == io::ErrorKind::AlreadyExists));
     }
 
@@ -1087,17 +1041,17 @@ mod tests {
         let tree = Tree::setup(&t.path, 1).unwrap();
         for (limits, controller) in [
             (
-                Limits {
+                CgroupLimits {
                     memory_max: Some(1 << 30),
                     pids_max: Some(10),
-                    ..Limits::default()
+                    ..CgroupLimits::default()
                 },
                 "memory",
             ),
             (
-                Limits {
+                CgroupLimits {
                     cpu_max: Some(50),
-                    ..Limits::default()
+                    ..CgroupLimits::default()
                 },
                 "cpu",
             ),
@@ -1109,9 +1063,9 @@ mod tests {
                 .contains(&format!("{controller} controller")));
             assert!(!t.path.join("cmd-x").exists(), "nothing created");
         }
-        let pids = Limits {
+        let pids = CgroupLimits {
             pids_max: Some(10),
-            ..Limits::default()
+            ..CgroupLimits::default()
         };
         tree.create("x", &pids).expect("pids is available");
     }
@@ -1122,15 +1076,15 @@ mod tests {
         fake_cgroup(&t.path, "", ALL, false);
         let tree = Tree::setup(&t.path, 1).unwrap();
         for name in ["", "../x", "a/b", "sp ace", "ü"] {
-            let err = tree.create(name, &Limits::default()).unwrap_err();
+            let err = tree.create(name, &CgroupLimits::default()).unwrap_err();
             assert!(
                 matches!(&err, CreateError::Io(e) if e.kind() == io::ErrorKind::InvalidInput),
                 "{name:?}: {err}"
             );
         }
-        let zero = Limits {
+        let zero = CgroupLimits {
             cpu_max: Some(0),
-            ..Limits::default()
+            ..CgroupLimits::default()
         };
         assert!(tree.create("z", &zero).is_err());
         let mut names: Vec<String> = fs::read_dir(&t.path)
@@ -1656,9 +1610,9 @@ mod tests {
         assert_eq!(again.controllers(), tree.controllers());
 
         // A limit is written where its controller is enabled, refused where it is not.
-        let memory = Limits {
+        let memory = CgroupLimits {
             memory_max: Some(64 << 20),
-            ..Limits::default()
+            ..CgroupLimits::default()
         };
         if tree.controllers().memory {
             let cg = tree.create("mem", &memory).unwrap();
@@ -1670,7 +1624,7 @@ mod tests {
             assert!(!k.parent.join("cmd-mem").exists());
         }
 
-        let cg = tree.create("life", &Limits::default()).unwrap();
+        let cg = tree.create("life", &CgroupLimits::default()).unwrap();
         let dir = cg.dir_fd().unwrap();
         let link = fs::read_link(format!("/proc/self/fd/{}", {
             use std::os::fd::AsRawFd;
@@ -1718,7 +1672,7 @@ mod tests {
         };
         let stand_in = k.sleeper();
         let tree = Tree::setup(&k.parent, stand_in).unwrap();
-        let cg = tree.create("busy", &Limits::default()).unwrap();
+        let cg = tree.create("busy", &CgroupLimits::default()).unwrap();
         let pid = k.sleeper();
         join(cg.path(), pid);
         let err = cg.remove().unwrap_err();
@@ -1736,7 +1690,7 @@ mod tests {
         };
         let stand_in = k.sleeper();
         let tree = Tree::setup(&k.parent, stand_in).unwrap();
-        let cg = tree.create("frozen", &Limits::default()).unwrap();
+        let cg = tree.create("frozen", &CgroupLimits::default()).unwrap();
         if !cg.path().join("cgroup.freeze").exists() {
             eprintln!("no cgroup.freeze (kernel < 5.2): only the SIGKILL passes run");
         }

@@ -17,19 +17,16 @@
 //!   (watched with inotify) reports, and the leader has been reaped.
 
 use std::collections::HashMap;
+
+use crate::types::Stage;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use crate::core::table::{Key, TreeUsage};
-use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Leftovers, Limits, Mode, Tree};
-
-/// The two steps of ending a tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// SIGTERM to the process group: a polite request.
-    Term,
-    /// SIGKILL to whatever of the tree is left.
-    Kill,
-}
+use crate::core::table::Key;
+use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Tree};
+use crate::types::CgroupLimits;
+use crate::types::Leftovers;
+use crate::types::Mode;
+use crate::types::TreeUsage;
 
 /// A command cgroup made for a spawn: the child joins it through `procs`.
 #[derive(Debug)]
@@ -148,7 +145,7 @@ impl Contain {
     }
 
     /// Whether `limits` can be enforced at all: each needs its controller.
-    pub fn check(&self, limits: &Limits) -> Result<(), Unavailable> {
+    pub fn check(&self, limits: &CgroupLimits) -> Result<(), Unavailable> {
         let c = self
             .cgroups
             .as_ref()
@@ -168,7 +165,11 @@ impl Contain {
 
     /// Makes the place a command named `name` will run in, with its limits, before the
     /// spawn: its own cgroup, or nothing (process groups; any limit is then refused).
-    pub fn prepare(&mut self, name: &str, limits: &Limits) -> Result<Option<Place>, PrepareError> {
+    pub fn prepare(
+        &mut self,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> Result<Option<Place>, PrepareError> {
         self.check(limits).map_err(PrepareError::Unavailable)?;
         let Some(c) = &self.cgroups else {
             return Ok(None);
