@@ -16,7 +16,7 @@ use super::launch::LaunchRequest;
 use super::park::Wait;
 use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table};
 use super::view;
-use super::{Core, Effect, Step, Timer};
+use super::{Core, Effect, Timer};
 use crate::config::BASH_HISTORY;
 use crate::types::Stage;
 use crate::types::TreeUsage;
@@ -289,17 +289,17 @@ impl Core {
         }
     }
 
-    /// Queues input for a running command's stdin (`bash/write`, `terminal/write`):
-    /// answered at once with `{written}`, or, with `wait`, once it fits the buffer.
-    /// Input that does not fit is otherwise refused whole (`-32003`); so is a write while
-    /// another waits, which keeps input in the order it was sent.
+    /// Queues input for a running command's stdin (`bash/write`, `terminal/write`): taken
+    /// at once (`Ok(None)`), or, with `wait`, to be parked until it fits the buffer
+    /// (`Ok(Some(wait))`). Input that does not fit is otherwise refused whole (`-32003`);
+    /// so is a write while another waits, which keeps input in the order it was sent.
     pub fn write_stdin(
         &mut self,
         key: Key,
         data: Vec<u8>,
         eof: bool,
         wait: bool,
-    ) -> Result<Step, RpcError> {
+    ) -> Result<Option<Wait>, RpcError> {
         let waiting = self.table.get(key).is_some_and(|p| {
             p.waiters.iter().any(|w| {
                 self.parked
@@ -312,17 +312,12 @@ impl Core {
             .get(key)
             .and_then(|p| p.stdin.as_ref())
             .map_or(0, |s| s.capacity);
-        if !waiting {
-            if let Some(n) = queue_stdin(&mut self.table, key, &data, eof)? {
-                self.out.push(Effect::FlushStdin(key));
-                return Ok(Step::Done(json!({ "written": n })));
-            }
+        if !waiting && queue_stdin(&mut self.table, key, &data, eof)?.is_some() {
+            self.out.push(Effect::FlushStdin(key));
+            return Ok(None);
         }
         if wait && !waiting && data.len() <= capacity {
-            return Ok(Step::Park {
-                wait: Wait::StdinRoom { key, data, eof },
-                deadline: None,
-            });
+            return Ok(Some(Wait::StdinRoom { key, data, eof }));
         }
         Err(RpcError::limit("stdin-buffer", capacity))
     }

@@ -85,11 +85,20 @@ pub enum Step {
 /// What the core asks the loop to do.
 #[derive(Debug)]
 pub enum Effect {
-    /// Answer a request of a connection.
+    /// Answer a request of a connection with what is decided already (an error, or a
+    /// reply that needs no command's state).
     Reply {
         conn: ConnId,
         req: ReqNo,
         result: Result<Value, RpcError>,
+    },
+    /// Answer a parked request whose wait is over (its condition held or its deadline
+    /// passed): its family renders the answer from the command's state as it is now
+    /// (`methods::answer`). The command is still in the table while effects are applied.
+    Answer {
+        conn: ConnId,
+        req: ReqNo,
+        wait: Wait,
     },
     /// End a command's tree, one stage.
     End { key: Key, stage: Stage },

@@ -6,8 +6,6 @@
 
 use std::time::Instant;
 
-use serde_json::json;
-
 use super::gate::Answer;
 use super::table::{ConnId, Key};
 use super::timers::TimerId;
@@ -43,7 +41,7 @@ impl Wait {
         matches!(self, Wait::BashExec { .. } | Wait::BashOutput { .. })
     }
 
-    fn key(&self) -> Key {
+    pub fn key(&self) -> Key {
         match self {
             Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => *k,
             Wait::BashExec { key, .. }
@@ -123,7 +121,9 @@ impl Core {
         }
     }
 
-    /// Answers parked request `id` if its condition holds (or `expired`).
+    /// Answers parked request `id` if its condition holds (or `expired`); its family
+    /// renders the answer (`Effect::Answer`). A command already forgotten answers
+    /// `-32002`.
     pub(super) fn resolve(&mut self, id: u64, expired: bool) {
         let Some(p) = self.parked.get(&id) else {
             return;
@@ -131,47 +131,53 @@ impl Core {
         if let Wait::StdinRoom { key, data, eof } = &p.wait {
             let result = match queue_stdin(&mut self.table, *key, data, *eof) {
                 Ok(None) => return, // still no room
-                Ok(Some(n)) => {
+                Ok(Some(_)) => {
                     self.out.push(Effect::FlushStdin(*key));
-                    Ok(json!({ "written": n }))
+                    Ok(())
                 }
                 Err(e) => Err(e),
             };
             if let Some(p) = self.unpark(id) {
-                self.out.push(Effect::Reply {
-                    conn: p.conn,
-                    req: p.req,
-                    result,
+                self.out.push(match result {
+                    Ok(()) => Effect::Answer {
+                        conn: p.conn,
+                        req: p.req,
+                        wait: p.wait,
+                    },
+                    Err(e) => Effect::Reply {
+                        conn: p.conn,
+                        req: p.req,
+                        result: Err(e),
+                    },
                 });
             }
             return;
         }
-        let result = match (self.table.get(p.wait.key()), &p.wait) {
-            (None, _) => Some(Err(RpcError::not_found("process", "released"))),
-            (Some(proc_), Wait::Exit(_)) => {
-                proc_.exit.is_some().then(|| Ok(view::exit_status(proc_)))
+        let done = self.table.get(p.wait.key()).map(|c| match &p.wait {
+            Wait::Exit(_) | Wait::Killed(_) => c.exit.is_some(),
+            Wait::BashOutput { from, .. } => {
+                expired || c.exit.is_some() || view::has_output_past(c, *from)
             }
-            (Some(proc_), Wait::Killed(_)) => proc_.exit.is_some().then(|| Ok(json!({}))),
-            (Some(proc_), Wait::BashExec { max_len, .. }) => {
-                (expired || proc_.exit.is_some()).then(|| Ok(view::exec_result(proc_, *max_len)))
+            Wait::BashExec { .. } | Wait::BashKill(_) | Wait::Signalled(_) => {
+                expired || c.exit.is_some()
             }
-            (Some(proc_), Wait::BashOutput { from, .. }) => {
-                (expired || proc_.exit.is_some() || view::has_output_past(proc_, *from))
-                    .then(|| Ok(view::output_result(proc_, *from)))
-            }
-            (Some(proc_), Wait::BashKill(_)) => {
-                (expired || proc_.exit.is_some()).then(|| Ok(view::command_info(proc_)))
-            }
-            (Some(proc_), Wait::Signalled(_)) => (expired || proc_.exit.is_some())
-                .then(|| Ok(json!({ "_meta": { "execd": { "exited": proc_.exit.is_some() } } }))),
-            (Some(_), Wait::StdinRoom { .. }) => None, // handled above
-        };
-        let Some(result) = result else { return };
+            Wait::StdinRoom { .. } => false, // handled above
+        });
+        if done == Some(false) {
+            return;
+        }
         if let Some(p) = self.unpark(id) {
-            self.out.push(Effect::Reply {
-                conn: p.conn,
-                req: p.req,
-                result,
+            self.out.push(match done {
+                Some(_) => Effect::Answer {
+                    conn: p.conn,
+                    req: p.req,
+                    wait: p.wait,
+                },
+                None => Effect::Reply {
+                    conn: p.conn,
+                    req: p.req,
+                    result: Err(RpcError::not_found("process", "released")),
+                },
             });
         }
     }

@@ -82,11 +82,17 @@ pub fn bash(c: &mut Core, session: &str) -> Key {
     key
 }
 
+/// The answers the core left, as the client gets them: a parked request's answer is
+/// rendered by its family, as the loop does.
 pub fn replies(c: &mut Core) -> Vec<(ConnId, ReqNo, Result<Value, RpcError>)> {
     let mut v = Vec::new();
     for e in std::mem::take(&mut c.out) {
-        if let Effect::Reply { conn, req, result } = e {
-            v.push((conn, req, result));
+        match e {
+            Effect::Reply { conn, req, result } => v.push((conn, req, result)),
+            Effect::Answer { conn, req, wait } => {
+                v.push((conn, req, crate::methods::answer(c, &wait)))
+            }
+            _ => {}
         }
     }
     v

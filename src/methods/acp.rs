@@ -9,16 +9,33 @@
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
+use crate::core::table::Proc;
 use crate::core::table::{Family, Key, KillReason};
-use crate::core::view;
+use crate::core::view::{self, exit_fields, oom_killed};
 use crate::core::{Caller, Core, Step, Wait};
-use crate::methods::events;
-use crate::types::Program;
-use crate::types::Stdio3;
+use crate::methods::{events, list};
+use crate::types::{Program, Stdio3};
 use crate::wire::rpc::{Params, RpcError};
 
 /// The ACP protocol version spoken.
 pub const PROTOCOL_VERSION: u64 = 1;
+
+/// ACP `{exitCode, signal}` (both null while it runs), and `_meta.execd.oomKilled` when
+/// the OOM killer took part of the command's tree.
+pub fn exit_status(p: &Proc) -> Value {
+    let (code, signal) = exit_fields(p);
+    let mut v = json!({ "exitCode": code, "signal": signal });
+    if oom_killed(p) {
+        v["_meta"] = json!({ "execd": { "oomKilled": true } });
+    }
+    v
+}
+
+/// The answer to a `terminal/kill` that sent one signal (`_meta.execd.signal`): whether
+/// the leader has exited.
+pub fn signalled(exited: bool) -> Value {
+    json!({ "_meta": { "execd": { "exited": exited } } })
+}
 
 /// `initialize`: what execd is and what it allows.
 pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step, RpcError> {
@@ -221,7 +238,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let data = crate::methods::bash::write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    core.write_stdin(key, data, eof, wait)
+    super::write_stdin(core, key, data, eof, wait)
 }
 
 /// `terminal/output`: the retained tail, never blocking. An execd extension reads a slice:
@@ -250,7 +267,7 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
     out.insert("output".into(), ring.text(from, to).into());
     out.insert("truncated".into(), (ring.start() > 0).into());
     if t.exit.is_some() {
-        out.insert("exitStatus".into(), view::exit_status(t));
+        out.insert("exitStatus".into(), exit_status(t));
     }
     out.insert(
         "_meta".into(),
@@ -286,15 +303,11 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         })?;
         let running = core.table.get(key).is_some_and(|t| t.running());
         if !running {
-            return Ok(Step::Done(
-                json!({ "_meta": { "execd": { "exited": true } } }),
-            ));
+            return Ok(Step::Done(signalled(true)));
         }
         core.signal(key, sig);
         if sig == libc::SIGSTOP || sig == libc::SIGCONT {
-            return Ok(Step::Done(
-                json!({ "_meta": { "execd": { "exited": false } } }),
-            ));
+            return Ok(Step::Done(signalled(false)));
         }
         return Ok(Step::Park {
             wait: Wait::Signalled(key),
@@ -320,17 +333,11 @@ pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rpc
 /// lines are cut to a few KiB with a marker.
 pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("sessionId")?;
-    let page = view::Page::from_params(p, "cursor")?;
-    let all = core.table.list(caller.uid);
-    let terminals = all.into_iter().filter(|t| {
-        matches!(&t.family, Family::Terminal { session_id }
-            if only.is_none_or(|o| o == session_id))
-    });
-    let (items, next) = page.take(terminals);
+    let (items, next) = list::page_of(core, caller.uid, p, only, false)?;
     let terminals: Vec<Value> = items
         .into_iter()
         .map(|t| {
-            let (command, args) = view::cut_command_line(&t.command, &t.args);
+            let (command, args) = list::cut_command_line(&t.command, &t.args);
             let mut v = json!({
                 "terminalId": t.id,
                 "sessionId": t.session_id(),
@@ -342,7 +349,7 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
                 "outputBytes": t.output_bytes(),
             });
             if t.exit.is_some() {
-                let mut status = view::exit_status(t);
+                let mut status = exit_status(t);
                 status["_meta"] = json!({ "execd": view::usage_meta(t) });
                 v["exitStatus"] = status;
             }

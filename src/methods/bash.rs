@@ -13,11 +13,12 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{validate_dir, validate_env, After, LaunchRequest};
-use crate::core::table::{Family, Key, Session, SessionKey};
-use crate::core::view;
+use crate::core::ring::middle_cut;
+use crate::core::table::{Family, Key, Proc, Session, SessionKey};
+use crate::core::view::{self, exit_fields, oom_killed};
 use crate::core::{Caller, Core, Step, Wait};
-use crate::types::Program;
-use crate::types::Stdio3;
+use crate::methods::list;
+use crate::types::{Program, Stdio3};
 use crate::wire::encode::rfc3339;
 use crate::wire::rpc::{Params, RpcError};
 
@@ -25,6 +26,89 @@ use crate::wire::rpc::{Params, RpcError};
 pub const DEFAULT_MAX_OUTPUT_LENGTH: u64 = 50_000;
 /// `wait_timeout` of `bash/output` when the request names none.
 pub const DEFAULT_WAIT_TIMEOUT: f64 = 30.0;
+
+/// `exit_code`, `signal` only when a signal ended the command, and `oom_killed` only
+/// when the OOM killer took part of it (bash objects).
+fn add_bash_exit(v: &mut Map<String, Value>, p: &Proc) {
+    let (code, signal) = exit_fields(p);
+    v.insert("exit_code".into(), code.into());
+    if let Some(sig) = signal {
+        v.insert("signal".into(), sig.into());
+    }
+    if oom_killed(p) {
+        v.insert("oom_killed".into(), true.into());
+    }
+}
+
+/// The bash `{command_id, command, status, exit_code}` (+ `signal`).
+pub fn command_info(p: &Proc) -> Value {
+    let mut v = Map::new();
+    v.insert("command_id".into(), p.id.clone().into());
+    v.insert("command".into(), p.command.clone().into());
+    v.insert("status".into(), p.status().into());
+    add_bash_exit(&mut v, p);
+    Value::Object(v)
+}
+
+/// The whole retained text of one stream and the offset it reaches.
+fn whole_text(p: &Proc, stream: usize) -> (String, u64) {
+    let s = &p.streams[stream];
+    let (from, to) = s.ring.utf8_window(s.ring.start(), s.ring.end(), s.open);
+    (s.ring.text(from, to), to)
+}
+
+/// The `bash/exec` result for a command as it stands.
+pub fn exec_result(p: &Proc, max_len: usize) -> Value {
+    let (stdout, offset) = whole_text(p, 0);
+    let (stderr, stderr_offset) = whole_text(p, 1);
+    let mut v = Map::new();
+    v.insert("session_id".into(), p.session_id().into());
+    v.insert("command_id".into(), p.id.clone().into());
+    v.insert("command".into(), p.command.clone().into());
+    v.insert("status".into(), p.status().into());
+    v.insert("stdout".into(), middle_cut(stdout, max_len).into());
+    v.insert("stderr".into(), middle_cut(stderr, max_len).into());
+    add_bash_exit(&mut v, p);
+    v.insert("offset".into(), offset.into());
+    v.insert("stderr_offset".into(), stderr_offset.into());
+    Value::Object(v)
+}
+
+/// What one stream holds past `from`: `(text, next offset, skipped)`.
+fn read_from(p: &Proc, stream: usize, from: u64) -> (String, u64, u64) {
+    let s = &p.streams[stream];
+    let ring = &s.ring;
+    let start = ring.start();
+    let skipped = start.saturating_sub(from);
+    let from = from.max(start);
+    if from >= ring.end() {
+        // Past the end: nothing, and the end to continue from.
+        return (String::new(), s.text_end().min(from), skipped);
+    }
+    let (ws, we) = ring.utf8_window(from, ring.end(), s.open);
+    if ws >= we {
+        // Continuation bytes of a character begun before `from` are passed over.
+        return (String::new(), ws, skipped + (ws - from));
+    }
+    (ring.text(ws, we), we, skipped + (ws - from))
+}
+
+/// The `bash/output` result from the given offsets.
+pub fn output_result(p: &Proc, from: [u64; 2]) -> Value {
+    const NAMES: [(&str, &str); 2] = [("stdout", "offset"), ("stderr", "stderr_offset")];
+    let mut v = Map::new();
+    v.insert("session_id".into(), p.session_id().into());
+    for (i, (name, offset_field)) in NAMES.iter().enumerate() {
+        let (text, next, skipped) = read_from(p, i, from[i]);
+        v.insert((*name).into(), text.into());
+        v.insert((*offset_field).into(), next.into());
+        if skipped > 0 {
+            v.insert(format!("{name}_skipped"), skipped.into());
+        }
+    }
+    v.insert("command".into(), command_info(p));
+    Value::Object(v)
+}
 
 fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -174,7 +258,7 @@ pub fn after_exec(
             .table
             .get(key)
             .ok_or_else(|| RpcError::internal("command vanished"))?;
-        return Ok(Step::Done(view::exec_result(p, max_len)));
+        return Ok(Step::Done(exec_result(p, max_len)));
     }
     Ok(Step::Park {
         wait: Wait::BashExec { key, max_len },
@@ -227,7 +311,7 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         .table
         .get(key)
         .ok_or_else(|| RpcError::internal("command vanished"))?;
-    Ok(Step::Done(view::output_result(p, from)))
+    Ok(Step::Done(output_result(p, from)))
 }
 
 /// The input of a write: `input` as text, or with `encoding: "base64"` its exact bytes.
@@ -257,7 +341,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     .ok_or_else(|| {
         RpcError::invalid_state(format!("no running command in session {}", session.1))
     })?;
-    core.write_stdin(key, data, eof, wait)
+    super::write_stdin(core, key, data, eof, wait)
 }
 
 /// `bash/kill`: a signal to the command's tree.
@@ -285,7 +369,7 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             .table
             .get(key)
             .ok_or_else(|| RpcError::internal("command vanished"))?;
-        return Ok(Step::Done(view::command_info(p)));
+        return Ok(Step::Done(command_info(p)));
     }
     // Answer when it ends, or after the kill grace with whatever state it is in.
     Ok(Step::Park {
@@ -299,23 +383,17 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
 /// names the next page). Long command lines are cut to a few KiB with a marker.
 pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("session_id")?;
-    let page = view::Page::from_params(p, "cursor")?;
-    let all = core.table.list(caller.uid);
-    let commands = all.into_iter().filter(|c| {
-        matches!(&c.family, Family::Bash { session_id }
-            if only.is_none_or(|o| o == session_id))
-    });
-    let (items, next) = page.take(commands);
+    let (items, next) = list::page_of(core, caller.uid, p, only, true)?;
     let list: Vec<Value> = items
         .into_iter()
         .map(|c| {
-            let mut v = match view::command_info(c) {
+            let mut v = match command_info(c) {
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
             v.insert(
                 "command".into(),
-                view::cut_command_line(&c.command, &[]).0.into(),
+                list::cut_command_line(&c.command, &[]).0.into(),
             );
             v.insert("session_id".into(), c.session_id().into());
             v.insert("pid".into(), c.pid.into());

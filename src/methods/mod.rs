@@ -6,12 +6,13 @@ pub mod acp;
 pub mod approvals;
 pub mod bash;
 pub mod events;
+pub mod list;
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::core::launch::{After, LaunchRequest};
 use crate::core::table::Key;
-use crate::core::{Caller, Core, Step};
+use crate::core::{Caller, Core, Step, Wait};
 use crate::wire::rpc::{Params, RpcError};
 
 /// A method: reads and changes the core, returns what to do with the request.
@@ -60,6 +61,48 @@ pub fn call(
     }
     let f = method(name).ok_or_else(|| RpcError::method_not_found(name))?;
     f(core, caller, &Params(params))
+}
+
+/// The answer to a parked request whose wait is over, rendered by its family from the
+/// command's state as it is now: the wait -> answer table.
+pub fn answer(core: &Core, wait: &Wait) -> Result<Value, RpcError> {
+    let p = core
+        .table
+        .get(wait.key())
+        .ok_or_else(|| RpcError::not_found("process", "released"))?;
+    Ok(match wait {
+        Wait::Exit(_) => acp::exit_status(p),
+        Wait::Killed(_) => json!({}),
+        Wait::Signalled(_) => acp::signalled(p.exit.is_some()),
+        Wait::BashExec { max_len, .. } => bash::exec_result(p, *max_len),
+        Wait::BashOutput { from, .. } => bash::output_result(p, *from),
+        Wait::BashKill(_) => bash::command_info(p),
+        Wait::StdinRoom { data, .. } => written(data.len()),
+    })
+}
+
+/// What `bash/write` and `terminal/write` answer once their input is in the buffer.
+fn written(n: usize) -> Value {
+    json!({ "written": n })
+}
+
+/// Queues input for command `key` (`bash/write`, `terminal/write`): answered `{written}`
+/// now, or, with `wait`, once it fits the stdin buffer.
+pub fn write_stdin(
+    core: &mut Core,
+    key: Key,
+    data: Vec<u8>,
+    eof: bool,
+    wait: bool,
+) -> Result<Step, RpcError> {
+    let n = data.len();
+    Ok(match core.write_stdin(key, data, eof, wait)? {
+        None => Step::Done(written(n)),
+        Some(wait) => Step::Park {
+            wait,
+            deadline: None,
+        },
+    })
 }
 
 /// The family's tail once the loop tried to start `req`: what to answer, or to wait for.

@@ -488,6 +488,10 @@ impl Server {
                     Effect::Reply { conn, req, result } => {
                         self.answer(Token(conn.0), Some(req), result)
                     }
+                    Effect::Answer { conn, req, wait } => {
+                        let result = dispatch::answer(&self.core, &wait);
+                        self.answer(Token(conn.0), Some(req), result)
+                    }
                     Effect::End { key, stage } => self.children.contain.end(key, stage),
                     Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
                     Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),

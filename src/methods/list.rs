@@ -1,0 +1,145 @@
+//! Listings a page at a time (`terminal/list`, `bash/commands`): the page a request asks
+//! for, which of the caller's commands are on it, and command lines cut to what a listing
+//! shows. Listings run newest first; a cursor names the key of the last entry shown.
+
+use crate::core::table::Proc;
+use crate::core::Core;
+use crate::wire::rpc::{Params, RpcError};
+
+/// Bytes of a command line (the command and its arguments together) a listing shows.
+pub const LISTED_LINE_MAX: usize = 4 << 10;
+
+/// Entries of a listing page when the request names no `limit`.
+pub const DEFAULT_PAGE: usize = 256;
+
+/// The most entries of one page.
+pub const MAX_PAGE: usize = 4096;
+
+/// A listing's page: how many entries, after which one. Listings run newest first, so
+/// a cursor names the key of the last entry shown and the next page starts below it.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    limit: usize,
+    below: Option<u64>,
+}
+
+impl Page {
+    /// `limit` and the cursor field (`cursor`) of a request.
+    pub fn from_params(p: &Params, cursor_field: &str) -> Result<Page, RpcError> {
+        let limit = p
+            .opt_u64("limit")?
+            .map_or(DEFAULT_PAGE, |n| (n as usize).clamp(1, MAX_PAGE));
+        let below = match p.opt_str(cursor_field)? {
+            None => None,
+            Some(c) => Some(
+                c.strip_prefix('k')
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        RpcError::invalid_params(cursor_field, "not a cursor this daemon gave")
+                    })?,
+            ),
+        };
+        Ok(Page { limit, below })
+    }
+
+    /// The page of `items` (newest first) and the cursor of the next page, if any.
+    pub fn take<'a>(
+        &self,
+        items: impl Iterator<Item = &'a Proc>,
+    ) -> (Vec<&'a Proc>, Option<String>) {
+        let mut page: Vec<&Proc> = items
+            .filter(|p| self.below.is_none_or(|b| p.key < b))
+            .take(self.limit + 1)
+            .collect();
+        let next = if page.len() > self.limit {
+            page.truncate(self.limit);
+            page.last().map(|p| format!("k{}", p.key))
+        } else {
+            None
+        };
+        (page, next)
+    }
+}
+
+/// A command line cut for a listing: at most `LISTED_LINE_MAX` bytes of the command and
+/// its arguments together, the rest replaced by a marker saying how much was cut.
+pub fn cut_command_line(command: &str, args: &[String]) -> (String, Vec<String>) {
+    let mut left = LISTED_LINE_MAX;
+    let mut cut_bytes = 0usize;
+    let mut cut = |s: &str| -> String {
+        if s.len() <= left {
+            left -= s.len();
+            return s.to_string();
+        }
+        let mut end = left;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        left = 0;
+        cut_bytes += s.len() - end;
+        s[..end].to_string()
+    };
+    let mut command = cut(command);
+    let mut kept: Vec<String> = Vec::new();
+    for a in args {
+        let c = cut(a);
+        if c.is_empty() && !a.is_empty() {
+            continue;
+        }
+        kept.push(c);
+    }
+    if cut_bytes > 0 {
+        let marker = format!("[... {cut_bytes} bytes cut]");
+        if args.is_empty() {
+            command.push_str(&marker);
+        } else {
+            kept.push(marker);
+        }
+    }
+    (command, kept)
+}
+
+/// One page of the caller's commands of one family (bash commands when `bash`, else
+/// terminals), newest first, only those of session `only` when it is named: the entries
+/// and the cursor of the next page, if any.
+pub fn page_of<'a>(
+    core: &'a Core,
+    uid: u32,
+    p: &Params,
+    only: Option<&str>,
+    bash: bool,
+) -> Result<(Vec<&'a Proc>, Option<String>), RpcError> {
+    let page = Page::from_params(p, "cursor")?;
+    let all = core.table.list(uid);
+    let of_family = all
+        .into_iter()
+        .filter(|c| c.family.is_bash() == bash && only.is_none_or(|o| o == c.family.session_id()));
+    Ok(page.take(of_family))
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_command_lines_are_cut_with_a_marker() {
+        let (c, a) = cut_command_line("ls", &["-l".into()]);
+        assert_eq!((c.as_str(), a), ("ls", vec!["-l".to_string()]));
+        let long = "x".repeat(10_000);
+        let (c, a) = cut_command_line(&long, &[]);
+        assert!(c.starts_with(&"x".repeat(LISTED_LINE_MAX)));
+        assert!(c.ends_with(&format!("[... {} bytes cut]", 10_000 - LISTED_LINE_MAX)));
+        assert!(a.is_empty());
+        let args: Vec<String> = (0..100).map(|_| "y".repeat(100)).collect();
+        let (c, a) = cut_command_line("echo", &args);
+        assert_eq!(c, "echo");
+        let shown: usize = a[..a.len() - 1].iter().map(String::len).sum();
+        assert_eq!(shown + 4, LISTED_LINE_MAX);
+        assert_eq!(
+            a.last().unwrap(),
+            &format!("[... {} bytes cut]", 100 * 100 + 4 - LISTED_LINE_MAX)
+        );
+        // Never inside a character.
+        let (c, _) = cut_command_line(&"é".repeat(LISTED_LINE_MAX), &[]);
+        assert!(c.starts_with(&"é".repeat(LISTED_LINE_MAX / 2)));
+    }
+}
