@@ -75,14 +75,14 @@ pub const GLOBAL: &[Flag] = &[
 
 /// What a command line held for one subcommand.
 #[derive(Debug, Default)]
-pub struct Parsed {
+pub struct Args {
     /// Each flag met, by long name, with its value; in order.
     flags: Vec<(&'static str, Option<String>)>,
     /// The operands, in order.
     pub operands: Vec<String>,
 }
 
-impl Parsed {
+impl Args {
     /// Whether the switch (or valued flag) `long` was given.
     pub fn has(&self, long: &str) -> bool {
         self.flags.iter().any(|(n, _)| *n == long)
@@ -112,7 +112,7 @@ impl Parsed {
     }
 
     /// Folds the flags of an outer parse (the global options) into this one.
-    pub fn absorb(&mut self, outer: Parsed) {
+    pub fn absorb(&mut self, outer: Args) {
         let mut flags = outer.flags;
         flags.append(&mut self.flags);
         self.flags = flags;
@@ -140,14 +140,14 @@ fn find<'a>(flags: &'a [&'a Flag], name: &str) -> Option<&'a Flag> {
 }
 
 /// Parses `args` (what follows the subcommand's name) by `spec`.
-pub fn parse(spec: &Spec, args: &[String]) -> Res<Parsed> {
+pub fn parse(spec: &Spec, args: &[String]) -> Res<Args> {
     let flags: Vec<&Flag> = spec.flags.iter().chain(GLOBAL).collect();
     parse_with(spec.name, &flags, spec.stop_at_operand, args)
 }
 
 /// Parses `args` against `flags`; `who` names the subcommand in messages.
-pub fn parse_with(who: &str, flags: &[&Flag], stop: bool, args: &[String]) -> Res<Parsed> {
-    let mut out = Parsed::default();
+pub fn parse_with(who: &str, flags: &[&Flag], stop: bool, args: &[String]) -> Res<Args> {
+    let mut out = Args::default();
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use super::args::Parsed;
+use super::args::Args;
 use super::daemon::{self, Ctx, Target};
 use super::errors::{Fail, Res, EXIT_FAILURE};
 use super::output::{self, warn};
@@ -168,7 +168,7 @@ fn describe(o: &Outcome) -> String {
 }
 
 /// `execctl kill [-s SIGNAL | -SIGNAL] ID...`.
-pub fn kill(ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8> {
+pub fn kill(ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
     if p.operands.is_empty() {
         return Err(Fail::usage(
             "kill needs one or more process ids; list them with: execctl ps",
@@ -217,7 +217,7 @@ pub fn kill(ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8> {
 }
 
 /// `execctl release ID...`.
-pub fn release(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn release(ctx: &Ctx, p: &Args) -> Res<u8> {
     if p.operands.is_empty() {
         return Err(Fail::usage(
             "release needs one or more terminal ids; list them with: execctl ps",
@@ -257,7 +257,7 @@ fn session_view(s: &Value) -> Value {
 }
 
 /// `execctl sessions`.
-pub fn list(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn list(ctx: &Ctx, p: &Args) -> Res<u8> {
     if let Some(a) = p.operands.first() {
         let known = ["close", "prune", "list", "ls"];
         let hint = super::args::did_you_mean(a, known.into_iter())
@@ -334,7 +334,7 @@ fn close_all(ctx: &Ctx, c: &mut Client, ids: &[String]) -> Res<u8> {
 }
 
 /// `execctl sessions close ID...`.
-pub fn close(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn close(ctx: &Ctx, p: &Args) -> Res<u8> {
     if p.operands.is_empty() {
         return Err(Fail::usage(
             "sessions close needs session ids; list them with: execctl sessions",
@@ -345,7 +345,7 @@ pub fn close(ctx: &Ctx, p: &Parsed) -> Res<u8> {
 }
 
 /// `execctl sessions prune`: closes every session of the caller with nothing running.
-pub fn prune(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn prune(ctx: &Ctx, p: &Args) -> Res<u8> {
     if let Some(a) = p.operands.first() {
         return Err(Fail::usage(format!(
             "sessions prune takes no operand, got {a:?}"

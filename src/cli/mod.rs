@@ -29,7 +29,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use args::{Parsed, Spec};
+use args::{Args, Spec};
 use daemon::Ctx;
 use errors::{Fail, Res};
 
@@ -100,8 +100,8 @@ fn dispatch(argv: impl IntoIterator<Item = OsString>) -> Result<u8, Failed> {
 }
 
 /// The global options before the subcommand, and what follows them.
-fn leading_globals(argv: &[String]) -> Res<(Parsed, &[String])> {
-    let mut p = Parsed::default();
+fn leading_globals(argv: &[String]) -> Res<(Args, &[String])> {
+    let mut p = Args::default();
     let mut i = 0;
     while let Some(a) = argv.get(i) {
         let (name, inline) = match a.split_once('=') {
@@ -177,7 +177,7 @@ fn find_spec<'a>(name: &str, rest: &'a [String]) -> Res<(&'static Spec, &'a [Str
 }
 
 /// Runs one parsed subcommand.
-fn run(spec: &Spec, ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8> {
+fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
     match spec.name {
         "run" => run::run(ctx, p),
         "exec" => run::exec(ctx, p),
@@ -204,7 +204,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Parsed, shorthand: Option<String>) -> Res<u8>
 }
 
 /// `execctl help [COMMAND]`.
-fn help_cmd(p: &Parsed) -> Res<u8> {
+fn help_cmd(p: &Args) -> Res<u8> {
     if p.operands.is_empty() {
         output::print(&help::usage())?;
         return Ok(0);
@@ -228,7 +228,7 @@ fn help_cmd(p: &Parsed) -> Res<u8> {
 }
 
 /// `execctl completions bash|zsh|fish`.
-fn completions(p: &Parsed) -> Res<u8> {
+fn completions(p: &Args) -> Res<u8> {
     let shell = match p.operands.as_slice() {
         [s] => s.as_str(),
         _ => {
@@ -249,7 +249,7 @@ fn completions(p: &Parsed) -> Res<u8> {
 }
 
 /// `execctl call METHOD [JSON]`: the raw tool; its errors keep their code and data.
-fn call(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+fn call(ctx: &Ctx, p: &Args) -> Res<u8> {
     let (method, params) = match p.operands.as_slice() {
         [m] => (m.as_str(), json!({})),
         [m, text] => (

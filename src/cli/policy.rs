@@ -20,11 +20,11 @@ use std::sync::mpsc;
 
 use serde_json::{json, Value};
 
-use super::args::Parsed;
+use super::args::Args;
 use super::daemon::Ctx;
 use super::errors::{Fail, Res};
 use super::output::{self, warn};
-use crate::policy::{Judged, Peer, Policy};
+use crate::policy::{Judged, Policy, Subject};
 
 /// This process's groups (primary and supplementary), from `/proc/self/status`.
 fn own_groups() -> Vec<u32> {
@@ -62,7 +62,7 @@ fn check_file(file: &str, operands: &[String], uid: Option<u32>, gids: Vec<u32>)
     } else {
         gids
     };
-    let peer = Peer { uid, gids: &gids };
+    let peer = Subject { uid, gids: &gids };
     let verdict = match operands {
         [line] => policy.judge(&Judged::Line(line), &peer),
         argv => policy.judge(&Judged::Argv(argv), &peer),
@@ -157,7 +157,7 @@ fn describe(v: &Value) -> String {
 }
 
 /// `execctl policy check [--policy FILE] [--uid N] [--gid N] [--] COMMAND... | 'LINE'`.
-pub fn check(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn check(ctx: &Ctx, p: &Args) -> Res<u8> {
     if p.operands.is_empty() {
         return Err(Fail::usage(
             "policy check needs a command: execctl policy check -- git push origin main, or 'SHELL LINE'",
@@ -203,7 +203,7 @@ enum Heard {
 }
 
 /// One pending approval request.
-struct Request {
+struct ApprovalAsk {
     /// The JSON-RPC id the answer must carry, exactly as received.
     rpc_id: Value,
     request_id: String,
@@ -220,7 +220,7 @@ impl Wire {
         self.0.write_all(line.as_bytes()).map_err(Fail::from)
     }
 
-    fn answer(&mut self, r: &Request, response: &str, feedback: Option<&str>) -> Res<()> {
+    fn answer(&mut self, r: &ApprovalAsk, response: &str, feedback: Option<&str>) -> Res<()> {
         let mut result = json!({"request_id": r.request_id, "response": response});
         if let Some(f) = feedback.filter(|f| !f.is_empty()) {
             result["feedback"] = json!(f);
@@ -274,7 +274,7 @@ fn listen(stream: &UnixStream) -> Res<mpsc::Receiver<Heard>> {
 }
 
 /// A request as `approve --json` prints it.
-fn request_json(r: &Request) -> Value {
+fn request_json(r: &ApprovalAsk) -> Value {
     let p = &r.payload;
     let display: Vec<Value> = p["display"]
         .as_array()
@@ -333,7 +333,7 @@ fn uid_and_pid(s: &str) -> Option<(&str, &str)> {
 /// session, each on its line. Every value is shown through `output::visible`: the
 /// command, cwd and session are the requester's, and a carriage return or an escape
 /// sequence in them must not redraw what the approver is deciding on.
-fn request_text(r: &Request) -> String {
+fn request_text(r: &ApprovalAsk) -> String {
     let p = &r.payload;
     let shown = output::visible;
     let mut s = format!("\napproval request {}", shown(&r.request_id));
@@ -365,7 +365,7 @@ const PROMPT: &str = "approve? [y]es / [n]o / [s]ession: ";
 const FEEDBACK: &str = "feedback for the requester (Enter for none): ";
 
 /// `execctl approve [--json]`.
-pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
     if let Some(a) = p.operands.first() {
         return Err(Fail::usage(format!("approve takes no operand, got {a:?}")));
     }
@@ -373,11 +373,11 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     let mut wire = Wire(stream.try_clone()?);
     let heard = listen(&stream)?;
     wire.send(&json!({"jsonrpc": "2.0", "id": "subscribe", "method": "approvals/subscribe", "params": {}}))?;
-    let mut queue: VecDeque<Request> = VecDeque::new();
+    let mut queue: VecDeque<ApprovalAsk> = VecDeque::new();
     // The request whose answer is `n` and whose feedback is being typed.
-    let mut feedback_for: Option<Request> = None;
+    let mut feedback_for: Option<ApprovalAsk> = None;
     let mut subscribed = false;
-    let show = |queue: &VecDeque<Request>, json: bool| -> Res<()> {
+    let show = |queue: &VecDeque<ApprovalAsk>, json: bool| -> Res<()> {
         if json {
             return Ok(());
         }
@@ -422,7 +422,7 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
                             .map(str::to_string)
                             .or_else(|| v["id"].as_str().map(str::to_string))
                             .unwrap_or_else(|| v["id"].to_string());
-                        let r = Request {
+                        let r = ApprovalAsk {
                             rpc_id: v["id"].clone(),
                             request_id,
                             payload,
@@ -524,7 +524,7 @@ pub fn approve(ctx: &Ctx, p: &Parsed) -> Res<u8> {
 }
 
 /// One answer line of `approve --json`: `{request_id, response, feedback?}`.
-fn json_answer(wire: &mut Wire, queue: &mut VecDeque<Request>, line: &str) -> Res<()> {
+fn json_answer(wire: &mut Wire, queue: &mut VecDeque<ApprovalAsk>, line: &str) -> Res<()> {
     if line.trim().is_empty() {
         return Ok(());
     }
@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn a_request_reads_as_lines() {
-        let r = Request {
+        let r = ApprovalAsk {
             rpc_id: json!("appr_7"),
             request_id: "appr_7".into(),
             payload: json!({"id": "appr_7", "tool_call_id": "cmd_12", "description": "git push origin main",
@@ -589,8 +589,8 @@ mod tests {
         );
     }
 
-    fn asked(description: &str, brief: &str) -> Request {
-        Request {
+    fn asked(description: &str, brief: &str) -> ApprovalAsk {
+        ApprovalAsk {
             rpc_id: json!("appr_1"),
             request_id: "appr_1".into(),
             payload: json!({"id": "appr_1", "tool_call_id": "cmd_1", "description": description,

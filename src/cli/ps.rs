@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
 
-use super::args::Parsed;
+use super::args::Args;
 use super::daemon::{self, Ctx, Target};
 use super::errors::{daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
 use super::output::{self, warn};
@@ -106,7 +106,7 @@ pub fn processes(c: &mut Client, session: Option<&str>) -> Res<Vec<Value>> {
     Ok(all)
 }
 
-fn no_operands(p: &Parsed, what: &str) -> Res<()> {
+fn no_operands(p: &Args, what: &str) -> Res<()> {
     match p.operands.first() {
         Some(a) => Err(Fail::usage(format!(
             "{what} takes no operand, got {a:?}; see: execctl help {what}"
@@ -116,7 +116,7 @@ fn no_operands(p: &Parsed, what: &str) -> Res<()> {
 }
 
 /// `execctl ps`.
-pub fn ps(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
     no_operands(p, "ps")?;
     let mut c = ctx.connect()?;
     let mut all = processes(&mut c, p.value("--session"))?;
@@ -171,7 +171,7 @@ pub fn ps(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     Ok(0)
 }
 
-fn one_id<'a>(p: &'a Parsed, what: &str) -> Res<&'a str> {
+fn one_id<'a>(p: &'a Args, what: &str) -> Res<&'a str> {
     match p.operands.as_slice() {
         [id] => Ok(id),
         [] => Err(Fail::usage(format!(
@@ -343,7 +343,7 @@ impl LogOut {
 }
 
 /// `execctl logs [-f] [--tail N] [--stderr] ID`.
-pub fn logs(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn logs(ctx: &Ctx, p: &Args) -> Res<u8> {
     let id = one_id(p, "logs")?;
     let tail = p
         .value("--tail")
@@ -403,7 +403,7 @@ pub fn logs(ctx: &Ctx, p: &Parsed) -> Res<u8> {
 }
 
 /// `execctl wait ID`.
-pub fn wait(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn wait(ctx: &Ctx, p: &Args) -> Res<u8> {
     let id = one_id(p, "wait")?;
     let mut c = ctx.connect()?;
     let (target, _) = daemon::locate(&mut c, id)?;
@@ -504,7 +504,7 @@ fn policy_line(meta: &Value) -> String {
 }
 
 /// `execctl status`.
-pub fn status(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
     no_operands(p, "status")?;
     let mut c = ctx.connect()?;
     let init = c.call(

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::args::Parsed;
+use super::args::Args;
 use super::daemon::{self, Ctx, Target};
 use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
 use super::foreground::{create, watch_signals, Killer, Reason};
@@ -52,7 +52,7 @@ fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
     Ok((!d.is_zero()).then_some(d))
 }
 
-fn common(p: &Parsed, timeout_flags: &[&str]) -> Res<Common> {
+fn common(p: &Args, timeout_flags: &[&str]) -> Res<Common> {
     let detach = p.has("--detach") || p.has("--async");
     let mut timeout = None;
     for f in timeout_flags {
@@ -332,7 +332,7 @@ impl Sink {
 }
 
 /// How a foreground command ended, as execctl saw it.
-enum Ended {
+enum RunEnd {
     Exit {
         payload: Value,
         reason: Option<Reason>,
@@ -348,7 +348,7 @@ fn follow(
     sink: &mut Sink,
     killer: &Killer,
     mut deadline: Option<(Instant, bool)>,
-) -> Res<Ended> {
+) -> Res<RunEnd> {
     loop {
         let wait = deadline.map(|(at, _)| {
             at.saturating_duration_since(Instant::now())
@@ -357,7 +357,7 @@ fn follow(
         match c.next_notification(wait) {
             Ok(msg) => {
                 if let Some(payload) = sink.event(&msg, killer) {
-                    return Ok(Ended::Exit {
+                    return Ok(RunEnd::Exit {
                         payload,
                         reason: killer.reason(),
                     });
@@ -365,7 +365,7 @@ fn follow(
             }
             Err(CallError::Io(e)) if is_timeout(&e) => match deadline.take() {
                 Some((_, true)) => killer.trigger(Reason::Timeout),
-                Some((_, false)) => return Ok(Ended::StillRunning),
+                Some((_, false)) => return Ok(RunEnd::StillRunning),
                 None => {}
             },
             Err(e) => return Err(daemon_error(e, Some(&sink.id))),
@@ -388,7 +388,7 @@ fn finish(
     ctx: &Ctx,
     target: &Target,
     sink: &Sink,
-    ended: &Ended,
+    ended: &RunEnd,
     timeout: Option<Duration>,
 ) -> Res<u8> {
     let (kind, session) = match target {
@@ -398,7 +398,7 @@ fn finish(
     let id = target.id();
     let mut obj = json!({"id": id, "kind": kind, "session": session});
     let code = match ended {
-        Ended::StillRunning => {
+        RunEnd::StillRunning => {
             obj["status"] = json!("running");
             if !ctx.json {
                 warn(&format!(
@@ -407,7 +407,7 @@ fn finish(
             }
             0
         }
-        Ended::Exit { payload, reason } => {
+        RunEnd::Exit { payload, reason } => {
             obj["status"] = json!(exit_state(payload));
             obj["exit_code"] = payload["exitCode"].clone();
             obj["signal"] = payload["signal"].clone();
@@ -473,7 +473,7 @@ fn detached(ctx: &Ctx, target: &Target) -> Res<u8> {
 // ---- the subcommands -------------------------------------------------------------------
 
 /// `execctl run [OPTIONS] [--] COMMAND [ARGS...]`.
-pub fn run(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     let Some((command, args)) = p.operands.split_first() else {
         return Err(Fail::usage(
             "run needs a command: execctl run [OPTIONS] COMMAND [ARGS...]",
@@ -547,7 +547,7 @@ pub fn run(ctx: &Ctx, p: &Parsed) -> Res<u8> {
 }
 
 /// `execctl exec [OPTIONS] [--] 'SHELL LINE'`.
-pub fn exec(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     let line = p.operands.join(" ");
     if line.trim().is_empty() {
         return Err(Fail::usage(
@@ -620,18 +620,18 @@ pub fn exec(ctx: &Ctx, p: &Parsed) -> Res<u8> {
     let deadline = soft.map(|t| (Instant::now() + t, false));
     let ended = follow(&mut c, &mut sink, &killer, deadline)?;
     match ended {
-        Ended::StillRunning => close_stdin(&mut c),
+        RunEnd::StillRunning => close_stdin(&mut c),
         // A session made for this one command goes with it.
-        Ended::Exit { .. } if own_session => {
+        RunEnd::Exit { .. } if own_session => {
             let _ = c.call("bash/sessions/close", json!({"session_id": session}));
         }
-        Ended::Exit { .. } => {}
+        RunEnd::Exit { .. } => {}
     }
     finish(ctx, &target, &sink, &ended, o.timeout)
 }
 
 /// `execctl write [--eof] ID [TEXT]`.
-pub fn write(ctx: &Ctx, p: &Parsed) -> Res<u8> {
+pub fn write(ctx: &Ctx, p: &Args) -> Res<u8> {
     let (id, text) = match p.operands.as_slice() {
         [id] => (id, None),
         [id, text] => (id, Some(text)),

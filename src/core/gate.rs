@@ -79,7 +79,7 @@ pub const DESCRIPTION_MAX: usize = 16 << 10;
 
 /// A request waiting for an approver.
 #[derive(Debug)]
-pub struct Pending {
+pub struct PendingApproval {
     pub id: String,
     /// The requester, and its request to answer (none for a notification).
     pub conn: ConnId,
@@ -102,7 +102,7 @@ pub struct Approvals {
     /// Approvers not reading what they are sent (their outgoing buffer is full): they
     /// count as absent until it drains.
     pub deaf: HashSet<ConnId>,
-    pub pending: HashMap<String, Pending>,
+    pub pending: HashMap<String, PendingApproval>,
     pub grants: HashSet<Grant>,
     next: u64,
 }
@@ -251,7 +251,7 @@ impl Core {
             .collect();
         let verdict = self.policy.judge(
             &judged,
-            &policy::Peer {
+            &policy::Subject {
                 uid: peer.uid,
                 gids: &gids,
             },
@@ -358,7 +358,7 @@ impl Core {
                 );
                 self.approvals.pending.insert(
                     appr.clone(),
-                    Pending {
+                    PendingApproval {
                         id: appr,
                         conn,
                         req,

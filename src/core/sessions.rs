@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::gate::Answer;
-use super::table::{Key, KillReason, Proc, Session, SessionKey};
+use super::table::{BashSession, Key, KillReason, Proc, SessionKey};
 use super::{Core, Timer};
 use crate::wire::rpc::RpcError;
 
@@ -51,7 +51,7 @@ impl Core {
             let now_wall = self.wall;
             self.table.sessions.insert(
                 key.clone(),
-                Session {
+                BashSession {
                     id: key.1.clone(),
                     owner,
                     workdir: self.cfg.workdir.clone(),

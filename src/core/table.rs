@@ -272,7 +272,7 @@ impl Proc {
 
 /// A bash session: API-level state shared by its commands.
 #[derive(Debug)]
-pub struct Session {
+pub struct BashSession {
     pub id: String,
     pub owner: u32,
     pub workdir: PathBuf,
@@ -325,7 +325,7 @@ pub struct Table {
     pub procs: HashMap<Key, Proc>,
     ids: HashMap<String, Key>,
     pids: HashMap<i32, Key>,
-    pub sessions: HashMap<SessionKey, Session>,
+    pub sessions: HashMap<SessionKey, BashSession>,
     /// The processes each connection subscribes to.
     pub subs_of: HashMap<ConnId, Vec<Key>>,
     /// Output memory held by every ring together.
@@ -652,7 +652,7 @@ mod tests {
         let key = (owner, id.to_string());
         t.sessions.insert(
             key.clone(),
-            Session {
+            BashSession {
                 id: id.into(),
                 owner,
                 workdir: "/".into(),

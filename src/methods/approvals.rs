@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::core::{Caller, Core, Step};
-use crate::policy::{split_line, Judged, Peer};
+use crate::policy::{split_line, Judged, Subject};
 use crate::wire::rpc::{Params, RpcError};
 
 /// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
@@ -66,7 +66,7 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
         None if uid == caller.uid => vec![caller.gid],
         None => Vec::new(),
     };
-    let v = core.policy.judge(&judged, &Peer { uid, gids: &gids });
+    let v = core.policy.judge(&judged, &Subject { uid, gids: &gids });
     let hits: Vec<Value> = v
         .hits
         .iter()

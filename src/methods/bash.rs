@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::core::launch::{validate_dir, validate_env, After, LaunchRequest};
 use crate::core::ring::middle_cut;
-use crate::core::table::{Family, Key, Proc, Session, SessionKey};
+use crate::core::table::{BashSession, Family, Key, Proc, SessionKey};
 use crate::core::view::{self, exit_fields, oom_killed};
 use crate::core::{Caller, Core, Step, Wait};
 use crate::methods::list;
@@ -114,7 +114,7 @@ fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-fn session_info(core: &Core, sess: &Session) -> Value {
+fn session_info(core: &Core, sess: &BashSession) -> Value {
     let current = sess
         .commands
         .iter()
@@ -416,7 +416,7 @@ pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rp
 
 /// `bash/sessions`: the caller's own sessions, oldest first.
 pub fn sessions(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
-    let mut list: Vec<&Session> = core
+    let mut list: Vec<&BashSession> = core
         .table
         .sessions
         .values()

@@ -80,7 +80,7 @@ pub enum Judged<'a> {
 
 /// Who asks: the peer's credentials, for rules limited by `uids`/`gids`.
 #[derive(Debug, Clone, Copy)]
-pub struct Peer<'a> {
+pub struct Subject<'a> {
     /// The peer's user id.
     pub uid: u32,
     /// Every group the peer is in (primary and supplementary).
@@ -131,7 +131,7 @@ struct Rule {
 
 impl Rule {
     /// Whether the rule applies to `peer`: every condition it states must hold.
-    fn applies_to(&self, peer: &Peer<'_>) -> bool {
+    fn applies_to(&self, peer: &Subject<'_>) -> bool {
         let uid_ok = self.uids.as_ref().is_none_or(|u| u.contains(&peer.uid));
         let gid_ok = self
             .gids
@@ -275,7 +275,7 @@ impl Policy {
     }
 
     /// Judges a direct command or a shell line for `peer` (PROTOCOL 7.2).
-    pub fn judge(&self, what: &Judged<'_>, peer: &Peer<'_>) -> Verdict {
+    pub fn judge(&self, what: &Judged<'_>, peer: &Subject<'_>) -> Verdict {
         let (direct, split) = match *what {
             // A direct `sh -c WORD` is judged as itself and as the line it runs. The line
             // counts as already one level deep: its own nested shells are not read.
@@ -293,7 +293,7 @@ impl Policy {
         &self,
         commands: impl Iterator<Item = &'c [String]>,
         unparsed: bool,
-        peer: &Peer<'_>,
+        peer: &Subject<'_>,
     ) -> Verdict {
         let mut hits = Vec::new();
         // The strictest matching rule so far, and among rules with that decision the
@@ -647,7 +647,7 @@ mod tests {
     }"#;
 
     /// A peer no `uids`/`gids` rule in these tests names.
-    const ANYONE: Peer<'static> = Peer {
+    const ANYONE: Subject<'static> = Subject {
         uid: 4242,
         gids: &[4242],
     };
@@ -829,7 +829,7 @@ mod tests {
             ]}"#,
         );
         let judge =
-            |l: &str, uid: u32, gids: &[u32]| p.judge(&Judged::Line(l), &Peer { uid, gids });
+            |l: &str, uid: u32, gids: &[u32]| p.judge(&Judged::Line(l), &Subject { uid, gids });
         decides(&judge("rm x", 1000, &[1000]), Decision::Ask, "rm-users");
         decides(&judge("rm x", 1001, &[]), Decision::Ask, "rm-users");
         decides(&judge("rm x", 0, &[0]), Decision::Allow, "default");

@@ -52,7 +52,7 @@ pub struct Origin {
 
 /// What one reap found.
 #[derive(Debug, PartialEq)]
-pub enum Reaped {
+pub enum ReapOutcome {
     /// A command's exit, published to the core (which has effects to carry out).
     Command,
     /// A child that is not a command: a leader killed as it started, or a re-parented
@@ -443,13 +443,18 @@ impl Children {
 
     /// Reaps one exited child and, if it is a command, reads its pipes out and publishes
     /// its exit to the core. One SIGCHLD may stand for many exits, so the loop calls this
-    /// until it says `Reaped::Nothing`.
-    pub fn reap_one(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) -> Reaped {
+    /// until it says `ReapOutcome::Nothing`.
+    pub fn reap_one(
+        &mut self,
+        core: &mut Core,
+        conns: &mut Conns,
+        registry: &Registry,
+    ) -> ReapOutcome {
         let Some(r) = crate::sys::reap::reap_one() else {
             if std::mem::take(&mut self.orphans) {
                 self.contain.orphan_reaped();
             }
-            return Reaped::Nothing;
+            return ReapOutcome::Nothing;
         };
         let Some(key) = core.table.by_pid(r.pid) else {
             if let Some(key) = self.abandoned.remove(&r.pid) {
@@ -457,7 +462,7 @@ impl Children {
             } else {
                 self.orphans = true; // a re-parented descendant: reaped, nothing to publish
             }
-            return Reaped::Other;
+            return ReapOutcome::Other;
         };
         // Whatever the pipes hold now was written before the exit: read it first.
         for s in 0..streams(core, key) {
@@ -465,6 +470,6 @@ impl Children {
         }
         let tree = self.contain.leader_exited(key);
         core.exited(key, r.ended, r.usage, tree);
-        Reaped::Command
+        ReapOutcome::Command
     }
 }

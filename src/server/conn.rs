@@ -77,7 +77,7 @@ impl Sock {
 
 /// The protocol a connection speaks.
 #[derive(Debug)]
-enum Codec {
+enum Dialect {
     /// Nothing read yet on the Unix socket: the first byte decides.
     Undecided,
     Rpc(rpc::RpcSession),
@@ -99,7 +99,7 @@ pub struct Conn {
     pub token: Token,
     /// Who the peer is (for TCP: the identity its requests run as).
     pub peer: PeerCred,
-    codec: Codec,
+    codec: Dialect,
     bounds: Bounds,
     out: Vec<u8>,
     out_pos: usize,
@@ -121,7 +121,7 @@ pub struct Conn {
 impl Conn {
     /// A connection on the Unix socket: JSON-RPC or HTTP, as its first byte says.
     pub fn unix(stream: UnixStream, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
-        Conn::with(Sock::Unix(stream), Codec::Undecided, token, peer, bounds)
+        Conn::with(Sock::Unix(stream), Dialect::Undecided, token, peer, bounds)
     }
 
     /// A connection on an HTTP listener.
@@ -132,14 +132,14 @@ impl Conn {
         bounds: Bounds,
         auth: http::Auth,
     ) -> Conn {
-        let codec = Codec::Http(http::HttpSession::new(
+        let codec = Dialect::Http(http::HttpSession::new(
             http::Limits::new(bounds.max_message),
             auth,
         ));
         Conn::with(Sock::Tcp(stream), codec, token, peer, bounds)
     }
 
-    fn with(stream: Sock, codec: Codec, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
+    fn with(stream: Sock, codec: Dialect, token: Token, peer: PeerCred, bounds: Bounds) -> Conn {
         Conn {
             stream,
             token,
@@ -173,7 +173,7 @@ impl Conn {
 
     /// Whether it speaks HTTP.
     pub fn is_http(&self) -> bool {
-        matches!(self.codec, Codec::Http(_))
+        matches!(self.codec, Dialect::Http(_))
     }
 
     /// Bytes queued and not yet written.
@@ -184,7 +184,7 @@ impl Conn {
     /// Bytes owed to the peer: queued, and (HTTP) answers held behind an earlier request.
     pub fn owed(&self) -> usize {
         let held = match &self.codec {
-            Codec::Http(s) => s.held(),
+            Dialect::Http(s) => s.held(),
             _ => 0,
         };
         self.pending_out() + held
@@ -195,7 +195,7 @@ impl Conn {
     /// room in its pipeline. Only then is it worth reading again.
     pub fn can_take(&self) -> bool {
         let pipeline_full = match &self.codec {
-            Codec::Http(s) => s.pipeline_full(),
+            Dialect::Http(s) => s.pipeline_full(),
             _ => false,
         };
         !self.owes_past_cap() && !pipeline_full
@@ -220,37 +220,37 @@ impl Conn {
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
         match &self.codec {
-            Codec::Undecided => 0,
-            Codec::Rpc(s) => s.waiting(),
-            Codec::Http(s) => s.waiting(),
+            Dialect::Undecided => 0,
+            Dialect::Rpc(s) => s.waiting(),
+            Dialect::Http(s) => s.waiting(),
         }
     }
 
     fn pending_input(&self) -> usize {
         match &self.codec {
-            Codec::Undecided => 0,
-            Codec::Rpc(s) => s.pending_input(),
-            Codec::Http(s) => s.pending_input(),
+            Dialect::Undecided => 0,
+            Dialect::Rpc(s) => s.pending_input(),
+            Dialect::Http(s) => s.pending_input(),
         }
     }
 
     /// Hands bytes to the codec, choosing it on the first byte of the Unix socket.
     fn push(&mut self, bytes: &[u8]) {
-        if let Codec::Undecided = self.codec {
+        if let Dialect::Undecided = self.codec {
             let b = self.bounds;
             self.codec = if bytes.first().is_some_and(u8::is_ascii_alphabetic) {
-                Codec::Http(http::HttpSession::new(
+                Dialect::Http(http::HttpSession::new(
                     http::Limits::new(b.max_message),
                     http::Auth::Peer,
                 ))
             } else {
-                Codec::Rpc(rpc::RpcSession::new(b.max_message, b.max_batch))
+                Dialect::Rpc(rpc::RpcSession::new(b.max_message, b.max_batch))
             };
         }
         match &mut self.codec {
-            Codec::Undecided => {}
-            Codec::Rpc(s) => s.push(bytes),
-            Codec::Http(s) => s.push(bytes),
+            Dialect::Undecided => {}
+            Dialect::Rpc(s) => s.push(bytes),
+            Dialect::Http(s) => s.push(bytes),
         }
     }
 
@@ -267,7 +267,7 @@ impl Conn {
             match self.stream.read(scratch) {
                 Ok(0) => {
                     self.eof = true;
-                    if let Codec::Rpc(s) = &mut self.codec {
+                    if let Dialect::Rpc(s) = &mut self.codec {
                         s.end_of_input();
                     }
                     return Fill::Eof;
@@ -295,9 +295,9 @@ impl Conn {
             cap: self.bounds.cap,
         };
         let (next, held, pipeline_full) = match &mut self.codec {
-            Codec::Undecided => (None, 0, false),
-            Codec::Rpc(s) => (s.next(&mut self.out, room), 0, false),
-            Codec::Http(s) => {
+            Dialect::Undecided => (None, 0, false),
+            Dialect::Rpc(s) => (s.next(&mut self.out, room), 0, false),
+            Dialect::Http(s) => {
                 let before = s.requests();
                 let next = s.next(&mut self.out, room);
                 if s.requests() != before {
@@ -319,9 +319,9 @@ impl Conn {
             return;
         }
         match &mut self.codec {
-            Codec::Undecided => {}
-            Codec::Rpc(s) => s.answer(req, result, &mut self.out),
-            Codec::Http(s) => s.answer(req, result, &mut self.out),
+            Dialect::Undecided => {}
+            Dialect::Rpc(s) => s.answer(req, result, &mut self.out),
+            Dialect::Http(s) => s.answer(req, result, &mut self.out),
         }
     }
 
@@ -405,9 +405,9 @@ impl Conn {
         }
         let written = self.pending_out() == 0;
         let idle = match &self.codec {
-            Codec::Undecided => true,
-            Codec::Rpc(s) => s.idle(),
-            Codec::Http(s) => {
+            Dialect::Undecided => true,
+            Dialect::Rpc(s) => s.idle(),
+            Dialect::Http(s) => {
                 if s.done() && written {
                     return true;
                 }

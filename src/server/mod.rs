@@ -37,7 +37,7 @@ use crate::core::table::ConnId;
 use crate::core::timers::Timers;
 use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::methods as dispatch;
-use crate::server::children::{Children, Origin, Reaped};
+use crate::server::children::{Children, Origin, ReapOutcome};
 use crate::server::clients::{Admission, Conns};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
@@ -624,9 +624,9 @@ impl Server {
         loop {
             let (core, conns) = (&mut self.core, &mut self.conns);
             match self.children.reap_one(core, conns, self.poll.registry()) {
-                Reaped::Command => self.apply(),
-                Reaped::Other => {}
-                Reaped::Nothing => return,
+                ReapOutcome::Command => self.apply(),
+                ReapOutcome::Other => {}
+                ReapOutcome::Nothing => return,
             }
         }
     }

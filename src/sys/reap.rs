@@ -23,7 +23,7 @@ pub fn signal_group(pgid: i32, sig: i32) {
 
 /// One reaped child.
 #[derive(Debug, Clone, Copy)]
-pub struct Reaped {
+pub struct ChildExit {
     pub pid: i32,
     pub ended: Ended,
     pub usage: Usage,
@@ -34,7 +34,7 @@ fn timeval(tv: libc::timeval) -> Duration {
 }
 
 /// Reaps one exited child, ours or a re-parented orphan, without blocking.
-pub fn reap_one() -> Option<Reaped> {
+pub fn reap_one() -> Option<ChildExit> {
     let mut status: libc::c_int = 0;
     // SAFETY: rusage is plain old data; zeroed is a valid value for wait4 to overwrite.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -52,7 +52,7 @@ pub fn reap_one() -> Option<Reaped> {
                 system: timeval(ru.ru_stime),
                 max_rss_kb: ru.ru_maxrss.max(0) as u64,
             };
-            return Some(Reaped { pid, ended, usage });
+            return Some(ChildExit { pid, ended, usage });
         }
         if pid < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;

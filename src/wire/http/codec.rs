@@ -1,7 +1,7 @@
 //! HTTP/1.1 requests from bytes, sans I/O: bytes in, `Event`s (whole requests, interim
 //! `100 Continue`s, refusals) out.
 //!
-//! Invariants of a `Codec`:
+//! Invariants of a `HttpCodec`:
 //! - Requests come out whole and in the order they were sent, however the bytes were split
 //!   across reads: splitting a stream at any byte boundary yields the same requests.
 //! - Nothing a peer sends can make it panic or hold unbounded memory. Once `next` has
@@ -64,7 +64,7 @@ impl Limits {
 
 /// One request, whole: head understood, body de-chunked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub struct HttpRequest {
     /// The method as sent (methods are case-sensitive): "GET", "POST", ...
     pub method: String,
     /// The target's path, without query string or fragment, not yet percent-decoded. An
@@ -86,7 +86,7 @@ pub enum Event {
     /// `CONTINUE` now.
     Continue,
     /// A whole request.
-    Request(Request),
+    Request(HttpRequest),
     /// Malformed or oversized input: write `response` (already encoded, with
     /// `Connection: close` where `close`), and when `close`, stop reading and close once it
     /// is written.
@@ -99,7 +99,7 @@ pub enum Event {
 
 /// A sans-I/O HTTP/1.1 server-side codec for one connection, on `httparse`.
 #[derive(Debug)]
-pub struct Codec {
+pub struct HttpCodec {
     limits: Limits,
     /// Bytes read; `buf[..start]` is consumed and compacted away on the next `push`.
     buf: Vec<u8>,
@@ -124,7 +124,7 @@ enum State {
 /// A request whose body is still arriving.
 #[derive(Debug)]
 struct Partial {
-    request: Request,
+    request: HttpRequest,
     framing: Framing,
     /// `Expect: 100-continue` was sent and no `Continue` was returned yet.
     continue_due: bool,
@@ -189,7 +189,7 @@ impl Fault {
 }
 
 /// What one step of the decoder produced.
-enum Step {
+enum Progress {
     /// An event to hand out.
     Event(Event),
     /// The state moved on (a head was understood): step again.
@@ -198,10 +198,10 @@ enum Step {
     Wait,
 }
 
-impl Codec {
+impl HttpCodec {
     /// A codec for a new connection.
-    pub fn new(limits: Limits) -> Codec {
-        Codec {
+    pub fn new(limits: Limits) -> HttpCodec {
+        HttpCodec {
             limits,
             buf: Vec::new(),
             start: 0,
@@ -229,7 +229,7 @@ impl Codec {
     }
 
     /// True once nothing more will be parsed: after an `Event::Reject` with close, and also
-    /// after a `Request` whose `keep_alive` is false (answer it, then close). Either way the
+    /// after an `HttpRequest` whose `keep_alive` is false (answer it, then close). Either way the
     /// connection should stop reading.
     pub fn closed(&self) -> bool {
         matches!(self.state, State::Done)
@@ -273,7 +273,7 @@ impl Codec {
     }
 
     /// Waiting for a head: parse it when a line has completed, then decide the framing.
-    fn head(&mut self) -> Result<Step, Fault> {
+    fn head(&mut self) -> Result<Progress, Fault> {
         // RFC 9112 §2.2: empty lines before a request line are ignored (some clients send
         // an extra CRLF after a body). Consuming them keeps them out of the head bound.
         let skip = leading_empty_lines(self.avail());
@@ -283,7 +283,7 @@ impl Codec {
         let over = self.pending() > self.limits.max_head;
         if !self.fresh_line() && !over {
             self.state = State::Head;
-            return Ok(Step::Wait);
+            return Ok(Progress::Wait);
         }
         let parsed = parse_head(self.avail(), &self.limits)?;
         let Some((len, head)) = parsed else {
@@ -291,7 +291,7 @@ impl Codec {
                 return Err(Fault::head_too_large(&self.limits));
             }
             self.state = State::Head;
-            return Ok(Step::Wait);
+            return Ok(Progress::Wait);
         };
         if len > self.limits.max_head {
             return Err(Fault::head_too_large(&self.limits));
@@ -307,11 +307,11 @@ impl Codec {
             framing,
             continue_due: expect_continue,
         }));
-        Ok(Step::Again)
+        Ok(Progress::Again)
     }
 
     /// Reading a body: take what is buffered; hand out the request once it is whole.
-    fn body(&mut self, mut partial: Box<Partial>) -> Result<Step, Fault> {
+    fn body(&mut self, mut partial: Box<Partial>) -> Result<Progress, Fault> {
         self.decode(&mut partial)?;
         if partial.framing == Framing::Length(0) {
             let request = partial.request;
@@ -323,15 +323,15 @@ impl Codec {
                 self.state = State::Done;
                 self.release();
             }
-            return Ok(Step::Event(Event::Request(request)));
+            return Ok(Progress::Event(Event::Request(request)));
         }
         // The body is incomplete: the moment to invite the rest, once.
         let due = std::mem::take(&mut partial.continue_due);
         self.state = State::Body(partial);
         Ok(if due {
-            Step::Event(Event::Continue)
+            Progress::Event(Event::Continue)
         } else {
-            Step::Wait
+            Progress::Wait
         })
     }
 
@@ -445,7 +445,7 @@ impl Codec {
 
 /// `codec.next()` is the one way events come out. The iterator is not fused: after `None`,
 /// a `push` may make more events available (until `closed()`).
-impl Iterator for Codec {
+impl Iterator for HttpCodec {
     type Item = Event;
 
     /// The next thing the connection must act on, if a whole one is buffered.
@@ -458,9 +458,9 @@ impl Iterator for Codec {
                 State::Body(partial) => self.body(partial),
             };
             match step {
-                Ok(Step::Again) => continue,
-                Ok(Step::Event(event)) => return Some(event),
-                Ok(Step::Wait) => {
+                Ok(Progress::Again) => continue,
+                Ok(Progress::Event(event)) => return Some(event),
+                Ok(Progress::Wait) => {
                     self.tidy();
                     return None;
                 }
@@ -482,7 +482,7 @@ impl Iterator for Codec {
 /// A request head, understood.
 struct Head {
     /// The request as far as the head tells (empty body).
-    request: Request,
+    request: HttpRequest,
     framing: Framing,
     expect_continue: bool,
 }
@@ -633,7 +633,7 @@ fn understand(req: &httparse::Request, limits: &Limits) -> Result<Head, Fault> {
 
     let keep_alive = !close && (http11 || keep_alive_token);
     Ok(Head {
-        request: Request {
+        request: HttpRequest {
             method: method.to_owned(),
             path: target_path(target).to_owned(),
             body: Vec::new(),
@@ -720,7 +720,7 @@ fn trim(bytes: &[u8]) -> &[u8] {
 }
 
 #[cfg(test)]
-impl Codec {
+impl HttpCodec {
     /// Body bytes held by the request in progress (for the memory-bound tests).
     fn held_body(&self) -> usize {
         match &self.state {
@@ -745,19 +745,19 @@ pub(super) mod tests {
     }
 
     /// Pushes `bytes`, then takes every event the codec has.
-    pub fn feed(codec: &mut Codec, bytes: &[u8]) -> Vec<Event> {
+    pub fn feed(codec: &mut HttpCodec, bytes: &[u8]) -> Vec<Event> {
         codec.push(bytes);
         std::iter::from_fn(|| codec.next()).collect()
     }
 
     /// Every event of `bytes` pushed at once into a new codec.
     pub fn events(bytes: &[u8]) -> Vec<Event> {
-        feed(&mut Codec::new(limits()), bytes)
+        feed(&mut HttpCodec::new(limits()), bytes)
     }
 
     /// The only event of `bytes`, which must be a request.
     #[track_caller]
-    pub fn one_request(bytes: &[u8]) -> Request {
+    pub fn one_request(bytes: &[u8]) -> HttpRequest {
         match events(bytes).as_slice() {
             [Event::Request(request)] => request.clone(),
             other => panic!("expected one request, got {other:?}"),
@@ -768,7 +768,7 @@ pub(super) mod tests {
     /// the codec is then closed for good.
     #[track_caller]
     pub fn rejected(bytes: &[u8]) -> u16 {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let events = feed(&mut codec, bytes);
         let status = match events.last() {
             Some(Event::Reject {
@@ -814,7 +814,7 @@ pub(super) mod tests {
         (code, head, body)
     }
 
-    pub fn requests(events: Vec<Event>) -> Vec<Request> {
+    pub fn requests(events: Vec<Event>) -> Vec<HttpRequest> {
         events
             .into_iter()
             .filter_map(|event| match event {
@@ -841,7 +841,7 @@ pub(super) mod tests {
         let request = one_request(b"GET /v1/health HTTP/1.1\r\nHost: execd\r\n\r\n");
         assert_eq!(
             request,
-            Request {
+            HttpRequest {
                 method: "GET".into(),
                 path: "/v1/health".into(),
                 body: vec![],
@@ -902,7 +902,7 @@ pub(super) mod tests {
     fn two_pipelined_requests_in_one_push_come_out_in_order() {
         let mut stream = EXEC.to_vec();
         stream.extend_from_slice(b"GET /v1/bash/sessions HTTP/1.1\r\n\r\n");
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         codec.push(&stream);
         let first = codec.next();
         assert!(matches!(&first, Some(Event::Request(r)) if r.path == "/v1/bash/exec"));
@@ -939,7 +939,7 @@ pub(super) mod tests {
     // ---- split at any byte boundary ----
 
     /// The requests of `stream` fed whole, for comparison with any split of it.
-    fn whole(stream: &[u8]) -> Vec<Request> {
+    fn whole(stream: &[u8]) -> Vec<HttpRequest> {
         let got = requests(events(stream));
         assert!(!got.is_empty());
         got
@@ -952,7 +952,7 @@ pub(super) mod tests {
         for stream in [EXEC, CHUNKED, EXPECTING, &pipelined[..]] {
             let expected = whole(stream);
             for at in 0..=stream.len() {
-                let mut codec = Codec::new(limits());
+                let mut codec = HttpCodec::new(limits());
                 let mut got = feed(&mut codec, &stream[..at]);
                 got.extend(feed(&mut codec, &stream[at..]));
                 let continues = got.iter().filter(|e| **e == Event::Continue).count();
@@ -969,7 +969,7 @@ pub(super) mod tests {
         let expected = whole(stream);
         for a in 0..=stream.len() {
             for b in a..=stream.len() {
-                let mut codec = Codec::new(limits());
+                let mut codec = HttpCodec::new(limits());
                 let mut got = feed(&mut codec, &stream[..a]);
                 got.extend(feed(&mut codec, &stream[a..b]));
                 got.extend(feed(&mut codec, &stream[b..]));
@@ -983,7 +983,7 @@ pub(super) mod tests {
         let mut stream = EXPECTING.to_vec();
         stream.extend_from_slice(CHUNKED);
         stream.extend_from_slice(EXEC);
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let mut got = Vec::new();
         for byte in &stream {
             got.extend(feed(&mut codec, std::slice::from_ref(byte)));
@@ -1049,7 +1049,7 @@ pub(super) mod tests {
 
     #[test]
     fn http10_closes_unless_keep_alive_is_asked_for() {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let got = feed(
             &mut codec,
             b"GET /v1/health HTTP/1.0\r\n\r\nGET /v1/health HTTP/1.0\r\n\r\n",
@@ -1086,7 +1086,7 @@ pub(super) mod tests {
     #[test]
     fn expect_continue_is_answered_before_the_body_arrives() {
         let (head, body) = EXPECTING.split_at(EXPECTING.len() - 4);
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         assert_eq!(feed(&mut codec, head), vec![Event::Continue]);
         assert_eq!(
             feed(&mut codec, &body[..2]),
@@ -1110,7 +1110,7 @@ pub(super) mod tests {
     fn expect_continue_works_with_chunked_bodies() {
         let head =
             b"POST /x HTTP/1.1\r\nExpect: 100-Continue\r\nTransfer-Encoding: chunked\r\n\r\n";
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         assert_eq!(feed(&mut codec, head), vec![Event::Continue]);
         let got = feed(&mut codec, b"2\r\n{}\r\n0\r\n\r\n");
         assert!(matches!(&got[..], [Event::Request(r)] if r.body == b"{}"));
@@ -1118,7 +1118,7 @@ pub(super) mod tests {
 
     #[test]
     fn http10_gets_no_interim_answer() {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let head = b"POST /x HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(feed(&mut codec, head), vec![]);
         assert_eq!(requests(feed(&mut codec, b"{}")).len(), 1);
@@ -1151,7 +1151,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_malformed_request_line_is_refused_before_the_head_ends() {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let got = feed(&mut codec, b"GET /v1/he\x7flth HTTP/1.1\r\n");
         assert!(matches!(&got[..], [Event::Reject { status: 400, .. }]));
     }
@@ -1276,7 +1276,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_431_is_reported_however_the_head_trickles_in() {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let mut got = feed(&mut codec, b"GET / HTTP/1.1\r\nX: ");
         for _ in 0..limits().max_head {
             got.extend(feed(&mut codec, b"a"));
@@ -1291,7 +1291,7 @@ pub(super) mod tests {
     #[test]
     fn a_large_head_trickled_byte_by_byte_is_parsed_once_per_line() {
         // Re-parsing on every byte would be quadratic: ~60 KiB x 60 KiB here.
-        let mut codec = Codec::new(Limits::new(1024));
+        let mut codec = HttpCodec::new(Limits::new(1024));
         let head = format!(
             "GET /v1/health HTTP/1.1\r\nX-Long: {}\r\n\r\n",
             "v".repeat(60 * 1024)
@@ -1321,7 +1321,7 @@ pub(super) mod tests {
         );
         assert_eq!(one_request(exact.as_bytes()).body.len(), max);
         // Chunked: refused at the chunk that would pass the limit.
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let first = format!(
             "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n",
             max,
@@ -1343,7 +1343,7 @@ pub(super) mod tests {
 
     #[test]
     fn after_a_refusal_nothing_more_is_parsed() {
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         let got = feed(
             &mut codec,
             b"GET / HTTP/3\r\n\r\nGET /v1/health HTTP/1.1\r\n\r\n",
@@ -1387,7 +1387,7 @@ pub(super) mod tests {
     #[test]
     fn a_body_is_moved_out_of_the_input_buffer_as_it_arrives() {
         let max = limits().max_body;
-        let mut codec = Codec::new(limits());
+        let mut codec = HttpCodec::new(limits());
         feed(
             &mut codec,
             format!("POST /x HTTP/1.1\r\nContent-Length: {max}\r\n\r\n").as_bytes(),
@@ -1415,7 +1415,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_input_buffer_gives_back_its_capacity_when_drained() {
-        let mut codec = Codec::new(Limits::new(1 << 20));
+        let mut codec = HttpCodec::new(Limits::new(1 << 20));
         let body = vec![b'a'; 200_000];
         let mut stream =
             format!("POST /x HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
@@ -1430,7 +1430,7 @@ pub(super) mod tests {
     /// bound; returns every event.
     fn feed_in_pieces(stream: &[u8], cuts: &[usize]) -> Vec<Event> {
         let limits = limits();
-        let mut codec = Codec::new(limits);
+        let mut codec = HttpCodec::new(limits);
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
         cuts.sort_unstable();
         cuts.push(stream.len());

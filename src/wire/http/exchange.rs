@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Map, Value};
 
-use super::codec::{Codec, Event, Limits, Request, CONTINUE};
+use super::codec::{Event, HttpCodec, HttpRequest, Limits, CONTINUE};
 use super::route::*;
 use crate::wire::rpc::{Incoming, ReqNo, Room, RpcError};
 
@@ -62,7 +62,7 @@ pub const MAX_PIPELINE: usize = 32;
 /// envelope and status of section 11. Sans-I/O like the codec.
 #[derive(Debug)]
 pub struct HttpSession {
-    codec: Codec,
+    codec: HttpCodec,
     auth: Auth,
     order: VecDeque<Slot>,
     /// `Waiting` slots in `order`.
@@ -77,7 +77,7 @@ pub struct HttpSession {
 impl HttpSession {
     pub fn new(limits: Limits, auth: Auth) -> HttpSession {
         HttpSession {
-            codec: Codec::new(limits),
+            codec: HttpCodec::new(limits),
             auth,
             order: VecDeque::new(),
             waiting: 0,
@@ -159,7 +159,7 @@ impl HttpSession {
     }
 
     /// A whole request: the loop's `Incoming`, or the response it gets at once.
-    fn request(&mut self, r: Request) -> Result<Incoming, Vec<u8>> {
+    fn request(&mut self, r: HttpRequest) -> Result<Incoming, Vec<u8>> {
         let keep = r.keep_alive;
         if !self.auth.admits(r.authorization.as_deref()) {
             return Err(unauthorized(keep));

@@ -8,7 +8,9 @@ use serde_json::Value;
 
 use super::error::RpcError;
 use super::framer::{Frame, Framer};
-use super::message::{parse_line, write_response, Id, Incoming, Message, Parsed, ReqNo, Request};
+use super::message::{
+    parse_line, write_response, Id, Incoming, Message, ParsedLine, ReqNo, RpcRequest,
+};
 
 /// Requests one connection may have unanswered (parked, or in open batches) before
 /// further requests on it are refused with -32003: waits cost memory and timers, not
@@ -29,7 +31,7 @@ pub struct Room {
 
 /// Where the answer to a request goes.
 #[derive(Debug)]
-enum Pending {
+enum ReplyTo {
     Single(Id),
     Batch { batch: u64, slot: usize, id: Id },
 }
@@ -46,7 +48,7 @@ struct Batch {
     open: bool,
 }
 
-/// Parsed messages not yet handed out (a batch's elements), and batch ends.
+/// ParsedLine messages not yet handed out (a batch's elements), and batch ends.
 #[derive(Debug)]
 enum Queued {
     Message { msg: Message, batch: Option<u64> },
@@ -68,7 +70,7 @@ pub struct RpcSession {
     max_message: usize,
     max_batch: usize,
     queue: VecDeque<Queued>,
-    open: HashMap<ReqNo, Pending>,
+    open: HashMap<ReqNo, ReplyTo>,
     next_req: u64,
     batches: HashMap<u64, Batch>,
     next_batch: u64,
@@ -146,19 +148,19 @@ impl RpcSession {
             let line = match self.framer.next_frame()? {
                 Frame::TooLong => {
                     let e = RpcError::too_long(self.max_message);
-                    self.answer_to(Pending::Single(Id::null()), &Err(e), out);
+                    self.answer_to(ReplyTo::Single(Id::null()), &Err(e), out);
                     continue;
                 }
                 Frame::Line(line) => line,
             };
             match parse_line(&line, self.max_batch) {
-                Parsed::Error(e) => self.answer_to(Pending::Single(Id::null()), &Err(e), out),
-                Parsed::Single(msg) => {
+                ParsedLine::Error(e) => self.answer_to(ReplyTo::Single(Id::null()), &Err(e), out),
+                ParsedLine::Single(msg) => {
                     if let Some(incoming) = self.admit(msg, None, owed, room.cap, out) {
                         return Some(incoming);
                     }
                 }
-                Parsed::Batch(msgs) => {
+                ParsedLine::Batch(msgs) => {
                     let b = self.next_batch;
                     self.next_batch += 1;
                     self.batches.insert(
@@ -203,7 +205,7 @@ impl RpcSession {
                 None
             }
             Message::Response { id, result } => Some(Incoming::Response { id, result }),
-            Message::Request(Request {
+            Message::Request(RpcRequest {
                 id: None,
                 method,
                 params,
@@ -212,12 +214,12 @@ impl RpcSession {
                 let target = params.get("requestId")?;
                 self.open.iter().find_map(|(req, to)| {
                     let id = match to {
-                        Pending::Single(id) | Pending::Batch { id, .. } => id,
+                        ReplyTo::Single(id) | ReplyTo::Batch { id, .. } => id,
                     };
                     (id.to_value() == *target).then_some(Incoming::Cancel(*req))
                 })
             }
-            Message::Request(Request {
+            Message::Request(RpcRequest {
                 id: None,
                 method,
                 params,
@@ -226,7 +228,7 @@ impl RpcSession {
                 method,
                 params,
             }),
-            Message::Request(Request {
+            Message::Request(RpcRequest {
                 id: Some(id),
                 method,
                 params,
@@ -259,18 +261,18 @@ impl RpcSession {
         }
     }
 
-    fn reply_slot(&mut self, id: Id, batch: Option<u64>) -> Pending {
+    fn reply_slot(&mut self, id: Id, batch: Option<u64>) -> ReplyTo {
         match batch.and_then(|b| self.batches.get_mut(&b).map(|s| (b, s))) {
             Some((b, state)) => {
                 state.slots.push(None);
                 state.pending += 1;
-                Pending::Batch {
+                ReplyTo::Batch {
                     batch: b,
                     slot: state.slots.len() - 1,
                     id,
                 }
             }
-            None => Pending::Single(id),
+            None => ReplyTo::Single(id),
         }
     }
 
@@ -281,13 +283,13 @@ impl RpcSession {
         }
     }
 
-    fn answer_to(&mut self, to: Pending, result: &Result<Value, RpcError>, out: &mut Vec<u8>) {
+    fn answer_to(&mut self, to: ReplyTo, result: &Result<Value, RpcError>, out: &mut Vec<u8>) {
         match to {
-            Pending::Single(id) => {
+            ReplyTo::Single(id) => {
                 write_response(out, &id, result);
                 out.push(b'\n');
             }
-            Pending::Batch { batch, slot, id } => {
+            ReplyTo::Batch { batch, slot, id } => {
                 let Some(b) = self.batches.get_mut(&batch) else {
                     return;
                 };

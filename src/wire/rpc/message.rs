@@ -55,7 +55,7 @@ pub struct ReqNo(pub u64);
 #[derive(Debug, PartialEq)]
 pub enum Message {
     /// A request (with `id`) or a notification (`id` absent).
-    Request(Request),
+    Request(RpcRequest),
     /// A response from the client to a request the server sent (approvals).
     Response {
         id: Id,
@@ -67,7 +67,7 @@ pub enum Message {
 
 /// A request or notification.
 #[derive(Debug, PartialEq)]
-pub struct Request {
+pub struct RpcRequest {
     /// `None` for a notification, which is never answered.
     pub id: Option<Id>,
     pub method: String,
@@ -77,7 +77,7 @@ pub struct Request {
 
 /// What one line holds.
 #[derive(Debug, PartialEq)]
-pub enum Parsed {
+pub enum ParsedLine {
     Single(Message),
     Batch(Vec<Message>),
     /// Not JSON, an empty batch, or one over the limit: answered once with `id: null`.
@@ -121,15 +121,15 @@ impl<'de> serde::de::Visitor<'de> for BatchSeed<'_> {
 
 /// Parses one line (without its terminator). A batch of more than `max_batch` elements
 /// is refused whole.
-pub fn parse_line(line: &[u8], max_batch: usize) -> Parsed {
+pub fn parse_line(line: &[u8], max_batch: usize) -> ParsedLine {
     let text = match std::str::from_utf8(line) {
         Ok(t) => t,
-        Err(e) => return Parsed::Error(RpcError::parse_error(&e.to_string())),
+        Err(e) => return ParsedLine::Error(RpcError::parse_error(&e.to_string())),
     };
     if !text.trim_start().starts_with('[') {
         return match serde_json::from_str::<&RawValue>(text) {
-            Ok(raw) => Parsed::Single(parse_message(raw)),
-            Err(e) => Parsed::Error(RpcError::parse_error(&e.to_string())),
+            Ok(raw) => ParsedLine::Single(parse_message(raw)),
+            Err(e) => ParsedLine::Error(RpcError::parse_error(&e.to_string())),
         };
     }
     use serde::de::DeserializeSeed;
@@ -142,16 +142,18 @@ pub fn parse_line(line: &[u8], max_batch: usize) -> Parsed {
     .deserialize(&mut de)
     .and_then(|items| de.end().map(|()| items));
     match items {
-        Ok(items) if items.is_empty() => Parsed::Error(RpcError::invalid_request("empty batch")),
-        Ok(items) => Parsed::Batch(items.into_iter().map(parse_message).collect()),
-        Err(_) if too_many.get() => Parsed::Error(
+        Ok(items) if items.is_empty() => {
+            ParsedLine::Error(RpcError::invalid_request("empty batch"))
+        }
+        Ok(items) => ParsedLine::Batch(items.into_iter().map(parse_message).collect()),
+        Err(_) if too_many.get() => ParsedLine::Error(
             RpcError::new(
                 INVALID_REQUEST,
                 format!("invalid request: a batch may hold at most {max_batch} messages"),
             )
             .with_data(json!({ "limit": "max-batch", "value": max_batch })),
         ),
-        Err(e) => Parsed::Error(RpcError::parse_error(&e.to_string())),
+        Err(e) => ParsedLine::Error(RpcError::parse_error(&e.to_string())),
     }
 }
 
@@ -193,7 +195,7 @@ fn parse_message(raw: &RawValue) -> Message {
                 }
                 Some(_) => return invalid("\"params\" must be an object"),
             };
-            Message::Request(Request {
+            Message::Request(RpcRequest {
                 id: usable_id,
                 method,
                 params,
@@ -282,14 +284,14 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":7,"method":"m","params":{"x":1}}"#,
             10,
         );
-        let Parsed::Single(Message::Request(r)) = p else {
+        let ParsedLine::Single(Message::Request(r)) = p else {
             panic!("{p:?}")
         };
         assert_eq!(r.id, Some(Id("7".into())));
         assert_eq!(r.method, "m");
         assert_eq!(r.params["x"], 1);
         let p = parse_line(br#"{"jsonrpc":"2.0","method":"n"}"#, 10);
-        let Parsed::Single(Message::Request(r)) = p else {
+        let ParsedLine::Single(Message::Request(r)) = p else {
             panic!("{p:?}")
         };
         assert_eq!(r.id, None);
@@ -298,7 +300,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":"s","method":"m","params":null}"#,
             10,
         );
-        let Parsed::Single(Message::Request(r)) = p else {
+        let ParsedLine::Single(Message::Request(r)) = p else {
             panic!("{p:?}")
         };
         assert_eq!(r.id.unwrap().to_value(), json!("s"));
@@ -307,14 +309,14 @@ mod tests {
     fn rejects_what_is_not_a_request() {
         assert!(matches!(
             parse_line(b"{nope", 10),
-            Parsed::Error(RpcError {
+            ParsedLine::Error(RpcError {
                 code: PARSE_ERROR,
                 ..
             })
         ));
         assert!(matches!(
             parse_line(b"[]", 10),
-            Parsed::Error(RpcError {
+            ParsedLine::Error(RpcError {
                 code: INVALID_REQUEST,
                 ..
             })
@@ -326,19 +328,19 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1}"#,
             b"42",
         ] {
-            let Parsed::Single(Message::Invalid { error, .. }) = parse_line(bad, 10) else {
+            let ParsedLine::Single(Message::Invalid { error, .. }) = parse_line(bad, 10) else {
                 panic!("{}", String::from_utf8_lossy(bad))
             };
             assert_eq!(error.code, INVALID_REQUEST);
         }
         // The id is echoed when it is usable.
-        let Parsed::Single(Message::Invalid { id, .. }) =
+        let ParsedLine::Single(Message::Invalid { id, .. }) =
             parse_line(br#"{"jsonrpc":"1.0","id":"k","method":"m"}"#, 10)
         else {
             panic!()
         };
         assert_eq!(id.as_json(), "\"k\"");
-        let Parsed::Single(Message::Invalid { id, .. }) =
+        let ParsedLine::Single(Message::Invalid { id, .. }) =
             parse_line(br#"{"jsonrpc":"2.0","id":{"x":1},"method":"m"}"#, 10)
         else {
             panic!()
@@ -348,7 +350,7 @@ mod tests {
     #[test]
     fn ids_are_echoed_exactly_as_sent() {
         let line = br#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"m"}"#;
-        let Parsed::Single(Message::Request(r)) = parse_line(line, 10) else {
+        let ParsedLine::Single(Message::Request(r)) = parse_line(line, 10) else {
             panic!()
         };
         let id = r.id.unwrap();
@@ -360,7 +362,7 @@ mod tests {
             "the id keeps its digits"
         );
         let line = br#"{"jsonrpc":"2.0","id":"a\u00e9b","method":"m"}"#;
-        let Parsed::Single(Message::Request(r)) = parse_line(line, 10) else {
+        let ParsedLine::Single(Message::Request(r)) = parse_line(line, 10) else {
             panic!()
         };
         assert_eq!(r.id.unwrap().as_json(), r#""a\u00e9b""#);
@@ -368,7 +370,7 @@ mod tests {
     #[test]
     fn params_by_position_are_invalid_params() {
         let line = br#"{"jsonrpc":"2.0","id":4,"method":"m","params":[1,2]}"#;
-        let Parsed::Single(Message::Invalid { id, error }) = parse_line(line, 10) else {
+        let ParsedLine::Single(Message::Invalid { id, error }) = parse_line(line, 10) else {
             panic!()
         };
         assert_eq!(id.as_json(), "4");
@@ -378,29 +380,29 @@ mod tests {
     #[test]
     fn a_batch_over_the_limit_is_refused_whole() {
         let big = format!("[{}1]", "1,".repeat(1000));
-        let Parsed::Error(e) = parse_line(big.as_bytes(), 1000) else {
+        let ParsedLine::Error(e) = parse_line(big.as_bytes(), 1000) else {
             panic!()
         };
         assert_eq!(e.code, INVALID_REQUEST);
         assert_eq!(e.data.unwrap()["value"], 1000);
         let ok = format!("[{}1]", "1,".repeat(999));
-        let Parsed::Batch(items) = parse_line(ok.as_bytes(), 1000) else {
+        let ParsedLine::Batch(items) = parse_line(ok.as_bytes(), 1000) else {
             panic!()
         };
         assert_eq!(items.len(), 1000);
         // Broken JSON after the limit is still "too large", not a parse error.
-        let Parsed::Error(e) = parse_line(b"[1,1,1,{", 2) else {
+        let ParsedLine::Error(e) = parse_line(b"[1,1,1,{", 2) else {
             panic!()
         };
         assert_eq!(e.code, INVALID_REQUEST);
-        let Parsed::Error(e) = parse_line(b"[1,{", 5) else {
+        let ParsedLine::Error(e) = parse_line(b"[1,{", 5) else {
             panic!()
         };
         assert_eq!(e.code, PARSE_ERROR);
     }
     #[test]
     fn batches_keep_order_and_mark_bad_elements() {
-        let Parsed::Batch(items) = parse_line(
+        let ParsedLine::Batch(items) = parse_line(
             br#"[{"jsonrpc":"2.0","id":1,"method":"a"},5,{"jsonrpc":"2.0","method":"n"}]"#,
             10,
         ) else {
@@ -416,7 +418,7 @@ mod tests {
         let p = parse_line(br#"{"jsonrpc":"2.0","id":"r1","result":{"ok":true}}"#, 10);
         assert!(matches!(
             p,
-            Parsed::Single(Message::Response { result: Ok(_), .. })
+            ParsedLine::Single(Message::Response { result: Ok(_), .. })
         ));
     }
     #[test]
