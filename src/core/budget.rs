@@ -124,7 +124,7 @@ mod tests {
         req.peer.uid = owner;
         req.ring_capacity = limit;
         let (key, id) = c.table.next_ids("term");
-        c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
+        c.started(&req, key, id, key.0 as i32 + 1000, req.peer.uid);
         key
     }
 

@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
-use crate::core::table::{ConnId, Key, KillReason, Peer, SessionKey, Table};
+use crate::core::table::{ConnId, Key, KillReason, ParkId, Peer, SessionKey, Table};
 use crate::core::timers::{TimerId, Timers};
 use crate::policy::Policy;
 use crate::types::Leftovers;
@@ -128,7 +128,7 @@ enum Timer {
     /// SIGKILL what is left of a tree after the grace.
     Escalate(Key),
     /// A parked request's deadline (soft timeout, `wait_timeout`, kill answer).
-    Deadline(u64),
+    Deadline(ParkId),
     /// A bash command's `hard_timeout`.
     HardTimeout(Key),
     /// Check a bash session for idleness.
@@ -143,7 +143,7 @@ pub struct Core {
     pub cfg: Config,
     pub table: Table,
     timers: Timers<Timer>,
-    parked: HashMap<u64, Parked>,
+    parked: HashMap<ParkId, Parked>,
     next_park: u64,
     /// Parked requests carrying output, per connection.
     output_waits: HashMap<ConnId, usize>,
@@ -324,7 +324,7 @@ impl Core {
         for key in self.table.subs_of.get(&conn).cloned().unwrap_or_default() {
             self.out.push(Effect::Pump(key));
         }
-        let gone: Vec<u64> = self
+        let gone: Vec<ParkId> = self
             .parked
             .iter()
             .filter(|(_, p)| p.conn == conn)

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::gate::Answer;
-use super::table::{ConnId, Key};
+use super::table::{ConnId, Key, ParkId};
 use super::timers::TimerId;
 use super::{Core, Effect, Timer};
 use crate::wire::rpc::{ReqNo, RpcError};
@@ -99,7 +99,7 @@ impl Core {
             }
             *self.output_waits.entry(conn).or_default() += 1;
         }
-        let id = self.next_park;
+        let id = ParkId(self.next_park);
         self.next_park += 1;
         let key = wait.key();
         let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline(id)));
@@ -124,7 +124,7 @@ impl Core {
     /// Answers parked request `id` if its condition holds (or `expired`); its family
     /// renders the answer (`Effect::Answer`). A command already forgotten answers
     /// `-32002`.
-    pub(super) fn resolve(&mut self, id: u64, expired: bool) {
+    pub(super) fn resolve(&mut self, id: ParkId, expired: bool) {
         let Some(p) = self.parked.get(&id) else {
             return;
         };
@@ -218,7 +218,7 @@ impl Core {
     }
 
     /// Takes a parked request out of every index: its timer and its process's waiters.
-    pub(super) fn unpark(&mut self, id: u64) -> Option<Parked> {
+    pub(super) fn unpark(&mut self, id: ParkId) -> Option<Parked> {
         let p = self.parked.remove(&id)?;
         if p.wait.carries_output() {
             if let Some(n) = self.output_waits.get_mut(&p.conn) {

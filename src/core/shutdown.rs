@@ -3,7 +3,7 @@
 //! `-32007`.
 
 use super::gate::Answer;
-use super::table::{Key, KillReason, Proc};
+use super::table::{Key, KillReason, ParkId, Proc};
 use super::{Core, Effect};
 use crate::wire::rpc::RpcError;
 
@@ -50,7 +50,7 @@ impl Core {
                 });
             }
         }
-        let mut ids: Vec<u64> = self.parked.keys().copied().collect();
+        let mut ids: Vec<ParkId> = self.parked.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
             self.resolve(id, true);

@@ -18,8 +18,20 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::core::ring::Ring;
 use crate::types::{Ended, TreeUsage, Usage};
 
-/// Internal key of a process record; never reused.
-pub type Key = u64;
+/// Internal key of a command's record; never reused. Its public id is derived from it
+/// (`term_N`, `cmd_N`), and listings page by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(pub u64);
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A parked request, as its command's waiters name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ParkId(pub u64);
 
 /// A client connection as the core knows it; the loop maps it to its socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -206,7 +218,7 @@ pub struct Proc {
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
     pub released: bool,
     /// Parked requests interested in this process.
-    pub waiters: Vec<u64>,
+    pub waiters: Vec<ParkId>,
     pub subs: Vec<Sub>,
     /// A lossless subscriber is behind: its pipes are not read until it catches up.
     pub paused: bool,
@@ -330,7 +342,7 @@ pub struct Table {
     pub subs_of: HashMap<ConnId, Vec<Key>>,
     /// Output memory held by every ring together.
     pub memory: Memory,
-    next_key: Key,
+    next_key: u64,
     next_session: u64,
     running: usize,
     /// Exited, unreleased terminals per owner, oldest first.
@@ -345,7 +357,7 @@ impl Table {
     /// Allocates the key and public id for a new process (`term_N` or `cmd_N`).
     pub fn next_ids(&mut self, prefix: &str) -> (Key, String) {
         self.next_key += 1;
-        (self.next_key, format!("{prefix}_{}", self.next_key))
+        (Key(self.next_key), format!("{prefix}_{}", self.next_key))
     }
 
     /// Records a started process.

@@ -64,7 +64,7 @@ pub fn terminal(c: &mut Core) -> Key {
         Stdio3::Merged,
     );
     let (key, id) = c.table.next_ids("term");
-    c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
+    c.started(&req, key, id, key.0 as i32 + 1000, req.peer.uid);
     key
 }
 
@@ -78,7 +78,7 @@ pub fn bash(c: &mut Core, session: &str) -> Key {
         Stdio3::Separate,
     );
     let (key, id) = c.table.next_ids("cmd");
-    c.started(&req, key, id, key as i32 + 1000, req.peer.uid);
+    c.started(&req, key, id, key.0 as i32 + 1000, req.peer.uid);
     key
 }
 

@@ -48,7 +48,7 @@ impl Page {
         items: impl Iterator<Item = &'a Proc>,
     ) -> (Vec<&'a Proc>, Option<String>) {
         let mut page: Vec<&Proc> = items
-            .filter(|p| self.below.is_none_or(|b| p.key < b))
+            .filter(|p| self.below.is_none_or(|b| p.key.0 < b))
             .take(self.limit + 1)
             .collect();
         let next = if page.len() > self.limit {

@@ -21,7 +21,7 @@ use crate::core::launch::LaunchRequest;
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, Peer};
 use crate::core::Core;
-use crate::server::clients::Conns;
+use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::ids::Identity;
@@ -260,14 +260,14 @@ impl Children {
         &mut self,
         token: Token,
         core: &mut Core,
-        conns: &mut Conns,
+        clients: &mut Clients,
         registry: &Registry,
     ) -> bool {
         match self.pipes.source(token) {
             Some(Source::Out { key, stream }) => {
                 self.read_pipe(
                     core,
-                    conns,
+                    clients,
                     registry,
                     (key, stream),
                     PIPE_BYTES_PER_TURN,
@@ -286,9 +286,9 @@ impl Children {
     }
 
     /// Reads again the pipes left readable after their budget.
-    pub fn service_hot(&mut self, core: &mut Core, conns: &mut Conns, registry: &Registry) {
+    pub fn service_hot(&mut self, core: &mut Core, clients: &mut Clients, registry: &Registry) {
         for pipe in std::mem::take(&mut self.hot) {
-            self.read_pipe(core, conns, registry, pipe, PIPE_BYTES_PER_TURN, false);
+            self.read_pipe(core, clients, registry, pipe, PIPE_BYTES_PER_TURN, false);
         }
     }
 
@@ -302,7 +302,7 @@ impl Children {
     fn read_pipe(
         &mut self,
         core: &mut Core,
-        conns: &mut Conns,
+        clients: &mut Clients,
         registry: &Registry,
         (key, stream): (Key, usize),
         budget: usize,
@@ -341,7 +341,7 @@ impl Children {
                     got = true;
                     left -= n;
                     if watched {
-                        self.pump(core, conns, key);
+                        self.pump(core, clients, key);
                     }
                     if n < want && !to_eof {
                         // A short read from a pipe took all it held (under the pipe's lock),
@@ -370,7 +370,7 @@ impl Children {
             self.hot.retain(|h| *h != (key, stream));
             core.eof(key, stream);
         } else if got {
-            self.pump(core, conns, key);
+            self.pump(core, clients, key);
             core.wake(key);
         }
         // An exit that found this pipe paused waits for every pipe to be read out.
@@ -380,24 +380,22 @@ impl Children {
     }
 
     /// Hands a command's new output to its subscribers.
-    pub fn pump(&mut self, core: &mut Core, conns: &mut Conns, key: Key) {
-        let done = crate::core::pump::pump(&mut core.table, key, conns);
-        self.after_pump(core, conns, done);
+    pub fn pump(&mut self, core: &mut Core, clients: &mut Clients, key: Key) {
+        let done = crate::core::pump::pump(&mut core.table, key, clients);
+        self.after_pump(core, clients, done);
     }
 
     /// A connection drained below half its cap: its lagging subscribers resume.
-    pub fn on_room(&mut self, core: &mut Core, conns: &mut Conns, conn: ConnId) {
-        let mut done = crate::core::pump::on_room(&mut core.table, conn, conns);
+    pub fn on_room(&mut self, core: &mut Core, clients: &mut Clients, conn: ConnId) {
+        let mut done = crate::core::pump::on_room(&mut core.table, conn, clients);
         done.touched.retain(|c| *c != conn);
-        self.after_pump(core, conns, done);
+        self.after_pump(core, clients, done);
     }
 
     /// Marks the connections a pump wrote to, and reads again the pipes it unpaused (they
     /// give no new readiness event while their writer waits on a full pipe).
-    fn after_pump(&mut self, core: &Core, conns: &mut Conns, done: Pumped) {
-        conns
-            .dirty
-            .extend(done.touched.into_iter().map(|c| Token(c.0)));
+    fn after_pump(&mut self, core: &Core, clients: &mut Clients, done: Pumped) {
+        clients.dirty.extend(done.touched.into_iter().map(token_of));
         for key in done.resumed {
             for s in 0..streams(core, key) {
                 if !self.hot.contains(&(key, s)) {
@@ -447,7 +445,7 @@ impl Children {
     pub fn reap_one(
         &mut self,
         core: &mut Core,
-        conns: &mut Conns,
+        clients: &mut Clients,
         registry: &Registry,
     ) -> ReapOutcome {
         let Some(r) = crate::sys::reap::reap_one() else {
@@ -466,7 +464,7 @@ impl Children {
         };
         // Whatever the pipes hold now was written before the exit: read it first.
         for s in 0..streams(core, key) {
-            self.read_pipe(core, conns, registry, (key, s), EXIT_DRAIN_BYTES, true);
+            self.read_pipe(core, clients, registry, (key, s), EXIT_DRAIN_BYTES, true);
         }
         let tree = self.contain.leader_exited(key);
         core.exited(key, r.ended, r.usage, tree);

@@ -27,6 +27,17 @@ use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, ReqNo, RpcError};
 
+/// The core's name for the connection under `token`. A connection's token and its
+/// `ConnId` are the same number; these two are the only places that say so.
+pub fn conn_id(token: Token) -> ConnId {
+    ConnId(token.0)
+}
+
+/// The token of connection `conn` (see `conn_id`).
+pub fn token_of(conn: ConnId) -> Token {
+    Token(conn.0)
+}
+
 /// What one accept came to.
 #[derive(Debug, PartialEq)]
 pub enum Admission {
@@ -42,7 +53,7 @@ pub enum Admission {
 
 /// The connections, by token.
 #[derive(Default)]
-pub struct Conns {
+pub struct Clients {
     map: HashMap<Token, Conn>,
     /// Connections with output queued since the last flush.
     pub dirty: Vec<Token>,
@@ -65,22 +76,22 @@ impl Outbox for Conn {
     }
 }
 
-impl Outboxes for Conns {
+impl Outboxes for Clients {
     /// An HTTP connection has no outbox for events: its stream carries responses only (a
     /// subscription an HTTP request asked for is dropped as if its connection were gone).
     fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
         self.map
-            .get_mut(&Token(conn.0))
+            .get_mut(&token_of(conn))
             .filter(|c| !c.is_http())
             .map(|c| c as &mut dyn Outbox)
     }
 }
 
-impl Conns {
-    pub fn new(uid: u32) -> Conns {
-        Conns {
+impl Clients {
+    pub fn new(uid: u32) -> Clients {
+        Clients {
             uid,
-            ..Conns::default()
+            ..Clients::default()
         }
     }
 
@@ -112,9 +123,9 @@ impl Conns {
 
     /// Queues bytes that are not an answer (an event, an approval request).
     pub fn send(&mut self, conn: ConnId, line: &[u8]) {
-        if let Some(c) = self.map.get_mut(&Token(conn.0)) {
+        if let Some(c) = self.map.get_mut(&token_of(conn)) {
             c.queue_bytes(line);
-            self.dirty.push(Token(conn.0));
+            self.dirty.push(token_of(conn));
         }
     }
 
@@ -209,7 +220,7 @@ impl Conns {
         conn.last_request = now;
         conn.groups = groups.clone();
         self.map.insert(token, conn);
-        core.connected(ConnId(token.0), peer_of(peer), groups);
+        core.connected(conn_id(token), peer_of(peer), groups);
         Admission::Admitted { tcp }
     }
 
@@ -320,7 +331,7 @@ impl Conns {
             return;
         };
         conn.deregister(registry);
-        core.disconnected(ConnId(token.0));
+        core.disconnected(conn_id(token));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The event loop: one `Poll` over the listeners, the signals, the log's descriptors,
 //! every connection and every child pipe. It turns readiness into calls and nothing else:
 //! the state and the decisions are the core's; admitting and answering connections is
-//! `conns`'; starting commands, reading their pipes and reaping them is `children`'.
+//! `clients`'; starting commands, reading their pipes and reaping them is `children`'.
 //!
 //! Each turn: poll (timeout = earliest timer, or zero while work is left over), service
 //! what is ready (accept, read requests, read pipes, write stdin, reap on SIGCHLD), fire
@@ -33,12 +33,11 @@ use signal_hook_mio::v1_0::Signals;
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
 use crate::core::log::Log;
-use crate::core::table::ConnId;
 use crate::core::timers::Timers;
 use crate::core::{Caller, Core, Effect, Gated, Step};
 use crate::methods as dispatch;
 use crate::server::children::{Children, Origin, ReapOutcome};
-use crate::server::clients::{Admission, Conns};
+use crate::server::clients::{conn_id, token_of, Admission, Clients};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
 use crate::sys::sinks::Sinks;
@@ -101,7 +100,7 @@ pub struct Server {
     poll: Poll,
     listeners: Listeners,
     signals: Signals,
-    conns: Conns,
+    clients: Clients,
     children: Children,
     timers: Timers<LoopTimer>,
     next_token: usize,
@@ -178,7 +177,7 @@ impl Server {
             poll,
             listeners,
             signals,
-            conns: Conns::new(crate::sys::ids::current_uid()),
+            clients: Clients::new(crate::sys::ids::current_uid()),
             children,
             timers: Timers::default(),
             next_token,
@@ -219,7 +218,7 @@ impl Server {
             self.write_log();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
-            let timeout = if !self.children.busy() && self.conns.dirty.is_empty() {
+            let timeout = if !self.children.busy() && self.clients.dirty.is_empty() {
                 let next = match (self.core.next_deadline(), self.timers.next_deadline()) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -247,8 +246,9 @@ impl Server {
                     ),
                 }
             }
-            let (core, conns) = (&mut self.core, &mut self.conns);
-            self.children.service_hot(core, conns, self.poll.registry());
+            let (core, clients) = (&mut self.core, &mut self.clients);
+            self.children
+                .service_hot(core, clients, self.poll.registry());
             self.fire_timers();
             self.apply();
             self.flush_dirty();
@@ -266,7 +266,7 @@ impl Server {
     fn status_text(&self) -> String {
         format!(
             "{} client(s), {} running command(s), containment: {}",
-            self.conns.count(),
+            self.clients.count(),
             self.core.table.running(),
             self.children.contain.kind()
         )
@@ -277,7 +277,7 @@ impl Server {
         if self.status_pending {
             return;
         }
-        let counts = (self.conns.count(), self.core.table.running());
+        let counts = (self.clients.count(), self.core.table.running());
         let text = self.status_text();
         if let Some(n) = self.notifier.as_mut() {
             if let systemd::Status::Later(at) = n.status(counts, &text, Instant::now()) {
@@ -333,7 +333,10 @@ impl Server {
         while !self.accept_paused && self.shutdown.is_none() {
             let registry = self.poll.registry();
             let (core, next) = (&mut self.core, &mut self.next_token);
-            match self.conns.accept(lt, &self.listeners, core, registry, next) {
+            match self
+                .clients
+                .accept(lt, &self.listeners, core, registry, next)
+            {
                 Admission::Nothing => return,
                 Admission::Failed => {
                     self.accept_paused = true;
@@ -356,7 +359,7 @@ impl Server {
     /// A source is ready. For a connection, writing (and resuming what waited for room)
     /// happens in `flush_dirty`, so only readability and a hang-up matter here.
     fn on_ready(&mut self, token: Token, readable: bool, hung_up: bool) {
-        if self.conns.contains(&token) {
+        if self.clients.contains(&token) {
             if readable {
                 self.read_requests(token);
             }
@@ -364,18 +367,18 @@ impl Server {
             // an HTTP client left while a request waits: what it sent was carried out
             // just now, and what waits for it (parked requests, asks for approval) is
             // withdrawn as the connection closes.
-            if let Some(c) = self.conns.get_mut(&token) {
+            if let Some(c) = self.clients.get_mut(&token) {
                 if hung_up || c.left_waiting() {
                     c.broken = true;
                 }
             }
-            self.conns.dirty.push(token);
+            self.clients.dirty.push(token);
             return;
         }
-        let (core, conns) = (&mut self.core, &mut self.conns);
+        let (core, clients) = (&mut self.core, &mut self.clients);
         if self
             .children
-            .on_ready(token, core, conns, self.poll.registry())
+            .on_ready(token, core, clients, self.poll.registry())
         {
             self.apply();
         }
@@ -384,11 +387,11 @@ impl Server {
     /// Reads and handles requests while the connection may read.
     fn read_requests(&mut self, token: Token) {
         let mut scratch = std::mem::take(&mut self.scratch);
-        while let Some(conn) = self.conns.get_mut(&token) {
+        while let Some(conn) = self.clients.get_mut(&token) {
             // After EOF, requests already buffered are still handled.
             let fill = conn.fill(&mut scratch);
             self.handle_incoming(token);
-            let held = self.conns.get(&token).is_none_or(|c| c.read_pending);
+            let held = self.clients.get(&token).is_none_or(|c| c.read_pending);
             if held || fill != Fill::More {
                 break;
             }
@@ -398,7 +401,7 @@ impl Server {
 
     /// Carries out what a connection has buffered, one request at a time.
     fn handle_incoming(&mut self, token: Token) {
-        while let Some(incoming) = self.conns.get_mut(&token).and_then(Conn::ready) {
+        while let Some(incoming) = self.clients.get_mut(&token).and_then(Conn::ready) {
             match incoming {
                 Incoming::Request {
                     req,
@@ -408,17 +411,17 @@ impl Server {
                 // Answers to the approval requests execd sent.
                 Incoming::Response { id, result } => {
                     if let Value::String(id) = id.to_value() {
-                        self.core.approval_answer(ConnId(token.0), &id, &result);
+                        self.core.approval_answer(conn_id(token), &id, &result);
                         self.apply();
                     }
                 }
                 Incoming::Cancel(req) => {
-                    self.core.cancel(ConnId(token.0), req);
+                    self.core.cancel(conn_id(token), req);
                     self.apply();
                 }
             }
         }
-        self.conns.dirty.push(token);
+        self.clients.dirty.push(token);
     }
 
     fn request(
@@ -428,11 +431,11 @@ impl Server {
         method: &str,
         params: &Map<String, Value>,
     ) {
-        let Some(conn) = self.conns.get(&token) else {
+        let Some(conn) = self.clients.get(&token) else {
             return;
         };
         let caller = Caller {
-            conn: ConnId(token.0),
+            conn: conn_id(token),
             uid: conn.peer.uid,
             gid: conn.peer.gid,
             pid: conn.peer.pid,
@@ -446,7 +449,7 @@ impl Server {
     /// by the family's tail (which yields the next step).
     fn settle(&mut self, token: Token, req: Option<ReqNo>, step: Result<Step, RpcError>) {
         match step {
-            Ok(Step::Launch(launch)) => match self.core.gate(launch, ConnId(token.0), req) {
+            Ok(Step::Launch(launch)) => match self.core.gate(launch, conn_id(token), req) {
                 Gated::Admitted(launch) => self.start(token, req, &launch),
                 Gated::Refused(e) => self.answer(token, req, Err(e)),
                 Gated::Asked => {} // answered once an approver decides
@@ -454,7 +457,7 @@ impl Server {
             Ok(Step::Park { wait, deadline }) => {
                 // A notification is carried out and never answered, so never waits.
                 if let Some(req) = req {
-                    self.core.park(ConnId(token.0), req, wait, deadline);
+                    self.core.park(conn_id(token), req, wait, deadline);
                 }
             }
             Ok(Step::Done(v)) => self.answer(token, req, Ok(v)),
@@ -464,7 +467,7 @@ impl Server {
 
     /// Starts an admitted command, then settles the request with the family's tail.
     fn start(&mut self, token: Token, req: Option<ReqNo>, launch: &LaunchRequest) {
-        let origin = self.conns.get(&token).map(|c| Origin {
+        let origin = self.clients.get(&token).map(|c| Origin {
             over_tcp: c.is_tcp(),
             groups: c.groups.clone(),
         });
@@ -477,7 +480,7 @@ impl Server {
     }
 
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
-        self.conns.answer(&mut self.core, token, req, result);
+        self.clients.answer(&mut self.core, token, req, result);
     }
 
     /// Carries out the core's effects, then lets it forget what is done with.
@@ -486,11 +489,11 @@ impl Server {
             for effect in std::mem::take(&mut self.core.out) {
                 match effect {
                     Effect::Reply { conn, req, result } => {
-                        self.answer(Token(conn.0), Some(req), result)
+                        self.answer(token_of(conn), Some(req), result)
                     }
                     Effect::Answer { conn, req, wait } => {
                         let result = dispatch::answer(&self.core, &wait);
-                        self.answer(Token(conn.0), Some(req), result)
+                        self.answer(token_of(conn), Some(req), result)
                     }
                     Effect::End { key, stage } => self.children.contain.end(key, stage),
                     Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
@@ -503,9 +506,11 @@ impl Server {
                         }
                     }
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
-                    Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.conns, key),
-                    Effect::Send { conn, line } => self.conns.send(conn, &line),
-                    Effect::Launch { conn, req, launch } => self.start(Token(conn.0), req, &launch),
+                    Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
+                    Effect::Send { conn, line } => self.clients.send(conn, &line),
+                    Effect::Launch { conn, req, launch } => {
+                        self.start(token_of(conn), req, &launch)
+                    }
                 }
             }
         }
@@ -527,12 +532,12 @@ impl Server {
     fn flush_dirty(&mut self) {
         const ROUNDS: usize = 8;
         // A connection is marked once per message queued to it; flush it once.
-        let mut dirty = std::mem::take(&mut self.conns.dirty);
+        let mut dirty = std::mem::take(&mut self.clients.dirty);
         dirty.sort_unstable_by_key(|t| t.0);
         dirty.dedup();
         for token in dirty {
             for round in 0.. {
-                let Some(conn) = self.conns.get_mut(&token) else {
+                let Some(conn) = self.clients.get_mut(&token) else {
                     break;
                 };
                 conn.flush();
@@ -544,31 +549,31 @@ impl Server {
                 // still held back would mark it dirty again and spin the loop until its
                 // oldest request is answered (which marks it dirty in turn).
                 let held_back = conn.read_pending && conn.can_take();
-                let (core, conns) = (&mut self.core, &mut self.conns);
-                self.children.on_room(core, conns, ConnId(token.0));
+                let (core, clients) = (&mut self.core, &mut self.clients);
+                self.children.on_room(core, clients, conn_id(token));
                 if held_back {
                     self.read_requests(token);
                 }
-                let Some(conn) = self.conns.get(&token) else {
+                let Some(conn) = self.clients.get(&token) else {
                     break;
                 };
                 if conn.pending_out() == owed {
                     break; // nothing new to write
                 }
                 if round == ROUNDS {
-                    self.conns.dirty.push(token);
+                    self.clients.dirty.push(token);
                     break;
                 }
             }
-            let Some(conn) = self.conns.get_mut(&token) else {
+            let Some(conn) = self.clients.get_mut(&token) else {
                 continue;
             };
             // An approver that stops reading is asked nothing until it drains.
             self.core
                 .approvals
-                .set_listening(ConnId(token.0), conn.has_room());
+                .set_listening(conn_id(token), conn.has_room());
             if conn.finished() {
-                self.conns
+                self.clients
                     .close(token, self.poll.registry(), &mut self.core);
             } else {
                 conn.update_interest(self.poll.registry());
@@ -589,7 +594,7 @@ impl Server {
     /// are open.
     fn close_idle_tcp(&mut self) {
         let now = self.core.now;
-        self.tcp_sweep_armed = self.conns.close_idle_tcp(now, self.core.cfg.http_idle);
+        self.tcp_sweep_armed = self.clients.close_idle_tcp(now, self.core.cfg.http_idle);
         if self.tcp_sweep_armed {
             self.timers
                 .add(now + self.tcp_sweep_every(), LoopTimer::TcpIdleSweep);
@@ -622,8 +627,8 @@ impl Server {
     /// Reaps every exited child, carrying out what each exit leaves to do.
     fn reap_all(&mut self) {
         loop {
-            let (core, conns) = (&mut self.core, &mut self.conns);
-            match self.children.reap_one(core, conns, self.poll.registry()) {
+            let (core, clients) = (&mut self.core, &mut self.clients);
+            match self.children.reap_one(core, clients, self.poll.registry()) {
                 ReapOutcome::Command => self.apply(),
                 ReapOutcome::Other => {}
                 ReapOutcome::Nothing => return,
@@ -692,7 +697,7 @@ impl Server {
         self.timers.add(until, LoopTimer::ShutdownRecheck);
         self.core.answer_all_parked();
         self.apply();
-        self.conns.mark_all();
+        self.clients.mark_all();
         self.flush_dirty();
     }
 
@@ -718,7 +723,7 @@ impl Server {
             }
             Some(Shutdown::Flushing(until)) => {
                 let pending = self
-                    .conns
+                    .clients
                     .values()
                     .any(|c| c.pending_out() > 0 && !c.broken);
                 !(pending && Instant::now() < until)
