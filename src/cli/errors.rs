@@ -35,8 +35,6 @@ pub struct Fail {
     /// The JSON-RPC error behind it, for `--verbose` and `--json` (boxed: a `Fail`
     /// travels in every `Err`).
     pub rpc: Option<Box<RpcDetail>>,
-    /// A usage error: the help line for the subcommand follows it.
-    pub usage: bool,
 }
 
 /// The JSON-RPC error a `Fail` came from.
@@ -57,16 +55,12 @@ impl Fail {
             message: message.into(),
             code: EXIT_FAILURE,
             rpc: None,
-            usage: false,
         }
     }
 
-    /// Bad usage (exit 125, with a pointer to the subcommand's help).
+    /// Bad usage (exit 125, as docker's); the message says where the help is.
     pub fn usage(message: impl Into<String>) -> Fail {
-        Fail {
-            usage: true,
-            ..Fail::new(message)
-        }
+        Fail::new(message)
     }
 
     /// The same failure with another exit status.
@@ -233,7 +227,6 @@ pub fn daemon_error(e: CallError, what: Option<&str>) -> Fail {
         message: text,
         code: exit,
         rpc,
-        usage: false,
     }
 }
 

@@ -13,16 +13,16 @@
 //! - `kill`: `kill`, `release`, `sessions`.
 //! - `policy`: `policy check`, `approve`.
 
-pub mod args;
-pub mod daemon;
-pub mod errors;
-pub mod foreground;
-pub mod help;
-pub mod kill;
-pub mod output;
-pub mod policy;
-pub mod ps;
-pub mod run;
+mod args;
+mod daemon;
+mod errors;
+mod foreground;
+mod help;
+mod kill;
+mod output;
+mod policy;
+mod ps;
+mod run;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

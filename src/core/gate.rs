@@ -66,7 +66,6 @@ impl Answer {
 pub struct Asked {
     /// The policy rule that asked.
     pub rule: String,
-    pub justification: Option<String>,
     /// The command line as asked.
     pub description: String,
     /// "rule push: ...; uid 1000 (pid 4242), cwd /home/u/repo, session s1"
@@ -325,7 +324,6 @@ impl Core {
                     .map_or(String::new(), |j| format!(": {j}"));
                 let asked = Asked {
                     rule: verdict.rule.clone(),
-                    justification: verdict.justification.clone(),
                     // Raw, like the description: what shows it to a person escapes
                     // control characters (execctl approve does).
                     brief: format!(
@@ -542,7 +540,6 @@ mod tests {
     fn wire_request_and_resolved_event_have_the_documented_shape() {
         let asked = Asked {
             rule: "push".into(),
-            justification: Some("pushes leave this machine".into()),
             description: "git push origin main".into(),
             brief: "rule push: pushes leave this machine; uid 1000 (pid 4242), cwd /r, session s1"
                 .into(),

@@ -211,6 +211,7 @@ impl Log {
         self.line(args);
     }
 
+    #[cfg(test)]
     /// Refusals of each kind counted but not logged yet.
     pub fn suppressed(&self, kind: &str) -> u64 {
         self.refusals.get(kind).map_or(0, |r| r.suppressed)

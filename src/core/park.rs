@@ -78,6 +78,7 @@ impl Core {
         self.output_waits.get(&conn).copied().unwrap_or(0) + asked
     }
 
+    #[cfg(test)]
     /// Requests of `conn` parked now.
     pub fn parked_by(&self, conn: ConnId) -> usize {
         self.parked.values().filter(|p| p.conn == conn).count()

@@ -149,8 +149,8 @@ impl Ring {
         self.end += total;
     }
 
-    /// Appends `data`, growing up to the limit without asking anyone (for rings outside
-    /// any budget, and tests).
+    #[cfg(test)]
+    /// Appends `data`, growing up to the limit without asking the budget (tests).
     pub fn push(&mut self, data: &[u8]) {
         let want = self.growth_for(data.len());
         self.grow(want);

@@ -2,13 +2,13 @@
 //! and readers of the effects it leaves.
 
 // The names every core test needs, so each test module imports this one room.
-pub use std::time::{Duration, Instant};
+pub use std::time::Duration;
 
 pub use serde_json::{json, Value};
 
 pub use super::launch::{After, LaunchRequest};
 pub use super::log::Log;
-pub use super::table::{ConnId, Family, Key, KillReason, Peer, SubOpts};
+pub use super::table::{ConnId, Family, Key, KillReason, Peer};
 pub use super::{Core, Effect, Wait};
 pub use crate::config::Config;
 pub use crate::types::Stage;

@@ -15,11 +15,11 @@
 //! - An event for a token no longer held is ignored.
 //! - Every effect the core leaves is carried out before the loop sleeps.
 
-pub mod children;
-pub mod clients;
-pub mod conn;
-pub mod listen;
-pub mod pipes;
+mod children;
+mod clients;
+mod conn;
+mod listen;
+mod pipes;
 
 use std::io;
 use std::time::{Duration, Instant, SystemTime};

@@ -30,7 +30,7 @@
 //!
 //! Use, in order: `locate_self` and `choose_root` (or log the `Fallback`), `Tree::setup`,
 //! `Tree::sweep_leftovers`; then per command `Tree::create`, a spawn that joins it through
-//! `Cgroup::dir_fd` or `Cgroup::procs_fd`, an inotify watch on `Cgroup::events_path`,
+//! `Cgroup::procs_fd`, an inotify watch on `Cgroup::events_path`,
 //! `Cgroup::signal` / `Cgroup::kill` to end it, `Cgroup::stats` when the leader is reaped,
 //! and `Cgroup::remove` once `populated` reads 0.
 
@@ -42,7 +42,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -550,20 +549,10 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
+    #[cfg(test)]
     /// `ROOT/cmd-<name>`.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// An `O_PATH|O_DIRECTORY|O_CLOEXEC` descriptor of the directory, for `clone3`'s
-    /// `CLONE_INTO_CGROUP`.
-    pub fn dir_fd(&self) -> io::Result<OwnedFd> {
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-            .open(&self.path)
-            .map(OwnedFd::from)
-            .map_err(|e| annotate(&self.path, e))
     }
 
     /// `cgroup.procs` opened `O_WRONLY|O_CLOEXEC`, for a child that writes `0` to it
@@ -647,27 +636,6 @@ impl Cgroup {
             }
         }
         Ok(first.unwrap_or(0))
-    }
-
-    /// Sends `sig` to every pid listed in the cgroup (a polite SIGTERM that also reaches
-    /// processes that left the process group). Pids are read, then signalled: one that
-    /// exits in between is skipped (`ESRCH`); for the final word use `kill`, which has no
-    /// such window. Returns how many were signalled; an error only when none was and one
-    /// was refused.
-    pub fn signal(&self, sig: i32) -> io::Result<usize> {
-        let mut sent = 0;
-        let mut refused = None;
-        for pid in self.pids()? {
-            match crate::sys::reap::signal_pid(pid, sig) {
-                Ok(()) => sent += 1,
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => refused = refused.or(Some(e)),
-            }
-        }
-        match refused {
-            Some(e) if sent == 0 => Err(e),
-            _ => Ok(sent),
-        }
     }
 
     /// `populated` from `cgroup.events`: whether any live process is in it or below.
@@ -1625,13 +1593,6 @@ mod tests {
         }
 
         let cg = tree.create("life", &CgroupLimits::default()).unwrap();
-        let dir = cg.dir_fd().unwrap();
-        let link = fs::read_link(format!("/proc/self/fd/{}", {
-            use std::os::fd::AsRawFd;
-            dir.as_raw_fd()
-        }))
-        .unwrap();
-        assert_eq!(link, cg.path());
         assert!(!cg.populated().unwrap());
 
         let inotify = inotify_init().unwrap();
@@ -1677,7 +1638,7 @@ mod tests {
         join(cg.path(), pid);
         let err = cg.remove().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
-        assert_eq!(cg.signal(libc::SIGTERM).unwrap(), 1);
+        crate::sys::reap::signal_pid(pid, libc::SIGTERM).unwrap();
         k.reap(pid);
         eventually("populated 0", 5, || !cg.populated().unwrap());
         cg.remove().unwrap();

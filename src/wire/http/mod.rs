@@ -8,6 +8,6 @@ pub mod codec;
 pub mod exchange;
 pub mod route;
 
-pub use codec::{Limits, CONTINUE};
-pub use exchange::{Auth, HttpSession, MAX_PIPELINE};
+pub use codec::Limits;
+pub use exchange::{Auth, HttpSession};
 pub use route::*;

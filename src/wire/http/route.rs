@@ -253,13 +253,6 @@ pub fn unauthorized(keep_alive: bool) -> Vec<u8> {
     response(401, &body, keep_alive, &[("WWW-Authenticate", "Bearer")])
 }
 
-/// A complete 413 for a body over `limit` bytes. It closes: the rest of the body is still on
-/// its way and will not be read.
-pub fn payload_too_large(limit: usize) -> Vec<u8> {
-    let body = failure_body("request body too large", Some(&json!({ "limit": limit })));
-    response(413, &body, false, &[])
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::codec::tests::*;
@@ -489,17 +482,12 @@ mod tests {
     }
 
     #[test]
-    fn the_401_and_413_helpers_are_complete_responses() {
+    fn the_401_helper_is_a_complete_response() {
         let (code, head, body) = split(&unauthorized(true));
         assert_eq!(code, 401);
         assert!(head.contains("\r\nWWW-Authenticate: Bearer\r\n"), "{head}");
         let body: Value = serde_json::from_slice(&body).expect("JSON");
         assert_eq!(body["success"], false);
-        let (code, head, body) = split(&payload_too_large(1024));
-        assert_eq!(code, 413);
-        assert!(head.contains("\r\nConnection: close\r\n"), "{head}");
-        let body: Value = serde_json::from_slice(&body).expect("JSON");
-        assert_eq!(body["data"], json!({ "limit": 1024 }));
     }
 
     #[test]

@@ -183,12 +183,6 @@ impl RpcSession {
         }
     }
 
-    /// Whether a read-ahead batch is still being handed out (the caller keeps asking even
-    /// while its buffer is full).
-    pub fn has_queued(&self) -> bool {
-        !self.queue.is_empty()
-    }
-
     /// Turns one parsed message into what the loop sees, answering here what needs no loop.
     fn admit(
         &mut self,

@@ -18,6 +18,7 @@ impl Id {
         Id("null".into())
     }
 
+    #[cfg(test)]
     /// An id of our own making (a number or string value).
     pub fn from_value(v: &Value) -> Id {
         Id(v.to_string())

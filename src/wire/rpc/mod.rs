@@ -8,9 +8,7 @@ pub mod framer;
 pub mod message;
 pub mod params;
 
-pub use batch::{Room, RpcSession, MAX_WAITING};
+pub use batch::{Room, RpcSession};
 pub use error::*;
-pub use message::{
-    encode_response, write_event, write_event_head, write_response, Id, Incoming, ReqNo,
-};
+pub use message::{encode_response, write_event, write_event_head, Id, Incoming, ReqNo};
 pub use params::Params;
