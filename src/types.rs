@@ -58,6 +58,19 @@ pub enum Program {
     },
 }
 
+impl Program {
+    /// The words a direct program runs with, program first (empty for a shell line, whose
+    /// words only the policy's splitter reads).
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Program::Direct { program, args } => {
+                std::iter::once(program).chain(args).cloned().collect()
+            }
+            Program::Shell { .. } => Vec::new(),
+        }
+    }
+}
+
 /// How the command's stdio is wired.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Stdio3 {

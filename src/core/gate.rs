@@ -19,7 +19,7 @@ use crate::core::table::ConnId;
 use crate::core::table::Peer;
 use crate::core::timers::TimerId;
 use crate::core::{Core, Effect, Timer, MAX_OUTPUT_WAITS};
-use crate::policy::{self, Decision, Judged, Policy};
+use crate::policy::{self, Decision, Policy};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
 
@@ -188,8 +188,10 @@ pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
 pub fn describe(launch: &LaunchRequest) -> String {
     match &launch.program {
         crate::types::Program::Shell { line, .. } => line.clone(),
-        crate::types::Program::Direct { program, args } => std::iter::once(program)
-            .chain(args)
+        crate::types::Program::Direct { .. } => launch
+            .program
+            .argv()
+            .iter()
             .map(|w| shell_quote(w))
             .collect::<Vec<_>>()
             .join(" "),
@@ -234,22 +236,12 @@ impl Core {
         }
         let (key, id) = self.table.next_ids(launch.prefix);
         let peer = launch.peer;
-        let argv: Vec<String>;
-        let judged = match &launch.program {
-            crate::types::Program::Shell { line, .. } => Judged::Line(line),
-            crate::types::Program::Direct { program, args } => {
-                argv = std::iter::once(program.clone())
-                    .chain(args.clone())
-                    .collect();
-                Judged::Argv(&argv)
-            }
-        };
         // A rule's `gids` match the peer's primary group and the groups it holds.
         let gids: Vec<u32> = std::iter::once(peer.gid)
             .chain(self.groups.get(&conn).into_iter().flatten().copied())
             .collect();
-        let verdict = self.policy.judge(
-            &judged,
+        let verdict = self.policy.judge_program(
+            &launch.program,
             &policy::Subject {
                 uid: peer.uid,
                 gids: &gids,

@@ -64,9 +64,8 @@ impl Core {
             });
             match &req.program {
                 crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
-                crate::types::Program::Direct { program, args } => {
-                    let argv: Vec<&String> = std::iter::once(program).chain(args).collect();
-                    fields["argv"] = json!(argv);
+                crate::types::Program::Direct { .. } => {
+                    fields["argv"] = json!(req.program.argv());
                 }
             }
             self.record("start", Some(req.peer), fields);

@@ -6,7 +6,8 @@
 use serde_json::{json, Value};
 
 use crate::core::{Caller, Core, Step};
-use crate::policy::{split_line, Judged, Subject};
+use crate::policy::{split_line, Subject};
+use crate::types::Program;
 use crate::wire::rpc::{Params, RpcError};
 
 /// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
@@ -40,16 +41,15 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
             ))
         }
     };
-    let argv: Vec<String>;
-    let judged = match args {
-        Some(a) => {
-            argv = std::iter::once(command)
-                .chain(a)
-                .map(String::from)
-                .collect();
-            Judged::Argv(&argv)
-        }
-        None => Judged::Line(command),
+    let program = match args {
+        Some(a) => Program::Direct {
+            program: command.to_string(),
+            args: a.into_iter().map(String::from).collect(),
+        },
+        None => Program::Shell {
+            shell: core.cfg.shell.clone(),
+            line: command.to_string(),
+        },
     };
     // The gate matches `gids` against the peer's group from its socket credentials; for
     // another uid, the caller may say which group (`gid`), else no group rule applies.
@@ -66,15 +66,17 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
         None if uid == caller.uid => vec![caller.gid],
         None => Vec::new(),
     };
-    let v = core.policy.judge(&judged, &Subject { uid, gids: &gids });
+    let v = core
+        .policy
+        .judge_program(&program, &Subject { uid, gids: &gids });
     let hits: Vec<Value> = v
         .hits
         .iter()
         .map(|h| json!({ "rule": h.rule, "decision": h.decision.as_str(), "argv": h.argv }))
         .collect();
-    let split = match judged {
-        Judged::Line(line) => json!(split_line(line).commands),
-        Judged::Argv(a) => json!([a]),
+    let split = match &program {
+        Program::Shell { line, .. } => json!(split_line(line).commands),
+        Program::Direct { .. } => json!([program.argv()]),
     };
     Ok(Step::Done(json!({
         "decision": v.decision.as_str(),

@@ -30,6 +30,8 @@
 pub mod split;
 
 use serde_json::{Map, Value};
+
+use crate::types::Program;
 use std::collections::HashMap;
 
 use split::basename;
@@ -272,6 +274,15 @@ impl Policy {
     /// How many rules the policy has.
     pub fn rule_count(&self) -> usize {
         self.rules.len()
+    }
+
+    /// Judges what `program` would run (its argv, or its shell line) for `subject`: the
+    /// one way the gate and `policy/check` ask.
+    pub fn judge_program(&self, program: &Program, subject: &Subject<'_>) -> Verdict {
+        match program {
+            Program::Shell { line, .. } => self.judge(&Judged::Line(line), subject),
+            Program::Direct { .. } => self.judge(&Judged::Argv(&program.argv()), subject),
+        }
     }
 
     /// Judges a direct command or a shell line for `peer` (PROTOCOL 7.2).
