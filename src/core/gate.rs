@@ -497,6 +497,326 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::log::Log;
+    use crate::core::table::Family;
+    use crate::core::testkit::{self, later, replies, C1, C2};
+    use std::time::Duration;
+
+    const APPROVER: ConnId = ConnId(9);
+    const OTHER_APPROVER: ConnId = ConnId(10);
+
+    /// A core whose policy asks for `true` and `rm` (two rules) and allows the rest, with
+    /// audit records in its log queue.
+    fn gated() -> Core {
+        let mut c = testkit::core();
+        c.cfg.audit = Some(crate::config::AuditTarget::Stderr);
+        c.cfg.approval_timeout = Duration::from_secs(60);
+        c.cfg.max_pending_approvals = 2;
+        let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
+        c.policy = Policy::parse(
+            r#"{"rules": [
+                {"name": "true", "pattern": ["true"], "decision": "ask"},
+                {"name": "rm", "pattern": ["rm"], "decision": "ask"},
+                {"name": "no-shutdown", "pattern": ["shutdown"], "decision": "deny"}
+            ]}"#,
+        )
+        .unwrap();
+        c
+    }
+
+    /// A bash line of uid `uid` in bash session `session`.
+    fn line(uid: u32, session: &str, text: &str) -> Box<LaunchRequest> {
+        let mut r = testkit::request(
+            Family::Bash {
+                session_id: session.into(),
+            },
+            crate::types::Stdio3::Separate,
+        );
+        r.peer.uid = uid;
+        r.program = crate::types::Program::Shell {
+            shell: "/bin/sh".into(),
+            line: text.into(),
+        };
+        r.command = text.into();
+        Box::new(r)
+    }
+
+    /// The approval requests and resolutions sent to each connection, as JSON.
+    fn sent(c: &mut Core) -> Vec<(ConnId, Value)> {
+        let mut v = Vec::new();
+        for e in std::mem::take(&mut c.out) {
+            if let Effect::Send { conn, line } = e {
+                v.push((conn, serde_json::from_slice(&line).unwrap()));
+            }
+        }
+        v
+    }
+
+    /// The commands the gate let through after an approval.
+    fn launched(effects: &[Effect]) -> Vec<String> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Launch { launch, .. } => Some(launch.command.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The audit records written so far, as JSON.
+    fn audit(c: &mut Core) -> Vec<Value> {
+        let text = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Asks for `text` (uid 1000, session `s`) with one approver; returns the approval id.
+    fn ask(c: &mut Core, text: &str, req: u64) -> String {
+        match c.gate(line(1000, "s", text), C1, Some(ReqNo(req))) {
+            Gated::Asked => {}
+            other => panic!("{text}: {other:?}"),
+        }
+        let msgs = sent(c);
+        let (to, msg) = msgs.last().expect("a request to the approver");
+        assert_eq!(*to, APPROVER);
+        assert_eq!(msg["method"], "request");
+        msg["id"].as_str().unwrap().to_string()
+    }
+
+    fn answer(response: &str, id: &str) -> Result<Value, Value> {
+        Ok(json!({ "request_id": id, "response": response }))
+    }
+
+    fn error_of(r: &(ConnId, ReqNo, Result<Value, RpcError>)) -> (i64, Value) {
+        let e = r.2.as_ref().unwrap_err();
+        (e.code, e.data.clone().unwrap_or_default())
+    }
+
+    #[test]
+    fn an_ask_waits_for_the_approver_and_an_approve_starts_it() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        let id = ask(&mut c, "true", 1);
+        assert!(replies(&mut c).is_empty(), "the request waits");
+        c.approval_answer(APPROVER, &id, &answer("approve", &id));
+        let effects = std::mem::take(&mut c.out);
+        assert_eq!(launched(&effects), ["true"]);
+        let resolved = effects.iter().any(|e| matches!(e, Effect::Send { conn, line }
+            if *conn == APPROVER && String::from_utf8_lossy(line).contains("ApprovalRequestResolved")));
+        assert!(resolved, "the approver hears how it ended");
+        let records = audit(&mut c);
+        let events: Vec<&str> = records
+            .iter()
+            .map(|r| r["event"].as_str().unwrap())
+            .collect();
+        assert_eq!(events, ["ask", "approve"]);
+        assert_eq!(
+            records[1]["approver"]["uid"],
+            Value::Null,
+            "no client known for C9"
+        );
+        assert!(c.approvals.pending.is_empty());
+    }
+
+    #[test]
+    fn a_reject_answers_not_approved_with_the_feedback_and_starts_nothing() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        let id = ask(&mut c, "rm -rf /tmp/x", 1);
+        let no = Ok(json!({"request_id": id, "response": "reject", "feedback": "not today"}));
+        c.approval_answer(APPROVER, &id, &no);
+        let effects = std::mem::take(&mut c.out);
+        assert!(launched(&effects).is_empty());
+        c.out = effects;
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            error_of(&r[0]),
+            (
+                -32006,
+                json!({"rule": "rm", "reason": "rejected", "feedback": "not today"})
+            )
+        );
+    }
+
+    #[test]
+    fn only_an_approver_that_was_asked_may_answer_and_the_first_answer_wins() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        let id = ask(&mut c, "true", 1);
+        // Another connection (not an approver when it was asked) cannot answer.
+        c.approval_answer(C2, &id, &answer("approve", &id));
+        assert!(c.out.is_empty() && c.approvals.pending.contains_key(&id));
+        c.approval_answer(APPROVER, &id, &answer("reject", &id));
+        c.approval_answer(APPROVER, &id, &answer("approve", &id));
+        let effects = std::mem::take(&mut c.out);
+        assert!(
+            launched(&effects).is_empty(),
+            "the later approve is ignored"
+        );
+    }
+
+    #[test]
+    fn an_unanswered_ask_times_out_as_a_reject() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        ask(&mut c, "true", 1);
+        later(&mut c, Duration::from_secs(59));
+        assert!(replies(&mut c).is_empty());
+        later(&mut c, Duration::from_secs(1));
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(error_of(&r[0]).1["reason"], "timeout");
+        assert!(c.approvals.pending.is_empty());
+    }
+
+    #[test]
+    fn a_requester_that_leaves_withdraws_its_ask() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        let id = ask(&mut c, "true", 1);
+        c.disconnected(C1);
+        let msgs = sent(&mut c);
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].1["params"]["payload"]["request_id"], id.as_str());
+        assert_eq!(msgs[0].1["params"]["payload"]["response"], "reject");
+        c.approval_answer(APPROVER, &id, &answer("approve", &id));
+        assert!(launched(&std::mem::take(&mut c.out)).is_empty(), "too late");
+        let reasons: Vec<Value> = audit(&mut c).iter().map(|r| r["reason"].clone()).collect();
+        assert!(reasons.contains(&json!("withdrawn")), "{reasons:?}");
+    }
+
+    #[test]
+    fn closing_the_session_rejects_its_asks() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        c.open_session(1000, Some("s"), None, true).unwrap();
+        ask(&mut c, "true", 1);
+        c.close_session(&(1000, "s".to_string()));
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(error_of(&r[0]).1["reason"], "session closed");
+    }
+
+    #[test]
+    fn approve_for_session_admits_the_same_rule_in_the_same_session_only() {
+        let mut c = gated();
+        c.cfg.max_pending_approvals = 8;
+        c.approvals.approvers.insert(APPROVER, 0);
+        let id = ask(&mut c, "true", 1);
+        c.approval_answer(APPROVER, &id, &answer("approve_for_session", &id));
+        std::mem::take(&mut c.out);
+        // The same rule, owner and session: admitted without asking.
+        match c.gate(line(1000, "s", "true x"), C1, Some(ReqNo(2))) {
+            Gated::Admitted(l) => {
+                assert_eq!(l.admitted.unwrap().decision, "approve_for_session")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another rule, another session, another owner: asked again.
+        for (uid, session, text) in [
+            (1000, "s", "rm x"),
+            (1000, "t", "true"),
+            (1001, "s", "true"),
+        ] {
+            let asked = c.gate(line(uid, session, text), C2, Some(ReqNo(3)));
+            assert!(matches!(asked, Gated::Asked), "{uid} {session} {text}");
+        }
+    }
+
+    #[test]
+    fn with_no_approver_an_ask_is_refused_at_once() {
+        let mut c = gated();
+        let Gated::Refused(e) = c.gate(line(1000, "s", "true"), C1, Some(ReqNo(1))) else {
+            panic!("not refused");
+        };
+        assert_eq!(e.code, -32006);
+        assert_eq!(e.data.unwrap()["reason"], "no approver");
+        // An approver of another uid does not count; root's does.
+        c.approvals.approvers.insert(APPROVER, 1001);
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, Some(ReqNo(2))),
+            Gated::Refused(_)
+        ));
+        c.approvals.approvers.insert(OTHER_APPROVER, 0);
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, Some(ReqNo(3))),
+            Gated::Asked
+        ));
+    }
+
+    #[test]
+    fn an_approver_that_stops_reading_counts_as_absent_until_it_drains() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.set_listening(APPROVER, false);
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, Some(ReqNo(1))),
+            Gated::Refused(_)
+        ));
+        c.approvals.set_listening(APPROVER, true);
+        ask(&mut c, "true", 2);
+    }
+
+    #[test]
+    fn shutdown_answers_pending_asks_and_starts_nothing() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        let id = ask(&mut c, "true", 1);
+        c.begin_shutdown();
+        c.answer_all_parked();
+        let effects = std::mem::take(&mut c.out);
+        assert!(launched(&effects).is_empty());
+        c.out = effects;
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(error_of(&r[0]).0, -32007);
+        // An approve that arrives after is ignored.
+        c.approval_answer(APPROVER, &id, &answer("approve", &id));
+        assert!(launched(&std::mem::take(&mut c.out)).is_empty());
+    }
+
+    #[test]
+    fn pending_asks_are_bounded() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        ask(&mut c, "true", 1);
+        ask(&mut c, "true", 2);
+        let Gated::Refused(e) = c.gate(line(1000, "s", "true"), C1, Some(ReqNo(3))) else {
+            panic!("not refused");
+        };
+        assert_eq!(e.code, -32003);
+        assert_eq!(e.data.unwrap()["limit"], "max-pending-approvals");
+    }
+
+    #[test]
+    fn deny_refuses_with_the_rule_and_allow_admits() {
+        let mut c = gated();
+        let Gated::Refused(e) = c.gate(line(1000, "s", "shutdown now"), C1, Some(ReqNo(1))) else {
+            panic!("not refused");
+        };
+        assert_eq!(e.code, -32005);
+        assert_eq!(e.data.unwrap()["rule"], "no-shutdown");
+        assert!(matches!(
+            c.gate(line(1000, "s", "ls"), C1, Some(ReqNo(2))),
+            Gated::Admitted(_)
+        ));
+        let events: Vec<Value> = audit(&mut c).iter().map(|r| r["event"].clone()).collect();
+        assert_eq!(events, [json!("deny")]);
+    }
+
+    #[test]
+    fn a_cancelled_ask_is_withdrawn_and_answered_cancelled() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, 1000);
+        ask(&mut c, "true", 7);
+        c.cancel(C1, ReqNo(7));
+        let r = replies(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(error_of(&r[0]).0, -32800);
+        assert!(c.approvals.pending.is_empty());
+    }
 
     #[test]
     fn answers_are_read_strictly() {
