@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::daemon::{Ctx, Target};
+use super::connect::{Ctx, Target};
 use super::errors::{Res, EXIT_BROKEN_PIPE, EXIT_TIMEOUT};
 use super::output::warn;
 use crate::client::{is_timeout, CallError, Client};

@@ -3,26 +3,33 @@
 //!
 //! The rooms:
 //! - `args`: the parser (options stop at a command's first operand; did you mean).
-//! - `help`: the command table every subcommand, `--help` and the completions come from.
+//! - `help`: the command table every subcommand, `--help` and `completions` come from.
 //! - `errors`: `Fail`, the messages for daemon errors and the exit statuses.
 //! - `output`: stdout/stderr, JSON, tables, the shared formats.
-//! - `daemon`: connecting, paged listings, finding an id's family.
+//! - `connect`: the client's connection context (`Ctx`), paged listings, finding an
+//!   id's family.
+//! - `events`: the one reader of a command's output events (`run`, `exec`, `logs`).
 //! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output);
 //!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout).
-//! - `ps`: `ps`, `logs`, `wait`, `status`.
-//! - `kill`: `kill`, `release`, `sessions`.
-//! - `policy`: `policy check`, `approve`.
+//! - One room per subcommand group: `ps`, `logs`, `wait`, `status`, `kill` (`kill`,
+//!   `release`), `sessions`, `policy` (`policy check`, `approve`).
 
 mod args;
-mod daemon;
+mod completions;
+mod connect;
 mod errors;
+mod events;
 mod foreground;
 mod help;
 mod kill;
+mod logs;
 mod output;
 mod policy;
 mod ps;
 mod run;
+mod sessions;
+mod status;
+mod wait;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -30,7 +37,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use args::{Args, Spec};
-use daemon::Ctx;
+use connect::Ctx;
 use errors::{Fail, Res};
 
 /// Runs execctl with its arguments (without the program name); returns the exit status.
@@ -183,14 +190,14 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "exec" => run::exec(ctx, p),
         "write" => run::write(ctx, p),
         "ps" => ps::ps(ctx, p),
-        "logs" => ps::logs(ctx, p),
-        "wait" => ps::wait(ctx, p),
-        "status" => ps::status(ctx, p),
+        "logs" => logs::logs(ctx, p),
+        "wait" => wait::wait(ctx, p),
+        "status" => status::status(ctx, p),
         "kill" => kill::kill(ctx, p, shorthand),
         "release" => kill::release(ctx, p),
-        "sessions" => kill::list(ctx, p),
-        "sessions close" => kill::close(ctx, p),
-        "sessions prune" => kill::prune(ctx, p),
+        "sessions" => sessions::list(ctx, p),
+        "sessions close" => sessions::close(ctx, p),
+        "sessions prune" => sessions::prune(ctx, p),
         "policy check" => policy::check(ctx, p),
         "policy" => Err(Fail::usage(
             "policy needs an action: execctl policy check [--policy FILE] -- COMMAND...",
@@ -237,7 +244,7 @@ fn completions(p: &Args) -> Res<u8> {
             ))
         }
     };
-    match help::completions(shell) {
+    match completions::script(shell) {
         Some(script) => {
             output::print(&script)?;
             Ok(0)

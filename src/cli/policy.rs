@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::daemon::Ctx;
+use super::connect::Ctx;
 use super::errors::{Fail, Res};
 use super::output::{self, warn};
 use crate::policy::{Judged, Policy, Subject};

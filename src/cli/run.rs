@@ -20,13 +20,14 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
-use super::daemon::{self, Ctx, Target};
+use super::connect::{self, Ctx, Target};
 use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
+use super::events::{Decoded, Decoder};
 use super::foreground::{create, watch_signals, Killer, Reason};
 use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
 use crate::config::{parse_duration, parse_size};
-use crate::wire::encode::{base64_decode, base64_encode};
+use crate::wire::encode::base64_encode;
 
 /// Largest stdin chunk sent in one write; each waits for its answer (back-pressure).
 const STDIN_CHUNK: usize = 32 << 10;
@@ -238,8 +239,7 @@ struct Sink {
     /// `--json`: output is collected for the final object instead of printed.
     collect: bool,
     kept: [Vec<u8>; 2],
-    /// The next offset expected on each stream.
-    next: [u64; 2],
+    decoder: Decoder,
     /// Bytes that never arrived (`Gap`s, or offsets that jumped).
     lost: u64,
     /// stdout failed: nothing more is written to it.
@@ -252,7 +252,7 @@ impl Sink {
             id: id.to_string(),
             collect,
             kept: [Vec::new(), Vec::new()],
-            next: [0, 0],
+            decoder: Decoder::new(id),
             lost: 0,
             stdout_closed: false,
         }
@@ -290,42 +290,22 @@ impl Sink {
 
     /// Handles one message; returns the `Exit` payload when it is the exit.
     fn event(&mut self, msg: &Value, killer: &Killer) -> Option<Value> {
-        let params = &msg["params"];
-        let payload = &params["payload"];
-        if msg["method"] != "event" || payload["id"] != self.id.as_str() {
-            return None;
-        }
-        let stream_name = payload["stream"].as_str().unwrap_or("output");
-        let stream = usize::from(stream_name == "stderr");
-        match params["type"].as_str() {
-            Some("Output") => {
-                let offset = payload["offset"].as_u64().unwrap_or(self.next[stream]);
-                let Some(mut bytes) = payload["data"].as_str().and_then(base64_decode) else {
-                    warn(&format!(
-                        "execd sent output of {} that is not base64; skipped",
-                        self.id
-                    ));
-                    return None;
-                };
-                if offset > self.next[stream] {
-                    let missing = offset - self.next[stream];
-                    self.lose(stream_name, self.next[stream], missing);
-                } else if offset < self.next[stream] {
-                    // Already delivered: keep only what is new.
-                    let seen = ((self.next[stream] - offset) as usize).min(bytes.len());
-                    bytes.drain(..seen);
-                }
-                self.next[stream] = self.next[stream].max(offset) + bytes.len() as u64;
-                self.put(stream, &bytes, killer);
+        for d in self.decoder.decode(msg) {
+            match d {
+                Decoded::Bytes { stream, bytes, .. } => self.put(stream, &bytes, killer),
+                Decoded::Lost {
+                    name,
+                    offset,
+                    skipped,
+                    ..
+                } => self.lose(&name, offset, skipped),
+                Decoded::Garbled { .. } => warn(&format!(
+                    "execd sent output of {} that is not base64; skipped",
+                    self.id
+                )),
+                Decoded::Exit(payload) => return Some(payload),
+                Decoded::Nothing => {}
             }
-            Some("Gap") => {
-                let offset = payload["offset"].as_u64().unwrap_or(0);
-                let skipped = payload["skipped"].as_u64().unwrap_or(0);
-                self.lose(stream_name, offset, skipped);
-                self.next[stream] = self.next[stream].max(offset + skipped);
-            }
-            Some("Exit") => return Some(payload.clone()),
-            _ => {}
         }
         None
     }
@@ -648,7 +628,7 @@ pub fn write(ctx: &Ctx, p: &Args) -> Res<u8> {
     };
     let eof = p.has("--eof");
     let mut c = ctx.connect()?;
-    let (target, _) = daemon::locate(&mut c, id)?;
+    let (target, _) = connect::locate(&mut c, id)?;
     let written = match text {
         Some(t) => copy_input(&mut c, &target, t.as_bytes(), eof),
         None => copy_input(&mut c, &target, io::stdin().lock(), eof),

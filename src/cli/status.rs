@@ -1,0 +1,209 @@
+//! `execctl status`: the daemon's version, uptime, socket, containment, policy, counts and
+//! limits, as `initialize` reports them.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::args::Args;
+use super::connect::Ctx;
+use super::errors::Res;
+use super::output;
+use super::ps::{no_operands, processes};
+
+/// Limits that are byte sizes (printed as `4M`).
+const SIZES: &[&str] = &[
+    "maxMessage",
+    "clientBuffer",
+    "outputLimit",
+    "maxOutputLimit",
+    "maxOutputMemory",
+    "stdinBuffer",
+    "memoryMax",
+];
+
+/// A limit of `initialize` as execd's flag and its value as the flag takes it; `none`
+/// for a limit that is not set.
+fn limit_line(key: &str, v: &Value) -> (String, String) {
+    let flag_of = |k: &str| format!("--{}", output::snake(k).replace('_', "-"));
+    let (flag, unit) = if let Some(base) = key.strip_suffix("Ms") {
+        (flag_of(base), "ms")
+    } else if let Some(base) = key.strip_suffix("Percent") {
+        (flag_of(base), "%")
+    } else if SIZES.contains(&key) {
+        (flag_of(key), "bytes")
+    } else {
+        (flag_of(key), "")
+    };
+    let value = match (v.as_u64(), unit) {
+        (None, _) if v.is_null() => "none".to_string(),
+        (None, _) => v.to_string(),
+        (Some(n), "ms") => output::flag_duration(n),
+        (Some(n), "bytes") => output::size(n),
+        (Some(n), _) => n.to_string(),
+    };
+    (flag, value)
+}
+
+/// The policy and approvals, in a line.
+fn policy_line(meta: &Value) -> String {
+    let p = &meta["policy"];
+    let file = match p["path"].as_str() {
+        Some(path) if p["loaded"] == true => {
+            format!("{path} ({} rules)", p["rules"].as_u64().unwrap_or(0))
+        }
+        _ => "none (every command is allowed)".to_string(),
+    };
+    let n = |k: &str| meta[k].as_u64().unwrap_or(0);
+    format!(
+        "{file}; {} approvers, {} requests pending",
+        n("approvers"),
+        n("pendingApprovals")
+    )
+}
+
+/// `execctl status`.
+pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
+    no_operands(p, "status")?;
+    let mut c = ctx.connect()?;
+    let init = c.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientInfo": {"name": "execctl", "version": env!("CARGO_PKG_VERSION")}}),
+    )?;
+    let all = processes(&mut c, None)?;
+    let sessions = c.call("bash/sessions", json!({}))?;
+    let meta = &init["_meta"]["execd"];
+    let count = |kind: &str, running: bool| {
+        all.iter()
+            .filter(|x| x["kind"] == kind && (!running || x["state"] == "running"))
+            .count()
+    };
+    let status = json!({
+        "version": init["serverInfo"]["version"],
+        "pid": meta["pid"],
+        "socket": meta["socket"],
+        "uptime_ms": meta["uptimeMs"],
+        "running": meta["running"],
+        "clients": meta["clients"],
+        "terminals": count("terminal", false),
+        "running_terminals": count("terminal", true),
+        "bash_commands": count("bash", false),
+        "running_bash_commands": count("bash", true),
+        "sessions": sessions.as_array().map_or(0, Vec::len),
+        "output_memory": output::snake_keys(&meta["outputMemory"]),
+        "policy": output::snake_keys(&meta["policy"]),
+        "approvers": meta["approvers"],
+        "pending_approvals": meta["pendingApprovals"],
+        "containment": output::snake_keys(&meta["containment"]),
+        "audit": meta["audit"],
+        "limits": output::snake_keys(&init["limits"]),
+    });
+    if ctx.json {
+        output::print_json(&status)?;
+        return Ok(0);
+    }
+    let up = Duration::from_millis(meta["uptimeMs"].as_u64().unwrap_or(0));
+    let mem = |k: &str| output::size(meta["outputMemory"][k].as_u64().unwrap_or(0));
+    let containment = match meta["containment"]["detail"].as_str() {
+        Some(detail) => format!(
+            "{}\n            {detail}",
+            meta["containment"]["kind"].as_str().unwrap_or("?")
+        ),
+        None => meta["containment"]["kind"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string(),
+    };
+    let rows = [
+        ("uptime", output::human_duration(up)),
+        (
+            "running",
+            format!(
+                "{} yours ({} terminals, {} bash commands); {} in all",
+                count("terminal", true) + count("bash", true),
+                count("terminal", true),
+                count("bash", true),
+                status["running"]
+            ),
+        ),
+        ("terminals", status["terminals"].to_string()),
+        (
+            "bash",
+            format!(
+                "{} commands in {} sessions",
+                status["bash_commands"], status["sessions"]
+            ),
+        ),
+        ("clients", status["clients"].to_string()),
+        (
+            "output",
+            format!(
+                "{} of {} held ({} released to stay within it)",
+                mem("used"),
+                mem("budget"),
+                mem("released")
+            ),
+        ),
+        ("policy", policy_line(meta)),
+        ("containment", containment),
+    ];
+    let mut out = format!(
+        "execd {} (pid {}) on {}\n",
+        status["version"].as_str().unwrap_or("?"),
+        status["pid"],
+        status["socket"].as_str().unwrap_or("?"),
+    );
+    for (label, value) in rows {
+        out.push_str(&format!("{label:<12}{value}\n"));
+    }
+    out.push_str("limits\n");
+    let limits: Vec<(String, String)> = init["limits"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| limit_line(k, v))
+        .collect();
+    let width = limits.iter().map(|(f, _)| f.len()).max().unwrap_or(0);
+    for (flag, value) in limits {
+        out.push_str(&format!("  {flag:<width$}  {value}\n"));
+    }
+    output::print(&out)?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_read_as_flags() {
+        assert_eq!(
+            limit_line("clientBuffer", &json!(4 << 20)),
+            ("--client-buffer".into(), "4M".into())
+        );
+        assert_eq!(
+            limit_line("killGraceMs", &json!(2000)),
+            ("--kill-grace".into(), "2s".into())
+        );
+        assert_eq!(
+            limit_line("sessionIdleMs", &json!(3_600_000)),
+            ("--session-idle".into(), "1h".into())
+        );
+        assert_eq!(
+            limit_line("maxClients", &json!(1024)),
+            ("--max-clients".into(), "1024".into())
+        );
+        assert_eq!(
+            limit_line("memoryMax", &Value::Null),
+            ("--memory-max".into(), "none".into())
+        );
+        assert_eq!(
+            limit_line("cpuMaxPercent", &json!(50)),
+            ("--cpu-max".into(), "50".into())
+        );
+        assert_eq!(
+            limit_line("approvalTimeoutMs", &json!(60_000)),
+            ("--approval-timeout".into(), "1m".into())
+        );
+    }
+}
