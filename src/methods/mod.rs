@@ -135,4 +135,23 @@ mod tests {
         assert!(method("nope").is_none());
         assert!(method("__bash/exec").is_none(), "one underscore only");
     }
+
+    #[test]
+    fn unknown_methods_are_method_not_found_and_a_stopping_daemon_takes_nothing() {
+        let mut core = crate::core::testkit::core();
+        let caller = Caller {
+            conn: crate::core::testkit::C1,
+            uid: 1000,
+            gid: 1000,
+            pid: 42,
+        };
+        for name in ["terminal/nope", "", "_"] {
+            let e = call(&mut core, &caller, name, &Map::new()).unwrap_err();
+            assert_eq!(e.code, crate::wire::rpc::METHOD_NOT_FOUND, "{name:?}");
+        }
+        assert!(call(&mut core, &caller, "terminal/list", &Map::new()).is_ok());
+        core.stopping = true;
+        let e = call(&mut core, &caller, "terminal/list", &Map::new()).unwrap_err();
+        assert_eq!(e.code, crate::wire::rpc::SHUTTING_DOWN);
+    }
 }

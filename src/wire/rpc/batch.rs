@@ -325,3 +325,284 @@ impl RpcSession {
         out.extend_from_slice(b"]\n");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! One connection's exchange as a client sees it, with no daemon behind it: lines in,
+    //! answers out. A stand-in for the methods answers `nope` with `-32601` and any other
+    //! method with `{"method": NAME}`; `park` stays unanswered until told.
+    use super::*;
+    use serde_json::json;
+
+    const ROOM: Room = Room {
+        owed: 0,
+        cap: 1 << 20,
+    };
+
+    struct Peer {
+        s: RpcSession,
+        out: Vec<u8>,
+        /// Requests the stand-in left parked, oldest first.
+        parked: Vec<ReqNo>,
+        /// Notifications carried out, by method.
+        notified: Vec<String>,
+    }
+
+    impl Peer {
+        fn new(max_batch: usize) -> Peer {
+            Peer {
+                s: RpcSession::new(512, max_batch),
+                out: Vec::new(),
+                parked: Vec::new(),
+                notified: Vec::new(),
+            }
+        }
+
+        /// Sends `text` and carries out what it asks; returns every message answered.
+        fn send(&mut self, text: &str) -> Vec<Value> {
+            self.s.push(text.as_bytes());
+            while let Some(incoming) = self.s.next(&mut self.out, ROOM) {
+                match incoming {
+                    Incoming::Request {
+                        req: Some(req),
+                        method,
+                        ..
+                    } => match method.as_str() {
+                        "park" => self.parked.push(req),
+                        "nope" | "" => self.s.answer(
+                            req,
+                            &Err(RpcError::method_not_found(&method)),
+                            &mut self.out,
+                        ),
+                        _ => self
+                            .s
+                            .answer(req, &Ok(json!({ "method": method })), &mut self.out),
+                    },
+                    Incoming::Request {
+                        req: None, method, ..
+                    } => self.notified.push(method),
+                    Incoming::Cancel(req) => {
+                        self.parked.retain(|r| *r != req);
+                        self.s
+                            .answer(req, &Err(RpcError::cancelled()), &mut self.out);
+                    }
+                    Incoming::Response { .. } => {}
+                }
+            }
+            self.answers()
+        }
+
+        /// Answers the oldest parked request.
+        fn unpark(&mut self) -> Vec<Value> {
+            let req = self.parked.remove(0);
+            self.s.answer(req, &Ok(json!("late")), &mut self.out);
+            self.answers()
+        }
+
+        fn answers(&mut self) -> Vec<Value> {
+            let text = String::from_utf8(std::mem::take(&mut self.out)).unwrap();
+            assert!(text.is_empty() || text.ends_with('\n'), "{text:?}");
+            text.lines()
+                .map(|l| serde_json::from_str(l).expect("a JSON line"))
+                .collect()
+        }
+    }
+
+    fn error(m: &Value) -> (i64, &Value) {
+        assert_eq!(m["jsonrpc"], "2.0", "{m}");
+        (m["error"]["code"].as_i64().unwrap(), &m["id"])
+    }
+
+    #[test]
+    fn bad_messages_get_their_error_codes_and_the_connection_goes_on() {
+        let mut p = Peer::new(10);
+        for bad in [
+            "{nope\n",
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\n",
+            "]\n",
+            "\u{7f}\n",
+        ] {
+            let a = p.send(bad);
+            assert_eq!(a.len(), 1, "{bad:?}");
+            assert_eq!(error(&a[0]), (-32700, &Value::Null), "{bad:?}");
+        }
+        for (line, id) in [
+            (r#"{"jsonrpc":"1.0","id":1,"method":"m"}"#, json!(1)),
+            (r#"{"id":2,"method":"m"}"#, json!(2)),
+            (r#"{"jsonrpc":2.0,"id":3,"method":"m"}"#, json!(3)),
+            (r#"{"jsonrpc":"2.0","id":4,"method":7}"#, json!(4)),
+            (
+                r#"{"jsonrpc":"2.0","id":5,"method":"m","params":"x"}"#,
+                json!(5),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":5,"method":"m","params":5}"#,
+                json!(5),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":5,"method":"m","params":true}"#,
+                json!(5),
+            ),
+            ("42", Value::Null),
+        ] {
+            let a = p.send(&format!("{line}\n"));
+            assert_eq!(error(&a[0]), (-32600, &id), "{line}");
+        }
+        // By position (an array): invalid params, naming them.
+        for params in ["[]", "[1,2]"] {
+            let a = p.send(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"m\",\"params\":{params}}}\n"
+            ));
+            assert_eq!(error(&a[0]), (-32602, &json!(5)));
+            assert_eq!(a[0]["error"]["data"]["field"], "params");
+        }
+        // Too long (the session's limit is 512 bytes): refused once, then usable.
+        let long = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"{}\"}}\n",
+            "m".repeat(600)
+        );
+        let a = p.send(&long);
+        assert_eq!(error(&a[0]), (-32600, &Value::Null));
+        assert_eq!(a[0]["error"]["data"], json!({ "limit": 512 }));
+        let a = p.send("{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"m\"}\n");
+        assert_eq!(a[0]["result"], json!({"method": "m"}));
+        assert!(p.s.idle());
+    }
+
+    #[test]
+    fn ids_are_echoed_exactly_with_their_type() {
+        let mut p = Peer::new(10);
+        for id in [
+            r#""abc""#,
+            r#""7""#,
+            "7",
+            "0",
+            "-3",
+            r#""""#,
+            "9007199254740993",
+            "123456789012345678901234567890",
+            r#""ü €""#,
+            "null",
+        ] {
+            p.s.push(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"m\"}}\n").as_bytes());
+            let Some(Incoming::Request { req: Some(req), .. }) = p.s.next(&mut p.out, ROOM) else {
+                panic!("{id}: not a request");
+            };
+            p.s.answer(req, &Ok(json!(1)), &mut p.out);
+            let text = String::from_utf8(std::mem::take(&mut p.out)).unwrap();
+            assert_eq!(
+                text,
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":1}}\n")
+            );
+        }
+        // The id of a failed request is echoed the same way.
+        let a = p.send("{\"jsonrpc\":\"2.0\",\"id\":\"e1\",\"method\":\"nope\"}\n");
+        assert_eq!(error(&a[0]), (-32601, &json!("e1")));
+    }
+
+    #[test]
+    fn notifications_are_carried_out_and_never_answered() {
+        let mut p = Peer::new(10);
+        assert!(p
+            .send("{\"jsonrpc\":\"2.0\",\"method\":\"m\"}\n")
+            .is_empty());
+        assert!(p
+            .send("{\"jsonrpc\":\"2.0\",\"method\":\"nope\"}\n")
+            .is_empty());
+        assert_eq!(p.notified, ["m", "nope"]);
+    }
+
+    #[test]
+    fn batches_answer_once_in_one_array_with_bad_elements_in_place() {
+        let mut p = Peer::new(10);
+        let a = p.send("[]\n");
+        assert_eq!(error(&a[0]), (-32600, &Value::Null));
+        let batch = json!([
+            {"jsonrpc": "2.0", "id": "a", "method": "m"},
+            {"jsonrpc": "2.0", "method": "told"},
+            {"jsonrpc": "2.0", "id": 2, "method": "nope"},
+            1,
+        ]);
+        let a = p.send(&format!("{batch}\n"));
+        assert_eq!(a.len(), 1, "one reply");
+        let items = a[0].as_array().expect("an array");
+        assert_eq!(items.len(), 3, "{items:?}");
+        assert_eq!(items[0]["result"], json!({"method": "m"}));
+        assert_eq!(error(&items[1]), (-32601, &json!(2)));
+        assert_eq!(error(&items[2]), (-32600, &Value::Null));
+        assert_eq!(p.notified, ["told"]);
+        // Notifications only: no reply at all.
+        assert!(p
+            .send("[{\"jsonrpc\":\"2.0\",\"method\":\"m\"}]\n")
+            .is_empty());
+        // Over --max-batch: refused whole, nothing in it runs.
+        let big: Vec<Value> = (0..11)
+            .map(|i| json!({"jsonrpc": "2.0", "method": "counted", "id": i}))
+            .collect();
+        let a = p.send(&format!("{}\n", json!(big)));
+        assert_eq!(error(&a[0]), (-32600, &Value::Null));
+        assert_eq!(p.notified.len(), 2);
+    }
+
+    #[test]
+    fn a_batch_with_a_parked_element_waits_for_it_and_single_requests_do_not() {
+        let mut p = Peer::new(10);
+        let a = p.send(
+            "[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"park\"},{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"m\"}]\n",
+        );
+        assert!(a.is_empty(), "the batch waits for its parked element");
+        // A later single request is answered at once, ahead of the batch.
+        let a = p.send("{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"m\"}\n");
+        assert_eq!(a[0]["id"], 3);
+        let a = p.unpark();
+        let items = a[0].as_array().expect("an array");
+        assert_eq!(
+            (items[0]["id"].clone(), items[0]["result"].clone()),
+            (json!(1), json!("late"))
+        );
+        assert_eq!(items[1]["id"], 2);
+        assert!(p.s.idle());
+    }
+
+    #[test]
+    fn cancel_request_ends_a_parked_request_of_the_same_connection() {
+        let mut p = Peer::new(10);
+        assert!(p
+            .send("{\"jsonrpc\":\"2.0\",\"id\":\"w\",\"method\":\"park\"}\n")
+            .is_empty());
+        // A cancel naming an id nobody has is ignored.
+        assert!(p
+            .send("{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel_request\",\"params\":{\"requestId\":\"x\"}}\n")
+            .is_empty());
+        let a = p.send(
+            "{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel_request\",\"params\":{\"requestId\":\"w\"}}\n",
+        );
+        assert_eq!(error(&a[0]), (-32800, &json!("w")));
+        assert!(p.parked.is_empty() && p.s.idle());
+    }
+
+    #[test]
+    fn crlf_blank_lines_and_a_last_line_without_newline_are_taken() {
+        let mut p = Peer::new(10);
+        let a = p.send("\r\n\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}\r\n  \n");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0]["id"], 1);
+        p.s.push(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"m\"}");
+        assert!(p.s.next(&mut p.out, ROOM).is_none(), "not a whole line yet");
+        p.s.end_of_input();
+        assert!(p.send("").iter().any(|m| m["id"] == 2));
+    }
+
+    #[test]
+    fn a_full_outgoing_buffer_holds_back_new_lines() {
+        let mut s = RpcSession::new(1 << 10, 10);
+        let mut out = Vec::new();
+        s.push(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}\n");
+        let full = Room {
+            owed: 100,
+            cap: 100,
+        };
+        assert!(s.next(&mut out, full).is_none());
+        assert!(s.next(&mut out, ROOM).is_some(), "read once there is room");
+    }
+}
