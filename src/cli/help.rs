@@ -278,12 +278,19 @@ pub const SESSIONS_PRUNE: Spec = Spec {
 /// `execctl status`.
 pub const STATUS: Spec = Spec {
     name: "status",
-    usage: "[--json]",
+    usage: "[--json] [--path]",
     about: "daemon version, uptime, counts and limits",
     details: "\
 The daemon's version, pid, socket and uptime; your processes and sessions; clients;
-output memory; and its limits, sizes and durations written as its flags take them.",
-    flags: &[],
+output memory; and its limits, sizes and durations written as its flags take them.
+--path prints only the socket's path, once the daemon answered there, for other
+clients: socat - UNIX-CONNECT:\"$(execctl status --path)\".",
+    flags: &[flag(
+        "--path",
+        None,
+        None,
+        "print only the path of the socket the daemon answered on",
+    )],
     stop_at_operand: false,
 };
 

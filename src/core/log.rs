@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
-use crate::wire::encode::{rfc3339, write_json};
+use crate::wire::encode::{rfc3339, write_json, write_json_str};
 
 /// Bytes the log and the audit queue each hold while their target does not accept them.
 pub const QUEUE_BYTES: usize = 1 << 20;
@@ -119,24 +119,31 @@ fn stamp_prefix(at: Option<SystemTime>) -> String {
     }
 }
 
-/// One audit record as a line: `ts` (`at`), `event`, `peer` when there is one, then
-/// `fields`.
+/// One audit record as a line: `ts` (`at`) and `event` first, `peer` when there is one,
+/// then `fields` (in name order), so a person reading the file sees when and what first.
 pub fn audit_line(
     at: SystemTime,
     event: &str,
     peer: Option<Value>,
     fields: Map<String, Value>,
 ) -> Vec<u8> {
-    let mut rec = Map::new();
-    rec.insert("ts".into(), rfc3339(at).into());
-    rec.insert("event".into(), event.into());
-    if let Some(p) = peer {
-        rec.insert("peer".into(), p);
-    }
-    rec.extend(fields);
     let mut line = Vec::with_capacity(128);
-    write_json(&mut line, &Value::Object(rec));
-    line.push(b'\n');
+    line.extend_from_slice(b"{\"ts\":");
+    write_json_str(&mut line, &rfc3339(at));
+    line.extend_from_slice(b",\"event\":");
+    write_json_str(&mut line, event);
+    // In name order whatever the map's own order is (serde_json's `preserve_order`,
+    // which a dependency may switch on, keeps insertion order).
+    let mut fields: Vec<(String, Value)> = fields.into_iter().collect();
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    let peer = peer.map(|p| ("peer".to_string(), p));
+    for (name, value) in peer.into_iter().chain(fields) {
+        line.push(b',');
+        write_json_str(&mut line, &name);
+        line.push(b':');
+        write_json(&mut line, &value);
+    }
+    line.extend_from_slice(b"}\n");
     line
 }
 
@@ -245,10 +252,28 @@ mod tests {
         q.push(b"nope\n");
         assert!(q.pending().is_empty());
         q.consume(0, crate::types::test_clock().1);
+        let text = String::from_utf8(q.pending().to_vec()).unwrap();
+        assert!(
+            text.starts_with(r#"{"ts":"2026-11-25T00:00:00.000Z","event":"dropped","#),
+            "{text}"
+        );
         let rec: Value = serde_json::from_slice(q.pending()).unwrap();
         assert_eq!(rec["event"], "dropped");
         assert_eq!(rec["count"], 2);
         assert!(rec["ts"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn audit_records_put_when_and_what_first() {
+        let mut fields = Map::new();
+        fields.insert("z".into(), 1.into());
+        fields.insert("a".into(), "x\"y".into());
+        let peer = serde_json::json!({"uid": 0});
+        let line = audit_line(crate::types::test_clock().1, "start", Some(peer), fields);
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            "{\"ts\":\"2026-11-25T00:00:00.000Z\",\"event\":\"start\",\"peer\":{\"uid\":0},\"a\":\"x\\\"y\",\"z\":1}\n"
+        );
     }
 
     #[test]
