@@ -64,8 +64,8 @@ fn check_file(file: &str, operands: &[String], uid: Option<u32>, gids: Vec<u32>)
     };
     let peer = Subject { uid, gids: &gids };
     let verdict = match operands {
-        [line] => policy.judge(&Judged::Line(line), &peer),
-        argv => policy.judge(&Judged::Argv(argv), &peer),
+        [line] => policy.judge(&Judged::Line(line), &[], &peer),
+        argv => policy.judge(&Judged::Argv(argv), &[], &peer),
     };
     let hits: Vec<Value> = verdict
         .hits

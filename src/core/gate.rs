@@ -242,6 +242,7 @@ impl Core {
             .collect();
         let verdict = self.policy.judge_program(
             &launch.program,
+            &launch.env,
             &policy::Subject {
                 uid: peer.uid,
                 gids: &gids,

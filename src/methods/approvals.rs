@@ -28,6 +28,14 @@ pub fn unsubscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step
 /// matched. `uid` and `gid` (root callers only) judge it as another peer would be judged.
 pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let command = p.str("command")?;
+    // The variables the command would run with: some change what runs (PATH, BASH_ENV).
+    let env: Vec<(String, String)> = match p.opt_object("env")? {
+        None => Vec::new(),
+        Some(m) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .collect(),
+    };
     let args = p.opt_str_array("args")?;
     let uid = match p.opt_u64("uid")? {
         None => caller.uid,
@@ -68,7 +76,7 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     };
     let v = core
         .policy
-        .judge_program(&program, &Subject { uid, gids: &gids });
+        .judge_program(&program, &env, &Subject { uid, gids: &gids });
     let hits: Vec<Value> = v
         .hits
         .iter()

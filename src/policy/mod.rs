@@ -113,8 +113,15 @@ pub struct Verdict {
     /// Every rule that matched, per simple command in order, rules in file order: what
     /// `execctl policy check` shows.
     pub hits: Vec<Hit>,
-    /// The line was (partly) not a plain script.
+    /// The line was (partly) not a plain script, or the request sets a variable that
+    /// changes what runs.
     pub unparsed: bool,
+    /// When the decision is `ask`: the ask rules the readable commands matched (with
+    /// `default` for a command no rule matched under `"default": "ask"`), sorted. An
+    /// approval for the session covers these.
+    pub asked: Vec<String>,
+    /// Every simple command read, in order (a direct command's argv first).
+    pub commands: Vec<Vec<String>>,
 }
 
 /// One rule of the policy file, checked.
@@ -166,6 +173,10 @@ pub struct Policy {
     default: Decision,
     /// The decision for a line that is not (entirely) a plain script.
     unparsed: Decision,
+    /// `"env": "allow"`: a request that sets a variable changing what a shell or the
+    /// dynamic loader runs (`PATH`, `BASH_ENV`, `LD_PRELOAD`, ...) is judged by its
+    /// commands alone; otherwise it is unparsed (PROTOCOL 7.2).
+    env_allow: bool,
     rules: Vec<Rule>,
     /// First-word index: each alternative of a rule's first element -> rule indices,
     /// ascending. See the module invariants.
@@ -181,6 +192,7 @@ impl Default for Policy {
         Policy {
             default: Decision::Allow,
             unparsed: Decision::Allow,
+            env_allow: true,
             rules: Vec::new(),
             by_first: HashMap::new(),
         }
@@ -188,7 +200,7 @@ impl Default for Policy {
 }
 
 /// The fields a policy file may have at the top level.
-const TOP_FIELDS: &str = "default, unparsed, rules";
+const TOP_FIELDS: &str = "default, unparsed, env, rules";
 /// The fields a rule may have.
 const RULE_FIELDS: [&str; 8] = [
     "name",
@@ -215,7 +227,7 @@ impl Policy {
         };
         if let Some(key) = top
             .keys()
-            .find(|k| !matches!(k.as_str(), "default" | "unparsed" | "rules"))
+            .find(|k| !matches!(k.as_str(), "default" | "unparsed" | "env" | "rules"))
         {
             return Err(format!(
                 "unknown field {key:?} at the top level (known: {TOP_FIELDS})"
@@ -228,6 +240,20 @@ impl Policy {
         let unparsed = match top.get("unparsed") {
             None => Decision::Ask,
             Some(v) => decision_of(v).map_err(|e| format!("\"unparsed\" {e}"))?,
+        };
+        let env_allow = match top.get("env") {
+            None => false,
+            Some(Value::String(s)) if s == "allow" => true,
+            Some(Value::String(s)) if s == "unparsed" => false,
+            Some(other) => {
+                return Err(format!(
+                    "\"env\" must be \"allow\" or \"unparsed\", not {}",
+                    match other {
+                        Value::String(s) => format!("{s:?}"),
+                        other => kind(other).to_string(),
+                    }
+                ))
+            }
         };
         let entries: &[Value] = match top.get("rules") {
             // A file may set only the defaults; it then has no rules.
@@ -257,6 +283,7 @@ impl Policy {
         Ok(Policy {
             default,
             unparsed,
+            env_allow,
             rules,
             by_first,
         })
@@ -276,42 +303,53 @@ impl Policy {
         self.rules.len()
     }
 
-    /// Judges what `program` would run (its argv, or its shell line) for `subject`: the
-    /// one way the gate and `policy/check` ask.
-    pub fn judge_program(&self, program: &Program, subject: &Subject<'_>) -> Verdict {
+    /// Judges what `program` would run (its argv, or its shell line) with the variables
+    /// `env` the request sets, for `subject`: the one way the gate and `policy/check` ask.
+    pub fn judge_program(
+        &self,
+        program: &Program,
+        env: &[(String, String)],
+        subject: &Subject<'_>,
+    ) -> Verdict {
+        let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
         match program {
-            Program::Shell { line, .. } => self.judge(&Judged::Line(line), subject),
-            Program::Direct { .. } => self.judge(&Judged::Argv(&program.argv()), subject),
+            Program::Shell { line, .. } => self.judge(&Judged::Line(line), &names, subject),
+            Program::Direct { .. } => self.judge(&Judged::Argv(&program.argv()), &names, subject),
         }
     }
 
-    /// Judges a direct command or a shell line for `peer` (PROTOCOL 7.2).
-    pub fn judge(&self, what: &Judged<'_>, peer: &Subject<'_>) -> Verdict {
+    /// Judges a direct command or a shell line that runs with the variables `env` set
+    /// (their names), for `peer` (PROTOCOL 7.2).
+    pub fn judge(&self, what: &Judged<'_>, env: &[&str], peer: &Subject<'_>) -> Verdict {
         let (direct, split) = match *what {
             // A direct `sh -c WORD` is judged as itself and as the line it runs. The line
             // counts as already one level deep: its own nested shells are not read.
             Judged::Argv(argv) => (Some(argv), split::split_shell_c(argv)),
             Judged::Line(line) => (None, split_line(line)),
         };
-        let commands = direct
+        let commands: Vec<&[String]> = direct
             .into_iter()
-            .chain(split.commands.iter().map(Vec::as_slice));
-        self.decide(commands, split.unparsed, peer)
+            .chain(split.commands.iter().map(Vec::as_slice))
+            .collect();
+        // A variable that changes what a shell or the loader runs makes every command's
+        // argv say less than what will run.
+        let env_changes_what_runs = !self.env_allow
+            && env
+                .iter()
+                .copied()
+                .chain(split.assigned.iter().map(String::as_str))
+                .any(changes_what_runs);
+        self.decide(commands, split.unparsed || env_changes_what_runs, peer)
     }
 
     /// The verdict for these simple commands, read from a line that was `unparsed` or not.
-    fn decide<'c>(
-        &self,
-        commands: impl Iterator<Item = &'c [String]>,
-        unparsed: bool,
-        peer: &Subject<'_>,
-    ) -> Verdict {
+    fn decide(&self, commands: Vec<&[String]>, unparsed: bool, peer: &Subject<'_>) -> Verdict {
         let mut hits = Vec::new();
         // The strictest matching rule so far, and among rules with that decision the
         // first in file order.
         let mut best: Option<(Decision, usize)> = None;
         let mut some_unmatched = false;
-        for argv in commands {
+        for argv in commands.iter().copied() {
             let mut matched = false;
             for index in self.candidates(argv.first().map(String::as_str)) {
                 let Some(rule) = self.rules.get(index) else {
@@ -352,6 +390,21 @@ impl Policy {
         // PROTOCOL 7.2 says an unparsed line gets `unparsed` "unless the strictest readable
         // decision is already deny". Taking the maximum is that rule, and also keeps a
         // readable `ask` from being lowered to a configured `unparsed: allow`.
+        // The ask rules behind an `ask`: what an approval for the session covers.
+        let mut asked: Vec<String> = Vec::new();
+        if decision == Decision::Ask {
+            asked = hits
+                .iter()
+                .filter(|h| h.decision == Decision::Ask)
+                .map(|h| h.rule.clone())
+                .collect();
+            if some_unmatched && self.default == Decision::Ask {
+                asked.push("default".to_owned());
+            }
+            asked.sort();
+            asked.dedup();
+        }
+        let commands = commands.into_iter().map(<[String]>::to_vec).collect();
         if unparsed && Some(self.unparsed) > readable {
             return Verdict {
                 decision: self.unparsed,
@@ -359,6 +412,8 @@ impl Policy {
                 justification: None,
                 hits,
                 unparsed,
+                asked,
+                commands,
             };
         }
         Verdict {
@@ -367,6 +422,8 @@ impl Policy {
             justification,
             hits,
             unparsed,
+            asked,
+            commands,
         }
     }
 
@@ -416,6 +473,16 @@ impl Iterator for Candidates<'_> {
             (None, None) => None,
         }
     }
+}
+
+/// Whether setting variable `name` changes what a shell or the dynamic loader runs
+/// (PROTOCOL 7.2): then a command's words say less than what will run.
+pub fn changes_what_runs(name: &str) -> bool {
+    matches!(
+        name,
+        "BASH_ENV" | "ENV" | "SHELLOPTS" | "BASHOPTS" | "PS4" | "PROMPT_COMMAND" | "IFS" | "PATH"
+    ) || name.starts_with("LD_")
+        || name.starts_with("BASH_FUNC_")
 }
 
 /// How a JSON value is named in errors.
@@ -676,11 +743,11 @@ mod tests {
     }
 
     fn line(p: &Policy, l: &str) -> Verdict {
-        p.judge(&Judged::Line(l), &ANYONE)
+        p.judge(&Judged::Line(l), &[], &ANYONE)
     }
 
     fn direct(p: &Policy, ws: &[&str]) -> Verdict {
-        p.judge(&Judged::Argv(&words(ws)), &ANYONE)
+        p.judge(&Judged::Argv(&words(ws)), &[], &ANYONE)
     }
 
     /// Asserts decision and deciding rule.
@@ -839,8 +906,9 @@ mod tests {
               {"name": "both", "pattern": ["shutdown"], "decision": "deny", "uids": [1000], "gids": [27]}
             ]}"#,
         );
-        let judge =
-            |l: &str, uid: u32, gids: &[u32]| p.judge(&Judged::Line(l), &Subject { uid, gids });
+        let judge = |l: &str, uid: u32, gids: &[u32]| {
+            p.judge(&Judged::Line(l), &[], &Subject { uid, gids })
+        };
         decides(&judge("rm x", 1000, &[1000]), Decision::Ask, "rm-users");
         decides(&judge("rm x", 1001, &[]), Decision::Ask, "rm-users");
         decides(&judge("rm x", 0, &[0]), Decision::Allow, "default");
@@ -1063,6 +1131,62 @@ mod tests {
         decides(&v, Decision::Ask, "base-again");
     }
 
+    #[test]
+    fn variables_that_change_what_runs_make_a_request_unparsed_unless_env_allow() {
+        let strict =
+            policy(r#"{"rules": [{"name": "ls", "pattern": ["ls"], "decision": "allow"}]}"#);
+        let judged = |p: &Policy, l: &str, env: &[&str]| p.judge(&Judged::Line(l), env, &ANYONE);
+        for (line, env) in [
+            ("ls", &["BASH_ENV"][..]),
+            ("ls", &["LD_PRELOAD"][..]),
+            ("ls", &["BASH_FUNC_ls%%"][..]),
+            ("PATH=/tmp/evil ls", &[][..]),
+            ("IFS=/ ls", &[][..]),
+            ("PS4=x ls", &[][..]),
+            ("ls && SHELLOPTS=xtrace ls", &[][..]),
+        ] {
+            let v = judged(&strict, line, env);
+            assert!(v.unparsed, "{line} {env:?}");
+            decides(&v, Decision::Ask, "unparsed");
+        }
+        for (line, env) in [("ls", &["HOME", "LANG"][..]), ("LANG=C ls", &[][..])] {
+            assert!(!judged(&strict, line, env).unparsed, "{line} {env:?}");
+        }
+        let lenient = policy(r#"{"env": "allow", "rules": []}"#);
+        assert!(!judged(&lenient, "PATH=/x ls", &["BASH_ENV"]).unparsed);
+        assert!(Policy::parse(r#"{"env": "sometimes"}"#)
+            .unwrap_err()
+            .contains(r#""env" must be "allow" or "unparsed""#));
+        // Direct commands too.
+        let v = strict.judge_program(
+            &Program::Direct {
+                program: "ls".into(),
+                args: vec![],
+            },
+            &[("LD_PRELOAD".into(), "/tmp/x.so".into())],
+            &ANYONE,
+        );
+        assert!(v.unparsed);
+    }
+
+    #[test]
+    fn an_ask_names_every_ask_rule_behind_it() {
+        let p = policy(
+            r#"{"default": "ask", "rules": [
+                {"name": "true", "pattern": ["true"], "decision": "ask"},
+                {"name": "rm", "pattern": ["rm"], "decision": "ask"},
+                {"name": "ls", "pattern": ["ls"], "decision": "allow"}
+            ]}"#,
+        );
+        assert_eq!(line(&p, "true; rm -rf x; ls").asked, ["rm", "true"]);
+        assert_eq!(line(&p, "true; whoami").asked, ["default", "true"]);
+        assert!(line(&p, "ls").asked.is_empty(), "not an ask");
+        assert_eq!(
+            line(&p, "true; ls -l").commands,
+            [words(&["true"]), words(&["ls", "-l"])]
+        );
+    }
+
     // ---- load errors --------------------------------------------------------------
 
     /// Asserts that `text` is refused with exactly `message`, on one line.
@@ -1097,7 +1221,7 @@ mod tests {
     fn refuses_bad_top_level_fields() {
         refused(
             r#"{"rule": []}"#,
-            r#"unknown field "rule" at the top level (known: default, unparsed, rules)"#,
+            r#"unknown field "rule" at the top level (known: default, unparsed, env, rules)"#,
         );
         refused(
             r#"{"default": "maybe"}"#,
@@ -1505,11 +1629,12 @@ mod tests {
         #[test]
         fn plain_scripts_split_into_exactly_their_words((text, argvs) in plain_script()) {
             let split = split_line(&text);
-            prop_assert_eq!(split, Split { commands: argvs.clone(), unparsed: false });
+            prop_assert_eq!((split.commands, split.unparsed), (argvs.clone(), false));
             // Through `bash -c`, once, double-quoting what has no `"` or `\`.
             if !text.contains(['"', '\\', '$', '`']) {
                 let wrapped = format!("bash -c \"{text}\"");
-                prop_assert_eq!(split_line(&wrapped), Split { commands: argvs, unparsed: false });
+                let inner = split_line(&wrapped);
+                prop_assert_eq!((inner.commands, inner.unparsed), (argvs, false));
             }
         }
     }

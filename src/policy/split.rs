@@ -11,6 +11,9 @@ pub struct Split {
     /// The line is not (entirely) a plain script. `commands` then holds what could be read
     /// before the first construct that could not.
     pub unparsed: bool,
+    /// The names of the variables the line's leading assignments set (`PATH=/x ls`),
+    /// in order: the policy decides whether they change what runs.
+    pub assigned: Vec<String>,
 }
 
 /// The last path component of a program as given (`/usr/bin/rm` -> `rm`).
@@ -79,6 +82,8 @@ fn split_at(line: &str, depth: u8) -> Split {
             Token::Word(word) => {
                 if words.is_empty() {
                     if word.assignment {
+                        let name = word.text.split('=').next().unwrap_or_default();
+                        out.assigned.push(name.trim_end_matches('+').to_string());
                         started = true;
                         continue;
                     }
@@ -138,6 +143,7 @@ fn emit(out: &mut Split, argv: Vec<String>, depth: u8) {
         Some(Some(inner)) => {
             out.commands.extend(inner.commands);
             out.unparsed |= inner.unparsed;
+            out.assigned.extend(inner.assigned);
         }
         Some(None) => {
             out.unparsed = true;
@@ -481,11 +487,12 @@ mod tests {
     /// Asserts what `split_line(line)` reads.
     #[track_caller]
     fn splits(line: &str, commands: &[&[&str]], unparsed: bool) {
-        let expected = Split {
-            commands: commands.iter().map(|c| words(c)).collect(),
-            unparsed,
-        };
-        assert_eq!(split_line(line), expected, "line {line:?}");
+        let got = split_line(line);
+        assert_eq!(
+            (&got.commands, got.unparsed),
+            (&commands.iter().map(|c| words(c)).collect(), unparsed),
+            "line {line:?}"
+        );
     }
 
     #[test]
@@ -755,7 +762,7 @@ mod tests {
             split_line("\t\r\n"),
             Split {
                 commands: vec![vec!["\r".to_owned()]],
-                unparsed: false
+                ..Split::default()
             }
         );
     }
