@@ -80,6 +80,10 @@ pub struct Config {
     pub audit: Option<AuditTarget>,
     pub approval_timeout: Duration,
     pub max_pending_approvals: usize,
+    /// `--approver-uid`/`--approver-gid` (repeatable): who may approve the commands of
+    /// every uid instead of the default (a command's own uid, and root).
+    pub approver_uids: Vec<u32>,
+    pub approver_gids: Vec<u32>,
     /// `--cgroup auto|off|PATH` (section 9).
     pub cgroup: Mode,
     /// `--memory-max`, `--pids-max`, `--cpu-max`: every command's limits; a request may
@@ -114,6 +118,8 @@ impl Default for Config {
             socket_group: None,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
+            approver_uids: Vec::new(),
+            approver_gids: Vec::new(),
             max_clients: DEFAULT_MAX_CLIENTS,
             max_processes: DEFAULT_MAX_PROCESSES,
             max_retained: DEFAULT_MAX_RETAINED,
@@ -200,7 +206,12 @@ options:
   --approval-timeout DURATION
                            how long an ask waits for an approver (default 60s)
   --max-pending-approvals N
-                           asks waiting at once (default 256)
+                           asks waiting at once (default 256); a non-root uid's
+                           commands hold at most half
+  --approver-uid UID       only connections of this uid approve, for every uid
+                           (repeatable; default: a command's own uid, and root)
+  --approver-gid GID       only connections in this group approve, for every uid
+                           (repeatable)
   --check-policy FILE      validate a policy file (with its examples) and exit
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
@@ -333,6 +344,8 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--socket-group" => cfg.socket_group = Some(parse_num(&flag, &value()?)?),
             "--allow-uid" => cfg.allow_uids.push(parse_num(&flag, &value()?)?),
             "--allow-gid" => cfg.allow_gids.push(parse_num(&flag, &value()?)?),
+            "--approver-uid" => cfg.approver_uids.push(parse_num(&flag, &value()?)?),
+            "--approver-gid" => cfg.approver_gids.push(parse_num(&flag, &value()?)?),
             "--max-clients" => cfg.max_clients = parse_num(&flag, &value()?)?,
             "--max-processes" => cfg.max_processes = parse_num(&flag, &value()?)?,
             "--max-retained" => cfg.max_retained = parse_num(&flag, &value()?)?,

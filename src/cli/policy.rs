@@ -290,49 +290,24 @@ fn request_json(r: &ApprovalAsk) -> Value {
         "action": p["action"],
         "command": p["description"],
         "display": display,
+        "details": details(p).cloned().unwrap_or(Value::Null),
     })
 }
 
-/// The daemon's brief, "rule R: why; uid U (pid P), cwd C, session S", as labelled
-/// lines; `None` when it reads otherwise, or could be read two ways.
-///
-/// The rule and its justification come from the policy file, the uid and pid are the
-/// daemon's digits, but the cwd and the session id are the requester's and may hold any
-/// text, ", session " included. So the uid part is the first "; uid DIGITS (pid DIGITS),
-/// cwd " (a requester cannot write before it), and the cwd and session are told apart
-/// only when ", session " occurs once after it: more than once, the split could be any of
-/// them, and the caller shows the whole brief rather than guess.
-fn brief_fields(text: &str) -> Option<Vec<(&'static str, &str)>> {
-    let rest = text.strip_prefix("rule ")?;
-    let (rule, uid, place) = rest.match_indices("; uid ").find_map(|(at, sep)| {
-        let (uid, place) = uid_and_pid(&rest[at + sep.len()..])?;
-        Some((&rest[..at], uid, place))
-    })?;
-    let mut splits = place.match_indices(", session ");
-    let (at, sep) = splits.next()?;
-    if splits.next().is_some() {
-        return None;
-    }
-    Some(vec![
-        ("rule", rule),
-        ("uid", uid),
-        ("cwd", &place[..at]),
-        ("session", &place[at + sep.len()..]),
-    ])
+/// The `execd` display block of a request: what will run, as data.
+fn details(payload: &Value) -> Option<&Value> {
+    payload["display"]
+        .as_array()?
+        .iter()
+        .find(|d| d["type"] == "execd")
+        .map(|d| &d["data"])
 }
 
-/// "U (pid P), cwd REST" as ("U (pid P)", REST), U and P digits.
-fn uid_and_pid(s: &str) -> Option<(&str, &str)> {
-    let (who, place) = s.split_once("), cwd ")?;
-    let (uid, pid) = who.split_once(" (pid ")?;
-    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
-    (digits(uid) && digits(pid)).then_some((&s[..who.len() + 1], place))
-}
-
-/// A request as a person reads it: id, command, rule and justification, uid, cwd and
-/// session, each on its line. Every value is shown through `output::visible`: the
-/// command, cwd and session are the requester's, and a carriage return or an escape
-/// sequence in them must not redraw what the approver is deciding on.
+/// A request as a person reads it: id, command, each simple command with the rules it
+/// matched, the variables it sets, rule and justification, uid, cwd and session, each on
+/// its line. Every value is shown through `output::visible`: the command, variables, cwd
+/// and session are the requester's, and a carriage return or an escape sequence in them
+/// must not redraw what the approver is deciding on.
 fn request_text(r: &ApprovalAsk) -> String {
     let p = &r.payload;
     let shown = output::visible;
@@ -341,23 +316,60 @@ fn request_text(r: &ApprovalAsk) -> String {
         s.push_str(&format!(" (command id {})", shown(t)));
     }
     s.push('\n');
-    s.push_str(&format!(
-        "  command  {}\n",
-        shown(p["description"].as_str().unwrap_or("?"))
-    ));
-    for d in p["display"].as_array().into_iter().flatten() {
-        let Some(text) = d["text"].as_str() else {
-            continue;
-        };
-        match brief_fields(text) {
-            Some(fields) => {
-                for (label, value) in fields {
-                    s.push_str(&format!("  {label:<8} {}\n", shown(value)));
-                }
+    let mut line = |label: &str, value: &str| {
+        s.push_str(&format!("  {label:<8} {}\n", shown(value)));
+    };
+    line("command", p["description"].as_str().unwrap_or("?"));
+    let Some(d) = details(p) else {
+        // Another sender's request: its brief lines as they are.
+        for b in p["display"].as_array().into_iter().flatten() {
+            if let Some(text) = b["text"].as_str() {
+                line("", text);
             }
-            None => s.push_str(&format!("  {}\n", shown(text))),
         }
+        return s;
+    };
+    let str_of = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    for c in d["commands"].as_array().into_iter().flatten() {
+        let rules: Vec<String> = c["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{} ({})", str_of(&r["rule"]), str_of(&r["decision"])))
+            .collect();
+        let rules = if rules.is_empty() {
+            "no rule".to_string()
+        } else {
+            format!("rule {}", rules.join(", "))
+        };
+        line("runs", &format!("{}    [{rules}]", str_of(&c["command"])));
     }
+    if let Some(n) = d["commands_left_out"].as_u64().filter(|n| *n > 0) {
+        line("runs", &format!("... {n} more simple commands ..."));
+    }
+    if d["unparsed"] == true {
+        line(
+            "unparsed",
+            "the policy cannot read all that this runs; read the command itself",
+        );
+    }
+    for e in d["env"].as_array().into_iter().flatten() {
+        line(
+            "sets",
+            &format!("{}={}", str_of(&e["name"]), str_of(&e["value"])),
+        );
+    }
+    if let Some(n) = d["env_left_out"].as_u64().filter(|n| *n > 0) {
+        line("sets", &format!("... {n} more variables ..."));
+    }
+    let rule = match d["justification"].as_str() {
+        Some(j) => format!("{}: {j}", str_of(&d["rule"])),
+        None => str_of(&d["rule"]),
+    };
+    line("rule", &rule);
+    line("uid", &format!("{} (pid {})", d["uid"], d["pid"]));
+    line("cwd", &str_of(&d["cwd"]));
+    line("session", &str_of(&d["session"]));
     s
 }
 
@@ -559,14 +571,27 @@ mod tests {
         assert!(!g.is_empty());
     }
 
-    #[test]
-    fn a_request_reads_as_lines() {
-        let r = ApprovalAsk {
+    /// A request as the daemon sends it: `description`, a brief, and the `execd` block.
+    fn asked(description: &str, data: Value) -> ApprovalAsk {
+        ApprovalAsk {
             rpc_id: json!("appr_7"),
             request_id: "appr_7".into(),
-            payload: json!({"id": "appr_7", "tool_call_id": "cmd_12", "description": "git push origin main",
-                "display": [{"type": "brief", "text": "rule push: pushes leave this machine; uid 1000 (pid 4242), cwd /r, session s1"}]}),
-        };
+            payload: json!({"id": "appr_7", "tool_call_id": "cmd_12", "description": description,
+                "display": [{"type": "brief", "text": "rule push: ..."}, {"type": "execd", "data": data}]}),
+        }
+    }
+
+    #[test]
+    fn a_request_reads_as_lines() {
+        let r = asked(
+            "git push origin main",
+            json!({"rule": "push", "justification": "pushes leave this machine",
+                "commands": [{"command": "git push origin main", "rules": [{"rule": "push", "decision": "ask"}]},
+                             {"command": "ls", "rules": []}],
+                "commands_left_out": 0, "unparsed": false,
+                "env": [{"name": "BASH_ENV", "value": "evil.sh"}], "env_left_out": 0,
+                "cwd": "/r", "uid": 1000, "pid": 4242, "session": "s1"}),
+        );
         let t = request_text(&r);
         assert!(
             t.contains("approval request appr_7 (command id cmd_12)"),
@@ -574,28 +599,25 @@ mod tests {
         );
         assert!(t.contains("  command  git push origin main\n"), "{t}");
         assert!(
+            t.contains("  runs     git push origin main    [rule push (ask)]\n"),
+            "{t}"
+        );
+        assert!(t.contains("  runs     ls    [no rule]\n"), "{t}");
+        assert!(t.contains("  sets     BASH_ENV=evil.sh\n"), "{t}");
+        assert!(
             t.contains("  rule     push: pushes leave this machine\n"),
             "{t}"
         );
         assert!(t.contains("  uid      1000 (pid 4242)\n"), "{t}");
         assert!(t.contains("  cwd      /r\n"), "{t}");
         assert!(t.contains("  session  s1\n"), "{t}");
-        assert_eq!(brief_fields("something else"), None);
         let j = request_json(&r);
         assert_eq!(j["command"], "git push origin main");
+        assert_eq!(j["details"]["env"][0]["name"], "BASH_ENV");
         assert_eq!(
             j["display"][0].as_str().map(|s| s.starts_with("rule push")),
             Some(true)
         );
-    }
-
-    fn asked(description: &str, brief: &str) -> ApprovalAsk {
-        ApprovalAsk {
-            rpc_id: json!("appr_1"),
-            request_id: "appr_1".into(),
-            payload: json!({"id": "appr_1", "tool_call_id": "cmd_1", "description": description,
-                "display": [{"type": "brief", "text": brief}]}),
-        }
     }
 
     #[test]
@@ -603,7 +625,9 @@ mod tests {
         // A carriage return and "erase line" would leave the approver reading `ls`.
         let r = asked(
             "rm -rf ~ #\r\u{1b}[2K  command  ls\nsecond",
-            "rule rm: deletes files; uid 0 (pid 9), cwd /t\u{1b}[8m\nx, session s\u{202e}1\r",
+            json!({"rule": "rm", "commands": [{"command": "rm -rf ~", "rules": []}],
+                "env": [{"name": "X", "value": "a\rb"}],
+                "cwd": "/t\u{1b}[8m\nx", "uid": 0, "pid": 9, "session": "s\u{202e}1\r"}),
         );
         let t = request_text(&r);
         assert!(
@@ -612,46 +636,15 @@ mod tests {
         );
         assert!(t.contains("  cwd      /t\\x1b[8m\\nx\n"), "{t}");
         assert!(t.contains("  session  s\\u{202e}1\\r\n"), "{t}");
+        assert!(t.contains("  sets     X=a\\rb\n"), "{t}");
         assert!(!t.contains(['\r', '\u{1b}', '\u{202e}']), "{t:?}");
-        assert_eq!(t.lines().count(), 7, "{t}");
-        // A brief the parser cannot read is shown whole, escaped the same way.
-        let t = request_text(&asked("ls", "not a brief\u{1b}[2J"));
-        assert!(t.ends_with("  not a brief\\x1b[2J\n"), "{t}");
-    }
-
-    #[test]
-    fn the_brief_is_split_only_where_it_reads_one_way() {
-        let fields = |t| brief_fields(t).map(|f| f.into_iter().map(|(_, v)| v).collect::<Vec<_>>());
-        // The requester's cwd may look like the daemon's own uid part: the first one, in
-        // the part only the daemon and the policy write, is the real one.
-        assert_eq!(
-            fields("rule r: why; uid 1000 (pid 42), cwd /a; uid 0 (pid 1), cwd /b, session s"),
-            Some(vec![
-                "r: why",
-                "1000 (pid 42)",
-                "/a; uid 0 (pid 1), cwd /b",
-                "s"
-            ])
-        );
-        // A justification holding "; uid " is passed over: no digits follow it.
-        assert_eq!(
-            fields("rule r: a; uid of it; uid 7 (pid 8), cwd /, session s"),
-            Some(vec!["r: a; uid of it", "7 (pid 8)", "/", "s"])
-        );
-        // ", session " in a cwd or a session id could place the split anywhere: no fields.
-        assert_eq!(
-            fields("rule r; uid 7 (pid 8), cwd /x, session y, session z"),
-            None
-        );
-        assert_eq!(fields("rule r; uid me (pid 8), cwd /, session s"), None);
-        assert_eq!(fields("rule r; uid 7 (pid 8), cwd /"), None);
-        let t = request_text(&asked(
-            "ls",
-            "rule r; uid 7 (pid 8), cwd /x, session y, session z",
-        ));
-        assert!(
-            t.ends_with("  rule r; uid 7 (pid 8), cwd /x, session y, session z\n"),
-            "{t}"
-        );
+        // Another sender's request: its briefs shown whole, escaped the same way.
+        let other = ApprovalAsk {
+            rpc_id: json!("r"),
+            request_id: "r".into(),
+            payload: json!({"description": "ls", "display": [{"type": "brief", "text": "not ours\u{1b}[2J"}]}),
+        };
+        let t = request_text(&other);
+        assert!(t.ends_with("           not ours\\x1b[2J\n"), "{t:?}");
     }
 }

@@ -6,9 +6,18 @@
 //! for a whole session, and the Wire messages that carry them.
 //!
 //! Invariants:
-//! - An approver gets the requests of its own uid (root: of every uid), and only the
-//!   approvers that got a request may answer it; the first answer wins.
-//! - Anything but a well-formed `approve` or `approve_for_session` is a `reject`.
+//! - Who may approve: by default a connection of the command's own uid, or root; with
+//!   `--approver-uid`/`--approver-gid`, only connections of those uids or groups (for
+//!   every uid). Never the connection that asked, nor any connection of the same peer
+//!   process: `ask` must hold the agent it is meant to hold.
+//! - Only the approvers that got a request may answer it; the first answer wins.
+//!   Anything but a well-formed `approve` or `approve_for_session` is a `reject`.
+//! - An approval for the session covers the set of ask rules the approved line matched,
+//!   for that owner and session: a later line is let through only when every ask rule it
+//!   matches is covered. An unparsed line is approved once, never for the session.
+//! - What an approver is shown is what will run: each simple command with the rules it
+//!   matched, every variable the request sets, cwd, uid and pid; text cut in the middle
+//!   (never at the end, so a trailing command cannot hide) with what was left out counted.
 
 use std::collections::{HashMap, HashSet};
 
@@ -18,8 +27,9 @@ use crate::core::launch::{Admitted, LaunchRequest};
 use crate::core::table::ConnId;
 use crate::core::table::Peer;
 use crate::core::timers::TimerId;
+use crate::core::view::cut_middle;
 use crate::core::{Core, Effect, Timer, MAX_OUTPUT_WAITS};
-use crate::policy::{self, Decision, Policy};
+use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
 
@@ -64,17 +74,25 @@ impl Answer {
 /// What an approval is about, for the approver and the audit log.
 #[derive(Debug, Clone)]
 pub struct Asked {
-    /// The policy rule that asked.
+    /// The policy rule that decided.
     pub rule: String,
-    /// The command line as asked.
+    /// The ask rules an approval for the session covers; empty for an unparsed line,
+    /// which is approved once only.
+    pub covers: Vec<String>,
+    /// The command line as asked, cut in the middle past `DESCRIPTION_MAX`.
     pub description: String,
-    /// "rule push: ...; uid 1000 (pid 4242), cwd /home/u/repo, session s1"
-    pub brief: String,
+    /// The Wire display blocks: what will run, as the approver is shown it.
+    pub display: Value,
 }
 
-/// The longest command line an approver is sent; a longer one arrives cut, with a marker
-/// saying how much (the audit record keeps all of it).
+/// The longest command line an approver is sent; a longer one arrives cut in the middle,
+/// with the count of bytes left out (the audit record keeps all of it).
 pub const DESCRIPTION_MAX: usize = 16 << 10;
+/// The longest simple command, variable name or value an approver is sent, in bytes.
+const SHOWN_MAX: usize = 1 << 10;
+/// The most simple commands (and, apart, variables) an approver is sent one by one: the
+/// first and last halves, with how many were left out between them.
+const SHOWN_ITEMS: usize = 64;
 
 /// A request waiting for an approver.
 #[derive(Debug)]
@@ -90,19 +108,26 @@ pub struct PendingApproval {
     pub timer: TimerId,
 }
 
-/// A session approval: this owner, in this session, for this rule.
-pub type Grant = (u32, String, String);
+/// A connection that subscribed as an approver, and who it is.
+#[derive(Debug, Clone)]
+pub struct Approver {
+    pub uid: u32,
+    /// Its primary group and the groups it holds.
+    pub gids: Vec<u32>,
+    pub pid: i32,
+}
 
 /// Every approver, pending approval and session grant.
 #[derive(Debug, Default)]
 pub struct Approvals {
-    /// Connected approvers and the uid each one is.
-    pub approvers: HashMap<ConnId, u32>,
+    /// Connected approvers.
+    pub approvers: HashMap<ConnId, Approver>,
     /// Approvers not reading what they are sent (their outgoing buffer is full): they
     /// count as absent until it drains.
     pub deaf: HashSet<ConnId>,
     pub pending: HashMap<String, PendingApproval>,
-    pub grants: HashSet<Grant>,
+    /// Approvals for the session: per owner and session, the ask rules they cover.
+    pub grants: HashMap<(u32, String), HashSet<String>>,
     next: u64,
 }
 
@@ -113,13 +138,26 @@ impl Approvals {
         format!("appr_{}", self.next)
     }
 
-    /// Approvers that may answer for commands of `owner` (its own, and root's) and are
-    /// reading what they are sent.
-    pub fn approvers_for(&self, owner: u32) -> Vec<ConnId> {
+    /// The approvers that may answer for a command of `owner` asked by connection
+    /// `requester` of process `requester_pid`, and are reading what they are sent. With
+    /// `named` uids or gids (`--approver-uid/gid`) only those; else the owner's own uid
+    /// and root. Never the requester's connection or process.
+    pub fn approvers_for(
+        &self,
+        owner: u32,
+        requester: ConnId,
+        requester_pid: i32,
+        named: (&[u32], &[u32]),
+    ) -> Vec<ConnId> {
         let mut v: Vec<ConnId> = self
             .approvers
             .iter()
-            .filter(|(c, uid)| (**uid == owner || **uid == 0) && !self.deaf.contains(c))
+            .filter(|(c, a)| {
+                **c != requester
+                    && a.pid != requester_pid
+                    && !self.deaf.contains(c)
+                    && may_approve(a, owner, named)
+            })
             .map(|(c, _)| *c)
             .collect();
         v.sort_unstable();
@@ -141,10 +179,36 @@ impl Approvals {
         self.deaf.remove(&conn);
     }
 
+    /// Whether earlier approvals for this owner's session cover every one of `rules`.
+    fn covered(&self, owner: u32, session: &str, rules: &[String]) -> bool {
+        !rules.is_empty()
+            && self
+                .grants
+                .get(&(owner, session.to_string()))
+                .is_some_and(|g| rules.iter().all(|r| g.contains(r)))
+    }
+
     /// Forgets every grant of a session (closed) of `owner`.
     pub fn end_session(&mut self, owner: u32, session: &str) {
-        self.grants
-            .retain(|(o, s, _)| !(*o == owner && s == session));
+        self.grants.remove(&(owner, session.to_string()));
+    }
+
+    /// Pending approvals of commands of `owner`.
+    fn pending_of(&self, owner: u32) -> usize {
+        self.pending
+            .values()
+            .filter(|p| p.launch.peer.uid == owner)
+            .count()
+    }
+}
+
+/// Whether approver `a` may answer for commands of `owner`: with `named` uids or gids
+/// (`--approver-uid/gid`) only one of those, for every owner; else the owner or root.
+pub fn may_approve(a: &Approver, owner: u32, (uids, gids): (&[u32], &[u32])) -> bool {
+    if uids.is_empty() && gids.is_empty() {
+        a.uid == owner || a.uid == 0
+    } else {
+        uids.contains(&a.uid) || a.gids.iter().any(|g| gids.contains(g))
     }
 }
 
@@ -162,7 +226,7 @@ pub fn request_line(id: &str, tool_call_id: &str, asked: &Asked) -> Vec<u8> {
                 "sender": "execd",
                 "action": "run command",
                 "description": asked.description,
-                "display": [{"type": "brief", "text": asked.brief}],
+                "display": asked.display,
             },
         },
     });
@@ -188,14 +252,17 @@ pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
 pub fn describe(launch: &LaunchRequest) -> String {
     match &launch.program {
         crate::types::Program::Shell { line, .. } => line.clone(),
-        crate::types::Program::Direct { .. } => launch
-            .program
-            .argv()
-            .iter()
-            .map(|w| shell_quote(w))
-            .collect::<Vec<_>>()
-            .join(" "),
+        crate::types::Program::Direct { .. } => quoted(&launch.program.argv()),
     }
+}
+
+/// Words as a shell would need them written to mean themselves.
+fn quoted(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `word` as a shell would need it written to mean itself.
@@ -205,6 +272,100 @@ fn shell_quote(word: &str) -> String {
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
     }
+}
+
+/// At most `SHOWN_ITEMS` of `items`: the first and last halves, and how many were left
+/// out between them.
+fn first_and_last<T>(items: &[T]) -> (&[T], usize, &[T]) {
+    if items.len() <= SHOWN_ITEMS {
+        return (items, 0, &[]);
+    }
+    let half = SHOWN_ITEMS / 2;
+    (
+        &items[..half],
+        items.len() - SHOWN_ITEMS,
+        &items[items.len() - half..],
+    )
+}
+
+/// One simple command as an approver sees it: the words (cut in the middle) and the
+/// rules that matched it.
+fn shown_command(argv: &[String], verdict: &Verdict) -> (String, Vec<Value>) {
+    let rules = verdict
+        .hits
+        .iter()
+        .filter(|h| h.argv == argv)
+        .map(|h| json!({ "rule": h.rule, "decision": h.decision.as_str() }))
+        .collect();
+    (cut_middle(&quoted(argv), SHOWN_MAX), rules)
+}
+
+/// What an approver is shown of a command the policy asks about (PROTOCOL 7.3): a first
+/// `brief` as Wire clients expect it (rule, uid, pid, cwd, session), a `brief` per simple
+/// command with the rules it matched, one per variable the request sets, and an `execd`
+/// block with the same as data for programs.
+fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Value {
+    let peer = launch.peer;
+    let session = cut_middle(launch.family.session_id(), SHOWN_MAX);
+    let why = verdict
+        .justification
+        .as_deref()
+        .map_or(String::new(), |j| format!(": {j}"));
+    let mut blocks = vec![json!({"type": "brief", "text": format!(
+        "rule {}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
+        verdict.rule, peer.uid, peer.pid
+    )})];
+    let (first, skipped, last) = first_and_last(&verdict.commands);
+    let mut commands = Vec::new();
+    for (i, argv) in first.iter().chain(last).enumerate() {
+        if i == first.len() && skipped > 0 {
+            blocks.push(json!({"type": "brief",
+                "text": format!("... {skipped} more simple commands ...")}));
+        }
+        let (text, rules) = shown_command(argv, verdict);
+        let said: Vec<String> = rules
+            .iter()
+            .map(|r| format!("rule {} ({})", r["rule"], r["decision"]).replace('"', ""))
+            .collect();
+        let said = if said.is_empty() {
+            "no rule".to_string()
+        } else {
+            said.join(", ")
+        };
+        blocks.push(json!({"type": "brief", "text": format!("runs: {text}  [{said}]")}));
+        commands.push(json!({ "command": text, "rules": rules }));
+    }
+    if verdict.unparsed {
+        blocks.push(
+            json!({"type": "brief", "text": "unparsed: the policy cannot read all \
+            that this runs; the command line is all there is to see"}),
+        );
+    }
+    let (first, skipped_env, last) = first_and_last(&launch.env);
+    let mut env = Vec::new();
+    for (name, value) in first.iter().chain(last) {
+        let (name, value) = (cut_middle(name, SHOWN_MAX), cut_middle(value, SHOWN_MAX));
+        blocks.push(json!({"type": "brief", "text": format!("sets {name}={value}")}));
+        env.push(json!({ "name": name, "value": value }));
+    }
+    if skipped_env > 0 {
+        blocks.push(json!({"type": "brief",
+            "text": format!("... {skipped_env} more variables ...")}));
+    }
+    blocks.push(json!({"type": "execd", "data": {
+        "rule": verdict.rule,
+        "justification": verdict.justification,
+        "commands": commands,
+        "commands_left_out": skipped,
+        "unparsed": verdict.unparsed,
+        "env": env,
+        "env_left_out": skipped_env,
+        "cwd": cwd,
+        "uid": peer.uid,
+        "pid": peer.pid,
+        "session": session,
+    }}));
+    Value::Array(blocks)
 }
 
 /// What the gate made of a command.
@@ -221,9 +382,9 @@ pub enum Gated {
 impl Core {
     /// Passes a command through the policy, once, before anything starts (PROTOCOL 7):
     /// `allow` admits it, `deny` refuses it (`-32005`), `ask` sends it to the approvers
-    /// of its owner and parks request `req` of `conn` until one answers, it times out or
-    /// the requester leaves. An earlier `approve_for_session` of the same rule, owner and
-    /// session admits it at once; no approver at all refuses it at once (`-32006`).
+    /// it may go to and parks request `req` of `conn` until one answers, it times out or
+    /// the requester leaves. Earlier approvals for the session that cover every ask rule
+    /// the line matched admit it at once; no approver at all refuses it (`-32006`).
     pub fn gate(
         &mut self,
         mut launch: Box<LaunchRequest>,
@@ -279,54 +440,60 @@ impl Core {
                 ))
             }
             Decision::Ask => {
-                let grant = (peer.uid, launch.session_ref(), verdict.rule.clone());
-                if self.approvals.grants.contains(&grant) {
+                let session = launch.session_ref();
+                if !verdict.unparsed && self.approvals.covered(peer.uid, &session, &verdict.asked) {
                     admit(&mut launch, "approve_for_session", &verdict.rule);
                     return Gated::Admitted(launch);
                 }
-                let approvers = self.approvals.approvers_for(peer.uid);
-                let reason = if approvers.is_empty() {
-                    Some("no approver")
-                } else if self.approvals.pending.len() >= self.cfg.max_pending_approvals {
-                    None
-                } else {
-                    Some("")
-                };
-                let Some(reason) = reason else {
-                    self.launch_failed(&launch);
-                    return Gated::Refused(RpcError::limit(
-                        "max-pending-approvals",
-                        self.cfg.max_pending_approvals,
-                    ));
-                };
-                if !reason.is_empty() {
+                let named = (
+                    self.cfg.approver_uids.as_slice(),
+                    self.cfg.approver_gids.as_slice(),
+                );
+                let approvers = self
+                    .approvals
+                    .approvers_for(peer.uid, conn, peer.pid, named);
+                if approvers.is_empty() {
                     self.record(
                         "reject",
                         Some(peer),
-                        json!({ "id": id, "rule": verdict.rule, "reason": reason }),
+                        json!({ "id": id, "rule": verdict.rule, "reason": "no approver" }),
                     );
                     self.launch_failed(&launch);
-                    return Gated::Refused(RpcError::not_approved(&verdict.rule, reason, None));
+                    return Gated::Refused(RpcError::not_approved(
+                        &verdict.rule,
+                        "no approver",
+                        None,
+                    ));
+                }
+                // The pending asks are bounded, and a non-root uid's commands hold at most
+                // half of them (PROTOCOL 8, fair shares).
+                let max = self.cfg.max_pending_approvals;
+                let share = if peer.uid == 0 { max } else { (max / 2).max(1) };
+                let refused = if self.approvals.pending.len() >= max {
+                    Some(("max-pending-approvals", max))
+                } else if self.approvals.pending_of(peer.uid) >= share {
+                    Some(("max-pending-approvals-per-uid", share))
+                } else {
+                    None
+                };
+                if let Some((limit, n)) = refused {
+                    self.launch_failed(&launch);
+                    return Gated::Refused(RpcError::limit(limit, n));
                 }
                 let appr = self.approvals.next_id();
-                let session = launch.family.session_id().to_string();
                 let command = describe(&launch);
-                let why = verdict
-                    .justification
-                    .as_deref()
-                    .map_or(String::new(), |j| format!(": {j}"));
+                let cwd = cut_middle(&launch.cwd.display().to_string(), SHOWN_MAX);
                 let asked = Asked {
                     rule: verdict.rule.clone(),
-                    // Raw, like the description: what shows it to a person escapes
-                    // control characters (execctl approve does).
-                    brief: format!(
-                        "rule {}{why}; uid {} (pid {}), cwd {}, session {session}",
-                        verdict.rule,
-                        peer.uid,
-                        peer.pid,
-                        launch.cwd.display()
-                    ),
-                    description: crate::core::view::cut_text(&command, DESCRIPTION_MAX),
+                    covers: if verdict.unparsed {
+                        Vec::new()
+                    } else {
+                        verdict.asked.clone()
+                    },
+                    // Raw, like the display: what shows it to a person escapes control
+                    // characters (execctl approve does).
+                    description: cut_middle(&command, DESCRIPTION_MAX),
+                    display: approval_display(&launch, &verdict, &cwd),
                 };
                 let line = request_line(&appr, &id, &asked);
                 for a in &approvers {
@@ -339,6 +506,7 @@ impl Core {
                     "ask",
                     Some(peer),
                     json!({ "id": id, "approval": appr, "rule": verdict.rule,
+                            "rules": verdict.asked,
                             "reason": if verdict.unparsed { "unparsed" } else { "policy" },
                             "command": command }),
                 );
@@ -425,12 +593,18 @@ impl Core {
         match answer {
             Answer::Approve | Answer::ApproveForSession => {
                 if answer == Answer::ApproveForSession {
-                    self.approvals.grants.insert((
-                        peer.uid,
-                        p.launch.session_ref(),
-                        p.asked.rule.clone(),
-                    ));
-                    fields["for_session"] = true.into();
+                    // An unparsed line is approved this once: its words say too little
+                    // of what it runs to stand for the lines after it.
+                    let covers = &p.asked.covers;
+                    fields["for_session"] = (!covers.is_empty()).into();
+                    if !covers.is_empty() {
+                        fields["rules"] = json!(covers);
+                        self.approvals
+                            .grants
+                            .entry((peer.uid, p.launch.session_ref()))
+                            .or_default()
+                            .extend(covers.iter().cloned());
+                    }
                 }
                 self.record("approve", Some(peer), fields);
                 self.out.push(Effect::Launch {
@@ -512,7 +686,7 @@ mod tests {
         let mut c = testkit::core();
         c.cfg.audit = Some(crate::config::AuditTarget::Stderr);
         c.cfg.approval_timeout = Duration::from_secs(60);
-        c.cfg.max_pending_approvals = 2;
+        c.cfg.max_pending_approvals = 16;
         let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
         c.policy = Policy::parse(
             r#"{"rules": [
@@ -523,6 +697,15 @@ mod tests {
         )
         .unwrap();
         c
+    }
+
+    /// An approver connection of `uid` (its pid: uid + 10000, its group: uid).
+    fn approver(uid: u32) -> Approver {
+        Approver {
+            uid,
+            gids: vec![uid],
+            pid: uid as i32 + 10000,
+        }
     }
 
     /// A bash line of uid `uid` in bash session `session`.
@@ -597,7 +780,7 @@ mod tests {
     #[test]
     fn an_ask_waits_for_the_approver_and_an_approve_starts_it() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         let id = ask(&mut c, "true", 1);
         assert!(replies(&mut c).is_empty(), "the request waits");
         c.approval_answer(APPROVER, &id, &answer("approve", &id));
@@ -623,7 +806,7 @@ mod tests {
     #[test]
     fn a_reject_answers_not_approved_with_the_feedback_and_starts_nothing() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         let id = ask(&mut c, "rm -rf /tmp/x", 1);
         let no = Ok(json!({"request_id": id, "response": "reject", "feedback": "not today"}));
         c.approval_answer(APPROVER, &id, &no);
@@ -644,7 +827,7 @@ mod tests {
     #[test]
     fn only_an_approver_that_was_asked_may_answer_and_the_first_answer_wins() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         let id = ask(&mut c, "true", 1);
         // Another connection (not an approver when it was asked) cannot answer.
         c.approval_answer(C2, &id, &answer("approve", &id));
@@ -661,7 +844,7 @@ mod tests {
     #[test]
     fn an_unanswered_ask_times_out_as_a_reject() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         ask(&mut c, "true", 1);
         later(&mut c, Duration::from_secs(59));
         assert!(replies(&mut c).is_empty());
@@ -675,7 +858,7 @@ mod tests {
     #[test]
     fn a_requester_that_leaves_withdraws_its_ask() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         let id = ask(&mut c, "true", 1);
         c.disconnected(C1);
         let msgs = sent(&mut c);
@@ -691,7 +874,7 @@ mod tests {
     #[test]
     fn closing_the_session_rejects_its_asks() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         c.open_session(1000, Some("s"), None, true).unwrap();
         ask(&mut c, "true", 1);
         c.close_session(&(1000, "s".to_string()));
@@ -703,8 +886,7 @@ mod tests {
     #[test]
     fn approve_for_session_admits_the_same_rule_in_the_same_session_only() {
         let mut c = gated();
-        c.cfg.max_pending_approvals = 8;
-        c.approvals.approvers.insert(APPROVER, 0);
+        c.approvals.approvers.insert(APPROVER, approver(0));
         let id = ask(&mut c, "true", 1);
         c.approval_answer(APPROVER, &id, &answer("approve_for_session", &id));
         std::mem::take(&mut c.out);
@@ -727,6 +909,125 @@ mod tests {
     }
 
     #[test]
+    fn a_session_approval_covers_only_the_ask_rules_it_was_given() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(0));
+        let id = ask(&mut c, "true", 1);
+        c.approval_answer(APPROVER, &id, &answer("approve_for_session", &id));
+        std::mem::take(&mut c.out);
+        // `true` again: covered. `true; rm -rf V` also matches `rm`: asked.
+        assert!(matches!(
+            c.gate(line(1000, "s", "true; true"), C1, None),
+            Gated::Admitted(_)
+        ));
+        assert!(matches!(
+            c.gate(line(1000, "s", "true; rm -rf V"), C1, None),
+            Gated::Asked
+        ));
+        // Approving both for the session covers the pair.
+        let id = sent(&mut c).last().unwrap().1["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        c.approval_answer(APPROVER, &id, &answer("approve_for_session", &id));
+        std::mem::take(&mut c.out);
+        assert!(matches!(
+            c.gate(line(1000, "s", "rm -rf W && true"), C1, None),
+            Gated::Admitted(_)
+        ));
+    }
+
+    #[test]
+    fn an_unparsed_line_is_approved_once_never_for_the_session() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(0));
+        let id = ask(&mut c, "echo $(true)", 1);
+        c.approval_answer(APPROVER, &id, &answer("approve_for_session", &id));
+        assert_eq!(launched(&std::mem::take(&mut c.out)), ["echo $(true)"]);
+        for later in ["echo $(true)", "x=$(rm -rf V)", "true"] {
+            assert!(
+                matches!(c.gate(line(1000, "s", later), C1, None), Gated::Asked),
+                "{later}"
+            );
+        }
+        let approve = audit(&mut c)
+            .into_iter()
+            .find(|r| r["event"] == "approve")
+            .unwrap();
+        assert_eq!(approve["for_session"], false);
+    }
+
+    #[test]
+    fn the_requester_never_approves_its_own_command() {
+        let mut c = gated();
+        // The requesting connection itself, then another connection of the same process.
+        c.approvals.approvers.insert(C1, approver(1000));
+        let mut same_process = approver(1000);
+        same_process.pid = 42; // the requester's pid (testkit's peer)
+        c.approvals.approvers.insert(C2, same_process);
+        let Gated::Refused(e) = c.gate(line(1000, "s", "true"), C1, Some(ReqNo(1))) else {
+            panic!("asked its own connection");
+        };
+        assert_eq!(e.data.unwrap()["reason"], "no approver");
+        assert!(sent(&mut c).is_empty(), "nobody was sent the request");
+        // A named approver uid takes it; the owner's own uid no longer does.
+        c.cfg.approver_uids = vec![2000];
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, None),
+            Gated::Refused(_)
+        ));
+        c.approvals.approvers.insert(OTHER_APPROVER, approver(2000));
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, None),
+            Gated::Asked
+        ));
+        assert_eq!(sent(&mut c)[0].0, OTHER_APPROVER);
+    }
+
+    #[test]
+    fn approvers_see_each_command_its_rules_and_every_variable() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        let mut l = line(1000, "s", "true --version");
+        l.env = vec![("BASH_ENV".into(), "evil.sh".into())];
+        assert!(matches!(c.gate(l, C1, Some(ReqNo(1))), Gated::Asked));
+        let msg = sent(&mut c).remove(0).1;
+        let display = msg["params"]["payload"]["display"].to_string();
+        assert!(
+            display.contains("runs: true --version  [rule true (ask)]"),
+            "{display}"
+        );
+        assert!(display.contains("sets BASH_ENV=evil.sh"), "{display}");
+        assert!(
+            display.contains("unparsed"),
+            "BASH_ENV makes it unparsed: {display}"
+        );
+        // A 17 KB comment before a trailing command: cut in the middle, the end shown.
+        let long = format!("true #{}\nrm -rf V", "x".repeat(17 << 10));
+        assert!(matches!(
+            c.gate(line(1000, "s", &long), C1, Some(ReqNo(2))),
+            Gated::Asked
+        ));
+        let msg = sent(&mut c).remove(0).1;
+        let description = msg["params"]["payload"]["description"].as_str().unwrap();
+        assert!(
+            description.ends_with("\nrm -rf V"),
+            "{}",
+            &description[description.len() - 40..]
+        );
+        assert!(description.contains("bytes left out"));
+        assert!(description.len() < 17 << 10);
+        let data = &msg["params"]["payload"]["display"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["data"];
+        assert_eq!(data["commands"][1]["command"], "rm -rf V");
+        assert_eq!(data["commands"][1]["rules"][0]["rule"], "rm");
+    }
+
+    #[test]
     fn with_no_approver_an_ask_is_refused_at_once() {
         let mut c = gated();
         let Gated::Refused(e) = c.gate(line(1000, "s", "true"), C1, Some(ReqNo(1))) else {
@@ -735,12 +1036,12 @@ mod tests {
         assert_eq!(e.code, -32006);
         assert_eq!(e.data.unwrap()["reason"], "no approver");
         // An approver of another uid does not count; root's does.
-        c.approvals.approvers.insert(APPROVER, 1001);
+        c.approvals.approvers.insert(APPROVER, approver(1001));
         assert!(matches!(
             c.gate(line(1000, "s", "true"), C1, Some(ReqNo(2))),
             Gated::Refused(_)
         ));
-        c.approvals.approvers.insert(OTHER_APPROVER, 0);
+        c.approvals.approvers.insert(OTHER_APPROVER, approver(0));
         assert!(matches!(
             c.gate(line(1000, "s", "true"), C1, Some(ReqNo(3))),
             Gated::Asked
@@ -750,7 +1051,7 @@ mod tests {
     #[test]
     fn an_approver_that_stops_reading_counts_as_absent_until_it_drains() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         c.approvals.set_listening(APPROVER, false);
         assert!(matches!(
             c.gate(line(1000, "s", "true"), C1, Some(ReqNo(1))),
@@ -763,7 +1064,7 @@ mod tests {
     #[test]
     fn shutdown_answers_pending_asks_and_starts_nothing() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         let id = ask(&mut c, "true", 1);
         c.begin_shutdown();
         c.answer_all_parked();
@@ -779,16 +1080,30 @@ mod tests {
     }
 
     #[test]
-    fn pending_asks_are_bounded() {
+    fn pending_asks_are_bounded_and_a_non_root_uid_holds_at_most_half() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.clear();
+        c.cfg.max_pending_approvals = 4;
+        c.approvals.approvers.insert(APPROVER, approver(0));
+        let refused = |c: &mut Core, uid: u32| match c.gate(line(uid, "s", "true"), C1, None) {
+            Gated::Refused(e) => {
+                assert_eq!(e.code, -32003);
+                e.data.unwrap()["limit"].clone()
+            }
+            other => panic!("uid {uid}: {other:?}"),
+        };
+        // uid 1000 holds its half (2 of 4); another uid still has room.
         ask(&mut c, "true", 1);
         ask(&mut c, "true", 2);
-        let Gated::Refused(e) = c.gate(line(1000, "s", "true"), C1, Some(ReqNo(3))) else {
-            panic!("not refused");
-        };
-        assert_eq!(e.code, -32003);
-        assert_eq!(e.data.unwrap()["limit"], "max-pending-approvals");
+        assert_eq!(refused(&mut c, 1000), "max-pending-approvals-per-uid");
+        for _ in 0..2 {
+            assert!(matches!(
+                c.gate(line(1001, "s", "true"), C1, None),
+                Gated::Asked
+            ));
+        }
+        // All 4 taken: root too is refused.
+        assert_eq!(refused(&mut c, 0), "max-pending-approvals");
     }
 
     #[test]
@@ -810,7 +1125,7 @@ mod tests {
     #[test]
     fn a_cancelled_ask_is_withdrawn_and_answered_cancelled() {
         let mut c = gated();
-        c.approvals.approvers.insert(APPROVER, 1000);
+        c.approvals.approvers.insert(APPROVER, approver(1000));
         ask(&mut c, "true", 7);
         c.cancel(C1, ReqNo(7));
         let r = replies(&mut c);
@@ -851,11 +1166,12 @@ mod tests {
 
     #[test]
     fn wire_request_and_resolved_event_have_the_documented_shape() {
+        let brief = "rule push: pushes leave this machine; uid 1000 (pid 4242), cwd /r, session s1";
         let asked = Asked {
             rule: "push".into(),
+            covers: vec!["push".into()],
             description: "git push origin main".into(),
-            brief: "rule push: pushes leave this machine; uid 1000 (pid 4242), cwd /r, session s1"
-                .into(),
+            display: json!([{"type": "brief", "text": brief}]),
         };
         let v: Value = serde_json::from_slice(&request_line("appr_7", "cmd_12", &asked)).unwrap();
         assert_eq!(
@@ -864,7 +1180,7 @@ mod tests {
                 "type": "ApprovalRequest", "payload": {
                     "id": "appr_7", "tool_call_id": "cmd_12", "sender": "execd",
                     "action": "run command", "description": "git push origin main",
-                    "display": [{"type": "brief", "text": asked.brief}]}}})
+                    "display": [{"type": "brief", "text": brief}]}}})
         );
         let v: Value =
             serde_json::from_slice(&resolved_line("appr_7", Answer::ApproveForSession)).unwrap();
@@ -879,14 +1195,39 @@ mod tests {
     #[test]
     fn approvers_see_their_own_uid_and_root_sees_all() {
         let mut a = Approvals::default();
-        a.approvers.insert(ConnId(1), 1000);
-        a.approvers.insert(ConnId(2), 0);
-        a.approvers.insert(ConnId(3), 1001);
-        assert_eq!(a.approvers_for(1000), vec![ConnId(1), ConnId(2)]);
-        assert_eq!(a.approvers_for(0), vec![ConnId(2)]);
+        a.approvers.insert(ConnId(1), approver(1000));
+        a.approvers.insert(ConnId(2), approver(0));
+        a.approvers.insert(ConnId(3), approver(1001));
+        let none = (&[][..], &[][..]);
+        assert_eq!(
+            a.approvers_for(1000, ConnId(99), 1, none),
+            vec![ConnId(1), ConnId(2)]
+        );
+        assert_eq!(a.approvers_for(0, ConnId(99), 1, none), vec![ConnId(2)]);
+        // Never the requesting connection, nor another connection of its process.
+        assert_eq!(a.approvers_for(1000, ConnId(1), 1, none), vec![ConnId(2)]);
+        assert_eq!(
+            a.approvers_for(1000, ConnId(99), 11000, none),
+            vec![ConnId(2)]
+        );
+        // Named approvers approve for every uid, and no one else does (root included).
+        assert_eq!(
+            a.approvers_for(1000, ConnId(99), 1, (&[1001], &[])),
+            vec![ConnId(3)]
+        );
+        assert_eq!(
+            a.approvers_for(0, ConnId(99), 1, (&[], &[1000])),
+            vec![ConnId(1)]
+        );
         assert_eq!(a.next_id(), "appr_1");
-        a.grants.insert((1000, "s".into(), "rm".into()));
-        a.grants.insert((1000, "t".into(), "rm".into()));
+        a.grants
+            .entry((1000, "s".into()))
+            .or_default()
+            .insert("rm".into());
+        a.grants
+            .entry((1000, "t".into()))
+            .or_default()
+            .insert("rm".into());
         a.end_session(1000, "s");
         assert_eq!(a.grants.len(), 1);
     }

@@ -292,6 +292,13 @@ impl Core {
         }
     }
 
+    /// Every group of a caller: its primary group and the groups its connection holds.
+    pub fn groups_of(&self, caller: &Caller) -> Vec<u32> {
+        std::iter::once(caller.gid)
+            .chain(self.groups.get(&caller.conn).into_iter().flatten().copied())
+            .collect()
+    }
+
     pub fn connected(&mut self, conn: ConnId, peer: Peer, groups: Vec<u32>) {
         self.clients.insert(conn, peer);
         if !groups.is_empty() {

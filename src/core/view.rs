@@ -86,17 +86,27 @@ pub fn has_output_past(p: &Proc, from: [u64; 2]) -> bool {
     })
 }
 
-/// `text` cut to at most `max` bytes (at a character boundary) followed by a marker saying
-/// how many bytes were cut; unchanged when it fits.
-pub fn cut_text(text: &str, max: usize) -> String {
+/// `text` cut in the middle to at most `max` bytes of it (at character boundaries), its
+/// start and its end kept around a marker saying how many bytes were left out; unchanged
+/// when it fits. Never cut at the end: what a text ends with (a trailing command) shows.
+pub fn cut_middle(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
+    let mut head = max / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
     }
-    format!("{}[... {} bytes cut]", &text[..end], text.len() - end)
+    let mut tail = text.len() - (max - max / 2);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}[... {} bytes left out ...]{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
 }
 
 #[cfg(test)]
@@ -104,10 +114,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cut_text_keeps_whole_characters_and_says_what_it_cut() {
-        assert_eq!(cut_text("short", 5), "short");
-        assert_eq!(cut_text("abcdef", 4), "abcd[... 2 bytes cut]");
-        // "é" is two bytes: a cut inside it moves back to its start.
-        assert_eq!(cut_text("aéb", 2), "a[... 3 bytes cut]");
+    fn cut_middle_keeps_both_ends_and_whole_characters() {
+        assert_eq!(cut_middle("short", 5), "short");
+        assert_eq!(cut_middle("abcdefgh", 4), "ab[... 4 bytes left out ...]gh");
+        // "é" is two bytes: a cut inside it moves out of it.
+        assert_eq!(cut_middle("aébcdéf", 4), "a[... 7 bytes left out ...]f");
+        let line = format!("{}\nrm -rf V", "#".repeat(17 << 10));
+        assert!(cut_middle(&line, 16 << 10).ends_with("\nrm -rf V"));
     }
 }

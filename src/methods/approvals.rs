@@ -5,6 +5,7 @@
 
 use serde_json::{json, Value};
 
+use crate::core::gate::{may_approve, Approver};
 use crate::core::{Caller, Core, Step};
 use crate::policy::{split_line, Subject};
 use crate::types::Program;
@@ -13,7 +14,27 @@ use crate::wire::rpc::{Params, RpcError};
 /// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
 /// every uid), receiving each as a Wire `request`.
 pub fn subscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
-    core.approvals.approvers.insert(caller.conn, caller.uid);
+    let approver = Approver {
+        uid: caller.uid,
+        gids: core.groups_of(caller),
+        pid: caller.pid,
+    };
+    let named = (
+        core.cfg.approver_uids.as_slice(),
+        core.cfg.approver_gids.as_slice(),
+    );
+    // With named approvers, anyone else subscribing would wait for requests that never
+    // come: say so instead.
+    if !named.0.is_empty() || !named.1.is_empty() {
+        let allowed = may_approve(&approver, u32::MAX, named);
+        if !allowed {
+            return Err(RpcError::invalid_state(format!(
+                "uid {} may not approve: approvers are named by --approver-uid/--approver-gid",
+                caller.uid
+            )));
+        }
+    }
+    core.approvals.approvers.insert(caller.conn, approver);
     Ok(Step::Done(json!({})))
 }
 
