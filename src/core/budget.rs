@@ -49,7 +49,7 @@ impl Core {
     /// limit, else the oldest of the owner holding the most.
     pub(super) fn grant(&mut self, owner: u32, key: Key, want: usize) -> usize {
         let max = self.cfg.max_output_memory;
-        let share = if owner == 0 { max } else { max / 2 };
+        let share = if self.shares(owner) { max / 2 } else { max };
         let used = self.table.memory.of(owner);
         if used + want > share {
             self.release_retained(Some(owner), used + want - share, key);

@@ -468,7 +468,11 @@ impl Core {
                 // The pending asks are bounded, and a non-root uid's commands hold at most
                 // half of them (PROTOCOL 8, fair shares).
                 let max = self.cfg.max_pending_approvals;
-                let share = if peer.uid == 0 { max } else { (max / 2).max(1) };
+                let share = if self.shares(peer.uid) {
+                    (max / 2).max(1)
+                } else {
+                    max
+                };
                 let refused = if self.approvals.pending.len() >= max {
                     Some(("max-pending-approvals", max))
                 } else if self.approvals.pending_of(peer.uid) >= share {

@@ -142,9 +142,21 @@ pub fn plain_word(command: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_./+-,:@%".contains(&b))
 }
 
+/// The most bytes of names and values a request's environment may hold (PROTOCOL 8).
+pub const MAX_ENV_BYTES: usize = 256 << 10;
+/// The longest working directory a request may name.
+pub const MAX_CWD: usize = 4096;
+
 /// Checks request environment variables: a name must be non-empty and hold no `=` or NUL,
-/// a value no NUL.
+/// a value no NUL, and all of them together at most `MAX_ENV_BYTES`.
 pub fn validate_env(field: &str, vars: &[(String, String)]) -> Result<(), RpcError> {
+    let total: usize = vars.iter().map(|(n, v)| n.len() + v.len()).sum();
+    if total > MAX_ENV_BYTES {
+        return Err(RpcError::invalid_params(
+            field,
+            format!("at most {MAX_ENV_BYTES} bytes of names and values, not {total}"),
+        ));
+    }
     for (name, value) in vars {
         if name.is_empty() {
             return Err(RpcError::invalid_params(field, "empty variable name"));
@@ -167,6 +179,12 @@ pub fn validate_env(field: &str, vars: &[(String, String)]) -> Result<(), RpcErr
 
 /// Checks a working directory: absolute, existing, a directory.
 pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
+    if dir.len() > MAX_CWD {
+        return Err(RpcError::invalid_params(
+            field,
+            format!("a path of at most {MAX_CWD} bytes, not {}", dir.len()),
+        ));
+    }
     let path = PathBuf::from(dir);
     if !path.is_absolute() {
         return Err(RpcError::invalid_params(
@@ -215,6 +233,8 @@ mod tests {
             let e = validate_env("env", &[(k.into(), v.into())]).unwrap_err();
             assert_eq!(e.data.unwrap()["field"], "env");
         }
+        let big = vec![("A".to_string(), "x".repeat(MAX_ENV_BYTES))];
+        assert!(validate_env("env", &big).is_err());
     }
 
     #[test]
@@ -249,7 +269,8 @@ mod tests {
     #[test]
     fn working_directories_are_checked() {
         assert!(validate_dir("cwd", "/").is_ok());
-        for bad in ["relative", "/no/such/dir/here", "/proc/self/status"] {
+        let long = format!("/{}", "a/".repeat(MAX_CWD));
+        for bad in ["relative", "/no/such/dir/here", "/proc/self/status", &long] {
             let e = validate_dir("cwd", bad).unwrap_err();
             assert_eq!(e.data.unwrap()["field"], "cwd", "{bad}");
         }

@@ -24,6 +24,20 @@ use crate::types::{Ended, Stdio3, Usage};
 use crate::wire::rpc::RpcError;
 
 impl Core {
+    /// Whether `owner` may start one more command now: at most `--max-processes` run, a
+    /// non-root owner at most half of them (PROTOCOL 8, fair shares).
+    pub fn may_start(&self, owner: u32) -> Result<(), RpcError> {
+        let max = self.cfg.max_processes;
+        if self.table.running() >= max {
+            return Err(RpcError::limit("max-processes", max));
+        }
+        let share = (max / 2).max(1);
+        if self.shares(owner) && self.table.running_of(owner) >= share {
+            return Err(RpcError::limit("max-processes-per-uid", share));
+        }
+        Ok(())
+    }
+
     /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
     /// `runs_as` is the uid the command runs as (a root daemon runs peers as
     /// themselves, or as `--run-as`).

@@ -172,6 +172,8 @@ pub struct Core {
     pub containment: (&'static str, String),
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
+    /// The uid the daemon runs as: with root, the one uid not held to fair shares.
+    pub daemon_uid: u32,
     /// Effects for the loop, in the order they arose.
     pub out: Vec<Effect>,
 }
@@ -208,6 +210,7 @@ impl Core {
             approvals: Approvals::default(),
             containment: ("process-group", "process groups".into()),
             stopping: false,
+            daemon_uid: 0,
             out: Vec::new(),
         }
     }
@@ -290,6 +293,13 @@ impl Core {
                 Timer::Approval(id) => self.resolve_approval(&id, Answer::Reject, "timeout", None),
             }
         }
+    }
+
+    /// Whether `uid` is held to a fair share (half) of each shared limit (PROTOCOL 8):
+    /// every uid but root and the daemon's own, so one allowed user cannot lock out the
+    /// others.
+    pub fn shares(&self, uid: u32) -> bool {
+        uid != 0 && uid != self.daemon_uid
     }
 
     /// Every group of a caller: its primary group and the groups its connection holds.

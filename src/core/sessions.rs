@@ -36,7 +36,11 @@ impl Core {
                 return Err(RpcError::not_found("session", &key.1));
             }
             let max = self.cfg.max_sessions;
-            let share = if owner == 0 { max } else { (max / 2).max(1) };
+            let share = if self.shares(owner) {
+                (max / 2).max(1)
+            } else {
+                max
+            };
             let own = self.table.sessions.keys().filter(|k| k.0 == owner).count();
             if self.table.sessions.len() >= max || own >= share {
                 let Some(victim) = self.table.lru_quiet_session(owner) else {

@@ -345,6 +345,8 @@ pub struct Table {
     next_key: u64,
     next_session: u64,
     running: usize,
+    /// Running processes per owner (fair shares, and what a non-root peer is shown).
+    running_by: HashMap<u32, usize>,
     /// Exited, unreleased terminals per owner, oldest first.
     exited_terminals: HashMap<u32, VecDeque<Key>>,
 }
@@ -352,6 +354,26 @@ pub struct Table {
 impl Table {
     pub fn running(&self) -> usize {
         self.running
+    }
+
+    /// Running processes owned by `owner`.
+    pub fn running_of(&self, owner: u32) -> usize {
+        self.running_by.get(&owner).copied().unwrap_or(0)
+    }
+
+    fn count_running(&mut self, owner: u32, up: bool) {
+        if up {
+            self.running += 1;
+            *self.running_by.entry(owner).or_default() += 1;
+        } else {
+            self.running -= 1;
+            if let Some(n) = self.running_by.get_mut(&owner) {
+                *n -= 1;
+                if *n == 0 {
+                    self.running_by.remove(&owner);
+                }
+            }
+        }
     }
 
     /// Allocates the key and public id for a new process (`term_N` or `cmd_N`).
@@ -364,7 +386,7 @@ impl Table {
     pub fn insert(&mut self, p: Proc) {
         self.ids.insert(p.id.clone(), p.key);
         self.pids.insert(p.pid, p.key);
-        self.running += 1;
+        self.count_running(p.owner, true);
         if let Some(sk) = p.session_key() {
             if let Some(s) = self.sessions.get_mut(&sk) {
                 s.commands.push_back(p.key);
@@ -410,12 +432,13 @@ impl Table {
             return Vec::new();
         }
         p.exit = Some(exit);
-        self.pids.remove(&p.pid);
-        self.running -= 1;
-        if p.released || p.family.is_bash() {
+        let (pid, owner, keep) = (p.pid, p.owner, p.released || p.family.is_bash());
+        self.pids.remove(&pid);
+        self.count_running(owner, false);
+        if keep {
             return Vec::new();
         }
-        let q = self.exited_terminals.entry(p.owner).or_default();
+        let q = self.exited_terminals.entry(owner).or_default();
         q.push_back(key);
         let mut evict = Vec::new();
         while q.len() > max_retained {
@@ -443,7 +466,7 @@ impl Table {
         self.ids.remove(&p.id);
         if p.exit.is_none() {
             self.pids.remove(&p.pid);
-            self.running -= 1;
+            self.count_running(p.owner, false);
         }
         if let Some(q) = self.exited_terminals.get_mut(&p.owner) {
             q.retain(|k| *k != key);

@@ -37,11 +37,31 @@ pub fn signalled(exited: bool) -> Value {
     json!({ "_meta": { "execd": { "exited": exited } } })
 }
 
-/// `initialize`: what execd is and what it allows.
-pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+/// `initialize`: what execd is and what it allows. Counts are the whole daemon's for
+/// root and the daemon's own uid, and the caller's own for every other uid (PROTOCOL 8).
+pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     if p.opt_value("protocolVersion").is_some() {
         p.opt_u64("protocolVersion")?;
     }
+    let own = core.shares(caller.uid).then_some(caller.uid);
+    let mine = |uid: u32| own.is_none_or(|o| o == uid);
+    let running = own.map_or(core.table.running(), |o| core.table.running_of(o));
+    let sessions = core.table.sessions.keys().filter(|k| mine(k.0)).count();
+    let clients = core.clients.values().filter(|p| mine(p.uid)).count();
+    let approvers = core
+        .approvals
+        .approvers
+        .values()
+        .filter(|a| mine(a.uid))
+        .count();
+    let pending = core
+        .approvals
+        .pending
+        .values()
+        .filter(|p| mine(p.launch.peer.uid))
+        .count();
+    let memory = own.map_or(core.table.memory.total, |o| core.table.memory.of(o));
+    let released = own.is_none().then_some(core.table.memory.released);
     let c = &core.cfg;
     Ok(Step::Done(json!({
         "protocolVersion": PROTOCOL_VERSION,
@@ -71,16 +91,16 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
             "uptimeMs": core.now.duration_since(core.started).as_millis() as u64,
             "pid": std::process::id(),
             "socket": c.socket.display().to_string(),
-            "running": core.table.running(),
-            "sessions": core.table.sessions.len(),
-            "clients": core.clients.len(),
+            "running": running,
+            "sessions": sessions,
+            "clients": clients,
             "policy": {
                 "loaded": c.policy.is_some(),
                 "path": c.policy.as_ref().map(|p| p.display().to_string()),
                 "rules": core.policy.rule_count(),
             },
-            "approvers": core.approvals.approvers.len(),
-            "pendingApprovals": core.approvals.pending.len(),
+            "approvers": approvers,
+            "pendingApprovals": pending,
             "containment": { "kind": core.containment.0, "detail": core.containment.1 },
             "audit": match &c.audit {
                 None => Value::Null,
@@ -88,9 +108,9 @@ pub fn initialize(core: &mut Core, _caller: &Caller, p: &Params) -> Result<Step,
                 Some(crate::config::AuditTarget::File(p)) => p.display().to_string().into(),
             },
             "outputMemory": {
-                "used": core.table.memory.total,
+                "used": memory,
                 "budget": c.max_output_memory,
-                "released": core.table.memory.released,
+                "released": released,
             },
         }},
     })))
@@ -333,29 +353,25 @@ pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rpc
 /// lines are cut to a few KiB with a marker.
 pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("sessionId")?;
-    let (items, next) = list::page_of(core, caller.uid, p, only, false)?;
-    let terminals: Vec<Value> = items
-        .into_iter()
-        .map(|t| {
-            let (command, args) = list::cut_command_line(&t.command, &t.args);
-            let mut v = json!({
-                "terminalId": t.id,
-                "sessionId": t.session_id(),
-                "command": command,
-                "args": args,
-                "cwd": t.cwd.display().to_string(),
-                "pid": t.pid,
-                "startedAt": crate::wire::encode::rfc3339(t.started_wall),
-                "outputBytes": t.output_bytes(),
-            });
-            if t.exit.is_some() {
-                let mut status = exit_status(t);
-                status["_meta"] = json!({ "execd": view::usage_meta(t) });
-                v["exitStatus"] = status;
-            }
-            v
-        })
-        .collect();
+    let (terminals, next) = list::page_of(core, caller.uid, p, only, false, |t| {
+        let (command, args) = list::cut_command_line(&t.command, &t.args);
+        let mut v = json!({
+            "terminalId": t.id,
+            "sessionId": t.session_id(),
+            "command": command,
+            "args": args,
+            "cwd": t.cwd.display().to_string(),
+            "pid": t.pid,
+            "startedAt": crate::wire::encode::rfc3339(t.started_wall),
+            "outputBytes": t.output_bytes(),
+        });
+        if t.exit.is_some() {
+            let mut status = exit_status(t);
+            status["_meta"] = json!({ "execd": view::usage_meta(t) });
+            v["exitStatus"] = status;
+        }
+        v
+    })?;
     let mut out = json!({ "terminals": terminals });
     if let Some(cursor) = next {
         out["nextCursor"] = cursor.into();

@@ -383,30 +383,26 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
 /// names the next page). Long command lines are cut to a few KiB with a marker.
 pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let only = p.opt_str("session_id")?;
-    let (items, next) = list::page_of(core, caller.uid, p, only, true)?;
-    let list: Vec<Value> = items
-        .into_iter()
-        .map(|c| {
-            let mut v = match command_info(c) {
-                Value::Object(m) => m,
-                _ => Map::new(),
-            };
-            v.insert(
-                "command".into(),
-                list::cut_command_line(&c.command, &[]).0.into(),
-            );
-            v.insert("session_id".into(), c.session_id().into());
-            v.insert("pid".into(), c.pid.into());
-            v.insert("cwd".into(), c.cwd.display().to_string().into());
-            v.insert("started_at".into(), rfc3339(c.started_wall).into());
-            v.insert("stdout_bytes".into(), c.streams[0].ring.end().into());
-            v.insert("stderr_bytes".into(), c.streams[1].ring.end().into());
-            if c.exit.is_some() {
-                v.insert("_meta".into(), json!({ "execd": view::usage_meta(c) }));
-            }
-            Value::Object(v)
-        })
-        .collect();
+    let (list, next) = list::page_of(core, caller.uid, p, only, true, |c| {
+        let mut v = match command_info(c) {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        v.insert(
+            "command".into(),
+            list::cut_command_line(&c.command, &[]).0.into(),
+        );
+        v.insert("session_id".into(), c.session_id().into());
+        v.insert("pid".into(), c.pid.into());
+        v.insert("cwd".into(), c.cwd.display().to_string().into());
+        v.insert("started_at".into(), rfc3339(c.started_wall).into());
+        v.insert("stdout_bytes".into(), c.streams[0].ring.end().into());
+        v.insert("stderr_bytes".into(), c.streams[1].ring.end().into());
+        if c.exit.is_some() {
+            v.insert("_meta".into(), json!({ "execd": view::usage_meta(c) }));
+        }
+        Value::Object(v)
+    })?;
     let mut out = json!({ "commands": list });
     if let Some(cursor) = next {
         out["next_cursor"] = cursor.into();

@@ -4,6 +4,8 @@
 
 use crate::core::table::Proc;
 use crate::core::Core;
+use serde_json::Value;
+
 use crate::wire::rpc::{Params, RpcError};
 
 /// Bytes of a command line (the command and its arguments together) a listing shows.
@@ -99,26 +101,68 @@ pub fn cut_command_line(command: &str, args: &[String]) -> (String, Vec<String>)
     (command, kept)
 }
 
+/// Room left for a listing's envelope (the response around the entries).
+const ENVELOPE: usize = 4 << 10;
+
 /// One page of the caller's commands of one family (bash commands when `bash`, else
-/// terminals), newest first, only those of session `only` when it is named: the entries
-/// and the cursor of the next page, if any.
-pub fn page_of<'a>(
-    core: &'a Core,
+/// terminals), newest first, only those of session `only` when it is named, each
+/// rendered by `render`: the entries and the cursor of the next page, if any. A page
+/// ends early rather than make its reply longer than `--client-buffer` (PROTOCOL 8).
+pub fn page_of(
+    core: &Core,
     uid: u32,
     p: &Params,
     only: Option<&str>,
     bash: bool,
-) -> Result<(Vec<&'a Proc>, Option<String>), RpcError> {
+    render: impl Fn(&Proc) -> Value,
+) -> Result<(Vec<Value>, Option<String>), RpcError> {
     let page = Page::from_params(p, "cursor")?;
     let all = core.table.list(uid);
     let of_family = all
         .into_iter()
         .filter(|c| c.family.is_bash() == bash && only.is_none_or(|o| o == c.family.session_id()));
-    Ok(page.take(of_family))
+    let (items, mut next) = page.take(of_family);
+    let budget = core.cfg.client_buffer.saturating_sub(ENVELOPE);
+    let mut used = 0;
+    let mut entries = Vec::with_capacity(items.len());
+    for (i, c) in items.iter().enumerate() {
+        let entry = render(c);
+        used += serde_json::to_vec(&entry).map_or(0, |v| v.len()) + 1;
+        // The first entry always goes out: one entry is bounded well below any buffer.
+        if used > budget && i > 0 {
+            next = Some(format!("k{}", items[i - 1].key));
+            break;
+        }
+        entries.push(entry);
+    }
+    Ok((entries, next))
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::testkit;
+
+    #[test]
+    fn a_page_ends_early_rather_than_outgrow_the_client_buffer() {
+        let mut core = testkit::core();
+        core.cfg.client_buffer = ENVELOPE + 1000;
+        let keys: Vec<_> = (0..10).map(|_| testkit::terminal(&mut core)).collect();
+        let none = serde_json::Map::new();
+        let render = |_: &Proc| Value::String("x".repeat(298)); // 301 bytes a line
+        let (entries, next) = page_of(&core, 1000, &Params(&none), None, false, render).unwrap();
+        assert_eq!(entries.len(), 3, "3 x 301 fit in 1000, 4 do not");
+        // Newest first: the cursor names the last one shown, the next page goes on below.
+        assert_eq!(next, Some(format!("k{}", keys[7])));
+        let mut p = serde_json::Map::new();
+        p.insert("cursor".into(), next.unwrap().into());
+        let (rest, _) = page_of(&core, 1000, &Params(&p), None, false, render).unwrap();
+        assert_eq!(rest.len(), 3);
+        // Everything fits in a big buffer: one page, no cursor.
+        core.cfg.client_buffer = 1 << 20;
+        let (all, next) = page_of(&core, 1000, &Params(&none), None, false, render).unwrap();
+        assert_eq!((all.len(), next), (10, None));
+    }
 
     #[test]
     fn long_command_lines_are_cut_with_a_marker() {

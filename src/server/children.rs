@@ -185,10 +185,7 @@ impl Children {
         req: &LaunchRequest,
         origin: Origin,
     ) -> Result<Key, RpcError> {
-        let max = core.cfg.max_processes;
-        if core.table.running() >= max {
-            return Err(RpcError::limit("max-processes", max));
-        }
+        core.may_start(req.peer.uid)?;
         let (key, id) = match &req.admitted {
             Some(a) => (a.key, a.id.clone()),
             None => core.table.next_ids(req.prefix),

@@ -173,10 +173,20 @@ impl Clients {
                     refuse(core, peer, "peer not allowed");
                     return Admission::Refused;
                 }
-                if self.map.len() >= max_clients {
-                    let e = RpcError::limit("max-clients", max_clients);
+                // A non-root uid holds at most half the connections (fair shares).
+                let share = max_clients.div_ceil(2);
+                let own = self.map.values().filter(|c| c.peer.uid == peer.uid).count();
+                let full = if self.map.len() >= max_clients {
+                    Some(("max-clients", max_clients))
+                } else if core.shares(peer.uid) && own >= share {
+                    Some(("max-clients-per-uid", share))
+                } else {
+                    None
+                };
+                if let Some((limit, value)) = full {
+                    let e = RpcError::limit(limit, value);
                     let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
-                    refuse(core, peer, "max-clients");
+                    refuse(core, peer, limit);
                     return Admission::Refused;
                 }
                 let token = Token(*next_token);

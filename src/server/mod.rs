@@ -169,6 +169,7 @@ impl Server {
         let mut core = Core::new(cfg, Instant::now(), SystemTime::now(), log);
         core.policy = policy;
         core.containment = (children.contain.kind(), children.contain.describe());
+        core.daemon_uid = crate::sys::ids::current_uid();
         if let Some(l) = &leftovers {
             core.found_leftovers(l);
         }

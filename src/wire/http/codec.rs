@@ -97,10 +97,48 @@ pub enum Event {
     },
 }
 
+/// Who a connection's requests must prove to be.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// The Unix socket: the peer's credentials already say who it is.
+    Peer,
+    /// A TCP listener: `Authorization: Bearer TOKEN` with this token.
+    Token(std::sync::Arc<[u8]>),
+    /// A loopback TCP listener started with `--http-no-auth`.
+    Open,
+}
+
+impl Auth {
+    pub fn admits(&self, header: Option<&str>) -> bool {
+        match self {
+            Auth::Peer | Auth::Open => true,
+            Auth::Token(token) => header
+                .and_then(|h| {
+                    let (scheme, value) = h.split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
+                })
+                .is_some_and(|given| same_secret(given.as_bytes(), token)),
+        }
+    }
+}
+
+/// Compares a secret in time that depends on its length only, not on where it differs.
+fn same_secret(given: &[u8], token: &[u8]) -> bool {
+    given.len() == token.len()
+        && given
+            .iter()
+            .zip(token)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 /// A sans-I/O HTTP/1.1 server-side codec for one connection, on `httparse`.
 #[derive(Debug)]
 pub struct HttpCodec {
     limits: Limits,
+    /// Checked on each request's head, before anything else and before any body byte
+    /// is read: a request without the token is refused 401 and the connection closed.
+    auth: Auth,
     /// Bytes read; `buf[..start]` is consumed and compacted away on the next `push`.
     buf: Vec<u8>,
     start: usize,
@@ -179,6 +217,10 @@ impl Fault {
         }
     }
 
+    fn unauthorized() -> Fault {
+        Fault::new(401, "unauthorized: a valid bearer token is required")
+    }
+
     fn body_too_large(limits: &Limits) -> Fault {
         Fault {
             status: 413,
@@ -199,10 +241,17 @@ enum Progress {
 }
 
 impl HttpCodec {
-    /// A codec for a new connection.
+    /// A codec for a new connection whose peer needs no token (the Unix socket).
+    #[cfg(test)]
     pub fn new(limits: Limits) -> HttpCodec {
+        HttpCodec::with_auth(limits, Auth::Peer)
+    }
+
+    /// A codec for a new connection whose requests must prove themselves with `auth`.
+    pub fn with_auth(limits: Limits, auth: Auth) -> HttpCodec {
         HttpCodec {
             limits,
+            auth,
             buf: Vec::new(),
             start: 0,
             scanned: 0,
@@ -285,7 +334,7 @@ impl HttpCodec {
             self.state = State::Head;
             return Ok(Progress::Wait);
         }
-        let parsed = parse_head(self.avail(), &self.limits)?;
+        let parsed = parse_head(self.avail(), &self.limits, &self.auth)?;
         let Some((len, head)) = parsed else {
             if over {
                 return Err(Fault::head_too_large(&self.limits));
@@ -468,10 +517,15 @@ impl Iterator for HttpCodec {
                     self.state = State::Done;
                     self.release();
                     let body = failure_body(fault.message, fault.data.as_ref());
+                    let extra: &[(&str, &str)] = if fault.status == 401 {
+                        &[("WWW-Authenticate", "Bearer")]
+                    } else {
+                        &[]
+                    };
                     return Some(Event::Reject {
                         status: fault.status,
                         close: true,
-                        response: response(fault.status, &body, false, &[]),
+                        response: response(fault.status, &body, false, extra),
                     });
                 }
             }
@@ -501,12 +555,12 @@ fn leading_empty_lines(buf: &[u8]) -> usize {
 }
 
 /// Parses a head with `httparse`: `None` while incomplete, else its length and meaning.
-fn parse_head(buf: &[u8], limits: &Limits) -> Result<Option<(usize, Head)>, Fault> {
+fn parse_head(buf: &[u8], limits: &Limits, auth: &Auth) -> Result<Option<(usize, Head)>, Fault> {
     let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut req = httparse::Request::new(&mut fields);
     match req.parse(buf) {
         Ok(httparse::Status::Partial) => Ok(None),
-        Ok(httparse::Status::Complete(len)) => Ok(Some((len, understand(&req, limits)?))),
+        Ok(httparse::Status::Complete(len)) => Ok(Some((len, understand(&req, limits, auth)?))),
         Err(httparse::Error::TooManyHeaders) => Err(Fault::head_too_large(limits)),
         Err(httparse::Error::Version) if well_formed_version(buf) => {
             Err(Fault::new(505, "HTTP version not supported"))
@@ -540,11 +594,26 @@ fn parse_trailers(buf: &[u8], limits: &Limits) -> Result<Option<usize>, Fault> {
 
 /// Reads what section 11 needs from a parsed head and decides how its body is framed
 /// (RFC 9112 §6).
-fn understand(req: &httparse::Request, limits: &Limits) -> Result<Head, Fault> {
+fn understand(req: &httparse::Request, limits: &Limits, auth: &Auth) -> Result<Head, Fault> {
     // A complete parse always sets these; a missing one is refused, not unwrapped.
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(Fault::bad("malformed request line"));
     };
+    // The token first: a peer without it learns nothing else (no 413, no 400 for its
+    // framing), and none of its body is read (PROTOCOL 11).
+    let mut tokens = req
+        .headers
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("authorization"))
+        .map(|f| std::str::from_utf8(trim(f.value)).ok());
+    // Two credentials are none: which one would count is ambiguous.
+    let token = match (tokens.next(), tokens.next()) {
+        (Some(one), None) => one,
+        _ => None,
+    };
+    if !auth.admits(token) {
+        return Err(Fault::unauthorized());
+    }
     let http11 = version == 1;
 
     let mut length: Option<u64> = None;
@@ -1356,6 +1425,58 @@ pub(super) mod tests {
         codec.push(b"GET /v1/health HTTP/1.1\r\n\r\n");
         assert_eq!(codec.pending(), 0);
         assert_eq!(codec.next(), None);
+    }
+
+    #[test]
+    fn a_request_without_the_token_is_refused_on_its_head_before_anything_else() {
+        let token = Auth::Token(std::sync::Arc::from(&b"s3cret"[..]));
+        let codec = || HttpCodec::with_auth(limits(), token.clone());
+        // A body far over the limit, no token: 401, not 413, and none of it is kept.
+        let mut c = codec();
+        c.push(b"POST /v1/bash/exec HTTP/1.1\r\nContent-Length: 999999999\r\n\r\nxxxx");
+        let Some(Event::Reject {
+            status,
+            close,
+            response,
+        }) = c.next()
+        else {
+            panic!("not refused");
+        };
+        assert_eq!((status, close), (401, true));
+        let (_, head, _) = split(&response);
+        assert!(head.contains("\r\nWWW-Authenticate: Bearer\r\n"), "{head}");
+        assert!(head.contains("\r\nConnection: close\r\n"), "{head}");
+        assert_eq!(c.pending(), 0, "nothing of the body is held");
+        c.push(b"more body");
+        assert!(
+            c.next().is_none() && c.pending() == 0,
+            "nothing more is read"
+        );
+        for head in [
+            "GET /v1/health HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n",
+            "GET /v1/health HTTP/1.1\r\nAuthorization: Basic s3cret\r\n\r\n",
+            "GET /v1/health HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nAuthorization: Bearer s3cret\r\n\r\n",
+        ] {
+            let got = feed(&mut codec(), head.as_bytes());
+            assert!(
+                matches!(&got[..], [Event::Reject { status: 401, .. }]),
+                "{head:?}: {got:?}"
+            );
+        }
+        let got = feed(
+            &mut codec(),
+            b"GET /v1/health HTTP/1.1\r\nAuthorization: bearer  s3cret \r\n\r\n",
+        );
+        assert!(matches!(&got[..], [Event::Request(_)]), "{got:?}");
+        // With the token, the other checks follow: 413 for the body.
+        let got = feed(
+            &mut codec(),
+            b"POST /v1/bash/exec HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nContent-Length: 999999999\r\n\r\n",
+        );
+        assert!(
+            matches!(&got[..], [Event::Reject { status: 413, .. }]),
+            "{got:?}"
+        );
     }
 
     #[test]

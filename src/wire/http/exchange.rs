@@ -6,44 +6,9 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Map, Value};
 
-use super::codec::{Event, HttpCodec, HttpRequest, Limits, CONTINUE};
+use super::codec::{Auth, Event, HttpCodec, HttpRequest, Limits, CONTINUE};
 use super::route::*;
 use crate::wire::rpc::{Incoming, ReqNo, Room, RpcError};
-
-/// Who a connection's requests must prove to be.
-#[derive(Debug, Clone)]
-pub enum Auth {
-    /// The Unix socket: the peer's credentials already say who it is.
-    Peer,
-    /// A TCP listener: `Authorization: Bearer TOKEN` with this token.
-    Token(std::sync::Arc<[u8]>),
-    /// A loopback TCP listener started with `--http-no-auth`.
-    Open,
-}
-
-impl Auth {
-    fn admits(&self, header: Option<&str>) -> bool {
-        match self {
-            Auth::Peer | Auth::Open => true,
-            Auth::Token(token) => header
-                .and_then(|h| {
-                    let (scheme, value) = h.split_once(' ')?;
-                    scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
-                })
-                .is_some_and(|given| same_secret(given.as_bytes(), token)),
-        }
-    }
-}
-
-/// Compares a secret in time that depends on its length only, not on where it differs.
-fn same_secret(given: &[u8], token: &[u8]) -> bool {
-    given.len() == token.len()
-        && given
-            .iter()
-            .zip(token)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
 
 /// One answer in request order: written already, or still being worked on.
 #[derive(Debug)]
@@ -63,7 +28,6 @@ pub const MAX_PIPELINE: usize = 32;
 #[derive(Debug)]
 pub struct HttpSession {
     codec: HttpCodec,
-    auth: Auth,
     order: VecDeque<Slot>,
     /// `Waiting` slots in `order`.
     waiting: usize,
@@ -77,8 +41,7 @@ pub struct HttpSession {
 impl HttpSession {
     pub fn new(limits: Limits, auth: Auth) -> HttpSession {
         HttpSession {
-            codec: HttpCodec::new(limits),
-            auth,
+            codec: HttpCodec::with_auth(limits, auth),
             order: VecDeque::new(),
             waiting: 0,
             held: 0,
@@ -161,9 +124,6 @@ impl HttpSession {
     /// A whole request: the loop's `Incoming`, or the response it gets at once.
     fn request(&mut self, r: HttpRequest) -> Result<Incoming, Vec<u8>> {
         let keep = r.keep_alive;
-        if !self.auth.admits(r.authorization.as_deref()) {
-            return Err(unauthorized(keep));
-        }
         let route = route(&r.method, &r.path).map_err(|refusal| refusal.response(keep))?;
         let Some(method) = route.method() else {
             return Err(response(200, HEALTH_BODY, keep, &[]));

@@ -8,6 +8,7 @@ pub mod codec;
 pub mod exchange;
 pub mod route;
 
+pub use codec::Auth;
 pub use codec::Limits;
-pub use exchange::{Auth, HttpSession};
+pub use exchange::HttpSession;
 pub use route::*;

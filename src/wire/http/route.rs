@@ -246,13 +246,6 @@ pub fn error_body(code: i64, message: &str, data: Option<&Value>) -> (u16, Vec<u
     (status, body.to_string().into_bytes())
 }
 
-/// A complete 401 for a request without the right bearer token, with
-/// `WWW-Authenticate: Bearer` (RFC 6750 §3).
-pub fn unauthorized(keep_alive: bool) -> Vec<u8> {
-    let body = failure_body("unauthorized: a valid bearer token is required", None);
-    response(401, &body, keep_alive, &[("WWW-Authenticate", "Bearer")])
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::codec::tests::*;
@@ -479,15 +472,6 @@ mod tests {
         let (_, body) = error_body(-32002, "unknown session", None);
         let body: Value = serde_json::from_slice(&body).expect("JSON");
         assert_eq!(body["data"], Value::Null);
-    }
-
-    #[test]
-    fn the_401_helper_is_a_complete_response() {
-        let (code, head, body) = split(&unauthorized(true));
-        assert_eq!(code, 401);
-        assert!(head.contains("\r\nWWW-Authenticate: Bearer\r\n"), "{head}");
-        let body: Value = serde_json::from_slice(&body).expect("JSON");
-        assert_eq!(body["success"], false);
     }
 
     #[test]

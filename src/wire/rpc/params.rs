@@ -5,6 +5,20 @@ use serde_json::{Map, Value};
 
 use super::error::RpcError;
 
+/// The longest id a peer may name (PROTOCOL 8): a session, terminal or command id is kept
+/// and shown back, so it is bounded where it is read.
+pub const MAX_ID: usize = 256;
+
+/// The fields that carry ids, in every family.
+const ID_FIELDS: [&str; 6] = [
+    "sessionId",
+    "session_id",
+    "terminalId",
+    "command_id",
+    "id",
+    "requestId",
+];
+
 /// Typed, field-naming access to a request's params. `null` means absent everywhere.
 pub struct Params<'a>(pub &'a Map<String, Value>);
 
@@ -21,6 +35,12 @@ impl<'a> Params<'a> {
     pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>, RpcError> {
         match self.get(field) {
             None => Ok(None),
+            Some(Value::String(s)) if s.len() > MAX_ID && ID_FIELDS.contains(&field) => {
+                Err(RpcError::invalid_params(
+                    field,
+                    format!("an id of at most {MAX_ID} bytes, not {}", s.len()),
+                ))
+            }
             Some(Value::String(s)) => Ok(Some(s)),
             Some(_) => Err(RpcError::invalid_params(field, "expected a string")),
         }
@@ -89,6 +109,18 @@ impl<'a> Params<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_bounded_and_other_strings_are_not() {
+        let long = "x".repeat(MAX_ID + 1);
+        let m = json!({"session_id": long, "command": long, "sessionId": "s"});
+        let p = Params(m.as_object().unwrap());
+        let e = p.opt_str("session_id").unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
+        assert_eq!(e.data.unwrap()["field"], "session_id");
+        assert_eq!(p.str("command").unwrap().len(), MAX_ID + 1);
+        assert_eq!(p.str("sessionId").unwrap(), "s");
+    }
     use crate::wire::rpc::error::*;
     use serde_json::json;
     #[test]
