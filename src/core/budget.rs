@@ -5,10 +5,37 @@
 
 use std::time::Instant;
 
+use serde_json::json;
+
 use super::table::Key;
 use super::Core;
+use crate::wire::rpc::RpcError;
 
 impl Core {
+    /// Makes room for a command record of `bytes` in `owner`'s share of the budget by
+    /// giving back retained output of exited commands; `-32003` when the records `owner`
+    /// keeps already fill it (release some terminals).
+    pub(super) fn room_for_record(&mut self, owner: u32, bytes: usize) -> Result<(), RpcError> {
+        let max = self.cfg.max_output_memory;
+        let share = if self.shares(owner) { max / 2 } else { max };
+        let used = self.table.memory.of(owner);
+        if used + bytes > share {
+            self.release_retained(Some(owner), used + bytes - share, Key(0));
+        }
+        let total = self.table.memory.total;
+        if total + bytes > max {
+            self.release_retained(None, total + bytes - max, Key(0));
+        }
+        if self.table.memory.of(owner) + bytes > share || self.table.memory.total + bytes > max {
+            return Err(RpcError::limit("max-output-memory", max).with_data(json!({
+                "limit": "max-output-memory",
+                "value": max,
+                "reason": "the commands this uid keeps fill its share; release some",
+            })));
+        }
+        Ok(())
+    }
+
     /// Appends bytes read from output stream `stream` of `key` to its ring. A ring that
     /// needs more storage asks the output memory budget; what the budget cannot give, the
     /// ring does without (it wraps within what it holds).
@@ -113,6 +140,13 @@ mod tests {
     use crate::core::testkit::*;
 
     const MIB: usize = 1 << 20;
+    /// Room the command records of a budget test take besides their output.
+    const HEADROOM: usize = 64 << 10;
+
+    /// Bytes the records of every command hold besides output.
+    fn records(c: &Core) -> usize {
+        c.table.procs.values().map(|p| p.meta).sum()
+    }
 
     fn terminal_of(c: &mut Core, owner: u32, limit: usize) -> Key {
         let mut req = request(
@@ -141,7 +175,8 @@ mod tests {
 
     #[test]
     fn the_budget_releases_retained_output_oldest_first_from_the_biggest_owner() {
-        let mut c = budget_core(8 * MIB);
+        // Records take a little of the budget too (HEADROOM covers them).
+        let mut c = budget_core(8 * MIB + HEADROOM);
         // Root holds 3 MiB of exited output, uid 1000 holds 2 MiB in two commands.
         let r1 = terminal_of(&mut c, 0, MIB);
         let r2 = terminal_of(&mut c, 0, 2 * MIB);
@@ -152,7 +187,7 @@ mod tests {
             later(&mut c, Duration::from_millis(10));
             c.exited(k, Ended::Code(0), Usage::default(), None);
         }
-        assert_eq!(c.table.memory.total, 5 * MIB);
+        assert_eq!(c.table.memory.total, 5 * MIB + records(&c));
         // A running command of uid 2000 wants 4 MiB: 1 MiB must go. Root holds the most,
         // and its oldest exited command is r1.
         let run = terminal_of(&mut c, 2000, 4 * MIB);
@@ -164,7 +199,7 @@ mod tests {
             c.table.get(run).unwrap().streams[0].ring.retained(),
             4 * MIB
         );
-        assert!(c.table.memory.total <= 8 * MIB);
+        assert!(c.table.memory.total <= 8 * MIB + HEADROOM);
         // A later read says what was dropped.
         let ring = &c.table.get(r1).unwrap().streams[0].ring;
         assert_eq!((ring.start(), ring.end()), (MIB as u64, MIB as u64));
@@ -173,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_non_root_owner_holds_at_most_half_the_budget() {
-        let mut c = budget_core(8 * MIB);
+        let mut c = budget_core(8 * MIB + HEADROOM);
         let old = terminal_of(&mut c, 1000, 2 * MIB);
         c.output(old, 0, &vec![b'a'; 2 * MIB]);
         c.exited(old, Ended::Code(0), Usage::default(), None);
@@ -181,7 +216,7 @@ mod tests {
         c.output(run, 0, &vec![b'b'; 6 * MIB]);
         // Its own exited output went first; then its running ring stopped growing.
         assert_eq!(c.table.get(old).unwrap().committed(), 0);
-        assert!(c.table.memory.of(1000) <= 4 * MIB);
+        assert!(c.table.memory.of(1000) <= 4 * MIB + HEADROOM / 2);
         let ring = &c.table.get(run).unwrap().streams[0].ring;
         assert_eq!(ring.end(), 6 * MIB as u64);
         assert!(ring.start() > 0, "truncated, as a full ring is");
@@ -194,13 +229,13 @@ mod tests {
 
     #[test]
     fn running_commands_alone_at_the_budget_keep_their_tails_and_nothing_is_refused() {
-        let mut c = budget_core(2 * MIB);
+        let mut c = budget_core(2 * MIB + HEADROOM);
         let a = terminal_of(&mut c, 0, 2 * MIB);
         let b = terminal_of(&mut c, 0, 2 * MIB);
         c.output(a, 0, &vec![b'a'; 3 * MIB / 2]);
         c.output(b, 0, &vec![b'b'; 3 * MIB / 2]);
         c.output(b, 0, b"tail");
-        assert!(c.table.memory.total <= 2 * MIB);
+        assert!(c.table.memory.total <= 2 * MIB + HEADROOM);
         let rb = &c.table.get(b).unwrap().streams[0].ring;
         let (s, e) = (rb.start(), rb.end());
         assert_eq!(&rb.text(e - 4, e), "tail");
@@ -209,6 +244,33 @@ mod tests {
         c.exited(a, Ended::Code(0), Usage::default(), None);
         c.release(a, KillReason::Release);
         c.sweep();
-        assert_eq!(c.table.memory.total, c.table.get(b).unwrap().committed());
+        let b = c.table.get(b).unwrap();
+        assert_eq!(c.table.memory.total, b.committed() + b.meta);
+    }
+
+    #[test]
+    fn records_count_in_the_budget_and_a_uid_whose_records_fill_its_share_is_refused() {
+        let mut c = budget_core(64 << 10);
+        c.daemon_uid = 0;
+        let mut req = crate::core::testkit::request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        req.command = "x".repeat(12 << 10);
+        // uid 1000's share is 32 KiB: two 12 KiB records fit, a third does not.
+        for _ in 0..2 {
+            c.may_start(&req).unwrap();
+            let (key, id) = c.table.next_ids("term");
+            c.started(&req, key, id, key.0 as i32 + 1000, 1000);
+        }
+        let e = c.may_start(&req).unwrap_err();
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
+        assert_eq!(e.data.unwrap()["limit"], "max-output-memory");
+        assert!(c.table.memory.of(1000) > 20 << 10);
+        // Root's share is the whole budget.
+        req.peer.uid = 0;
+        assert!(c.may_start(&req).is_ok());
     }
 }

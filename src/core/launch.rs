@@ -82,6 +82,17 @@ impl LaunchRequest {
         )
     }
 
+    /// Bytes the command's record will hold besides its output: its command line, cwd and
+    /// ids, and a fixed allowance for the record itself.
+    pub fn record_bytes(&self) -> usize {
+        const RECORD: usize = 512;
+        RECORD
+            + self.command.len()
+            + self.args.iter().map(String::len).sum::<usize>()
+            + self.cwd.as_os_str().len()
+            + self.family.session_id().len()
+    }
+
     /// The session a session approval is remembered for: the ACP session or the bash
     /// session, kept apart.
     pub fn session_ref(&self) -> String {

@@ -24,9 +24,11 @@ use crate::types::{Ended, Stdio3, Usage};
 use crate::wire::rpc::RpcError;
 
 impl Core {
-    /// Whether `owner` may start one more command now: at most `--max-processes` run, a
-    /// non-root owner at most half of them (PROTOCOL 8, fair shares).
-    pub fn may_start(&self, owner: u32) -> Result<(), RpcError> {
+    /// Whether `req` may start now: at most `--max-processes` run, a uid held to fair
+    /// shares at most half of them, and its record fits its owner's share of the output
+    /// memory once retained output of exited commands is given back (PROTOCOL 8).
+    pub fn may_start(&mut self, req: &LaunchRequest) -> Result<(), RpcError> {
+        let owner = req.peer.uid;
         let max = self.cfg.max_processes;
         if self.table.running() >= max {
             return Err(RpcError::limit("max-processes", max));
@@ -35,7 +37,7 @@ impl Core {
         if self.shares(owner) && self.table.running_of(owner) >= share {
             return Err(RpcError::limit("max-processes-per-uid", share));
         }
-        Ok(())
+        self.room_for_record(owner, req.record_bytes())
     }
 
     /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
@@ -107,6 +109,7 @@ impl Core {
             paused: false,
             drained: false,
             read_out: [false; 2],
+            meta: req.record_bytes(),
         });
         if let Some((conn, opts)) = req.subscribe {
             self.table.subscribe(key, conn, [0, 0], opts);

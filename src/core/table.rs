@@ -228,6 +228,9 @@ pub struct Proc {
     /// Streams read to empty (or closed) since an exit that found the pipes paused;
     /// `drained` once every stream is.
     pub read_out: [bool; 2],
+    /// Bytes its record holds besides output (command line, cwd, ids), counted in the
+    /// output memory budget while it is kept (PROTOCOL 8).
+    pub meta: usize,
 }
 
 impl Proc {
@@ -384,6 +387,7 @@ impl Table {
 
     /// Records a started process.
     pub fn insert(&mut self, p: Proc) {
+        self.memory.add(p.owner, p.meta);
         self.ids.insert(p.id.clone(), p.key);
         self.pids.insert(p.pid, p.key);
         self.count_running(p.owner, true);
@@ -482,7 +486,7 @@ impl Table {
         for sub in &p.subs {
             self.unlink_sub(sub.conn, key);
         }
-        self.memory.sub(p.owner, p.committed());
+        self.memory.sub(p.owner, p.committed() + p.meta);
         // Give back what a burst of commands made the indexes grow to (amortised: only
         // when three quarters stand empty).
         if self.procs.capacity() > 64 && self.procs.len() < self.procs.capacity() / 4 {
@@ -664,6 +668,7 @@ mod tests {
             paused: false,
             drained: false,
             read_out: [false; 2],
+            meta: 0,
         });
         key
     }

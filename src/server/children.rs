@@ -185,7 +185,7 @@ impl Children {
         req: &LaunchRequest,
         origin: Origin,
     ) -> Result<Key, RpcError> {
-        core.may_start(req.peer.uid)?;
+        core.may_start(req)?;
         let (key, id) = match &req.admitted {
             Some(a) => (a.key, a.id.clone()),
             None => core.table.next_ids(req.prefix),
