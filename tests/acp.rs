@@ -3,8 +3,7 @@
 //! validation of create, the command-line rule, `terminal/list`, shutdown, the socket file
 //! and the configured limits (PROTOCOL.md sections 1, 3, 4 and 8).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -3,13 +3,11 @@
 //! and answers piling up for a connection that never reads (PROTOCOL.md sections 2, 8
 //! and 11).
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 const MIB: u64 = 1 << 20;
 

@@ -3,12 +3,10 @@
 //! root against the machine's real cgroup2 mount (found in /proc/self/mountinfo), each
 //! in a parent cgroup of its own that is removed afterwards, even when a test fails.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 /// A private parent cgroup for one test, or `None` (skipped: `skip` fails it in CI).
 #[track_caller]

@@ -4,8 +4,7 @@
 //! Commands that must not start producing before the test has subscribed wait for a gate
 //! file (`gate`), so no test depends on how fast a command or the daemon runs.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -9,8 +9,7 @@
 //! (`--http-run-as`). Each wait is bounded: curl by `--max-time`, sockets by a read timeout,
 //! children by a deadline, and every daemon and child is ended on drop.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

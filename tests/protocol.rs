@@ -2,8 +2,7 @@
 //! message size limits, error codes and their `data`, ids, notifications, batches,
 //! out-of-order answers, line endings, `null` and unknown fields.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 /// Sends one raw line.
 #[track_caller]

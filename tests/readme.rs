@@ -10,15 +10,13 @@
 //! "y" -->` before a block runs it in a second terminal (a second shell, with the first
 //! one's environment), fed the given input, while the next block runs.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")

@@ -4,8 +4,7 @@
 //! blocked signals inherited from whoever started the daemon, and a stale `bash/output`
 //! offset (PROTOCOL.md sections 2, 3, 5, 6 and 8).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

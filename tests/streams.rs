@@ -2,13 +2,11 @@
 //! extensions): lossless and base64 subscriptions, subscriptions made at creation,
 //! `terminal/write`, `terminal/kill` with a signal, and spawn failures that say why.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 use execd::rpc::{base64_decode, base64_encode};
 
 const MIB: usize = 1 << 20;

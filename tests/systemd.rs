@@ -1,11 +1,9 @@
 //! Living under systemd (PROTOCOL.md sections 1 and 10): the variables of its protocol
 //! never reach a command.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::util::*;
 
 /// Started with `NOTIFY_SOCKET`, `LISTEN_*` and `WATCHDOG_*` set (for another pid, so
 /// they are not meant for it), the daemon hands none of them to a command; other

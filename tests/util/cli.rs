@@ -1,7 +1,7 @@
 //! Running `execctl` as a user would in tests: spawn it against a test daemon, feed its
 //! stdin, read its stdout slowly or at once, signal it, and give it a pseudo-terminal.
 //! Every wait is bounded (`WAIT`); a child still running on drop is killed and reaped.
-//! Used by tests/execctl.rs and tests/cli_*.rs next to `mod common`.
+//! Used by the execctl and cli_* areas.
 #![allow(dead_code)] // each test binary uses its own subset of these helpers
 
 use std::ffi::CStr;
@@ -14,7 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::*;
+use super::*;
 
 pub const CTL: &str = env!("CARGO_BIN_EXE_execctl");
 

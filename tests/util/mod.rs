@@ -1,0 +1,447 @@
+//! Test harness: start the real `execd` on a temporary socket, talk JSON to it, wait with
+//! bounds, and clean up every daemon and child on drop.
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+pub mod cli;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use execd::client::{CallError, Client};
+pub use serde_json::{json, Value};
+
+/// Longest any single wait in a test may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh private directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let n = NEXT_DIR.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("execd-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running daemon on a temporary socket.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Daemon {
+    /// Starts `execd` with a short kill grace and `extra` flags; waits until it listens.
+    #[track_caller]
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = TempDir::new();
+        let socket = dir.path().join("execd.sock");
+        Daemon::start_at(dir, socket, extra)
+    }
+
+    #[track_caller]
+    pub fn start_at(dir: TempDir, socket: PathBuf, extra: &[&str]) -> Daemon {
+        let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+        cmd.arg("--socket")
+            .arg(&socket)
+            .args(["--kill-grace", "1s"]);
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        let child = cmd.spawn().expect("spawn execd");
+        Daemon::adopt(Some(child), socket, dir)
+    }
+
+    /// A daemon started some other way (its own flags, environment or stderr), once it
+    /// listens on `socket`; `child` is stopped on drop.
+    #[track_caller]
+    pub fn adopt(child: Option<Child>, socket: PathBuf, dir: TempDir) -> Daemon {
+        let d = Daemon { child, socket, dir };
+        wait_until("execd listens", || {
+            std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
+        });
+        d
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// A new connection with a bounded read timeout.
+    #[track_caller]
+    pub fn client(&self) -> Client {
+        let mut c = Client::connect(&self.socket).expect("connect to execd");
+        c.timeout = Some(WAIT);
+        c
+    }
+
+    /// The daemon's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("execd.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the daemon to exit; returns its status code.
+    #[track_caller]
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY-free: plain kill(2) through the libc crate on our own child.
+        unsafe_kill(child.id() as i32, libc::SIGTERM);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("execd did not exit within {WAIT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets other users reach the socket (started with `--socket-mode 0666`): its private
+    /// directory becomes searchable.
+    pub fn let_others_in(&self) {
+        std::fs::set_permissions(
+            self.dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("let other users reach the socket");
+    }
+
+    /// Resident set size of the daemon in KiB, from /proc.
+    pub fn rss_kb(&self) -> u64 {
+        rss_kb(self.pid())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe_kill(child.id() as i32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// kill(2) for tests; a missing process is not an error.
+pub fn unsafe_kill(pid: i32, sig: i32) {
+    // SAFETY: kill takes plain integers and touches no memory.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// The fields of `/proc/PID/stat` after the parenthesised command name: state, ppid,
+/// pgrp, ...
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit(')').next()?;
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
+/// Pids of every process on the machine.
+fn all_pids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect()
+}
+
+fn is_live(fields: &[String]) -> bool {
+    !matches!(fields.first().map(String::as_str), Some("Z" | "X"))
+}
+
+/// Whether a pid names a live (not zombie) process.
+pub fn pid_alive(pid: i32) -> bool {
+    stat_fields(pid).is_some_and(|f| is_live(&f))
+}
+
+/// Whether any live process is in process group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    all_pids().into_iter().any(|pid| {
+        stat_fields(pid)
+            .is_some_and(|f| is_live(&f) && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid))
+    })
+}
+
+/// Resident set size of a process in KiB.
+pub fn rss_kb(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Children of `pid` that are zombies.
+pub fn zombie_children(pid: i32) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| {
+            stat_fields(p).is_some_and(|f| {
+                f.first().map(String::as_str) == Some("Z")
+                    && f.get(1).and_then(|pp| pp.parse().ok()) == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Whether the tests run in CI (`CI=true`, as .ci/run is run): there every capability a
+/// test needs (root, a writable cgroup2 mount, the tools .ci/run installs) must be present.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A test cannot run here because `why`; the caller returns after this. In CI that fails
+/// the test, since CI must provide what the test needs and a skip there would pass
+/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` on stderr
+/// (`cargo test -- --nocapture` shows it).
+#[track_caller]
+pub fn skip(why: &str) {
+    let here = std::panic::Location::caller();
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    assert!(
+        !in_ci(),
+        "{test} ({here}) cannot run under CI=true: {why}; CI must provide it"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Whether this process runs as root (needed to start a daemon that switches users, or
+/// to connect as another uid).
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
+#[track_caller]
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        if Instant::now() > deadline {
+            panic!("timed out after {WAIT:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Calls and expects success.
+#[track_caller]
+pub fn ok(c: &mut Client, method: &str, params: Value) -> Value {
+    match c.call(method, params.clone()) {
+        Ok(v) => v,
+        Err(e) => panic!("{method} {params} failed: {e}"),
+    }
+}
+
+/// Calls and expects a JSON-RPC error; returns `(code, message, data)`.
+#[track_caller]
+pub fn err(c: &mut Client, method: &str, params: Value) -> (i64, String, Option<Value>) {
+    match c.call(method, params.clone()) {
+        Ok(v) => panic!("{method} {params} unexpectedly succeeded: {v}"),
+        Err(CallError::Rpc {
+            code,
+            message,
+            data,
+        }) => (code, message, data),
+        Err(e) => panic!("{method} {params}: transport error {e}"),
+    }
+}
+
+/// `terminal/create` with the given params; returns the terminal id.
+#[track_caller]
+pub fn create_with(c: &mut Client, params: Value) -> String {
+    let r = ok(c, "terminal/create", params);
+    r["terminalId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("terminalId missing in {r}"))
+        .to_string()
+}
+
+/// Every terminal the caller has, from `terminal/list`.
+#[track_caller]
+pub fn terminals(c: &mut Client) -> Vec<Value> {
+    let r = ok(c, "terminal/list", json!({}));
+    r["terminals"]
+        .as_array()
+        .unwrap_or_else(|| panic!("terminals missing in {r}"))
+        .clone()
+}
+
+/// The `terminal/list` entry of one terminal.
+#[track_caller]
+pub fn terminal_entry(c: &mut Client, id: &str) -> Value {
+    terminals(c)
+        .into_iter()
+        .find(|t| t["terminalId"] == id)
+        .unwrap_or_else(|| panic!("{id} is not in terminal/list"))
+}
+
+/// The leader pid of a terminal, from `terminal/list`.
+#[track_caller]
+pub fn pid_of(c: &mut Client, id: &str) -> i32 {
+    let e = terminal_entry(c, id);
+    e["pid"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("pid missing in {e}")) as i32
+}
+
+/// Creates a terminal in session `s` and returns its id.
+#[track_caller]
+pub fn create(c: &mut Client, command: &str, args: &[&str]) -> String {
+    let r = ok(
+        c,
+        "terminal/create",
+        json!({"sessionId": "s", "command": command, "args": args}),
+    );
+    r["terminalId"].as_str().expect("terminalId").to_string()
+}
+
+/// `terminal/wait_for_exit` in session `s`.
+#[track_caller]
+pub fn wait_exit(c: &mut Client, id: &str) -> Value {
+    ok(
+        c,
+        "terminal/wait_for_exit",
+        json!({"sessionId": "s", "terminalId": id}),
+    )
+}
+
+/// `terminal/output` in session `s`.
+#[track_caller]
+pub fn output(c: &mut Client, id: &str) -> Value {
+    ok(
+        c,
+        "terminal/output",
+        json!({"sessionId": "s", "terminalId": id}),
+    )
+}
+
+/// Reads raw lines until one is a response (has `id` and no `method`).
+#[track_caller]
+pub fn read_response(c: &mut Client) -> Value {
+    loop {
+        let m = c.read_message(Some(WAIT)).expect("read a message");
+        if m.get("method").is_none() {
+            return m;
+        }
+    }
+}
+
+/// CPU time (user + system) a process has used, in clock ticks, from `/proc/PID/stat`.
+pub fn cpu_ticks(pid: i32) -> u64 {
+    // utime and stime are fields 14 and 15 of stat; `stat_fields` starts at field 3.
+    stat_fields(pid)
+        .map(|f| {
+            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            tick(11) + tick(12)
+        })
+        .unwrap_or(0)
+}
+
+static NEXT_CGROUP: AtomicUsize = AtomicUsize::new(0);
+
+/// A private parent cgroup under the cgroup2 mount (found in /proc/self/mountinfo) for a
+/// daemon's `--cgroup`, torn down on drop: everything in it killed, every cgroup below it
+/// removed, deepest first.
+pub struct TestCgroup(pub PathBuf);
+
+impl TestCgroup {
+    /// `execd-KIND-PID-N` under the cgroup2 mount; why not, where there is no writable one.
+    pub fn new(kind: &str) -> Result<TestCgroup, String> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let Some(mount) = execd::cgroup::cgroup2_mount(&mountinfo) else {
+            return Err("no cgroup2 mount in /proc/self/mountinfo".into());
+        };
+        let n = NEXT_CGROUP.fetch_add(1, Ordering::SeqCst);
+        let dir = mount.join(format!("execd-{kind}-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "cannot create the cgroup {}: {e} (needs root)",
+                dir.display()
+            )
+        })?;
+        Ok(TestCgroup(dir))
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8")
+    }
+
+    /// The command cgroups execd made in it.
+    pub fn command_cgroups(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.0)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("cmd-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Every cgroup below, deepest first.
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.0.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                stack.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().skip(1) {
+            let _ = std::fs::write(d.join("cgroup.kill"), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for d in dirs.iter().rev() {
+            while std::fs::remove_dir(d).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
