@@ -2,7 +2,6 @@
 //! stdin, read its stdout slowly or at once, signal it, and give it a pseudo-terminal.
 //! Every wait is bounded (`WAIT`); a child still running on drop is killed and reaped.
 //! Used by the execctl and cli_* areas.
-#![allow(dead_code)] // each test binary uses its own subset of these helpers
 
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};

@@ -1,6 +1,5 @@
 //! Test harness: start the real `execd` on a temporary socket, talk JSON to it, wait with
 //! bounds, and clean up every daemon and child on drop.
-#![allow(dead_code)] // each test binary uses its own subset of these helpers
 
 pub mod cli;
 
