@@ -49,20 +49,10 @@ fn gated(gate: &Path) -> Value {
     })
 }
 
-fn open_gate(gate: &Path) {
-    std::fs::write(gate, b"go").expect("create gate file");
-}
-
 /// Reads the response to `id` on a client whose requests were sent with `send`.
 #[track_caller]
 fn answer(c: &mut Client, id: u64) -> Result<Value, CallError> {
     c.wait_response(id)
-}
-
-#[track_caller]
-fn assert_no_panic(d: &Daemon) {
-    let log = d.log();
-    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
 }
 
 /// Bounded wait for a child process that is expected to exit by itself.

@@ -27,11 +27,6 @@ fn expect_error(m: &Value, code: i64, id: Value) -> Value {
     m["error"].get("data").cloned().unwrap_or(Value::Null)
 }
 
-/// A request line with a numeric id.
-fn request(id: u64, method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
-}
-
 /// Checks the connection still answers a normal request.
 #[track_caller]
 fn still_works(c: &mut Client, id: u64) {

@@ -11,7 +11,6 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -25,28 +24,6 @@ fn create_sh(c: &mut Client, script: &str, limit: u64) -> String {
         json!({"sessionId": "s", "command": "sh", "args": ["-c", script],
                "outputByteLimit": limit}),
     )
-}
-
-#[track_caller]
-fn assert_no_panic(d: &Daemon) {
-    let log = d.log();
-    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
-}
-
-/// A file the command waits for before going on, and the shell loop that waits for it.
-fn gate(d: &Daemon, name: &str) -> (PathBuf, String) {
-    let path = d.dir.path().join(name);
-    let wait = format!("while [ ! -e '{}' ]; do sleep 0.01; done", path.display());
-    (path, wait)
-}
-
-fn open_gate(path: &Path) {
-    std::fs::write(path, b"").expect("create gate file");
-}
-
-/// A request line with a numeric id (no newline).
-fn request(id: u64, method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 /// A notification line (no id, no newline).

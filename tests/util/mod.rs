@@ -351,6 +351,30 @@ pub fn output(c: &mut Client, id: &str) -> Value {
     )
 }
 
+/// A request line with a numeric id (no newline), for tests that write raw lines.
+pub fn request(id: u64, method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+}
+
+/// The daemon's log shows no panic.
+#[track_caller]
+pub fn assert_no_panic(d: &Daemon) {
+    let log = d.log();
+    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
+}
+
+/// A file the command waits for before going on, and the shell loop that waits for it.
+pub fn gate(d: &Daemon, name: &str) -> (PathBuf, String) {
+    let path = d.dir.path().join(name);
+    let wait = format!("while [ ! -e '{}' ]; do sleep 0.01; done", path.display());
+    (path, wait)
+}
+
+/// Lets the command waiting for `path` go on (see `gate`).
+pub fn open_gate(path: &Path) {
+    std::fs::write(path, b"").expect("create gate file");
+}
+
 /// Reads raw lines until one is a response (has `id` and no `method`).
 #[track_caller]
 pub fn read_response(c: &mut Client) -> Value {
