@@ -652,13 +652,21 @@ fn descriptors_inherited_by_the_daemon_do_not_leak_into_commands() {
     std::fs::write(&marker, b"secret").expect("marker file");
     let file = std::fs::File::open(&marker).expect("open marker");
     let fd = file.as_raw_fd();
-    // SAFETY: fcntl on a descriptor this test owns.
-    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
-    assert_eq!(rc, 0, "clear FD_CLOEXEC");
-    let d = Daemon::start_at(dir, marker.with_file_name("execd.sock"), &[]);
-    // Close-on-exec again, so daemons other tests start meanwhile are not handed it.
-    // SAFETY: as above.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let socket = marker.with_file_name("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &[]);
+    // SAFETY: fcntl is async-signal-safe and changes only the child's copy of the
+    // descriptor: cleared in this process instead, close-on-exec would be off for as long
+    // as the daemon takes to listen, and every child another test spawned meanwhile (they
+    // share this process) would be handed the descriptor too.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let d = Daemon::adopt(Some(cmd.spawn().expect("spawn execd")), socket, dir);
 
     // The daemon did inherit it: otherwise this test would prove nothing.
     let inherited = std::fs::read_link(format!("/proc/{}/fd/{fd}", d.pid()))
@@ -1014,8 +1022,10 @@ fn a_stalled_log_reader_never_stops_the_daemon() {
     let dir = TempDir::new();
     let socket = dir.path().join("execd.sock");
     let mut fds = [0i32; 2];
-    // SAFETY: a valid array for pipe(2) to fill.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // Close-on-exec, as every descriptor std makes: children other tests spawn meanwhile
+    // must not hold either end (execd gets the write end as its stderr all the same).
+    // SAFETY: a valid array for pipe2(2) to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     // SAFETY: pipe(2) returned two fresh descriptors that nothing else owns.
     let (mut reader, writer) = unsafe {
         (

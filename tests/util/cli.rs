@@ -228,13 +228,14 @@ pub fn parse_json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
 }
 
-/// A pseudo-terminal pair: (master, slave).
+/// A pseudo-terminal pair: (master, slave), both close-on-exec like every descriptor std
+/// opens, so that no child another test spawns meanwhile holds the master.
 pub fn open_pty() -> (File, File) {
     // SAFETY: posix_openpt/grantpt/unlockpt take and return plain integers; ptsname_r
     // writes a NUL-terminated name of at most `buf.len()` bytes into the live buffer; the
     // master fd is owned by the File from here on.
     unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
         assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
         let master = File::from_raw_fd(m);
         assert_eq!(libc::grantpt(m), 0, "grantpt");

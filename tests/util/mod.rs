@@ -57,17 +57,24 @@ impl Daemon {
 
     #[track_caller]
     pub fn start_at(dir: TempDir, socket: PathBuf, extra: &[&str]) -> Daemon {
-        let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+        let child = Daemon::command(dir.path(), &socket, extra)
+            .spawn()
+            .expect("spawn execd");
+        Daemon::adopt(Some(child), socket, dir)
+    }
+
+    /// What `start_at` runs: `execd --socket SOCKET --kill-grace 1s EXTRA...`, stderr to
+    /// `dir/execd.log`; for a test that changes it before spawning it and `adopt`ing it.
+    #[track_caller]
+    pub fn command(dir: &Path, socket: &Path, extra: &[&str]) -> Command {
+        let log = std::fs::File::create(dir.join("execd.log")).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
-        cmd.arg("--socket")
-            .arg(&socket)
-            .args(["--kill-grace", "1s"]);
+        cmd.arg("--socket").arg(socket).args(["--kill-grace", "1s"]);
         cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
-        let child = cmd.spawn().expect("spawn execd");
-        Daemon::adopt(Some(child), socket, dir)
+        cmd
     }
 
     /// A daemon started some other way (its own flags, environment or stderr), once it
