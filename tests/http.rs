@@ -2293,11 +2293,13 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
         .to_string();
     let me = Command::new("id").arg("-un").output().expect("id -un");
     let me = String::from_utf8_lossy(&me.stdout).trim().to_string();
+    // The readme area's transcript listens there too; this hold outlives the daemon.
+    let _address = ReadmeAddress::hold();
     let dir = TempDir::new();
     let cwd = dir.path().to_path_buf();
     let args: Vec<String> = vec![
         "--http-listen".into(),
-        "127.0.0.1:8080".into(),
+        ReadmeAddress::ADDR.into(),
         "--http-no-auth".into(),
         "--http-run-as".into(),
         me,
@@ -2307,7 +2309,7 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
         Err((code, log)) => panic!("execd {args:?} exited with {code:?}:\n{log}"),
     };
     wait_until("the README's HTTP listener accepts", || {
-        TcpStream::connect(("127.0.0.1", 8080)).is_ok()
+        TcpStream::connect(ReadmeAddress::ADDR).is_ok()
     });
     let out = run_bounded(
         Command::new(python).arg("-c").arg(&block).current_dir(&cwd),

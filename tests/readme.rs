@@ -394,6 +394,9 @@ fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
 /// Every console transcript of the README runs as written and prints what it shows.
 #[test]
 fn the_readme_transcripts_run_as_written() {
+    // Its HTTP transcript listens on 127.0.0.1:8080, as does the http area's run of the
+    // README's Python block; this hold outlives the shells and what they started.
+    let _address = ReadmeAddress::hold();
     let d = Daemon::start(&[]);
     let dir = TempDir::new();
     // `export PATH=$PWD/target/release:$PATH` finds the binaries under test.

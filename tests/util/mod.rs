@@ -225,6 +225,37 @@ pub fn zombie_children(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// 127.0.0.1:8080, the address the README's HTTP examples name, held by one test at a
+/// time: the README's transcript (readme) and its Python block (http) each start a daemon
+/// listening there, and every test shares this process, so they may run at once. Drop
+/// the daemon before the hold (declare the hold first); dropping the hold waits, at most
+/// `WAIT`, until nothing accepts there, so the next holder finds the address free.
+pub struct ReadmeAddress {
+    _held: std::sync::MutexGuard<'static, ()>,
+}
+
+impl ReadmeAddress {
+    pub const ADDR: &'static str = "127.0.0.1:8080";
+
+    /// Waits until no other test holds the address (each holder's own waits are bounded).
+    pub fn hold() -> ReadmeAddress {
+        static HELD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A holder that failed an assertion poisoned it; the address is free all the same.
+        ReadmeAddress {
+            _held: HELD.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+}
+
+impl Drop for ReadmeAddress {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(Self::ADDR).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 /// Whether the tests run in CI (`CI=true`, as .ci/run is run): there every capability a
 /// test needs (root, a writable cgroup2 mount, the tools .ci/run installs) must be present.
 pub fn in_ci() -> bool {
