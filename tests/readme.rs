@@ -394,6 +394,9 @@ fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
 /// Every console transcript of the README runs as written and prints what it shows.
 #[test]
 fn the_readme_transcripts_run_as_written() {
+    if !have(&["socat", "curl"]) {
+        return;
+    }
     // Its HTTP transcript listens on 127.0.0.1:8080, as does the http area's run of the
     // README's Python block; this hold outlives the shells and what they started.
     let _address = ReadmeAddress::hold();
@@ -408,7 +411,16 @@ fn the_readme_transcripts_run_as_written() {
     std::os::unix::fs::symlink(&bin, dir.path().join("target/release")).expect("symlink");
     let mut env = vec![
         ("EXECD_SOCKET", d.socket.display().to_string()),
-        ("PATH", format!("{}:/usr/bin:/bin", bin.display())),
+        // The binaries under test, then this process's PATH, where `have` found socat
+        // and curl.
+        (
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        ),
         ("HOME", dir.path().display().to_string()),
     ];
     let mut shell = Shell::start(dir.path(), &env, "first", false);

@@ -278,6 +278,37 @@ pub fn skip(why: &str) {
     eprintln!("SKIPPED {test}: {why}");
 }
 
+/// Whether each of `tools` is on `PATH`: programs beyond bash, coreutils, util-linux,
+/// procps and python3, which a fresh machine may lack (CI installs them). If one is not
+/// there, this `skip`s naming it, and the caller returns.
+#[track_caller]
+pub fn have(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    match missing.as_slice() {
+        [] => return true,
+        [one] => skip(&format!(
+            "{one} is not installed (not on PATH; .ci/run installs it)"
+        )),
+        _ => skip(&format!(
+            "{} are not installed (not on PATH; .ci/run installs them)",
+            missing.join(" and ")
+        )),
+    }
+    false
+}
+
+/// Whether `program` is an executable file in a directory of this process's `PATH`, where
+/// `Command` (and a shell started with this `PATH`) looks for it.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// Whether this process runs as root (needed to start a daemon that switches users, or
 /// to connect as another uid).
 pub fn running_as_root() -> bool {
