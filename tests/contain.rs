@@ -435,8 +435,10 @@ fn limits_hold_where_controllers_exist() {
     // failure even in CI, as the test's name promises.
     let missing: Vec<&str> = ["pids", "memory"].into_iter().filter(|c| !has(c)).collect();
     if !missing.is_empty() {
+        let thread = std::thread::current();
         eprintln!(
-            "SKIPPED limits_hold_where_controllers_exist for {}: not enabled on this host's cgroup2 ({controllers:?})",
+            "SKIPPED {} for {}: not enabled on this host's cgroup2 ({controllers:?})",
+            thread.name().unwrap_or("a test"),
             missing.join(" and ")
         );
     }
