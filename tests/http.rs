@@ -1289,7 +1289,7 @@ impl Raw {
     #[track_caller]
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 16384];
-        match self.sock.read(&mut chunk) {
+        match read_some(&mut self.sock, &mut chunk) {
             Ok(0) => false,
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);

@@ -87,10 +87,9 @@ fn read_to_eof(s: &mut UnixStream, limit: std::time::Duration) -> Vec<u8> {
             "execd did not close the connection within {limit:?} ({} bytes read)",
             all.len()
         );
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => return all,
             Ok(n) => all.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => panic!("reading until EOF failed after {} bytes: {e}", all.len()),
         }
     }

@@ -444,6 +444,20 @@ pub fn open_gate(path: &Path) {
     std::fs::write(path, b"").expect("create gate file");
 }
 
+/// `r.read(buf)`, again whenever a signal interrupts it. A socket read with a timeout
+/// (SO_RCVTIMEO) fails with EINTR when any signal wakes its thread, even one that is then
+/// ignored (signal(7)): here SIGCHLD, when a child exits while the thread that spawned it
+/// has signals blocked inside `spawn`, and every test's threads spawn children in this
+/// one process. (`read_to_end`, `read_line` and `write_all` retry on their own.)
+pub fn read_some(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match r.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            done => return done,
+        }
+    }
+}
+
 /// Reads raw lines until one is a response (has `id` and no `method`).
 #[track_caller]
 pub fn read_response(c: &mut Client) -> Value {
