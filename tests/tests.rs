@@ -4,9 +4,12 @@
 //! it as a client would; `util` holds the harness. All tests share this one process and
 //! run on many threads at once, so none may change what the process shares: the
 //! environment, the current directory, the umask, signal dispositions, or a descriptor's
-//! close-on-exec flag (a child spawned meanwhile by another test would inherit it). What
-//! two areas need exclusively, such as a fixed TCP port, is taken through a lock in
-//! `util`. Run one area with `cargo test --test integration acp::`.
+//! close-on-exec flag (a child another test spawns meanwhile would inherit it; change it
+//! in the child, in `pre_exec`). What two areas need exclusively, such as the README's
+//! fixed TCP port, is taken through a hold in `util`. Other tests' children exiting can
+//! interrupt a socket read that has a timeout: read through `util::read_some`.
+//!
+//! Run one area with `cargo test --test integration acp::`.
 
 mod util;
 
