@@ -8,7 +8,9 @@
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
 //! policy, http, parallel, ingest, stream, memory, scale).
 
-#[path = "../tests/common/mod.rs"]
+// The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
+#[allow(dead_code)]
+#[path = "../tests/util/mod.rs"]
 mod common;
 
 use std::io::{BufRead, Read};

@@ -3,8 +3,7 @@
 //! validation of create, the command-line rule, `terminal/list`, shutdown, the socket file
 //! and the configured limits (PROTOCOL.md sections 1, 3, 4 and 8).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -50,20 +49,10 @@ fn gated(gate: &Path) -> Value {
     })
 }
 
-fn open_gate(gate: &Path) {
-    std::fs::write(gate, b"go").expect("create gate file");
-}
-
 /// Reads the response to `id` on a client whose requests were sent with `send`.
 #[track_caller]
 fn answer(c: &mut Client, id: u64) -> Result<Value, CallError> {
     c.wait_response(id)
-}
-
-#[track_caller]
-fn assert_no_panic(d: &Daemon) {
-    let log = d.log();
-    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
 }
 
 /// Bounded wait for a child process that is expected to exit by itself.

@@ -4,8 +4,7 @@
 //! requests execd is sent are built from the same official types, so execd accepts exactly
 //! what a real ACP client sends (PROTOCOL.md section 4).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::path::PathBuf;
 

@@ -3,13 +3,11 @@
 //! and answers piling up for a connection that never reads (PROTOCOL.md sections 2, 8
 //! and 11).
 
-mod common;
-
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -41,7 +39,7 @@ fn read_statuses(s: &mut UnixStream, count: usize) -> Vec<String> {
             "{} of {count} responses",
             statuses.len()
         );
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => panic!("closed after {} of {count} responses", statuses.len()),
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) => panic!("read after {} of {count} responses: {e}", statuses.len()),
@@ -227,7 +225,7 @@ fn a_client_piling_up_unread_answers_is_closed_at_the_budget() {
     let mut sink = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
-        match sock.read(&mut sink) {
+        match read_some(sock, &mut sink) {
             Ok(0) => break,
             Ok(n) => total += n as u64,
             Err(e) => panic!("no EOF after {total} bytes: {e}"),

@@ -5,8 +5,7 @@
 //! may carry extra fields only where section 5 adds them (`signal`, `stdout_skipped`,
 //! `stderr_skipped`, `written`).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::HashMap;
 use std::path::Path;

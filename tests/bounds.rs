@@ -2,11 +2,9 @@
 //! for output, the size of replies, and kills that end the whole tree (PROTOCOL.md
 //! sections 2, 3 and 8).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::util::*;
 
 /// A subscriber of a command that writes nothing costs the daemon no CPU: the loop sleeps
 /// in `epoll_wait` instead of polling with a zero timeout. Measured in ticks of CPU time

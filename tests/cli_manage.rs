@@ -2,10 +2,8 @@
 //! `sessions close`/`prune`, `logs` (what is no longer retained, `--tail`, `-f`), `ps`
 //! filters and widths, and the command line's help, suggestions and completions.
 
-mod cli_common;
-mod common;
-use cli_common::*;
-use common::*;
+use crate::util::cli::*;
+use crate::util::*;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

@@ -2,10 +2,8 @@
 //! `execctl approve` (JSON lines for scripts, and interactive through a pseudo-terminal),
 //! with an agent's `execctl exec` waiting in another process.
 
-mod cli_common;
-mod common;
-use cli_common::*;
-use common::*;
+use crate::util::cli::*;
+use crate::util::*;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

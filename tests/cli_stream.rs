@@ -3,10 +3,8 @@
 //! hang-ups kill the command, `--detach` does not; docker's exit statuses; options stop
 //! at the command; both run in execctl's directory with the variables asked for.
 
-mod cli_common;
-mod common;
-use cli_common::*;
-use common::*;
+use crate::util::cli::*;
+use crate::util::*;
 
 use std::io::Write;
 use std::process::Stdio;

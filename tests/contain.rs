@@ -3,12 +3,10 @@
 //! root against the machine's real cgroup2 mount (found in /proc/self/mountinfo), each
 //! in a parent cgroup of its own that is removed afterwards, even when a test fails.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 /// A private parent cgroup for one test, or `None` (skipped: `skip` fails it in CI).
 #[track_caller]
@@ -437,8 +435,10 @@ fn limits_hold_where_controllers_exist() {
     // failure even in CI, as the test's name promises.
     let missing: Vec<&str> = ["pids", "memory"].into_iter().filter(|c| !has(c)).collect();
     if !missing.is_empty() {
+        let thread = std::thread::current();
         eprintln!(
-            "SKIPPED limits_hold_where_controllers_exist for {}: not enabled on this host's cgroup2 ({controllers:?})",
+            "SKIPPED {} for {}: not enabled on this host's cgroup2 ({controllers:?})",
+            thread.name().unwrap_or("a test"),
             missing.join(" and ")
         );
     }

@@ -4,11 +4,9 @@
 //! Commands that must not start producing before the test has subscribed wait for a gate
 //! file (`gate`), so no test depends on how fast a command or the daemon runs.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Bytes in the big streams.
@@ -206,17 +204,6 @@ fn subscribe(c: &mut Client, params: Value) {
         "events arrived before the subscribe response: {:?}",
         c.notifications
     );
-}
-
-/// A file the command waits for before going on, and the shell loop that waits for it.
-fn gate(d: &Daemon, name: &str) -> (PathBuf, String) {
-    let path = d.dir.path().join(name);
-    let wait = format!("while [ ! -e '{}' ]; do sleep 0.01; done", path.display());
-    (path, wait)
-}
-
-fn open_gate(path: &PathBuf) {
-    std::fs::write(path, b"").expect("create gate file");
 }
 
 /// Creates a terminal in session `s` running `sh -c script`, with optional ring capacity.

@@ -9,10 +9,8 @@
 //! output has snake_case keys and its list under a named key; `ps` has a DURATION column
 //! and quotes arguments; `status` prints limits as the daemon's flags take them.
 
-mod cli_common;
-mod common;
-use cli_common::*;
-use common::*;
+use crate::util::cli::*;
+use crate::util::*;
 
 use std::path::Path;
 use std::process::Stdio;

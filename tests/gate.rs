@@ -1,12 +1,10 @@
 //! The gate (PROTOCOL.md section 7): policy decisions, Wire approvals and the audit log,
 //! against the real daemon.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::util::*;
 
 const POLICY: &str = r#"{
   "default": "allow",

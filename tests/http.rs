@@ -9,8 +9,7 @@
 //! (`--http-run-as`). Each wait is bounded: curl by `--max-time`, sockets by a read timeout,
 //! children by a deadline, and every daemon and child is ended on drop.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -985,12 +984,18 @@ fn seed_examples(via: &Via, workdir: &Path) {
 
 #[test]
 fn seed_curl_examples_over_the_unix_socket() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     seed_examples(&front.unix(), front.dir());
 }
 
 #[test]
 fn seed_curl_examples_over_tcp() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     seed_examples(&front.tcp(), front.dir());
 }
@@ -998,6 +1003,9 @@ fn seed_curl_examples_over_tcp() {
 /// Error statuses of section 11, over both transports.
 #[test]
 fn errors_map_to_their_statuses() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     for via in front.both() {
         // -32002: 404 with the failure envelope.
@@ -1059,6 +1067,9 @@ fn errors_map_to_their_statuses() {
 
 #[test]
 fn curl_reuses_one_connection_for_two_requests() {
+    if !have(&["curl"]) {
+        return;
+    }
     let audit = TempDir::new();
     let audit_file = audit.path().join("audit.jsonl");
     let audit_arg = audit_file.display().to_string();
@@ -1120,6 +1131,9 @@ fn curl_reuses_one_connection_for_two_requests() {
 
 #[test]
 fn a_long_poll_is_answered_when_the_command_writes() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     let mut rpc = front.daemon.client();
     for via in front.both() {
@@ -1275,7 +1289,7 @@ impl Raw {
     #[track_caller]
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 16384];
-        match self.sock.read(&mut chunk) {
+        match read_some(&mut self.sock, &mut chunk) {
             Ok(0) => false,
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);
@@ -1403,6 +1417,9 @@ fn a_client_that_leaves_a_long_poll_leaks_nothing(via_of: impl Fn(&Front) -> Via
 
 #[test]
 fn a_client_that_leaves_a_long_poll_leaks_nothing_over_the_unix_socket() {
+    if !have(&["curl"]) {
+        return;
+    }
     a_client_that_leaves_a_long_poll_leaks_nothing(Front::unix);
 }
 
@@ -1414,6 +1431,9 @@ fn a_client_that_leaves_a_long_poll_leaks_nothing_over_the_unix_socket() {
 /// HTTP/1.1 clients do not half-close: EOF with a request parked is the client leaving.
 #[test]
 fn a_client_that_leaves_a_long_poll_leaks_nothing_over_tcp() {
+    if !have(&["curl"]) {
+        return;
+    }
     a_client_that_leaves_a_long_poll_leaks_nothing(Front::tcp);
 }
 
@@ -1421,6 +1441,9 @@ fn a_client_that_leaves_a_long_poll_leaks_nothing_over_tcp() {
 
 #[test]
 fn tcp_needs_the_token_and_never_shows_it() {
+    if !have(&["curl"]) {
+        return;
+    }
     let audit = TempDir::new();
     let audit_file = audit.path().join("audit.jsonl");
     let audit_arg = audit_file.display().to_string();
@@ -1533,6 +1556,9 @@ fn a_token_file_others_may_read_or_an_empty_one_is_refused() {
 
 #[test]
 fn http_no_auth_is_for_loopback_only_and_warned_about() {
+    if !have(&["curl"]) {
+        return;
+    }
     for addr in ["0.0.0.0", "192.0.2.1", "[::]"] {
         let (code, log) = refused(&[
             "--http-listen".into(),
@@ -1583,6 +1609,9 @@ fn http_no_auth_is_for_loopback_only_and_warned_about() {
 
 #[test]
 fn tcp_requests_run_as_the_http_run_as_user() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     let id = |via: &Via| {
         let d = ok_data(
@@ -1614,6 +1643,9 @@ fn tcp_requests_run_as_the_http_run_as_user() {
 /// `--http-run-as`.
 #[test]
 fn run_as_does_not_override_http_run_as() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&["--run-as", "daemon"]);
     let d = ok_data(
         &post(&front.tcp(), "/v1/bash/exec", &json!({"command": "id -u"})),
@@ -1645,6 +1677,9 @@ fn a_root_daemon_with_http_listen_needs_http_run_as() {
 
 #[test]
 fn a_foreign_uid_on_the_socket_sees_404_for_another_owners_session() {
+    if !have(&["curl"]) {
+        return;
+    }
     let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
     std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod the temp dir");
@@ -1812,6 +1847,9 @@ fn headers_over_64_kib_or_100_fields_are_431() {
 
 #[test]
 fn a_body_over_max_message_is_413() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&["--max-message", "1K"]);
     for via in front.both() {
         // Refused on its declared length, before the body is read.
@@ -1889,6 +1927,9 @@ fn http2_and_http3_are_505() {
 
 #[test]
 fn expect_100_continue_gets_continue_then_the_answer() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     for via in front.both() {
         let body = r#"{"command": "echo continued"}"#;
@@ -1941,6 +1982,9 @@ fn expect_100_continue_gets_continue_then_the_answer() {
 
 #[test]
 fn a_chunked_body_works() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     for via in front.both() {
         let (a, b) = (r#"{"command":"#, r#" "echo chunked"}"#);
@@ -2039,6 +2083,9 @@ fn connection_close_and_http_1_0_close_after_the_answer() {
 
 #[test]
 fn routes_paths_and_bodies() {
+    if !have(&["curl"]) {
+        return;
+    }
     let front = start_front(&[]);
     for via in front.both() {
         // GET /v1/health.
@@ -2294,11 +2341,13 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
         .to_string();
     let me = Command::new("id").arg("-un").output().expect("id -un");
     let me = String::from_utf8_lossy(&me.stdout).trim().to_string();
+    // The readme area's transcript listens there too; this hold outlives the daemon.
+    let _address = ReadmeAddress::hold();
     let dir = TempDir::new();
     let cwd = dir.path().to_path_buf();
     let args: Vec<String> = vec![
         "--http-listen".into(),
-        "127.0.0.1:8080".into(),
+        ReadmeAddress::ADDR.into(),
         "--http-no-auth".into(),
         "--http-run-as".into(),
         me,
@@ -2308,7 +2357,7 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
         Err((code, log)) => panic!("execd {args:?} exited with {code:?}:\n{log}"),
     };
     wait_until("the README's HTTP listener accepts", || {
-        TcpStream::connect(("127.0.0.1", 8080)).is_ok()
+        TcpStream::connect(ReadmeAddress::ADDR).is_ok()
     });
     let out = run_bounded(
         Command::new(python).arg("-c").arg(&block).current_dir(&cwd),
@@ -2335,6 +2384,9 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
 /// request for `--http-idle` is closed; one with a request in flight is not.
 #[test]
 fn tcp_connections_have_half_the_slots_and_close_when_idle() {
+    if !have(&["curl"]) {
+        return;
+    }
     // The sleeps below stay well inside the idle time, so a loaded machine does not
     // turn them into idleness.
     let front = start_front(&["--max-clients", "4", "--http-idle", "3s"]);

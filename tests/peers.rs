@@ -2,12 +2,10 @@
 //! holds when it connects, not those of its user entry, decide `--allow-gid`, policy rules
 //! keyed on `gids`, and the groups its commands run with under a root daemon.
 
-mod common;
-
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 
-use common::*;
+use crate::util::*;
 
 /// A group no user entry lists.
 const HELD: u32 = 4242;

@@ -2,8 +2,7 @@
 //! message size limits, error codes and their `data`, ids, notifications, batches,
 //! out-of-order answers, line endings, `null` and unknown fields.
 
-mod common;
-use common::*;
+use crate::util::*;
 
 /// Sends one raw line.
 #[track_caller]
@@ -26,11 +25,6 @@ fn expect_error(m: &Value, code: i64, id: Value) -> Value {
     assert_eq!(m["error"]["code"], code, "{m}");
     assert!(m["error"]["message"].is_string(), "{m}");
     m["error"].get("data").cloned().unwrap_or(Value::Null)
-}
-
-/// A request line with a numeric id.
-fn request(id: u64, method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 /// Checks the connection still answers a normal request.

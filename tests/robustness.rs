@@ -4,15 +4,13 @@
 //! blocked signals inherited from whoever started the daemon, and a stale `bash/output`
 //! offset (PROTOCOL.md sections 2, 3, 5, 6 and 8).
 
-mod common;
-use common::*;
+use crate::util::*;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -26,28 +24,6 @@ fn create_sh(c: &mut Client, script: &str, limit: u64) -> String {
         json!({"sessionId": "s", "command": "sh", "args": ["-c", script],
                "outputByteLimit": limit}),
     )
-}
-
-#[track_caller]
-fn assert_no_panic(d: &Daemon) {
-    let log = d.log();
-    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
-}
-
-/// A file the command waits for before going on, and the shell loop that waits for it.
-fn gate(d: &Daemon, name: &str) -> (PathBuf, String) {
-    let path = d.dir.path().join(name);
-    let wait = format!("while [ ! -e '{}' ]; do sleep 0.01; done", path.display());
-    (path, wait)
-}
-
-fn open_gate(path: &Path) {
-    std::fs::write(path, b"").expect("create gate file");
-}
-
-/// A request line with a numeric id (no newline).
-fn request(id: u64, method: &str, params: Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 /// A notification line (no id, no newline).
@@ -111,10 +87,9 @@ fn read_to_eof(s: &mut UnixStream, limit: std::time::Duration) -> Vec<u8> {
             "execd did not close the connection within {limit:?} ({} bytes read)",
             all.len()
         );
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => return all,
             Ok(n) => all.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => panic!("reading until EOF failed after {} bytes: {e}", all.len()),
         }
     }
@@ -676,13 +651,21 @@ fn descriptors_inherited_by_the_daemon_do_not_leak_into_commands() {
     std::fs::write(&marker, b"secret").expect("marker file");
     let file = std::fs::File::open(&marker).expect("open marker");
     let fd = file.as_raw_fd();
-    // SAFETY: fcntl on a descriptor this test owns.
-    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
-    assert_eq!(rc, 0, "clear FD_CLOEXEC");
-    let d = Daemon::start_at(dir, marker.with_file_name("execd.sock"), &[]);
-    // Close-on-exec again, so daemons other tests start meanwhile are not handed it.
-    // SAFETY: as above.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let socket = marker.with_file_name("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &[]);
+    // SAFETY: fcntl is async-signal-safe and changes only the child's copy of the
+    // descriptor: cleared in this process instead, close-on-exec would be off for as long
+    // as the daemon takes to listen, and every child another test spawned meanwhile (they
+    // share this process) would be handed the descriptor too.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let d = Daemon::adopt(Some(cmd.spawn().expect("spawn execd")), socket, dir);
 
     // The daemon did inherit it: otherwise this test would prove nothing.
     let inherited = std::fs::read_link(format!("/proc/{}/fd/{fd}", d.pid()))
@@ -1038,8 +1021,10 @@ fn a_stalled_log_reader_never_stops_the_daemon() {
     let dir = TempDir::new();
     let socket = dir.path().join("execd.sock");
     let mut fds = [0i32; 2];
-    // SAFETY: a valid array for pipe(2) to fill.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // Close-on-exec, as every descriptor std makes: children other tests spawn meanwhile
+    // must not hold either end (execd gets the write end as its stderr all the same).
+    // SAFETY: a valid array for pipe2(2) to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     // SAFETY: pipe(2) returned two fresh descriptors that nothing else owns.
     let (mut reader, writer) = unsafe {
         (

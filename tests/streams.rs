@@ -2,13 +2,11 @@
 //! extensions): lossless and base64 subscriptions, subscriptions made at creation,
 //! `terminal/write`, `terminal/kill` with a signal, and spawn failures that say why.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 use execd::{base64_decode, base64_encode};
 
 const MIB: usize = 1 << 20;
@@ -157,7 +155,10 @@ fn a_lossless_subscriber_that_never_reads_holds_only_its_command() {
     let mut answer = Vec::new();
     let mut byte = [0u8; 1];
     while !answer.ends_with(b"\n") {
-        assert_eq!(stuck.read(&mut byte).expect("the subscribe answer"), 1);
+        assert_eq!(
+            read_some(&mut stuck, &mut byte).expect("the subscribe answer"),
+            1
+        );
         answer.push(byte[0]);
     }
     let answer: Value = serde_json::from_slice(&answer).expect("JSON");

@@ -1,11 +1,9 @@
 //! Living under systemd (PROTOCOL.md sections 1 and 10): the variables of its protocol
 //! never reach a command.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::util::*;
 
 /// Started with `NOTIFY_SOCKET`, `LISTEN_*` and `WATCHDOG_*` set (for another pid, so
 /// they are not meant for it), the daemon hands none of them to a command; other
@@ -169,10 +167,19 @@ fn an_activated_fd_that_is_not_a_listening_socket_is_refused() {
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
-    // SAFETY: dup2 in the child before exec, on descriptors it owns.
+    // SAFETY: dup2 and fcntl are async-signal-safe; in the child before exec, on
+    // descriptors it owns, they put the file on fd 3 without close-on-exec. The file may
+    // be fd 3 already (which number it gets depends on what else this process, shared by
+    // every test, has open), and dup2 onto itself would leave the flag set: then it is
+    // cleared.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
+            let rc = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

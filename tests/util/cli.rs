@@ -1,8 +1,7 @@
 //! Running `execctl` as a user would in tests: spawn it against a test daemon, feed its
 //! stdin, read its stdout slowly or at once, signal it, and give it a pseudo-terminal.
 //! Every wait is bounded (`WAIT`); a child still running on drop is killed and reaped.
-//! Used by tests/execctl.rs and tests/cli_*.rs next to `mod common`.
-#![allow(dead_code)] // each test binary uses its own subset of these helpers
+//! Used by the execctl and cli_* areas.
 
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
@@ -14,7 +13,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::*;
+use super::*;
 
 pub const CTL: &str = env!("CARGO_BIN_EXE_execctl");
 
@@ -229,13 +228,14 @@ pub fn parse_json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
 }
 
-/// A pseudo-terminal pair: (master, slave).
+/// A pseudo-terminal pair: (master, slave), both close-on-exec like every descriptor std
+/// opens, so that no child another test spawns meanwhile holds the master.
 pub fn open_pty() -> (File, File) {
     // SAFETY: posix_openpt/grantpt/unlockpt take and return plain integers; ptsname_r
     // writes a NUL-terminated name of at most `buf.len()` bytes into the live buffer; the
     // master fd is owned by the File from here on.
     unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
         assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
         let master = File::from_raw_fd(m);
         assert_eq!(libc::grantpt(m), 0, "grantpt");

@@ -1,6 +1,7 @@
 //! Test harness: start the real `execd` on a temporary socket, talk JSON to it, wait with
 //! bounds, and clean up every daemon and child on drop.
-#![allow(dead_code)] // each test binary uses its own subset of these helpers
+
+pub mod cli;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,17 +57,24 @@ impl Daemon {
 
     #[track_caller]
     pub fn start_at(dir: TempDir, socket: PathBuf, extra: &[&str]) -> Daemon {
-        let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+        let child = Daemon::command(dir.path(), &socket, extra)
+            .spawn()
+            .expect("spawn execd");
+        Daemon::adopt(Some(child), socket, dir)
+    }
+
+    /// What `start_at` runs: `execd --socket SOCKET --kill-grace 1s EXTRA...`, stderr to
+    /// `dir/execd.log`; for a test that changes it before spawning it and `adopt`ing it.
+    #[track_caller]
+    pub fn command(dir: &Path, socket: &Path, extra: &[&str]) -> Command {
+        let log = std::fs::File::create(dir.join("execd.log")).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
-        cmd.arg("--socket")
-            .arg(&socket)
-            .args(["--kill-grace", "1s"]);
+        cmd.arg("--socket").arg(socket).args(["--kill-grace", "1s"]);
         cmd.args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
-        let child = cmd.spawn().expect("spawn execd");
-        Daemon::adopt(Some(child), socket, dir)
+        cmd
     }
 
     /// A daemon started some other way (its own flags, environment or stderr), once it
@@ -217,6 +225,37 @@ pub fn zombie_children(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// 127.0.0.1:8080, the address the README's HTTP examples name, held by one test at a
+/// time: the README's transcript (readme) and its Python block (http) each start a daemon
+/// listening there, and every test shares this process, so they may run at once. Drop
+/// the daemon before the hold (declare the hold first); dropping the hold waits, at most
+/// `WAIT`, until nothing accepts there, so the next holder finds the address free.
+pub struct ReadmeAddress {
+    _held: std::sync::MutexGuard<'static, ()>,
+}
+
+impl ReadmeAddress {
+    pub const ADDR: &'static str = "127.0.0.1:8080";
+
+    /// Waits until no other test holds the address (each holder's own waits are bounded).
+    pub fn hold() -> ReadmeAddress {
+        static HELD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A holder that failed an assertion poisoned it; the address is free all the same.
+        ReadmeAddress {
+            _held: HELD.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+}
+
+impl Drop for ReadmeAddress {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(Self::ADDR).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 /// Whether the tests run in CI (`CI=true`, as .ci/run is run): there every capability a
 /// test needs (root, a writable cgroup2 mount, the tools .ci/run installs) must be present.
 pub fn in_ci() -> bool {
@@ -237,6 +276,37 @@ pub fn skip(why: &str) {
         "{test} ({here}) cannot run under CI=true: {why}; CI must provide it"
     );
     eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Whether each of `tools` is on `PATH`: programs beyond bash, coreutils, util-linux,
+/// procps and python3, which a fresh machine may lack (CI installs them). If one is not
+/// there, this `skip`s naming it, and the caller returns.
+#[track_caller]
+pub fn have(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    match missing.as_slice() {
+        [] => return true,
+        [one] => skip(&format!(
+            "{one} is not installed (not on PATH; .ci/run installs it)"
+        )),
+        _ => skip(&format!(
+            "{} are not installed (not on PATH; .ci/run installs them)",
+            missing.join(" and ")
+        )),
+    }
+    false
+}
+
+/// Whether `program` is an executable file in a directory of this process's `PATH`, where
+/// `Command` (and a shell started with this `PATH`) looks for it.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
 }
 
 /// Whether this process runs as root (needed to start a daemon that switches users, or
@@ -348,6 +418,44 @@ pub fn output(c: &mut Client, id: &str) -> Value {
         "terminal/output",
         json!({"sessionId": "s", "terminalId": id}),
     )
+}
+
+/// A request line with a numeric id (no newline), for tests that write raw lines.
+pub fn request(id: u64, method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+}
+
+/// The daemon's log shows no panic.
+#[track_caller]
+pub fn assert_no_panic(d: &Daemon) {
+    let log = d.log();
+    assert!(!log.contains("panicked"), "execd panicked:\n{log}");
+}
+
+/// A file the command waits for before going on, and the shell loop that waits for it.
+pub fn gate(d: &Daemon, name: &str) -> (PathBuf, String) {
+    let path = d.dir.path().join(name);
+    let wait = format!("while [ ! -e '{}' ]; do sleep 0.01; done", path.display());
+    (path, wait)
+}
+
+/// Lets the command waiting for `path` go on (see `gate`).
+pub fn open_gate(path: &Path) {
+    std::fs::write(path, b"").expect("create gate file");
+}
+
+/// `r.read(buf)`, again whenever a signal interrupts it. A socket read with a timeout
+/// (SO_RCVTIMEO) fails with EINTR when any signal wakes its thread, even one that is then
+/// ignored (signal(7)): here SIGCHLD, when a child exits while the thread that spawned it
+/// has signals blocked inside `spawn`, and every test's threads spawn children in this
+/// one process. (`read_to_end`, `read_line` and `write_all` retry on their own.)
+pub fn read_some(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match r.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            done => return done,
+        }
+    }
 }
 
 /// Reads raw lines until one is a response (has `id` and no `method`).

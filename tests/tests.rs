@@ -1,0 +1,34 @@
+//! execd's integration tests: one binary, a module per area (ripgrep's `tests/tests.rs`).
+//!
+//! Each test starts the real `execd` (and `execctl`) on a private temp socket and talks to
+//! it as a client would; `util` holds the harness. All tests share this one process and
+//! run on many threads at once, so none may change what the process shares: the
+//! environment, the current directory, the umask, signal dispositions, or a descriptor's
+//! close-on-exec flag (a child another test spawns meanwhile would inherit it; change it
+//! in the child, in `pre_exec`). What two areas need exclusively, such as the README's
+//! fixed TCP port, is taken through a hold in `util`. Other tests' children exiting can
+//! interrupt a socket read that has a timeout: read through `util::read_some`.
+//!
+//! Run one area with `cargo test --test integration acp::`.
+
+mod util;
+
+mod acp;
+mod acp_schema;
+mod backlog;
+mod bash;
+mod bounds;
+mod cli_manage;
+mod cli_policy;
+mod cli_stream;
+mod contain;
+mod events;
+mod execctl;
+mod gate;
+mod http;
+mod peers;
+mod protocol;
+mod readme;
+mod robustness;
+mod streams;
+mod systemd;
