@@ -2329,7 +2329,8 @@ fn the_python_sdk_end_to_end() {
 
 /// The README's ```python block, run verbatim beside a daemon started with the flags of
 /// the README's HTTP transcript (`--socket $PWD/http.sock --http-listen 127.0.0.1:8080
-/// --http-no-auth --http-run-as "$(id -un)"`), prints what its two execs echo.
+/// --http-token-file token --http-run-as "$(id -un)"`, the token in `$PWD/token`),
+/// prints what its two execs echo.
 fn readme_python_runs_as_written(python: &Path, work: &Path) {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("read README.md");
@@ -2345,10 +2346,23 @@ fn readme_python_runs_as_written(python: &Path, work: &Path) {
     let _address = ReadmeAddress::hold();
     let dir = TempDir::new();
     let cwd = dir.path().to_path_buf();
+    // As the README makes it: only its owner may read it.
+    let token = cwd.join("token");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&token)
+            .expect("token file");
+        std::io::Write::write_all(&mut f, b"0123456789abcdef0123456789abcdef").expect("token");
+    }
     let args: Vec<String> = vec![
         "--http-listen".into(),
         ReadmeAddress::ADDR.into(),
-        "--http-no-auth".into(),
+        "--http-token-file".into(),
+        token.display().to_string(),
         "--http-run-as".into(),
         me,
     ];

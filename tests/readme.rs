@@ -267,7 +267,10 @@ impl Shell {
             .stdin(if input { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .process_group(0);
+            .process_group(0)
+            // Only what the transcript sets says where the daemon is.
+            .env_remove("EXECD_SOCKET")
+            .env_remove("XDG_RUNTIME_DIR");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -353,7 +356,9 @@ fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
         .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(Stdio::inherit())
+        .env_remove("EXECD_SOCKET")
+        .env_remove("XDG_RUNTIME_DIR");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -394,13 +399,53 @@ fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
 /// Every console transcript of the README runs as written and prints what it shows.
 #[test]
 fn the_readme_transcripts_run_as_written() {
+    run_transcripts(Found::EnvSocket);
+}
+
+/// The same transcripts for a user who has `XDG_RUNTIME_DIR` set and no `EXECD_SOCKET`:
+/// execd and execctl both find `$XDG_RUNTIME_DIR/execd.sock` (and the socat lines take
+/// it from `execctl status --path`).
+#[test]
+fn the_readme_transcripts_run_as_written_with_xdg_runtime_dir() {
+    run_transcripts(Found::XdgRuntimeDir);
+}
+
+/// How the shell's execctl finds the daemon the README's first block started.
+#[derive(Clone, Copy, PartialEq)]
+enum Found {
+    /// `EXECD_SOCKET` names it.
+    EnvSocket,
+    /// Only `XDG_RUNTIME_DIR` is set; the daemon was started without `--socket`.
+    XdgRuntimeDir,
+}
+
+fn run_transcripts(found: Found) {
     if !have(&["socat", "curl"]) {
         return;
     }
     // Its HTTP transcript listens on 127.0.0.1:8080, as does the http area's run of the
     // README's Python block; this hold outlives the shells and what they started.
     let _address = ReadmeAddress::hold();
-    let d = Daemon::start(&[]);
+    let xdg = TempDir::new();
+    let d = match found {
+        Found::EnvSocket => Daemon::start(&[]),
+        Found::XdgRuntimeDir => {
+            let daemon_dir = TempDir::new();
+            let socket = xdg.path().join("execd.sock");
+            let log = std::fs::File::create(daemon_dir.path().join("execd.log")).expect("log");
+            // As a user starts it: no --socket, no EXECD_SOCKET.
+            let child = Command::new(env!("CARGO_BIN_EXE_execd"))
+                .args(["--kill-grace", "1s"])
+                .env_remove("EXECD_SOCKET")
+                .env("XDG_RUNTIME_DIR", xdg.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .expect("spawn execd");
+            Daemon::adopt(Some(child), socket, daemon_dir)
+        }
+    };
     let dir = TempDir::new();
     // `export PATH=$PWD/target/release:$PATH` finds the binaries under test.
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_execctl"))
@@ -409,8 +454,12 @@ fn the_readme_transcripts_run_as_written() {
         .to_path_buf();
     std::fs::create_dir_all(dir.path().join("target")).expect("mkdir");
     std::os::unix::fs::symlink(&bin, dir.path().join("target/release")).expect("symlink");
-    let mut env = vec![
-        ("EXECD_SOCKET", d.socket.display().to_string()),
+    let first = match found {
+        Found::EnvSocket => ("EXECD_SOCKET", d.socket.display().to_string()),
+        Found::XdgRuntimeDir => ("XDG_RUNTIME_DIR", xdg.path().display().to_string()),
+    };
+    let env = vec![
+        first,
         // The binaries under test, then this process's PATH, where `have` found socat
         // and curl.
         (
@@ -444,9 +493,13 @@ fn the_readme_transcripts_run_as_written() {
         }
         for s in &t.steps {
             if s.command.starts_with("socat ") {
+                // What the shell exported so far (the guarded daemon's EXECD_SOCKET).
+                let mut now = env.clone();
                 let exported = shell.run("echo $EXECD_SOCKET");
-                env[0].1 = exported.first().cloned().unwrap_or_default();
-                run_socat(dir.path(), &env, s);
+                if let Some(socket) = exported.first().filter(|s| !s.is_empty()) {
+                    now.push(("EXECD_SOCKET", socket.clone()));
+                }
+                run_socat(dir.path(), &now, s);
                 continue;
             }
             let got = shell.run(&s.command);
