@@ -82,7 +82,12 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &Path) -> io::Result<Client> {
-        let s = UnixStream::connect(path)?;
+        Client::from_stream(UnixStream::connect(path)?)
+    }
+
+    /// A client over a stream already connected to execd, or to something that relays
+    /// to it (`execctl dial-stdio` at the other end of a socket pair).
+    pub fn from_stream(s: UnixStream) -> io::Result<Client> {
         let reader = BufReader::with_capacity(256 << 10, s.try_clone()?);
         Ok(Client {
             writer: s,

@@ -35,9 +35,10 @@ fn daemon_with_policy_in(dir: TempDir, extra: &[&str]) -> (Daemon, PathBuf) {
     (d, policy)
 }
 
-/// A connection subscribed as an approver.
-fn approver(d: &Daemon) -> Client {
-    let mut a = d.client();
+/// A connection subscribed as an approver, made by another process: the daemon never
+/// sends a request to the requester's own process.
+fn approver(d: &Daemon) -> Relayed {
+    let mut a = d.client_in_other_process();
     ok(&mut a, "approvals/subscribe", json!({}));
     a
 }
@@ -521,7 +522,9 @@ fn the_audit_log_records_every_decision_start_and_end() {
     assert_eq!(ask.len(), 2);
     assert_eq!(ask[0]["rule"], "rm");
     let approve = of("approve");
-    assert_eq!(approve[0]["approver"]["pid"], me);
+    // The approver is another process: the relay execctl that made its connection.
+    assert_eq!(approve[0]["approver"]["pid"], a.pid());
+    assert_ne!(approve[0]["approver"]["pid"], me);
     assert_eq!(approve[0]["id"], req["params"]["payload"]["tool_call_id"]);
     let approved_start = start
         .iter()
@@ -754,13 +757,14 @@ fn closing_a_session_withdraws_its_asks() {
 
 /// An approver that does not read what it is sent counts as absent once its buffer is
 /// full (asks are refused "no approver" instead of piling up for it), and is asked again
-/// once it reads. A long command line reaches it cut, with a marker.
+/// once it reads. A long command line reaches it cut in the middle, with a marker, its
+/// end still there.
 #[test]
 fn an_approver_that_stops_reading_is_asked_nothing() {
     let (d, _) = daemon_with_policy(&["--client-buffer", "64K"]);
     let mut a = approver(&d);
     let mut c = d.client();
-    let long = format!("rm -f /nonexistent/{}", "x".repeat(100_000));
+    let long = format!("rm -f /nonexistent/{}end", "x".repeat(100_000));
     let mut asked = 0;
     loop {
         assert!(asked < 2000, "still asked after {asked} unread requests");
@@ -781,13 +785,17 @@ fn an_approver_that_stops_reading_is_asked_nothing() {
         }
     }
     assert!(asked > 0);
-    // Each request it was sent is some 16 KiB, not the 100 KB command line.
+    // Each request it was sent is some 16 KiB, not the 100 KB command line, cut in the
+    // middle: how it ends is still shown.
     let first = next_request(&mut a);
     let description = first["params"]["payload"]["description"]
         .as_str()
         .expect("description");
     assert!(
-        description.len() < 17 << 10 && description.ends_with("bytes cut]"),
+        description.len() < 17 << 10
+            && description.contains("bytes left out")
+            && description.starts_with("rm -f /nonexistent/")
+            && description.ends_with("xxend"),
         "{} bytes: {}",
         description.len(),
         &description[description.len().saturating_sub(40)..]

@@ -27,13 +27,36 @@ impl Ctx {
                 c.timeout = None;
                 Ok(c)
             }
-            Err(e) => Err(Fail::new(format!(
-                "cannot connect to execd at {} ({}); start it with: execd --socket {}",
-                self.socket.display(),
-                crate::wire::rpc::os_error_text(&e),
-                self.socket.display()
-            ))),
+            Err(e) => Err(self.unreachable(&e)),
         }
+    }
+
+    /// Why connecting to the socket failed, said so a person knows what to do: no daemon
+    /// there (start one), or a daemon that does not let this user in (who may).
+    pub fn unreachable(&self, e: &std::io::Error) -> Fail {
+        let path = self.socket.display();
+        let why = crate::wire::rpc::os_error_text(e);
+        if e.kind() != std::io::ErrorKind::PermissionDenied {
+            return Fail::new(format!(
+                "cannot connect to execd at {path} ({why}); start it with: execd --socket {path}"
+            ));
+        }
+        use std::os::unix::fs::MetadataExt;
+        let uid = crate::sys::ids::current_uid();
+        let owner = std::fs::metadata(&self.socket)
+            .map(|m| {
+                format!(
+                    " (mode {:04o}, owner uid {}, group {})",
+                    m.mode() & 0o7777,
+                    m.uid(),
+                    m.gid()
+                )
+            })
+            .unwrap_or_default();
+        Fail::new(format!(
+            "execd's socket at {path}{owner} does not let uid {uid} in ({why}); its owner can \
+             allow it: execd --allow-uid {uid}, or --socket-mode 0660 with --socket-group GROUP"
+        ))
     }
 }
 

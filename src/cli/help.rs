@@ -306,6 +306,20 @@ printed with its code and data (exit 125).",
     stop_at_operand: false,
 };
 
+/// `execctl dial-stdio`.
+pub const DIAL_STDIO: Spec = Spec {
+    name: "dial-stdio",
+    usage: "",
+    about: "relay stdin and stdout to the daemon's socket (a transport for ssh)",
+    details: "\
+Copies standard input to the daemon's socket and the socket to standard output, as it
+comes, closing each direction when its side ends, and exits when both have: any JSON-RPC
+or HTTP client can reach a daemon through it, e.g. over ssh HOST execctl dial-stdio.
+Exits 0 once both directions closed normally, 125 when the daemon cannot be reached.",
+    flags: &[],
+    stop_at_operand: false,
+};
+
 /// `execctl policy`.
 pub const POLICY: Spec = Spec {
     name: "policy",
@@ -405,6 +419,7 @@ pub const COMMANDS: &[&Spec] = &[
     &POLICY,
     &APPROVE,
     &CALL,
+    &DIAL_STDIO,
     &HELP,
     &COMPLETIONS,
 ];
@@ -427,6 +442,7 @@ pub const ALL: &[&Spec] = &[
     &POLICY_CHECK,
     &APPROVE,
     &CALL,
+    &DIAL_STDIO,
     &HELP,
     &COMPLETIONS,
 ];

@@ -17,6 +17,7 @@
 mod args;
 mod completions;
 mod connect;
+mod dial;
 mod errors;
 mod events;
 mod foreground;
@@ -204,6 +205,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         )),
         "approve" => policy::approve(ctx, p),
         "call" => call(ctx, p),
+        "dial-stdio" => dial::dial_stdio(ctx, p),
         "help" => help_cmd(p),
         "completions" => completions(p),
         other => Err(Fail::usage(format!("unknown command {other:?}"))),

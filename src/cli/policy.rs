@@ -230,14 +230,7 @@ impl Wire {
 }
 
 fn connect_raw(ctx: &Ctx) -> Res<UnixStream> {
-    UnixStream::connect(&ctx.socket).map_err(|e| {
-        Fail::new(format!(
-            "cannot connect to execd at {} ({}); start it with: execd --socket {}",
-            ctx.socket.display(),
-            crate::wire::rpc::os_error_text(&e),
-            ctx.socket.display()
-        ))
-    })
+    UnixStream::connect(&ctx.socket).map_err(|e| ctx.unreachable(&e))
 }
 
 /// Starts the two reader threads.

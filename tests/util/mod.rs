@@ -39,6 +39,40 @@ impl Drop for TempDir {
     }
 }
 
+/// A client whose connection another process made (see `Daemon::client_in_other_process`);
+/// the relay is killed and reaped on drop.
+pub struct Relayed {
+    pub client: Client,
+    pub child: Child,
+}
+
+impl Relayed {
+    /// The pid of the process the daemon sees as the peer.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl std::ops::Deref for Relayed {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::DerefMut for Relayed {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A running daemon on a temporary socket.
 pub struct Daemon {
     pub child: Option<Child>,
@@ -98,6 +132,28 @@ impl Daemon {
         let mut c = Client::connect(&self.socket).expect("connect to execd");
         c.timeout = Some(WAIT);
         c
+    }
+
+    /// A connection made by another process: an `execctl dial-stdio` relaying one end
+    /// of a socket pair to the daemon, so the daemon sees a peer other than this test
+    /// process (an approver must never be the requester's process).
+    #[track_caller]
+    pub fn client_in_other_process(&self) -> Relayed {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let child = Command::new(env!("CARGO_BIN_EXE_execctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("dial-stdio")
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(
+                theirs.try_clone().expect("dup"),
+            )))
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn execctl dial-stdio");
+        let mut client = Client::from_stream(ours).expect("client");
+        client.timeout = Some(WAIT);
+        Relayed { client, child }
     }
 
     /// The daemon's stderr so far.
