@@ -139,8 +139,32 @@ impl Daemon {
     /// process (an approver must never be the requester's process).
     #[track_caller]
     pub fn client_in_other_process(&self) -> Relayed {
+        self.client_in_other_process_as(None)
+    }
+
+    /// The same as another user: the relay runs as `uid` (gid the same number), so the
+    /// daemon sees that user (started with `--socket-mode 0666`, after `let_others_in`).
+    #[track_caller]
+    pub fn client_in_other_process_as(&self, uid: Option<u32>) -> Relayed {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        let child = Command::new(env!("CARGO_BIN_EXE_execctl"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execctl"));
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch nothing
+            // of the parent's.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(uid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("--socket")
             .arg(&self.socket)
             .arg("dial-stdio")
