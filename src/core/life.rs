@@ -30,11 +30,13 @@ impl Core {
     pub fn may_start(&mut self, req: &LaunchRequest) -> Result<(), RpcError> {
         let owner = req.peer.uid;
         let max = self.cfg.max_processes;
-        if self.table.running() >= max {
+        if self.table.running() + self.table.starting(None) >= max {
             return Err(RpcError::limit("max-processes", max));
         }
         let share = (max / 2).max(1);
-        if self.shares(owner) && self.table.running_of(owner) >= share {
+        if self.shares(owner)
+            && self.table.running_of(owner) + self.table.starting(Some(owner)) >= share
+        {
             return Err(RpcError::limit("max-processes-per-uid", share));
         }
         self.room_for_record(owner, req.record_bytes())
@@ -111,7 +113,8 @@ impl Core {
             read_out: [false; 2],
             meta: req.record_bytes(),
         });
-        if let Some((conn, opts)) = req.subscribe {
+        // Subscribed from the first byte, unless its connection left while it started.
+        if let Some((conn, opts)) = req.subscribe.filter(|(c, _)| self.clients.contains_key(c)) {
             self.table.subscribe(key, conn, [0, 0], opts);
         }
     }

@@ -350,6 +350,9 @@ pub struct Table {
     running: usize,
     /// Running processes per owner (fair shares, and what a non-root peer is shown).
     running_by: HashMap<u32, usize>,
+    /// Commands being started (handed to a spawner, not reported yet), per owner: they
+    /// count against the limits on running commands.
+    starting: HashMap<u32, usize>,
     /// Exited, unreleased terminals per owner, oldest first.
     exited_terminals: HashMap<u32, VecDeque<Key>>,
 }
@@ -362,6 +365,27 @@ impl Table {
     /// Running processes owned by `owner`.
     pub fn running_of(&self, owner: u32) -> usize {
         self.running_by.get(&owner).copied().unwrap_or(0)
+    }
+
+    /// A command of `owner` begins (`true`) or ends (`false`) being started.
+    pub fn reserve_start(&mut self, owner: u32, begins: bool) {
+        let n = self.starting.entry(owner).or_default();
+        if begins {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.starting.remove(&owner);
+            }
+        }
+    }
+
+    /// Commands being started: of `owner`, or of everyone.
+    pub fn starting(&self, owner: Option<u32>) -> usize {
+        match owner {
+            Some(o) => self.starting.get(&o).copied().unwrap_or(0),
+            None => self.starting.values().sum(),
+        }
     }
 
     fn count_running(&mut self, owner: u32, up: bool) {

@@ -45,6 +45,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         args: vec![],
         env: vec![],
         cwd: "/".into(),
+        cwd_field: "cwd",
         stdio,
         ring_capacity: 64,
         prefix: "term",

@@ -206,6 +206,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         args,
         env,
         cwd,
+        cwd_field: "cwd",
         stdio,
         ring_capacity,
         prefix: "term",

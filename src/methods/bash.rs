@@ -194,8 +194,11 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             .sessions
             .contains_key(&(caller.uid, id.to_string()))
     });
-    let session = core.open_session(caller.uid, requested, dir, true)?;
-    let cwd = core.table.sessions[&session].workdir.clone();
+    // `exec_dir` becomes the session's directory once a command has started there.
+    let session = core.open_session(caller.uid, requested, None, true)?;
+    let cwd = dir
+        .clone()
+        .unwrap_or_else(|| core.table.sessions[&session].workdir.clone());
     Ok(Step::Launch(Box::new(LaunchRequest {
         family: Family::Bash {
             session_id: session.1,
@@ -209,6 +212,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         args: Vec::new(),
         env,
         cwd,
+        cwd_field: "exec_dir",
         stdio: Stdio3::Separate,
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
@@ -221,6 +225,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             hard_timeout,
             max_len,
             created_session: !existed,
+            exec_dir: dir,
         },
     })))
 }
@@ -250,6 +255,16 @@ pub fn after_exec(
             return Err(e);
         }
     };
+    if let After::BashExec {
+        exec_dir: Some(dir),
+        ..
+    } = &req.after
+    {
+        let session = (req.peer.uid, req.family.session_id().to_string());
+        if let Some(s) = core.table.sessions.get_mut(&session) {
+            s.workdir = dir.clone();
+        }
+    }
     if let Some(h) = hard_timeout {
         core.arm_hard_timeout(key, seconds(h));
     }

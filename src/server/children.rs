@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::time::Instant;
 
 use mio::{Registry, Token};
 use serde_json::json;
@@ -19,17 +20,21 @@ use serde_json::json;
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
 use crate::core::pump::Pumped;
-use crate::core::table::{ConnId, Key, Peer};
+use crate::core::table::{ConnId, Key, KillReason, Peer};
 use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::ids::Identity;
+use crate::sys::spawn::{Done, FailedAt, ParentEnds};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
-use crate::wire::rpc::{self, RpcError};
+use crate::types::{Ended, Usage};
+use crate::wire::rpc::{self, ReqNo, RpcError};
 
+/// Spawner threads: spawns run side by side on two cores, while the loop serves on.
+const SPAWNER_THREADS: usize = 2;
 /// Size of the buffer pipes are read into.
 const SCRATCH: usize = 256 << 10;
 /// Bytes read from one pipe per turn before other sources get a go.
@@ -78,6 +83,10 @@ pub struct Children {
     orphans: bool,
     /// Pipes left readable after their per-turn budget.
     hot: Vec<(Key, usize)>,
+    /// Spawns handed to a spawner thread, by job.
+    starting: HashMap<u64, Starting>,
+    /// Exits reaped before their spawn was reported.
+    unclaimed: Unclaimed,
     scratch: Vec<u8>,
 }
 
@@ -103,7 +112,7 @@ impl Children {
     /// Resolves `--run-as` and prepares the spawner (after the signal handlers are in
     /// place: they are what children must reset). Containment is chosen later, by
     /// `choose_containment`, once the daemon holds its socket.
-    pub fn new(cfg: &Config) -> io::Result<Children> {
+    pub fn new(cfg: &Config, waker: mio::Waker) -> io::Result<Children> {
         let uid = crate::sys::ids::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
@@ -120,6 +129,8 @@ impl Children {
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
             crate::sys::host::raise_nofile(),
+            waker,
+            SPAWNER_THREADS,
         )?;
         Ok(Children {
             pipes: Pipes::default(),
@@ -130,6 +141,8 @@ impl Children {
             abandoned: HashMap::new(),
             orphans: false,
             hot: Vec::new(),
+            starting: HashMap::new(),
+            unclaimed: Unclaimed::default(),
             scratch: vec![0; SCRATCH],
         })
     }
@@ -174,64 +187,119 @@ impl Children {
         })
     }
 
-    /// Starts a command and records it in the core: its place (a cgroup with its limits,
-    /// made before the spawn), the spawn, its pipes. A failure at any step leaves nothing
-    /// behind.
+    /// Starts a command: its place (a cgroup with its limits, made before the spawn), and
+    /// the spawn handed to a spawner thread with the parent's ends of its pipes kept here.
+    /// `Ok` means it is on its way (`complete` finishes it); an error means nothing was
+    /// left behind and the request is answered with it.
+    #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
         core: &mut Core,
-        registry: &Registry,
-        next_token: &mut usize,
-        req: &LaunchRequest,
+        launch: Box<LaunchRequest>,
         origin: Origin,
-    ) -> Result<Key, RpcError> {
-        core.may_start(req)?;
-        let (key, id) = match &req.admitted {
+        token: Token,
+        req: Option<ReqNo>,
+    ) -> Result<(), (Box<LaunchRequest>, RpcError)> {
+        if let Err(e) = core.may_start(&launch) {
+            return Err((launch, e));
+        }
+        let (key, id) = match &launch.admitted {
             Some(a) => (a.key, a.id.clone()),
-            None => core.table.next_ids(req.prefix),
+            None => core.table.next_ids(launch.prefix),
         };
-        let place = self
-            .contain
-            .prepare(&id, &req.limits)
-            .map_err(|e| match e {
-                PrepareError::Unavailable(u) => unavailable(&u),
-                PrepareError::Io(e) => RpcError::internal(format!("{e}")),
-            })?;
-        let user = self.identity(req.peer, origin);
+        let place = match self.contain.prepare(&id, &launch.limits) {
+            Ok(place) => place,
+            Err(e) => {
+                let e = match e {
+                    PrepareError::Unavailable(u) => unavailable(&u),
+                    PrepareError::Io(e) => RpcError::internal(format!("{e}")),
+                };
+                return Err((launch, e));
+            }
+        };
+        let user = self.identity(launch.peer, origin);
         let spec = crate::sys::spawn::SpawnSpec {
-            program: &req.program,
-            env: &req.env,
-            cwd: &req.cwd,
-            stdio: req.stdio,
+            program: &launch.program,
+            env: &launch.env,
+            cwd: &launch.cwd,
+            stdio: launch.stdio,
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
         };
-        let spawned = match self.spawner.spawn(&spec) {
-            Ok(s) => s,
+        let (job, ends) = match self.spawner.submit(&spec) {
+            Ok(submitted) => submitted,
             Err(e) => {
                 self.contain.abandon(place);
-                core.log.refusal(
-                    "spawn failures",
-                    core.now,
-                    format_args!(
-                        "could not start {:?} for uid {}: {}",
-                        req.command,
-                        req.peer.uid,
-                        rpc::os_error_text(&e)
-                    ),
-                );
-                let program = match &req.program {
-                    crate::types::Program::Direct { program, .. } => program.clone(),
-                    crate::types::Program::Shell { shell, .. } => shell.display().to_string(),
-                };
-                return Err(RpcError::spawn_failed(&program, &e));
+                let e = spawn_error(core, &launch, &e);
+                return Err((launch, e));
             }
         };
-        let pid = spawned.pid;
+        core.table.reserve_start(launch.peer.uid, true);
+        let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
+        self.starting.insert(
+            job,
+            Starting {
+                token,
+                req,
+                launch,
+                key,
+                id,
+                place,
+                ends,
+                runs_as,
+            },
+        );
+        Ok(())
+    }
+
+    /// Spawns handed out and not finished yet (shutdown waits for them).
+    pub fn spawning(&self) -> usize {
+        self.starting.len()
+    }
+
+    /// The spawns the spawner threads finished since the last look.
+    pub fn finished(&mut self) -> Vec<Done> {
+        self.spawner.finished()
+    }
+
+    /// Finishes a spawn: on success the command is recorded in the core with its pipes
+    /// watched (and its exit published if it was reaped already); on failure nothing is
+    /// left behind. Returns the request it answers and the launch's outcome, for the
+    /// family's tail.
+    pub fn complete(
+        &mut self,
+        core: &mut Core,
+        clients: &mut Clients,
+        registry: &Registry,
+        next_token: &mut usize,
+        done: Done,
+    ) -> Option<(
+        Token,
+        Option<ReqNo>,
+        Box<LaunchRequest>,
+        Result<Key, RpcError>,
+    )> {
+        let s = self.starting.remove(&done.job)?;
+        core.table.reserve_start(s.launch.peer.uid, false);
+        let pid = match done.result {
+            Ok(pid) => pid,
+            Err((at, e)) => {
+                self.contain.abandon(s.place);
+                let err = match at {
+                    FailedAt::Cwd => RpcError::invalid_params(
+                        s.launch.cwd_field,
+                        format!("{:?}: {}", s.launch.cwd, rpc::os_error_text(&e)),
+                    ),
+                    FailedAt::Program | FailedAt::Setup => spawn_error(core, &s.launch, &e),
+                };
+                return Some((s.token, s.req, s.launch, Err(err)));
+            }
+        };
+        let key = s.key;
         // From here the tree is held: whatever fails next, it can be ended.
-        self.contain.started(key, pid, place);
-        let outs: Vec<_> = std::iter::once(spawned.out).chain(spawned.err).collect();
-        let added = self.pipes.add(registry, key, outs, spawned.stdin, || {
+        self.contain.started(key, pid, s.place);
+        let outs: Vec<_> = std::iter::once(s.ends.out).chain(s.ends.err).collect();
+        let added = self.pipes.add(registry, key, outs, s.ends.stdin, || {
             let t = Token(*next_token);
             *next_token += 1;
             t
@@ -241,12 +309,25 @@ impl Children {
             // go when the leader is reaped.
             self.contain.end(key, Stage::Kill);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
-            self.abandoned.insert(pid, key);
-            return Err(RpcError::internal(format!("registering a pipe: {e}")));
+            if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
+                let _ = exit; // already reaped: only its hold is left to let go
+                self.contain.leader_exited(key);
+            } else {
+                self.abandoned.insert(pid, key);
+            }
+            let e = RpcError::internal(format!("registering a pipe: {e}"));
+            return Some((s.token, s.req, s.launch, Err(e)));
         }
-        let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
-        core.started(req, key, id, pid, runs_as);
-        Ok(key)
+        core.started(&s.launch, key, s.id, pid, s.runs_as);
+        // A command started while the daemon stops is ended with the rest.
+        if core.stopping {
+            core.kill(key, KillReason::Shutdown);
+        }
+        // It may have exited, and been reaped as a stranger, before this spawn was reported.
+        if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
+            self.publish_exit(core, clients, registry, key, exit);
+        }
+        Some((s.token, s.req, s.launch, Ok(key)))
     }
 
     // ---- pipes -------------------------------------------------------------------------
@@ -455,16 +536,99 @@ impl Children {
             if let Some(key) = self.abandoned.remove(&r.pid) {
                 self.contain.leader_exited(key); // killed as it started
             } else {
-                self.orphans = true; // a re-parented descendant: reaped, nothing to publish
+                // A re-parented descendant, or a command whose spawn is not reported yet
+                // (its thread has not been heard from): kept for `complete` to claim.
+                // The time of the reap itself, not of the turn: a spawn cloned during this
+                // turn must find its exit newer than its clone.
+                if !self.starting.is_empty() {
+                    self.unclaimed
+                        .put(r.pid, (r.ended, r.usage), Instant::now());
+                }
+                self.orphans = true;
             }
             return ReapOutcome::Other;
         };
-        // Whatever the pipes hold now was written before the exit: read it first.
+        self.publish_exit(core, clients, registry, key, (r.ended, r.usage));
+        ReapOutcome::Command
+    }
+
+    /// A command's leader exited: whatever its pipes hold now was written before the exit,
+    /// so it is read first, then the exit goes to the core.
+    fn publish_exit(
+        &mut self,
+        core: &mut Core,
+        clients: &mut Clients,
+        registry: &Registry,
+        key: Key,
+        (ended, usage): (Ended, Usage),
+    ) {
         for s in 0..streams(core, key) {
             self.read_pipe(core, clients, registry, (key, s), EXIT_DRAIN_BYTES, true);
         }
         let tree = self.contain.leader_exited(key);
-        core.exited(key, r.ended, r.usage, tree);
-        ReapOutcome::Command
+        core.exited(key, ended, usage, tree);
+    }
+}
+
+/// The error a failed spawn answers: the OS error for the program (`-32004`), logged at
+/// a bounded rate.
+fn spawn_error(core: &mut Core, launch: &LaunchRequest, e: &io::Error) -> RpcError {
+    core.log.refusal(
+        "spawn failures",
+        core.now,
+        format_args!(
+            "could not start {:?} for uid {}: {}",
+            launch.command,
+            launch.peer.uid,
+            rpc::os_error_text(e)
+        ),
+    );
+    let program = match &launch.program {
+        crate::types::Program::Direct { program, .. } => program.clone(),
+        crate::types::Program::Shell { shell, .. } => shell.display().to_string(),
+    };
+    RpcError::spawn_failed(&program, e)
+}
+
+/// A spawn handed to a spawner thread, waiting for its outcome.
+struct Starting {
+    /// The connection and request it answers.
+    token: Token,
+    req: Option<ReqNo>,
+    launch: Box<LaunchRequest>,
+    key: Key,
+    id: String,
+    place: Option<Place>,
+    ends: ParentEnds,
+    runs_as: u32,
+}
+
+/// Exits of children nobody knew when they were reaped: a command's leader can exit (and
+/// be reaped on SIGCHLD) before its spawner thread has reported it. Kept a little while,
+/// so that `complete` can claim one, and no longer (most are re-parented descendants).
+#[derive(Debug, Default)]
+struct Unclaimed {
+    by_pid: HashMap<i32, (Instant, (Ended, Usage))>,
+}
+
+/// How long an unknown exit is kept for a spawn that may claim it.
+const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Unclaimed {
+    fn put(&mut self, pid: i32, exit: (Ended, Usage), now: Instant) {
+        if self.by_pid.len() >= 4096 {
+            self.by_pid
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < UNCLAIMED_FOR);
+        }
+        self.by_pid.insert(pid, (now, exit));
+    }
+
+    /// The exit of `pid` reaped after `cloned_at` (one reaped before is an older process
+    /// that had the same pid).
+    fn take(&mut self, pid: i32, cloned_at: Instant) -> Option<(Ended, Usage)> {
+        match self.by_pid.remove(&pid) {
+            Some((at, exit)) if at >= cloned_at => Some(exit),
+            _ => None,
+        }
     }
 }

@@ -52,7 +52,9 @@ const SIGNALS: Token = Token(1);
 const LOG: Token = Token(2);
 const AUDIT: Token = Token(3);
 const CGROUPS: Token = Token(4);
-const FIRST_DYNAMIC: usize = 5;
+/// A spawner thread finished a spawn.
+const SPAWNED: Token = Token(5);
+const FIRST_DYNAMIC: usize = 6;
 
 /// Bytes read from a connection per read.
 const CONN_READ: usize = 64 << 10;
@@ -133,7 +135,7 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         crate::sys::host::become_subreaper()?;
-        let mut children = Children::new(&cfg)?;
+        let mut children = Children::new(&cfg, mio::Waker::new(poll.registry(), SPAWNED)?)?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
@@ -240,6 +242,7 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
+                    SPAWNED => self.on_spawned(),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -451,7 +454,7 @@ impl Server {
     fn settle(&mut self, token: Token, req: Option<ReqNo>, step: Result<Step, RpcError>) {
         match step {
             Ok(Step::Launch(launch)) => match self.core.gate(launch, conn_id(token), req) {
-                Gated::Admitted(launch) => self.start(token, req, &launch),
+                Gated::Admitted(launch) => self.start(token, req, launch),
                 Gated::Refused(e) => self.answer(token, req, Err(e)),
                 Gated::Asked => {} // answered once an approver decides
             },
@@ -466,18 +469,37 @@ impl Server {
         }
     }
 
-    /// Starts an admitted command, then settles the request with the family's tail.
-    fn start(&mut self, token: Token, req: Option<ReqNo>, launch: &LaunchRequest) {
+    /// Starts an admitted command: handed to a spawner thread, it is finished in
+    /// `on_spawned`; one that cannot even be handed out settles the request at once.
+    fn start(&mut self, token: Token, req: Option<ReqNo>, launch: Box<LaunchRequest>) {
         let origin = self.clients.get(&token).map(|c| Origin {
             over_tcp: c.is_tcp(),
             groups: c.groups.clone(),
         });
-        let (core, next) = (&mut self.core, &mut self.next_token);
-        let registry = self.poll.registry();
         let origin = origin.unwrap_or_default();
-        let started = self.children.launch(core, registry, next, launch, origin);
-        let next = dispatch::after_launch(&mut self.core, launch, started);
-        self.settle(token, req, next);
+        let core = &mut self.core;
+        if let Err((launch, e)) = self.children.launch(core, launch, origin, token, req) {
+            let next = dispatch::after_launch(&mut self.core, &launch, Err(e));
+            self.settle(token, req, next);
+        }
+    }
+
+    /// Spawner threads finished spawns: each command is recorded (or its failure known),
+    /// and its request goes on with the family's tail.
+    fn on_spawned(&mut self) {
+        for done in self.children.finished() {
+            let (core, clients) = (&mut self.core, &mut self.clients);
+            let registry = self.poll.registry();
+            let next = &mut self.next_token;
+            let Some((token, req, launch, started)) =
+                self.children.complete(core, clients, registry, next, done)
+            else {
+                continue;
+            };
+            let step = dispatch::after_launch(&mut self.core, &launch, started);
+            self.settle(token, req, step);
+            self.apply();
+        }
     }
 
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
@@ -509,9 +531,7 @@ impl Server {
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
                     Effect::Send { conn, line } => self.clients.send(conn, &line),
-                    Effect::Launch { conn, req, launch } => {
-                        self.start(token_of(conn), req, &launch)
-                    }
+                    Effect::Launch { conn, req, launch } => self.start(token_of(conn), req, launch),
                 }
             }
         }
@@ -708,7 +728,8 @@ impl Server {
             Some(Shutdown::Killing) => {
                 // Every killed command was reaped: what their trees still hold goes now
                 // (the leaders had their grace), and the daemon finishes once it is gone.
-                if self.core.table.running() == 0 {
+                // Spawns still on their way are waited for: they end with the rest.
+                if self.core.table.running() == 0 && self.children.spawning() == 0 {
                     self.children.contain.kill_all();
                     if self.children.contain.any_left() {
                         self.timers.add(

@@ -1,13 +1,25 @@
-//! Starting a command: `clone(CLONE_VM | CLONE_VFORK)` into a child that only makes
-//! system calls (cgroup, session, limits, user, parent-death signal, stdio, directory,
-//! exec), and the pipes that carry its stdio.
+//! Starting a command without holding the loop. The loop prepares everything a spawn needs
+//! without touching the file system (argv, environment, pipes) and hands it to a spawner
+//! thread, which looks the program up in `PATH` (a `stat` of a peer-chosen path may hang
+//! on a dead network mount: never on the loop) and starts it the way `posix_spawn` does:
+//! `clone(CLONE_VM | CLONE_VFORK)` into a child that only makes system calls (cgroup,
+//! session, limits, user, parent-death signal, stdio, directory, exec). The thread is
+//! suspended until the child has exec'd or failed; the child writes the step that failed
+//! and its errno into the plan they share, and the thread reports the outcome on a channel
+//! whose `Waker` wakes the loop. Meanwhile the loop serves everyone else, and with more
+//! than one thread, spawns run side by side on every core.
 //!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
 //!   it), so a command inherits exactly its three stdio descriptors.
 //! - A spawned command leads its own session and process group (`setsid`), so signalling
 //!   `-pid` reaches it and everything it started that did not leave the group.
-//! - The child never allocates, locks or unwinds: everything it needs is prepared first.
+//! - The child never allocates, locks or unwinds: everything it needs is prepared first,
+//!   and it shares memory only with a suspended spawner thread, whose errno it may clobber.
+//! - A spawner thread lives as long as the daemon: the parent-death signal a child sets
+//!   follows the thread that cloned it.
+//! - A child's own ends of its pipes stay open until it has them (the spawner thread drops
+//!   them after the clone); the loop holds the parent's ends from the start.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -15,6 +27,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
 use super::cstring;
 use super::ids::Identity;
@@ -29,19 +43,41 @@ pub struct SpawnSpec<'a> {
     pub stdio: Stdio3,
     /// Run as this user instead of the daemon's own (the daemon must be root).
     pub user: Option<&'a Identity>,
-    /// The `cgroup.procs` of the command's cgroup, opened by the parent.
+    /// The `cgroup.procs` of the command's cgroup, opened by the parent. It must stay
+    /// open until the spawn is done.
     pub cgroup_procs: Option<RawFd>,
 }
 
-/// A started command: its pid (also its process group and session id) and the parent's
-/// ends of its pipes, all non-blocking and close-on-exec.
+/// The parent's ends of a command's stdio, all non-blocking and close-on-exec; the loop
+/// holds them from the moment the spawn is handed out.
 #[derive(Debug)]
-pub struct Spawned {
-    pub pid: i32,
+pub struct ParentEnds {
     /// stdout (Separate) or the merged stdout+stderr pipe (Merged).
     pub out: OwnedFd,
     pub err: Option<OwnedFd>,
     pub stdin: Option<OwnedFd>,
+}
+
+/// The step of a spawn that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedAt {
+    /// Finding or executing the program (`ENOENT`, `EACCES`, `ENOEXEC`, ...).
+    Program,
+    /// Changing into the working directory.
+    Cwd,
+    /// Anything else between clone and exec (cgroup, session, limits, user, stdio).
+    Setup,
+}
+
+/// How a spawn ended.
+#[derive(Debug)]
+pub struct Done {
+    /// The number `submit` returned.
+    pub job: u64,
+    /// The command's pid (also its process group and session id), or what failed.
+    pub result: Result<i32, (FailedAt, io::Error)>,
+    /// Just before the clone: a child reaped before this cannot be this one.
+    pub cloned_at: Instant,
 }
 
 /// Creates a pipe with both ends close-on-exec: `(read, write)`.
@@ -90,18 +126,49 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
     }
 }
 
-/// Everything the child needs between clone and exec, prepared by the parent: the child
-/// may not allocate, lock or unwind.
-struct ChildPlan {
-    path: CString,
-    argv: Vec<*const libc::c_char>,
-    envp: Vec<*const libc::c_char>,
+/// Size of the child's stack between clone and exec: it only makes system calls.
+const CHILD_STACK: usize = 64 << 10;
+
+/// What is the same for every spawn, prepared once and shared with the threads.
+struct Shared {
+    /// The base environment's `PATH`, where a program is looked up unless the request
+    /// sets its own.
+    path_var: Option<OsString>,
+    /// Signals the daemon catches (and SIGPIPE), to reset to their default in the child.
+    reset: Vec<libc::c_int>,
+    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The daemon's pid: a child whose parent is another has lost it.
+    parent: libc::pid_t,
+}
+
+/// One spawn as the loop prepared it: owned strings and the child's descriptors.
+struct Job {
+    id: u64,
+    /// The program as the request named it (looked up in `path` by the thread).
+    program: CString,
+    path: Option<OsString>,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
     cwd: CString,
+    /// The child's ends, to become 0, 1 and 2 (the merged pipe twice for 1 and 2, and
+    /// `/dev/null` for a stdin nobody writes).
+    stdio: [Option<OwnedFd>; 3],
+    null: RawFd,
+    user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
+    cgroup_procs: RawFd,
+}
+
+/// Everything the child needs between clone and exec, pointing into a `Job` that the
+/// suspended thread keeps alive: the child may not allocate, lock or unwind.
+struct ChildPlan {
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
     /// Descriptors to become 0, 1 and 2.
     stdio: [RawFd; 3],
     limits: *const (libc::__rlimit_resource_t, libc::rlimit),
     nlimits: usize,
-    /// Signals the daemon catches (and SIGPIPE), to reset to their default.
     reset: *const libc::c_int,
     nreset: usize,
     parent: libc::pid_t,
@@ -109,28 +176,30 @@ struct ChildPlan {
     user: Option<(libc::uid_t, libc::gid_t)>,
     groups: *const libc::gid_t,
     ngroups: usize,
-    /// The parent's signal mask before it blocked everything for the clone.
-    mask: libc::sigset_t,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
-    /// Written by the child when a step fails (an errno); read by the parent.
+    /// Written by the child when a step fails: which one, and its errno.
+    failed: libc::c_int,
     err: libc::c_int,
 }
 
-/// Size of the child's stack between clone and exec: it only makes system calls.
-const CHILD_STACK: usize = 64 << 10;
+/// `ChildPlan::failed` values.
+const FAILED_SETUP: libc::c_int = 1;
+const FAILED_CWD: libc::c_int = 2;
+const FAILED_EXEC: libc::c_int = 3;
 
-/// Runs in the cloned child, on its own stack, while the parent is suspended (CLONE_VFORK):
-/// cgroup, session, limits, user, parent-death signal, stdio, directory, then exec. Only
-/// system calls.
+/// Runs in the cloned child, on its own stack, while the spawner thread is suspended
+/// (CLONE_VFORK): cgroup, session, limits, user, parent-death signal, stdio, directory,
+/// then exec. Only system calls.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the parent's `ChildPlan`, alive and untouched while the parent is
+    // SAFETY: `arg` is the thread's `ChildPlan`, alive and untouched while the thread is
     // suspended until this child execs or exits.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
     // SAFETY: async-signal-safe system calls on memory prepared before the clone.
     unsafe {
-        let fail = |plan: &mut ChildPlan| -> libc::c_int {
+        let fail = |plan: &mut ChildPlan, step: libc::c_int| -> libc::c_int {
             plan.err = *libc::__errno_location();
+            plan.failed = step;
             libc::_exit(127)
         };
         // No handler of the daemon may ever run here: every caught signal goes back to
@@ -143,14 +212,14 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
         if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
-            return fail(plan);
+            return fail(plan, FAILED_SETUP);
         }
         if libc::setsid() < 0 {
-            return fail(plan);
+            return fail(plan, FAILED_SETUP);
         }
         for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
             if libc::setrlimit(*res, lim) < 0 {
-                return fail(plan);
+                return fail(plan, FAILED_SETUP);
             }
         }
         if let Some((uid, gid)) = plan.user {
@@ -158,7 +227,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 || libc::setgid(gid) < 0
                 || libc::setuid(uid) < 0
             {
-                return fail(plan);
+                return fail(plan, FAILED_SETUP);
             }
         }
         // After the user switch: the kernel clears the parent-death signal when
@@ -171,7 +240,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             0,
         ) < 0
         {
-            return fail(plan);
+            return fail(plan, FAILED_SETUP);
         }
         // The daemon may have died before prctl: then nobody would ever kill this child.
         if libc::getppid() != plan.parent {
@@ -181,25 +250,25 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
             // a pipe is never already at its target.
             if libc::dup2(fd, target as RawFd) < 0 {
-                return fail(plan);
+                return fail(plan, FAILED_SETUP);
             }
         }
-        if libc::chdir(plan.cwd.as_ptr()) < 0 {
-            return fail(plan);
+        if libc::chdir(plan.cwd) < 0 {
+            return fail(plan, FAILED_CWD);
         }
         // Commands start with no signal blocked, whatever the daemon inherited.
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
-        fail(plan)
+        libc::execve(plan.path, plan.argv, plan.envp);
+        fail(plan, FAILED_EXEC)
     }
 }
 
 /// Finds `program` as execvp would: as given when it holds a `/`, else in `path_var`.
-fn resolve_program(program: &str, path_var: Option<&OsStr>) -> io::Result<CString> {
-    if program.contains('/') {
-        return cstring(program);
+fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> io::Result<CString> {
+    if program.as_bytes().contains(&b'/') {
+        return cstring(program.as_bytes());
     }
     let dirs = path_var.unwrap_or_else(|| OsStr::new("/usr/local/bin:/usr/bin:/bin"));
     let mut denied = false;
@@ -257,28 +326,149 @@ fn signals_to_reset() -> Vec<libc::c_int> {
         .collect()
 }
 
-/// Starts commands. Holds what is the same for every spawn, prepared once: the base
-/// environment, the signals a child resets, the resource limits, and the child's stack.
+/// Starts a prepared job: looks the program up, clones the child and waits (suspended by
+/// CLONE_VFORK) until it has exec'd or failed. The job's descriptors are closed when it
+/// returns: the child has its copies.
+fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, io::Error)> {
+    let program = OsStr::from_bytes(job.program.as_bytes());
+    let path = resolve_program(program, job.path.as_deref().or(shared.path_var.as_deref()))
+        .map_err(|e| (FailedAt::Program, e))?;
+    let argv: Vec<*const libc::c_char> = job
+        .argv
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = job
+        .envp
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let fd = |i: usize| job.stdio[i].as_ref().map_or(job.null, |f| f.as_raw_fd());
+    // The merged pipe is both stdout and stderr.
+    let stdio = [
+        fd(0),
+        fd(1),
+        job.stdio[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
+    ];
+    let mut plan = ChildPlan {
+        path: path.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        cwd: job.cwd.as_ptr(),
+        stdio,
+        limits: shared.limits.as_ptr(),
+        nlimits: shared.limits.len(),
+        reset: shared.reset.as_ptr(),
+        nreset: shared.reset.len(),
+        parent: shared.parent,
+        user: job.user.as_ref().map(|u| (u.0, u.1)),
+        groups: job.user.as_ref().map_or(std::ptr::null(), |u| u.2.as_ptr()),
+        ngroups: job.user.as_ref().map_or(0, |u| u.2.len()),
+        cgroup_procs: job.cgroup_procs,
+        failed: 0,
+        err: 0,
+    };
+    // The stack grows down: hand clone its 16-byte-aligned top.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: signals are blocked around the clone so no handler runs in the child before
+    // it resets them; the child runs `child_main` on its own stack with `plan`, which
+    // stays alive and unmoved until clone returns (CLONE_VFORK suspends this thread until
+    // the child execs or exits).
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut plan as *mut ChildPlan).cast(),
+        );
+        let clone_err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        if pid < 0 {
+            return Err((FailedAt::Setup, clone_err));
+        }
+        pid
+    };
+    // SAFETY: the child wrote these before exiting; read them as memory another task wrote.
+    let (failed, err) = unsafe {
+        (
+            std::ptr::read_volatile(&plan.failed),
+            std::ptr::read_volatile(&plan.err),
+        )
+    };
+    // A child that failed has exited; the loop reaps it like any other.
+    match failed {
+        0 => Ok(pid),
+        FAILED_CWD => Err((FailedAt::Cwd, io::Error::from_raw_os_error(err))),
+        FAILED_EXEC => Err((FailedAt::Program, io::Error::from_raw_os_error(err))),
+        _ => Err((FailedAt::Setup, io::Error::from_raw_os_error(err))),
+    }
+}
+
+/// A spawner thread: runs jobs until the daemon's side of the channel is gone.
+fn serve(
+    shared: Arc<Shared>,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    done: mpsc::Sender<Done>,
+    waker: Arc<mio::Waker>,
+) {
+    let mut stack = vec![0u8; CHILD_STACK];
+    loop {
+        let job = match jobs.lock() {
+            Ok(rx) => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        let cloned_at = Instant::now();
+        let result = run(&shared, &job, &mut stack);
+        let id = job.id;
+        // The child's ends close here: it has its own copies (or has exited).
+        drop(job);
+        if done
+            .send(Done {
+                job: id,
+                result,
+                cloned_at,
+            })
+            .is_err()
+        {
+            return;
+        }
+        let _ = waker.wake();
+    }
+}
+
+/// Starts commands. Holds what is the same for every spawn (the base environment, the
+/// signals a child resets, the resource limits) and the threads that clone.
 pub struct Spawner {
     /// The base environment: names, and `NAME=value` ready for `execve`.
     base_env: Vec<(OsString, CString)>,
-    path_var: Option<OsString>,
-    reset: Vec<libc::c_int>,
-    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
-    stack: Vec<u8>,
     /// `/dev/null`, the stdin of every terminal.
     null: OwnedFd,
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<Done>,
+    next_job: u64,
 }
 
 impl Spawner {
     /// Build this after the daemon's signal handlers are installed: they are what a child
     /// must reset. `child_nofile` is the descriptor limit to give back (see `raise_nofile`).
-    /// `withheld` names variables of the daemon's environment no command may see.
+    /// `withheld` names variables of the daemon's environment no command may see. Starts
+    /// `threads` spawner threads, which wake the loop through `waker` when a spawn is done.
     pub fn new(
         clean_env: bool,
         withheld: &[&str],
         rlimits: &[(Rlimit, u64)],
         child_nofile: Option<(u64, u64)>,
+        waker: mio::Waker,
+        threads: usize,
     ) -> io::Result<Spawner> {
         let vars: Vec<(OsString, OsString)> = if clean_env {
             Vec::new()
@@ -326,32 +516,48 @@ impl Spawner {
                 )
             }))
             .collect();
-        Ok(Spawner {
-            base_env,
+        let shared = Arc::new(Shared {
             path_var,
             reset: signals_to_reset(),
             limits,
-            stack: vec![0u8; CHILD_STACK],
+            // SAFETY: getpid cannot fail.
+            parent: unsafe { libc::getpid() },
+        });
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let waker = Arc::new(waker);
+        for i in 0..threads.max(1) {
+            let (shared, job_rx, done_tx, waker) = (
+                shared.clone(),
+                job_rx.clone(),
+                done_tx.clone(),
+                waker.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("execd-spawn-{i}"))
+                .stack_size(256 << 10)
+                .spawn(move || serve(shared, job_rx, done_tx, waker))?;
+        }
+        Ok(Spawner {
+            base_env,
             null: dev_null()?,
+            jobs,
+            done,
+            next_job: 0,
         })
     }
 
-    /// Starts a command the way `posix_spawn` does: `clone(CLONE_VM | CLONE_VFORK)` into
-    /// `child_main`, which needs no copy of the daemon's memory (a `fork` of the daemon
-    /// costs more than the whole rest of a spawn). Failures before exec (no such program,
-    /// permission denied, a directory that vanished) come back as the OS error, with the
-    /// failed child already reaped: nothing is left behind.
-    pub fn spawn(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
-        let (program, args): (&str, Vec<&str>) = match spec.program {
-            Program::Direct { program, args } => {
-                (program, args.iter().map(String::as_str).collect())
-            }
-            Program::Shell { shell, line } => {
-                let shell = shell.to_str().ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "shell path is not UTF-8")
-                })?;
-                (shell, vec!["-c", line])
-            }
+    /// Prepares a command and hands it to a spawner thread; returns the job's number and
+    /// the parent's ends of its stdio. Nothing here looks at the file system. Errors are
+    /// the daemon's own (out of descriptors, a NUL in an argument): nothing is left behind.
+    pub fn submit(&mut self, spec: &SpawnSpec) -> io::Result<(u64, ParentEnds)> {
+        let (program, args): (&OsStr, Vec<&str>) = match spec.program {
+            Program::Direct { program, args } => (
+                OsStr::new(program.as_str()),
+                args.iter().map(String::as_str).collect(),
+            ),
+            Program::Shell { shell, line } => (shell.as_os_str(), vec!["-c", line]),
         };
         // The request's variables override the base environment's of the same name; a
         // name the request gives twice takes its last value. Indexed by name, so a request
@@ -370,29 +576,26 @@ impl Spawner {
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
             .collect::<io::Result<_>>()?;
         let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
-        let envp: Vec<*const libc::c_char> = self
+        let envp: Vec<CString> = self
             .base_env
             .iter()
             .filter(|(name, _)| !overridden(name))
-            .map(|(_, entry)| entry.as_ptr())
-            .chain(extra.iter().map(|c| c.as_ptr()))
-            .chain(std::iter::once(std::ptr::null()))
+            .map(|(_, entry)| entry.clone())
+            .chain(extra)
             .collect();
-        let path_var = spec
+        let path = spec
             .env
             .iter()
             .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| OsStr::new(v.as_str()))
-            .or(self.path_var.as_deref());
-        let path = resolve_program(program, path_var)?;
-        let argv_c: Vec<CString> = std::iter::once(program)
-            .chain(args.iter().copied())
-            .map(cstring)
-            .collect::<io::Result<_>>()?;
-
+            .map(|(_, v)| OsString::from(v));
+        let argv: Vec<CString> = std::iter::once(cstring(program.as_bytes())?)
+            .chain(
+                args.iter()
+                    .map(|a| cstring(*a))
+                    .collect::<io::Result<Vec<_>>>()?,
+            )
+            .collect();
         let (out_r, out_w) = pipe()?;
-        // The child's ends of its pipes (ours to close once it has them); a terminal's
-        // stdin is the daemon's one /dev/null.
         let (err_r, err_w) = match spec.stdio {
             Stdio3::Separate => {
                 let (r, w) = pipe()?;
@@ -415,75 +618,36 @@ impl Spawner {
         {
             set_nonblocking(fd.as_raw_fd())?;
         }
-        let stdin_fd = in_r
-            .as_ref()
-            .map_or(self.null.as_raw_fd(), |f| f.as_raw_fd());
-        let err_fd = err_w.as_ref().map_or(out_w.as_raw_fd(), |f| f.as_raw_fd());
-
-        let mut plan = ChildPlan {
+        let id = self.next_job;
+        self.next_job += 1;
+        let job = Job {
+            id,
+            program: cstring(program.as_bytes())?,
             path,
-            argv: argv_c
-                .iter()
-                .map(|c| c.as_ptr())
-                .chain(std::iter::once(std::ptr::null()))
-                .collect(),
+            argv,
             envp,
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
-            stdio: [stdin_fd, out_w.as_raw_fd(), err_fd],
-            limits: self.limits.as_ptr(),
-            nlimits: self.limits.len(),
-            reset: self.reset.as_ptr(),
-            nreset: self.reset.len(),
-            user: spec.user.map(|u| (u.uid, u.gid)),
-            groups: spec.user.map_or(std::ptr::null(), |u| u.groups.as_ptr()),
-            ngroups: spec.user.map_or(0, |u| u.groups.len()),
-            // SAFETY: getpid cannot fail.
-            parent: unsafe { libc::getpid() },
-            // SAFETY: an all-zero sigset_t is valid storage for pthread_sigmask to fill.
-            mask: unsafe { std::mem::zeroed() },
+            stdio: [in_r, Some(out_w), err_w],
+            null: self.null.as_raw_fd(),
+            user: spec.user.map(|u| (u.uid, u.gid, u.groups.clone())),
             cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
-            err: 0,
         };
-        // The stack grows down: hand clone its 16-byte-aligned top.
-        let top = (self.stack.as_mut_ptr() as usize + self.stack.len()) & !15;
+        self.jobs
+            .send(job)
+            .map_err(|_| io::Error::other("the spawner threads are gone"))?;
+        Ok((
+            id,
+            ParentEnds {
+                out: out_r,
+                err: err_r,
+                stdin: stdin_w,
+            },
+        ))
+    }
 
-        // SAFETY: signals are blocked around the clone so no handler runs in the child
-        // before it resets them; the child runs `child_main` on its own stack with `plan`,
-        // which stays alive and unmoved until clone returns (CLONE_VFORK suspends us until
-        // the child execs or exits).
-        let pid = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut plan.mask);
-            let pid = libc::clone(
-                child_main,
-                top as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                (&mut plan as *mut ChildPlan).cast(),
-            );
-            let clone_err = io::Error::last_os_error();
-            libc::pthread_sigmask(libc::SIG_SETMASK, &plan.mask, std::ptr::null_mut());
-            if pid < 0 {
-                return Err(clone_err);
-            }
-            pid
-        };
-        // SAFETY: the child wrote `err` before exiting; read it as memory another task wrote.
-        let err = unsafe { std::ptr::read_volatile(&plan.err) };
-        if err != 0 {
-            let mut status = 0;
-            // SAFETY: our own child, which has exited (it reported a failure and called _exit).
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            return Err(io::Error::from_raw_os_error(err));
-        }
-        // The child's copies are its own now; close ours of the ends it uses.
-        drop((out_w, err_w, in_r));
-        Ok(Spawned {
-            pid,
-            out: out_r,
-            err: err_r,
-            stdin: stdin_w,
-        })
+    /// The spawns done since the last call (the loop calls it when the waker fires).
+    pub fn finished(&mut self) -> Vec<Done> {
+        self.done.try_iter().collect()
     }
 }
 
