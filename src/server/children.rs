@@ -273,12 +273,7 @@ impl Children {
         registry: &Registry,
         next_token: &mut usize,
         done: Done,
-    ) -> Option<(
-        Token,
-        Option<ReqNo>,
-        Box<LaunchRequest>,
-        Result<Key, RpcError>,
-    )> {
+    ) -> Option<Launched> {
         let s = self.starting.remove(&done.job)?;
         core.table.reserve_start(s.launch.peer.uid, false);
         let pid = match done.result {
@@ -292,7 +287,7 @@ impl Children {
                     ),
                     FailedAt::Program | FailedAt::Setup => spawn_error(core, &s.launch, &e),
                 };
-                return Some((s.token, s.req, s.launch, Err(err)));
+                return Some(Launched::of((s.token, s.req, s.launch), Err(err)));
             }
         };
         let key = s.key;
@@ -316,7 +311,7 @@ impl Children {
                 self.abandoned.insert(pid, key);
             }
             let e = RpcError::internal(format!("registering a pipe: {e}"));
-            return Some((s.token, s.req, s.launch, Err(e)));
+            return Some(Launched::of((s.token, s.req, s.launch), Err(e)));
         }
         core.started(&s.launch, key, s.id, pid, s.runs_as);
         // A command started while the daemon stops is ended with the rest.
@@ -327,7 +322,7 @@ impl Children {
         if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
             self.publish_exit(core, clients, registry, key, exit);
         }
-        Some((s.token, s.req, s.launch, Ok(key)))
+        Some(Launched::of((s.token, s.req, s.launch), Ok(key)))
     }
 
     // ---- pipes -------------------------------------------------------------------------
@@ -588,6 +583,28 @@ fn spawn_error(core: &mut Core, launch: &LaunchRequest, e: &io::Error) -> RpcErr
         crate::types::Program::Shell { shell, .. } => shell.display().to_string(),
     };
     RpcError::spawn_failed(&program, e)
+}
+
+/// A finished spawn: the request it answers, and how the launch went.
+pub struct Launched {
+    pub token: Token,
+    pub req: Option<ReqNo>,
+    pub launch: Box<LaunchRequest>,
+    pub started: Result<Key, RpcError>,
+}
+
+impl Launched {
+    fn of(
+        (token, req, launch): (Token, Option<ReqNo>, Box<LaunchRequest>),
+        started: Result<Key, RpcError>,
+    ) -> Launched {
+        Launched {
+            token,
+            req,
+            launch,
+            started,
+        }
+    }
 }
 
 /// A spawn handed to a spawner thread, waiting for its outcome.

@@ -491,13 +491,11 @@ impl Server {
             let (core, clients) = (&mut self.core, &mut self.clients);
             let registry = self.poll.registry();
             let next = &mut self.next_token;
-            let Some((token, req, launch, started)) =
-                self.children.complete(core, clients, registry, next, done)
-            else {
+            let Some(l) = self.children.complete(core, clients, registry, next, done) else {
                 continue;
             };
-            let step = dispatch::after_launch(&mut self.core, &launch, started);
-            self.settle(token, req, step);
+            let step = dispatch::after_launch(&mut self.core, &l.launch, l.started);
+            self.settle(l.token, l.req, step);
             self.apply();
         }
     }
