@@ -28,7 +28,7 @@ use crate::core::table::ConnId;
 use crate::core::table::Peer;
 use crate::core::timers::TimerId;
 use crate::core::view::cut_middle;
-use crate::core::{Core, Effect, Timer, MAX_OUTPUT_WAITS};
+use crate::core::{Core, Effect, Timer};
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
@@ -391,10 +391,6 @@ impl Core {
         conn: ConnId,
         req: Option<ReqNo>,
     ) -> Gated {
-        if launch.answers_with_output() && self.output_waits_of(conn) >= MAX_OUTPUT_WAITS {
-            self.launch_failed(&launch);
-            return Gated::Refused(RpcError::limit("waiting-output", MAX_OUTPUT_WAITS));
-        }
         let (key, id) = self.table.next_ids(launch.prefix);
         let peer = launch.peer;
         // A rule's `gids` match the peer's primary group and the groups it holds.

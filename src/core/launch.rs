@@ -76,17 +76,6 @@ pub struct Admitted {
 }
 
 impl LaunchRequest {
-    /// A synchronous `bash/exec`: its answer waits, parked, and carries output.
-    pub fn answers_with_output(&self) -> bool {
-        matches!(
-            self.after,
-            After::BashExec {
-                async_mode: false,
-                ..
-            }
-        )
-    }
-
     /// Bytes the command's record will hold besides its output: its command line, cwd and
     /// ids, and a fixed allowance for the record itself.
     pub fn record_bytes(&self) -> usize {

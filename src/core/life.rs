@@ -107,6 +107,7 @@ impl Core {
             signalled: false,
             released: false,
             waiters: Vec::new(),
+            held: 0,
             subs: Vec::new(),
             paused: false,
             drained: false,
@@ -365,12 +366,29 @@ impl Core {
     /// it after carrying out the effects, so their last events were delivered first.
     pub fn sweep(&mut self) {
         for key in std::mem::take(&mut self.forget) {
-            let done = self
-                .table
-                .get(key)
-                .is_some_and(|p| p.released && p.exit.is_some() && p.waiters.is_empty());
+            let done = self.table.get(key).is_some_and(|p| {
+                p.released && p.exit.is_some() && p.waiters.is_empty() && p.held == 0
+            });
             if done {
                 self.table.remove(key);
+            }
+        }
+    }
+
+    /// An answer about `key` waits for room on its connection: keep the process (and the
+    /// output the answer will carry) until `let_go`.
+    pub fn hold(&mut self, key: Key) {
+        if let Some(p) = self.table.get_mut(key) {
+            p.held += 1;
+        }
+    }
+
+    /// An answer `hold` kept `key` for was rendered, or its connection went away.
+    pub fn let_go(&mut self, key: Key) {
+        if let Some(p) = self.table.get_mut(key) {
+            p.held = p.held.saturating_sub(1);
+            if p.held == 0 && p.released {
+                self.forget.push(key);
             }
         }
     }
@@ -486,6 +504,27 @@ mod tests {
         assert!(c.table.get(k).is_none());
         later(&mut c, Duration::from_secs(2));
         assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    #[test]
+    fn a_released_command_an_answer_still_refers_to_is_kept_until_it_is_let_go() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        c.hold(k);
+        c.hold(k);
+        c.release(k, KillReason::Release);
+        c.sweep();
+        assert!(c.table.get(k).is_some(), "two answers refer to it");
+        c.let_go(k);
+        c.sweep();
+        assert!(c.table.get(k).is_some(), "one answer still refers to it");
+        c.let_go(k);
+        c.sweep();
+        assert!(
+            c.table.get(k).is_none(),
+            "forgotten once the last is rendered"
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub use gate::Gated;
 use gate::{Answer, Approvals};
 use log::{Log, Queue};
 use park::Parked;
-pub use park::{Wait, MAX_OUTPUT_WAITS};
+pub use park::Wait;
 
 /// Who is calling: the connection and the peer's credentials.
 #[derive(Debug, Clone, Copy)]
@@ -145,8 +145,6 @@ pub struct Core {
     timers: Timers<Timer>,
     parked: HashMap<ParkId, Parked>,
     next_park: u64,
-    /// Parked requests carrying output, per connection.
-    output_waits: HashMap<ConnId, usize>,
     hard_timers: HashMap<Key, TimerId>,
     idle_timers: HashMap<SessionKey, TimerId>,
     /// Released processes to forget once nothing needs them (see `sweep`).
@@ -194,7 +192,6 @@ impl Core {
             timers: Timers::default(),
             parked: HashMap::new(),
             next_park: 0,
-            output_waits: HashMap::new(),
             hard_timers: HashMap::new(),
             idle_timers: HashMap::new(),
             forget: Vec::new(),

@@ -36,11 +36,6 @@ pub enum Wait {
 }
 
 impl Wait {
-    /// Whether its answer carries output (a ring's worth at most).
-    fn carries_output(&self) -> bool {
-        matches!(self, Wait::BashExec { .. } | Wait::BashOutput { .. })
-    }
-
     pub fn key(&self) -> Key {
         match self {
             Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => *k,
@@ -59,25 +54,7 @@ pub(super) struct Parked {
     pub(super) timer: Option<TimerId>,
 }
 
-/// Parked requests one connection may have whose answers carry output (synchronous
-/// `bash/exec`, `bash/output` with `wait`), counting those waiting for an approver. One
-/// write can resolve all of them at once, each answer holding up to a ring's worth, so
-/// they are bounded well below `MAX_WAITING`; more are refused with `-32003`.
-pub const MAX_OUTPUT_WAITS: usize = 32;
-
 impl Core {
-    /// Requests of `conn` whose answers will carry output: parked, or synchronous execs
-    /// waiting for an approver.
-    pub(super) fn output_waits_of(&self, conn: ConnId) -> usize {
-        let asked = self
-            .approvals
-            .pending
-            .values()
-            .filter(|p| p.conn == conn && p.req.is_some() && p.launch.answers_with_output())
-            .count();
-        self.output_waits.get(&conn).copied().unwrap_or(0) + asked
-    }
-
     #[cfg(test)]
     /// Requests of `conn` parked now.
     pub fn parked_by(&self, conn: ConnId) -> usize {
@@ -87,19 +64,6 @@ impl Core {
     /// Parks request `req` of `conn` until `wait` holds or `deadline` passes. It may hold
     /// already (an exited command, output already past the offset): then it is answered now.
     pub fn park(&mut self, conn: ConnId, req: ReqNo, wait: Wait, deadline: Option<Instant>) {
-        if wait.carries_output() {
-            // A synchronous exec was counted at the gate, before it started.
-            let sync_exec = matches!(wait, Wait::BashExec { .. });
-            if !sync_exec && self.output_waits_of(conn) >= MAX_OUTPUT_WAITS {
-                self.out.push(Effect::Reply {
-                    conn,
-                    req,
-                    result: Err(RpcError::limit("waiting-output", MAX_OUTPUT_WAITS)),
-                });
-                return;
-            }
-            *self.output_waits.entry(conn).or_default() += 1;
-        }
         let id = ParkId(self.next_park);
         self.next_park += 1;
         let key = wait.key();
@@ -221,14 +185,6 @@ impl Core {
     /// Takes a parked request out of every index: its timer and its process's waiters.
     pub(super) fn unpark(&mut self, id: ParkId) -> Option<Parked> {
         let p = self.parked.remove(&id)?;
-        if p.wait.carries_output() {
-            if let Some(n) = self.output_waits.get_mut(&p.conn) {
-                *n -= 1;
-                if *n == 0 {
-                    self.output_waits.remove(&p.conn);
-                }
-            }
-        }
         if let Some(t) = p.timer {
             self.timers.cancel(t);
         }
@@ -316,39 +272,6 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].2.as_ref().unwrap()["stdout"], "");
         assert_eq!(r[0].2.as_ref().unwrap()["offset"], 3);
-    }
-
-    #[test]
-    fn waits_that_answer_with_output_are_bounded_per_connection() {
-        let mut c = core();
-        let k = bash(&mut c, "s");
-        let wait = || Wait::BashOutput {
-            key: k,
-            from: [0, 0],
-        };
-        for n in 0..MAX_OUTPUT_WAITS as u64 {
-            c.park(C1, ReqNo(n), wait(), None);
-        }
-        assert!(replies(&mut c).is_empty());
-        // One more is refused; another connection and other waits are not.
-        c.park(C1, ReqNo(100), wait(), None);
-        c.park(C1, ReqNo(101), Wait::Exit(k), None);
-        c.park(C2, ReqNo(1), wait(), None);
-        let r = replies(&mut c);
-        assert_eq!(r.len(), 1);
-        assert_eq!(r[0].1, ReqNo(100));
-        let e = r[0].2.as_ref().unwrap_err();
-        assert_eq!(e.code, -32003);
-        assert_eq!(
-            e.data,
-            Some(json!({"limit": "waiting-output", "value": 32}))
-        );
-        // An answered wait frees its place.
-        c.cancel(C1, ReqNo(0));
-        assert_eq!(replies(&mut c).len(), 1);
-        c.park(C1, ReqNo(102), wait(), None);
-        assert!(replies(&mut c).is_empty());
-        assert_eq!(c.parked_by(C1), MAX_OUTPUT_WAITS + 1);
     }
 
     #[test]

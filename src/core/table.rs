@@ -219,6 +219,9 @@ pub struct Proc {
     pub released: bool,
     /// Parked requests interested in this process.
     pub waiters: Vec<ParkId>,
+    /// Answers about it that wait for room on their connection: it is not forgotten
+    /// until they are rendered (PROTOCOL 8, pipelining).
+    pub held: u32,
     pub subs: Vec<Sub>,
     /// A lossless subscriber is behind: its pipes are not read until it catches up.
     pub paused: bool,
@@ -688,6 +691,7 @@ mod tests {
             signalled: false,
             released: false,
             waiters: vec![],
+            held: 0,
             subs: vec![],
             paused: false,
             drained: false,

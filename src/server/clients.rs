@@ -1,15 +1,16 @@
 //! Every client connection the loop holds, and the decisions about them as a set: who is
 //! let in at accept (credentials, `--max-clients`, the TCP half), what an answer costs (a
-//! refusal is logged; a connection piling up unread answers is closed at the output
-//! budget), and which TCP connections went idle. The loop reads requests from them and
+//! refusal is logged; a connection piling up rendered, unread answers is closed at the
+//! output budget), and which TCP connections went idle. The loop reads requests from them and
 //! flushes them; what they asked for goes through `dispatch`, never through here.
 //!
 //! Invariants:
 //! - A connection is in the set from its accept until `close`, which tells the core.
 //! - `dirty` names every connection to flush this turn: one that got bytes, was read,
 //!   or is to be closed.
-//! - Answers are never dropped: a connection that does not read them is closed instead,
-//!   and never one that reads.
+//! - Answers are never dropped: a parked request's answer waits, unrendered, for room
+//!   on its connection (`Conn::deferred`); a connection that piles up rendered answers
+//!   it does not read is closed instead, and never one that reads.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -341,6 +342,9 @@ impl Clients {
             return;
         };
         conn.deregister(registry);
+        for (_, wait) in conn.deferred {
+            core.let_go(wait.key());
+        }
         core.disconnected(conn_id(token));
     }
 }

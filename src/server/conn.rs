@@ -14,6 +14,7 @@
 //!   pump asks `has_room`), so responses still go through for a slow subscriber.
 //! - WRITABLE interest is registered only while bytes are pending.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
 use serde_json::Value;
 
+use crate::core::Wait;
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
@@ -116,6 +118,10 @@ pub struct Conn {
     /// When it connected, last read a whole HTTP request, or last had something in flight
     /// (an idle TCP connection closes).
     pub last_request: Instant,
+    /// Parked requests answered while the outgoing buffer was full, oldest first: each is
+    /// rendered once there is room (PROTOCOL 8). Until then it is a reference to the
+    /// process, which the core keeps (`Core::hold`), not bytes.
+    pub deferred: VecDeque<(ReqNo, Wait)>,
 }
 
 impl Conn {
@@ -154,6 +160,7 @@ impl Conn {
             broken: false,
             groups: Vec::new(),
             last_request: Instant::now(),
+            deferred: VecDeque::new(),
         }
     }
 

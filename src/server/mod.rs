@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::core::launch::LaunchRequest;
 use crate::core::log::Log;
 use crate::core::timers::Timers;
-use crate::core::{Caller, Core, Effect, Gated, Step};
+use crate::core::{Caller, Core, Effect, Gated, Step, Wait};
 use crate::methods as dispatch;
 use crate::server::children::{Children, Origin, ReapOutcome};
 use crate::server::clients::{conn_id, token_of, Admission, Clients};
@@ -504,6 +504,41 @@ impl Server {
         self.clients.answer(&mut self.core, token, req, result);
     }
 
+    /// Answers parked request `req` as `wait` says: rendered now if the connection has
+    /// room, else once it has (`render_deferred`), so that however many answers a
+    /// pipelining client has coming, the daemon holds at most its buffer plus one answer
+    /// in bytes for it (PROTOCOL 8). Answers keep their order.
+    fn answer_parked(&mut self, token: Token, req: ReqNo, wait: Wait) {
+        let Some(c) = self.clients.get_mut(&token) else {
+            return;
+        };
+        if !c.has_room() || !c.deferred.is_empty() {
+            self.core.hold(wait.key());
+            c.deferred.push_back((req, wait));
+            return;
+        }
+        let result = dispatch::answer(&self.core, &wait);
+        self.answer(token, Some(req), result);
+    }
+
+    /// Renders the answers that waited for room on `token`'s connection while it has room.
+    fn render_deferred(&mut self, token: Token) {
+        loop {
+            let Some(c) = self.clients.get_mut(&token) else {
+                return;
+            };
+            if !c.has_room() || c.broken {
+                return;
+            }
+            let Some((req, wait)) = c.deferred.pop_front() else {
+                return;
+            };
+            let result = dispatch::answer(&self.core, &wait);
+            self.core.let_go(wait.key());
+            self.answer(token, Some(req), result);
+        }
+    }
+
     /// Carries out the core's effects, then lets it forget what is done with.
     fn apply(&mut self) {
         while !self.core.out.is_empty() {
@@ -513,8 +548,7 @@ impl Server {
                         self.answer(token_of(conn), Some(req), result)
                     }
                     Effect::Answer { conn, req, wait } => {
-                        let result = dispatch::answer(&self.core, &wait);
-                        self.answer(token_of(conn), Some(req), result)
+                        self.answer_parked(token_of(conn), req, wait)
                     }
                     Effect::End { key, stage } => self.children.contain.end(key, stage),
                     Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
@@ -570,6 +604,7 @@ impl Server {
                 let held_back = conn.read_pending && conn.can_take();
                 let (core, clients) = (&mut self.core, &mut self.clients);
                 self.children.on_room(core, clients, conn_id(token));
+                self.render_deferred(token);
                 if held_back {
                     self.read_requests(token);
                 }
