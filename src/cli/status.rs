@@ -101,6 +101,7 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         "approvers": meta["approvers"],
         "pending_approvals": meta["pendingApprovals"],
         "containment": output::snake_keys(&meta["containment"]),
+        "descriptors": meta["descriptors"],
         "audit": meta["audit"],
         "limits": output::snake_keys(&init["limits"]),
     });
@@ -152,6 +153,13 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         ),
         ("policy", policy_line(meta)),
         ("containment", containment),
+        (
+            "descriptors",
+            format!(
+                "{} (room for about {} running commands)",
+                meta["descriptors"]["limit"], meta["descriptors"]["commands"]
+            ),
+        ),
     ];
     let mut out = format!(
         "execd {} (pid {}) on {}\n",

@@ -3,8 +3,6 @@
 //! first (oldest first, from the owner holding the most), then running rings stop growing
 //! and wrap within what they hold. A non-root owner holds at most half.
 
-use std::time::Instant;
-
 use serde_json::json;
 
 use super::table::Key;
@@ -65,6 +63,9 @@ impl Core {
             let grown = ring.committed() - before;
             ring.append(data);
             self.table.memory.add(owner, grown);
+            if grown > 0 {
+                self.table.retain_output(key);
+            }
         } else {
             ring.append(data);
         }
@@ -94,29 +95,11 @@ impl Core {
     /// freed or none is left: oldest exit first, from `only`, or else from whichever owner
     /// holds the most at each step.
     pub(super) fn release_retained(&mut self, only: Option<u32>, need: usize, except: Key) {
-        let mut candidates: Vec<(Instant, Key, u32)> = self
-            .table
-            .procs
-            .values()
-            .filter(|p| p.key != except && p.committed() > 0)
-            .filter(|p| only.is_none_or(|o| p.owner == o))
-            .filter_map(|p| p.exit.map(|e| (e.at, p.key, p.owner)))
-            .collect();
-        candidates.sort_unstable();
         let mut freed = 0;
-        while freed < need && !candidates.is_empty() {
-            let memory = &self.table.memory;
-            let Some(owner) = candidates
-                .iter()
-                .map(|c| c.2)
-                .max_by_key(|o| (memory.of(*o), std::cmp::Reverse(*o)))
-            else {
+        while freed < need {
+            let Some(victim) = self.table.take_retained(only, except) else {
                 break;
             };
-            let Some(i) = candidates.iter().position(|c| c.2 == owner) else {
-                break;
-            };
-            let (_, victim, _) = candidates.remove(i);
             freed += self.discard_output(victim);
         }
     }

@@ -30,7 +30,7 @@ pub mod testkit;
 pub mod timers;
 pub mod view;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Instant, SystemTime};
 
 use serde_json::{json, Value};
@@ -144,6 +144,8 @@ pub struct Core {
     pub table: Table,
     timers: Timers<Timer>,
     parked: HashMap<ParkId, Parked>,
+    /// The parked requests of each connection (a disconnect finds its own without a scan).
+    parked_of: HashMap<ConnId, BTreeSet<ParkId>>,
     next_park: u64,
     hard_timers: HashMap<Key, TimerId>,
     idle_timers: HashMap<SessionKey, TimerId>,
@@ -168,6 +170,8 @@ pub struct Core {
     pub approvals: Approvals,
     /// How commands are contained (`cgroup` or `process-group`) and in words.
     pub containment: (&'static str, String),
+    /// The daemon's descriptor limit (`RLIMIT_NOFILE`, raised at start).
+    pub nofile: u64,
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
     /// The uid the daemon runs as: with root, the one uid not held to fair shares.
@@ -191,6 +195,7 @@ impl Core {
             table: Table::default(),
             timers: Timers::default(),
             parked: HashMap::new(),
+            parked_of: HashMap::new(),
             next_park: 0,
             hard_timers: HashMap::new(),
             idle_timers: HashMap::new(),
@@ -206,6 +211,7 @@ impl Core {
             policy: Policy::default(),
             approvals: Approvals::default(),
             containment: ("process-group", "process groups".into()),
+            nofile: 1024,
             stopping: false,
             daemon_uid: 0,
             out: Vec::new(),
@@ -338,13 +344,7 @@ impl Core {
         for key in self.table.subs_of.get(&conn).cloned().unwrap_or_default() {
             self.out.push(Effect::Pump(key));
         }
-        let gone: Vec<ParkId> = self
-            .parked
-            .iter()
-            .filter(|(_, p)| p.conn == conn)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in gone {
+        for id in self.parked_of.remove(&conn).unwrap_or_default() {
             self.unpark(id);
         }
         self.table.drop_conn(conn);

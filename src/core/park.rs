@@ -58,7 +58,9 @@ impl Core {
     #[cfg(test)]
     /// Requests of `conn` parked now.
     pub fn parked_by(&self, conn: ConnId) -> usize {
-        self.parked.values().filter(|p| p.conn == conn).count()
+        self.parked_of
+            .get(&conn)
+            .map_or(0, std::collections::BTreeSet::len)
     }
 
     /// Parks request `req` of `conn` until `wait` holds or `deadline` passes. It may hold
@@ -68,6 +70,7 @@ impl Core {
         self.next_park += 1;
         let key = wait.key();
         let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline(id)));
+        self.parked_of.entry(conn).or_default().insert(id);
         self.parked.insert(
             id,
             Parked {
@@ -185,6 +188,12 @@ impl Core {
     /// Takes a parked request out of every index: its timer and its process's waiters.
     pub(super) fn unpark(&mut self, id: ParkId) -> Option<Parked> {
         let p = self.parked.remove(&id)?;
+        if let Some(ids) = self.parked_of.get_mut(&p.conn) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.parked_of.remove(&p.conn);
+            }
+        }
         if let Some(t) = p.timer {
             self.timers.cancel(t);
         }

@@ -11,7 +11,7 @@
 //!   owner's sessions, and two owners may both use `default`.
 //! - `subs_of` and each process's `subs` list the same subscriptions.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -340,7 +340,8 @@ pub fn visible(owner: u32, caller: u32) -> bool {
 /// All processes, sessions and subscriptions.
 #[derive(Debug, Default)]
 pub struct Table {
-    pub procs: HashMap<Key, Proc>,
+    /// Every process by key: in start order, so a listing page is read off in place.
+    pub procs: BTreeMap<Key, Proc>,
     ids: HashMap<String, Key>,
     pids: HashMap<i32, Key>,
     pub sessions: HashMap<SessionKey, BashSession>,
@@ -358,6 +359,9 @@ pub struct Table {
     starting: HashMap<u32, usize>,
     /// Exited, unreleased terminals per owner, oldest first.
     exited_terminals: HashMap<u32, VecDeque<Key>>,
+    /// Exited processes that may hold output, per owner, oldest exit first: what the
+    /// output budget gives back first (`take_retained`), found without a scan.
+    retained: HashMap<u32, BTreeSet<(Instant, Key)>>,
 }
 
 impl Table {
@@ -464,6 +468,12 @@ impl Table {
         }
         p.exit = Some(exit);
         let (pid, owner, keep) = (p.pid, p.owner, p.released || p.family.is_bash());
+        if p.committed() > 0 {
+            self.retained
+                .entry(owner)
+                .or_default()
+                .insert((exit.at, key));
+        }
         self.pids.remove(&pid);
         self.count_running(owner, false);
         if keep {
@@ -494,6 +504,7 @@ impl Table {
     /// Forgets a process entirely, with its subscriptions.
     pub fn remove(&mut self, key: Key) -> Option<Proc> {
         let p = self.procs.remove(&key)?;
+        self.unretain(&p);
         self.ids.remove(&p.id);
         if p.exit.is_none() {
             self.pids.remove(&p.pid);
@@ -516,23 +527,72 @@ impl Table {
         self.memory.sub(p.owner, p.committed() + p.meta);
         // Give back what a burst of commands made the indexes grow to (amortised: only
         // when three quarters stand empty).
-        if self.procs.capacity() > 64 && self.procs.len() < self.procs.capacity() / 4 {
-            self.procs.shrink_to_fit();
+        if self.ids.capacity() > 64 && self.ids.len() < self.ids.capacity() / 4 {
             self.ids.shrink_to_fit();
             self.pids.shrink_to_fit();
         }
         Some(p)
     }
 
-    /// Visible, unreleased processes, newest first.
-    pub fn list(&self, caller: u32) -> Vec<&Proc> {
-        let mut v: Vec<&Proc> = self
-            .procs
-            .values()
-            .filter(|p| !p.released && visible(p.owner, caller))
-            .collect();
-        v.sort_by_key(|p| std::cmp::Reverse(p.key));
-        v
+    /// Visible, unreleased processes, newest first, from the one below key `below` on:
+    /// read lazily, so a page costs its own length (and the entries it skips), not a
+    /// pass over every process.
+    pub fn list(&self, caller: u32, below: Option<Key>) -> impl Iterator<Item = &Proc> {
+        let upper = below.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        self.procs
+            .range((std::ops::Bound::Unbounded, upper))
+            .rev()
+            .map(|(_, p)| p)
+            .filter(move |p| !p.released && visible(p.owner, caller))
+    }
+
+    // ---- retained output ---------------------------------------------------------------
+
+    /// Output was committed to `key` after it exited (what its pipes still held, or a
+    /// descendant that keeps writing): it is retained output the budget may give back.
+    pub fn retain_output(&mut self, key: Key) {
+        if let Some(p) = self.procs.get(&key) {
+            if let Some(e) = p.exit {
+                self.retained
+                    .entry(p.owner)
+                    .or_default()
+                    .insert((e.at, key));
+            }
+        }
+    }
+
+    /// The oldest exited process (never `except`) holding retained output: of `only`, or
+    /// else of whichever owner holds the most memory. It leaves the index: its output is
+    /// about to be given back.
+    pub fn take_retained(&mut self, only: Option<u32>, except: Key) -> Option<Key> {
+        let owner = match only {
+            Some(o) => o,
+            None => *self
+                .retained
+                .iter()
+                .filter(|(_, set)| set.iter().any(|(_, k)| *k != except))
+                .map(|(o, _)| o)
+                .max_by_key(|o| (self.memory.of(**o), std::cmp::Reverse(**o)))?,
+        };
+        let set = self.retained.get_mut(&owner)?;
+        let entry = *set.iter().find(|(_, k)| *k != except)?;
+        set.remove(&entry);
+        if set.is_empty() {
+            self.retained.remove(&owner);
+        }
+        Some(entry.1)
+    }
+
+    fn unretain(&mut self, p: &Proc) {
+        let Some(at) = p.exit.map(|e| e.at) else {
+            return;
+        };
+        if let Some(set) = self.retained.get_mut(&p.owner) {
+            set.remove(&(at, p.key));
+            if set.is_empty() {
+                self.retained.remove(&p.owner);
+            }
+        }
     }
 
     // ---- subscriptions -----------------------------------------------------------------

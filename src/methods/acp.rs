@@ -37,6 +37,14 @@ pub fn signalled(exited: bool) -> Value {
     json!({ "_meta": { "execd": { "exited": exited } } })
 }
 
+/// How many commands a descriptor limit of `nofile` leaves room for: each takes up to
+/// three (its stdin, stdout and stderr pipes), after what the daemon keeps for itself
+/// (listeners, log and audit files, spawns in flight) and a socket per client.
+fn commands_within(nofile: u64, max_clients: usize) -> u64 {
+    const OWN: u64 = 64;
+    nofile.saturating_sub(OWN + max_clients as u64) / 3
+}
+
 /// `initialize`: what execd is and what it allows. Counts are the whole daemon's for
 /// root and the daemon's own uid, and the caller's own for every other uid (PROTOCOL 8).
 pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
@@ -102,6 +110,10 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             "approvers": approvers,
             "pendingApprovals": pending,
             "containment": { "kind": core.containment.0, "detail": core.containment.1 },
+            "descriptors": {
+                "limit": core.nofile,
+                "commands": commands_within(core.nofile, c.max_clients),
+            },
             "audit": match &c.audit {
                 None => Value::Null,
                 Some(crate::config::AuditTarget::Stderr) => "-".into(),

@@ -2,7 +2,7 @@
 //! for, which of the caller's commands are on it, and command lines cut to what a listing
 //! shows. Listings run newest first; a cursor names the key of the last entry shown.
 
-use crate::core::table::Proc;
+use crate::core::table::{Key, Proc};
 use crate::core::Core;
 use serde_json::Value;
 
@@ -44,15 +44,18 @@ impl Page {
         Ok(Page { limit, below })
     }
 
-    /// The page of `items` (newest first) and the cursor of the next page, if any.
+    /// The key the page starts below: its cursor.
+    pub fn below(&self) -> Option<Key> {
+        self.below.map(Key)
+    }
+
+    /// The page of `items` (newest first, from below the cursor) and the cursor of the
+    /// next page, if any.
     pub fn take<'a>(
         &self,
         items: impl Iterator<Item = &'a Proc>,
     ) -> (Vec<&'a Proc>, Option<String>) {
-        let mut page: Vec<&Proc> = items
-            .filter(|p| self.below.is_none_or(|b| p.key.0 < b))
-            .take(self.limit + 1)
-            .collect();
+        let mut page: Vec<&Proc> = items.take(self.limit + 1).collect();
         let next = if page.len() > self.limit {
             page.truncate(self.limit);
             page.last().map(|p| format!("k{}", p.key))
@@ -117,9 +120,9 @@ pub fn page_of(
     render: impl Fn(&Proc) -> Value,
 ) -> Result<(Vec<Value>, Option<String>), RpcError> {
     let page = Page::from_params(p, "cursor")?;
-    let all = core.table.list(uid);
-    let of_family = all
-        .into_iter()
+    let of_family = core
+        .table
+        .list(uid, page.below())
         .filter(|c| c.family.is_bash() == bash && only.is_none_or(|o| o == c.family.session_id()));
     let (items, mut next) = page.take(of_family);
     let budget = core.cfg.client_buffer.saturating_sub(ENVELOPE);

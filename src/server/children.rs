@@ -10,7 +10,7 @@
 //! - A pipe is read at most `PIPE_BYTES_PER_TURN` at a time; one left readable is "hot"
 //!   and read again at the end of the turn (`service_hot`), without waiting for an event.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::time::Instant;
 
@@ -69,6 +69,8 @@ pub enum ReapOutcome {
 
 /// The running commands' descriptors and how they are started and held.
 pub struct Children {
+    /// The descriptor limit the daemon runs with (raised at start).
+    pub nofile: crate::sys::host::Nofile,
     pipes: Pipes,
     pub contain: Contain,
     spawner: crate::sys::spawn::Spawner,
@@ -82,7 +84,7 @@ pub struct Children {
     /// A re-parented descendant was reaped since the last look.
     orphans: bool,
     /// Pipes left readable after their per-turn budget.
-    hot: Vec<(Key, usize)>,
+    hot: Hot,
     /// Spawns handed to a spawner thread, by job.
     starting: HashMap<u64, Starting>,
     /// Exits reaped before their spawn was reported.
@@ -124,15 +126,17 @@ impl Children {
             Some(user) => Some(Identity::of_user(user)?),
             None => None,
         };
+        let nofile = crate::sys::host::raise_nofile();
         let spawner = crate::sys::spawn::Spawner::new(
             cfg.clean_env,
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
-            crate::sys::host::raise_nofile(),
+            nofile.raised_from,
             waker,
             SPAWNER_THREADS,
         )?;
         Ok(Children {
+            nofile,
             pipes: Pipes::default(),
             contain: Contain::default(),
             spawner,
@@ -140,7 +144,7 @@ impl Children {
             uid,
             abandoned: HashMap::new(),
             orphans: false,
-            hot: Vec::new(),
+            hot: Hot::default(),
             starting: HashMap::new(),
             unclaimed: Unclaimed::default(),
             scratch: vec![0; SCRATCH],
@@ -355,13 +359,15 @@ impl Children {
 
     /// Whether a pipe was left readable last turn: the loop polls without sleeping.
     pub fn busy(&self) -> bool {
-        !self.hot.is_empty()
+        !self.hot.set.is_empty()
     }
 
     /// Reads again the pipes left readable after their budget.
     pub fn service_hot(&mut self, core: &mut Core, clients: &mut Clients, registry: &Registry) {
-        for pipe in std::mem::take(&mut self.hot) {
-            self.read_pipe(core, clients, registry, pipe, PIPE_BYTES_PER_TURN, false);
+        for pipe in std::mem::take(&mut self.hot.order) {
+            if self.hot.set.remove(&pipe) {
+                self.read_pipe(core, clients, registry, pipe, PIPE_BYTES_PER_TURN, false);
+            }
         }
     }
 
@@ -436,11 +442,11 @@ impl Children {
                 }
             }
         }
-        if exhausted && !self.hot.contains(&(key, stream)) {
-            self.hot.push((key, stream));
+        if exhausted {
+            self.hot.add((key, stream));
         }
         if eof {
-            self.hot.retain(|h| *h != (key, stream));
+            self.hot.set.remove(&(key, stream));
             core.eof(key, stream);
         } else if got {
             self.pump(core, clients, key);
@@ -471,9 +477,7 @@ impl Children {
         clients.dirty.extend(done.touched.into_iter().map(token_of));
         for key in done.resumed {
             for s in 0..streams(core, key) {
-                if !self.hot.contains(&(key, s)) {
-                    self.hot.push((key, s));
-                }
+                self.hot.add((key, s));
             }
         }
     }
@@ -502,7 +506,9 @@ impl Children {
     /// Closes every pipe of a command (it was released or forgotten).
     pub fn close_pipes(&mut self, registry: &Registry, key: Key) {
         self.pipes.close_all(registry, key);
-        self.hot.retain(|(k, _)| *k != key);
+        for s in 0..2 {
+            self.hot.set.remove(&(key, s));
+        }
     }
 
     /// Closes a command's stdin (its input was drained after an `eof`).
@@ -583,6 +589,23 @@ fn spawn_error(core: &mut Core, launch: &LaunchRequest, e: &io::Error) -> RpcErr
         crate::types::Program::Shell { shell, .. } => shell.display().to_string(),
     };
     RpcError::spawn_failed(&program, e)
+}
+
+/// Pipes left readable after their turn's budget, read again at the end of the turn, in
+/// the order they became so; membership is a set lookup, and a pipe taken off (EOF,
+/// closed) leaves only a stale entry in `order`, skipped when it comes up.
+#[derive(Debug, Default)]
+struct Hot {
+    order: Vec<(Key, usize)>,
+    set: HashSet<(Key, usize)>,
+}
+
+impl Hot {
+    fn add(&mut self, pipe: (Key, usize)) {
+        if self.set.insert(pipe) {
+            self.order.push(pipe);
+        }
+    }
 }
 
 /// A finished spawn: the request it answers, and how the launch went.

@@ -172,6 +172,14 @@ impl Server {
         core.policy = policy;
         core.containment = (children.contain.kind(), children.contain.describe());
         core.daemon_uid = crate::sys::ids::current_uid();
+        core.nofile = children.nofile.limit;
+        if let Some((soft, _)) = children.nofile.raised_from {
+            let limit = children.nofile.limit;
+            core.log.line(format_args!(
+                "descriptor limit raised from {soft} to {limit} (RLIMIT_NOFILE); commands \
+                 get {soft} back"
+            ));
+        }
         if let Some(l) = &leftovers {
             core.found_leftovers(l);
         }

@@ -16,7 +16,7 @@
 //!   child before `execve`; it is removed once its tree is empty, as `cgroup.events`
 //!   (watched with inotify) reports, and the leader has been reaped.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::types::Stage;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -68,6 +68,9 @@ struct Cgroups {
 #[derive(Debug, Default)]
 pub struct Contain {
     holds: HashMap<Key, Hold>,
+    /// Holds whose leader was reaped and whose tree still has members: the only ones a
+    /// reaped orphan can have emptied (the rest are not looked at).
+    lingering: BTreeSet<Key>,
     cgroups: Option<Cgroups>,
     /// Why cgroups are not used, when they are not.
     fallback: Option<Fallback>,
@@ -231,13 +234,16 @@ impl Contain {
             }
         });
         self.forget_if_empty(key);
+        if self.holds.contains_key(&key) {
+            self.lingering.insert(key);
+        }
         usage
     }
 
     /// A re-parented descendant was reaped: groups that lost their last member are
     /// forgotten, so their numbers, free for reuse now, are never signalled.
     pub fn orphan_reaped(&mut self) {
-        let keys: Vec<Key> = self.holds.keys().copied().collect();
+        let keys: Vec<Key> = self.lingering.iter().copied().collect();
         for key in keys {
             self.forget_if_empty(key);
         }
@@ -277,6 +283,7 @@ impl Contain {
         if alive {
             return;
         }
+        self.lingering.remove(&key);
         if let Some(h) = self.holds.remove(&key) {
             if let (Some(wd), Some(c)) = (h.wd, self.cgroups.as_mut()) {
                 c.watches.remove(&wd);

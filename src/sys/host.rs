@@ -26,28 +26,46 @@ pub fn cloexec_inherited() {
     }
 }
 
+/// The daemon's descriptor limit once `raise_nofile` had its say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nofile {
+    /// The soft limit the daemon runs with.
+    pub limit: u64,
+    /// The limits as they were at start, to restore in commands, if they were raised.
+    pub raised_from: Option<(u64, u64)>,
+}
+
 /// Raises the daemon's soft descriptor limit to its hard limit (a service started with
-/// the common soft limit of 1024 would otherwise run out at about a thousand commands).
-/// Returns the limits as they were, to restore in children, or `None` if nothing changed.
-pub fn raise_nofile() -> Option<(u64, u64)> {
+/// the common soft limit of 1024 would otherwise run out at a few hundred commands).
+pub fn raise_nofile() -> Nofile {
     // SAFETY: rlimit is plain old data for getrlimit to fill.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: a pointer to a live rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
-        || lim.rlim_cur >= lim.rlim_max
-    {
-        return None;
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Nofile {
+            limit: 1024,
+            raised_from: None,
+        };
     }
-    let before = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    let now = Nofile {
+        limit: lim.rlim_cur as u64,
+        raised_from: None,
+    };
+    if lim.rlim_cur >= lim.rlim_max {
+        return now;
+    }
     let raised = libc::rlimit {
         rlim_cur: lim.rlim_max,
         rlim_max: lim.rlim_max,
     };
     // SAFETY: a pointer to a live rlimit; raising the soft limit up to the hard one is allowed.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-        return None;
+        return now;
     }
-    Some(before)
+    Nofile {
+        limit: lim.rlim_max as u64,
+        raised_from: Some((lim.rlim_cur as u64, lim.rlim_max as u64)),
+    }
 }
 
 /// Unblocks signals the daemon handles, in case whoever started it had them blocked.
