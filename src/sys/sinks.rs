@@ -61,7 +61,7 @@ pub struct Out {
     file: File,
     target: Target,
     /// Partial lines taken back from a regular file after a failed write.
-    pub taken_back: u64,
+    taken_back: u64,
 }
 
 /// How a `drain` ended.
