@@ -12,24 +12,29 @@
 //!   something for it.
 //! - A descriptor is registered with the loop at most once, the first time it would block,
 //!   and stays registered (for WRITABLE, edge-triggered, as mio registers everything) until
-//!   it is replaced. Registering it again would fail (`EEXIST`), and the old code, taking
-//!   that failure for "cannot be polled", deregistered it, so a stalled FIFO was never
-//!   written again. Registering late rather than at open costs nothing: epoll reports a
+//!   it is replaced. Registering it again would fail (`EEXIST`); taking that failure for
+//!   "cannot be polled" and deregistering would leave a stalled FIFO that no event ever
+//!   wakes again. Registering late rather than at open costs nothing: epoll reports a
 //!   target that became writable before the registration at once, and every wakeup after
 //!   it (a reader emptying a full pipe) as an edge, so no resumption is missed. The sink
-//!   only remembers whether it is waiting for that edge (`ready`).
+//!   only remembers whether it waits for that edge (`ready`) and whether it is registered.
 //! - Nothing written is ever torn. A pipe or FIFO may take part of a line: the rest stays
 //!   queued and follows on the next write, so the reader sees it whole. A regular file that
 //!   takes part of a line and then fails (`ENOSPC`: a full disk) has that part taken back:
 //!   the file is appended to (`O_APPEND`), so the part is its last bytes, and `ftruncate`
 //!   to its size less the bytes of the line the queue says went out leaves whole lines
-//!   only. (This is done when the write fails, not after each line: a partial line never
-//!   outlives one `drain`, since a regular file either takes more or fails at once.)
+//!   only. This is done when the write fails rather than by remembering an offset after
+//!   each line: a partial line never outlives one `drain` (a regular file either takes
+//!   more at once or fails at once), so the file's size then is the only offset needed.
+//!   It assumes nobody else appends to the audit file between those two writes.
 //! - Every loss is counted in lines. A write error (`ENOSPC`, `EIO`, `EPIPE`) loses what is
 //!   queued, counted line by line by the queue, which reports the count (a `dropped`
 //!   record for the audit, a plain line for the log) once a later write gets everything
-//!   through. Nothing is retried for ever: the next turn with something to write tries
-//!   again, so a disk that frees space takes records again and hears what it missed.
+//!   through. What is queued is lost at once rather than kept: a full disk would only fill
+//!   the queue, and counting now keeps the count exact whatever happens next. Nothing is
+//!   retried for ever, nor on a timer: the next turn with something to write tries again
+//!   (a record to write, or the report still owed), so a disk that frees space takes
+//!   records again and hears what it missed with the next thing the daemon does.
 //! - An audit file that starts failing says so once in the log (and once more when it
 //!   takes records again); the log cannot say that about itself.
 
