@@ -7,7 +7,17 @@
 //!   fit is counted, not kept, and once the queue drains one line says how many were lost
 //!   (for the audit log, a `dropped` record).
 //! - A line is queued whole or not at all, so a reader never sees half a line.
+//! - The queue keeps the length of every line it holds (a few bytes per line, next to
+//!   records of a hundred and more), so whatever a writer loses is counted in lines (the
+//!   `count` of a `dropped` record is records lost, never bytes), and a writer stopped
+//!   mid-line knows how much of that line its target already holds (to take it back from
+//!   a file, or to finish it on a pipe).
+//! - Every line lost is counted exactly once, the report of drops included: a lost report
+//!   gives its count back to the next one rather than counting as a record itself, so the
+//!   records a reader sees plus the counts of the `dropped` records it sees are the records
+//!   made (up to those still queued).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
@@ -30,14 +40,28 @@ pub enum Kind {
     Audit,
 }
 
-/// A bounded queue of whole lines.
+/// One line waiting in a [`Queue`]: its length, and for a report of drops the count it
+/// carries (which goes back into the count if the report itself is lost).
+#[derive(Debug, Clone, Copy)]
+struct Line {
+    len: usize,
+    reports: u64,
+}
+
+/// A bounded queue of whole lines. It knows where each line ends, so a writer that stops
+/// mid-line knows how much of that line went out, and one that loses what it holds (a
+/// write error) counts lines, not bytes.
 #[derive(Debug)]
 pub struct Queue {
     buf: Vec<u8>,
     /// Bytes of `buf` already written.
     pos: usize,
+    /// The lines of `buf[pos - front_written..]`, oldest first.
+    lines: VecDeque<Line>,
+    /// Bytes of the first of `lines` already written (a partial write).
+    front_written: usize,
     cap: usize,
-    /// Lines dropped since the last report of drops.
+    /// Lines dropped since the last report of drops was queued.
     dropped: u64,
     kind: Kind,
 }
@@ -47,6 +71,8 @@ impl Queue {
         Queue {
             buf: Vec::new(),
             pos: 0,
+            lines: VecDeque::new(),
+            front_written: 0,
             cap,
             dropped: 0,
             kind,
@@ -59,7 +85,18 @@ impl Queue {
             self.dropped += 1;
             return;
         }
+        self.append(line, 0);
+    }
+
+    fn append(&mut self, line: &[u8], reports: u64) {
+        if line.is_empty() {
+            return;
+        }
         self.buf.extend_from_slice(line);
+        self.lines.push_back(Line {
+            len: line.len(),
+            reports,
+        });
     }
 
     /// The bytes waiting to be written.
@@ -67,47 +104,105 @@ impl Queue {
         &self.buf[self.pos..]
     }
 
+    #[cfg(test)]
+    /// Whole lines (a partly written one included) waiting to be written.
+    pub fn lines(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Nothing waits to be written and nothing lost waits to be reported.
     pub fn is_empty(&self) -> bool {
         self.pos == self.buf.len() && self.dropped == 0
     }
 
+    #[cfg(test)]
     /// Lines dropped and not yet reported.
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
 
-    /// `n` bytes were written. Once everything is, the report of drops is queued, stamped
-    /// `now`.
-    pub fn consume(&mut self, n: usize, now: SystemTime) {
-        self.pos = (self.pos + n).min(self.buf.len());
-        if self.pos < self.buf.len() {
-            if self.pos > self.buf.len() / 2 {
-                self.buf.drain(..self.pos);
-                self.pos = 0;
+    /// Bytes of the first waiting line already written: nonzero when a write stopped
+    /// mid-line, so the target holds the start of a line whose rest is still here.
+    pub fn front_written(&self) -> usize {
+        self.front_written
+    }
+
+    /// `n` bytes were written.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.buf.len() - self.pos);
+        self.pos += n;
+        self.front_written += n;
+        while let Some(front) = self.lines.front() {
+            if self.front_written < front.len {
+                break;
             }
-            return;
+            self.front_written -= front.len;
+            self.lines.pop_front();
+        }
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+            if self.buf.capacity() > 64 << 10 {
+                self.buf.shrink_to(64 << 10);
+            }
+        } else if self.pos > self.buf.len() / 2 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+    }
+
+    /// Loses every waiting line (the target failed: a full disk, a closed pipe), a
+    /// partly written one included, and counts them; a lost report of drops gives its
+    /// count back instead of counting as one. Returns the lines lost.
+    pub fn lose_pending(&mut self) -> u64 {
+        let lost = self.lines.len() as u64;
+        for line in self.lines.drain(..) {
+            self.dropped += if line.reports > 0 { line.reports } else { 1 };
         }
         self.buf.clear();
         self.pos = 0;
-        if self.buf.capacity() > 64 << 10 {
-            self.buf.shrink_to(64 << 10);
+        self.front_written = 0;
+        lost
+    }
+
+    /// Loses the rest of a partly written first line (its start went to a target that is
+    /// gone), counted like [`Queue::lose_pending`]. Returns whether there was one.
+    pub fn lose_partial(&mut self) -> bool {
+        if self.front_written == 0 {
+            return false;
         }
-        if self.dropped > 0 {
-            let count = std::mem::take(&mut self.dropped);
-            let line = match self.kind {
-                Kind::Log => format!(
-                    "{}execd: {count} log line(s) dropped: stderr was not taking them\n",
-                    stamp_prefix(Some(now))
-                )
-                .into_bytes(),
-                Kind::Audit => {
-                    let mut fields = Map::new();
-                    fields.insert("count".into(), count.into());
-                    audit_line(now, "dropped", None, fields)
-                }
-            };
-            self.buf.extend_from_slice(&line);
+        let Some(front) = self.lines.pop_front() else {
+            return false;
+        };
+        self.dropped += if front.reports > 0 { front.reports } else { 1 };
+        self.buf.drain(..self.pos + front.len - self.front_written);
+        self.pos = 0;
+        self.front_written = 0;
+        true
+    }
+
+    /// Once everything waiting is written, queues the report of the lines lost (stamped
+    /// `now`): a plain line for the log, a `dropped` record for the audit. Returns whether
+    /// it queued one.
+    pub fn report_drops(&mut self, now: SystemTime) -> bool {
+        if self.dropped == 0 || self.pos != self.buf.len() {
+            return false;
         }
+        let count = std::mem::take(&mut self.dropped);
+        let line = match self.kind {
+            Kind::Log => format!(
+                "{}execd: {count} log line(s) dropped: stderr was not taking them\n",
+                stamp_prefix(Some(now))
+            )
+            .into_bytes(),
+            Kind::Audit => {
+                let mut fields = Map::new();
+                fields.insert("count".into(), count.into());
+                audit_line(now, "dropped", None, fields)
+            }
+        };
+        self.append(&line, count);
+        true
     }
 }
 
@@ -229,20 +324,28 @@ impl Log {
 mod tests {
     use super::*;
 
+    fn text(q: &Queue) -> String {
+        String::from_utf8(q.pending().to_vec()).unwrap()
+    }
+
     #[test]
     fn a_full_queue_counts_lines_and_reports_them_once_drained() {
+        let now = crate::types::test_clock().1;
         let mut q = Queue::new(10, Kind::Log);
         q.push(b"12345\n");
         q.push(b"abcdef\n"); // does not fit: dropped whole
         q.push(b"xyz\n");
         assert_eq!(q.pending(), b"12345\nxyz\n");
-        assert_eq!(q.dropped(), 1);
-        q.consume(6, crate::types::test_clock().1);
+        assert_eq!((q.lines(), q.dropped()), (2, 1));
+        assert!(!q.report_drops(now), "not before the queue drains");
+        q.consume(6);
         assert_eq!(q.pending(), b"xyz\n");
-        q.consume(4, crate::types::test_clock().1);
-        let report = String::from_utf8(q.pending().to_vec()).unwrap();
-        assert!(report.contains("1 log line(s) dropped"), "{report}");
+        assert_eq!(q.lines(), 1);
+        q.consume(4);
+        assert!(q.report_drops(now));
+        assert!(text(&q).contains("1 log line(s) dropped"), "{}", text(&q));
         assert_eq!(q.dropped(), 0);
+        assert!(!q.report_drops(now), "one report per loss");
     }
 
     #[test]
@@ -251,8 +354,8 @@ mod tests {
         q.push(b"too long\n");
         q.push(b"nope\n");
         assert!(q.pending().is_empty());
-        q.consume(0, crate::types::test_clock().1);
-        let text = String::from_utf8(q.pending().to_vec()).unwrap();
+        assert!(q.report_drops(crate::types::test_clock().1));
+        let text = text(&q);
         assert!(
             text.starts_with(r#"{"ts":"2026-11-25T00:00:00.000Z","event":"dropped","#),
             "{text}"
@@ -261,6 +364,85 @@ mod tests {
         assert_eq!(rec["event"], "dropped");
         assert_eq!(rec["count"], 2);
         assert!(rec["ts"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn partial_writes_are_tracked_by_line() {
+        let mut q = Queue::new(100, Kind::Log);
+        q.push(b"aaaa\n");
+        q.push(b"bbb\n");
+        q.push(b"cc\n");
+        q.consume(3);
+        assert_eq!((q.lines(), q.front_written()), (3, 3));
+        q.consume(4); // the rest of the first line and two bytes of the second
+        assert_eq!((q.lines(), q.front_written()), (2, 2));
+        assert_eq!(q.pending(), b"b\ncc\n");
+        q.consume(2);
+        assert_eq!((q.lines(), q.front_written()), (1, 0));
+        assert_eq!(q.pending(), b"cc\n");
+    }
+
+    #[test]
+    fn losing_what_waits_counts_lines_not_bytes() {
+        let now = crate::types::test_clock().1;
+        let mut q = Queue::new(100, Kind::Audit);
+        q.push(b"{\"a\":1}\n");
+        q.push(b"{\"b\":2}\n");
+        q.push(b"{\"c\":3}\n");
+        q.consume(10); // the first line and two bytes of the second
+        assert_eq!(q.lose_pending(), 2, "the partly written one counts");
+        assert_eq!(q.dropped(), 2);
+        assert!(q.pending().is_empty() && !q.is_empty());
+        assert!(q.report_drops(now));
+        // The report itself is lost: its count comes back, it does not count as a record.
+        q.push(b"{\"d\":4}\n");
+        assert_eq!(q.lose_pending(), 2);
+        assert_eq!(
+            q.dropped(),
+            3,
+            "2 carried by the lost report and the record after it"
+        );
+        assert!(q.report_drops(now));
+        let rec: Value = serde_json::from_slice(q.pending()).unwrap();
+        assert_eq!(rec["count"], 3);
+        q.consume(q.pending().len());
+        assert!(q.is_empty());
+        assert_eq!(q.lines(), 0);
+    }
+
+    #[test]
+    fn losing_a_partial_line_keeps_the_rest() {
+        let mut q = Queue::new(100, Kind::Log);
+        q.push(b"aaaa\n");
+        q.push(b"bbb\n");
+        assert!(!q.lose_partial(), "nothing written, nothing torn");
+        q.consume(2);
+        assert!(q.lose_partial());
+        assert_eq!(q.pending(), b"bbb\n");
+        assert_eq!((q.lines(), q.front_written(), q.dropped()), (1, 0, 1));
+    }
+
+    #[test]
+    fn a_queue_of_many_lines_drains_in_order_across_compactions() {
+        let mut q = Queue::new(1 << 12, Kind::Log);
+        let mut out = Vec::new();
+        let mut want = Vec::new();
+        for i in 0..2000 {
+            let line = format!("line {i}\n");
+            q.push(line.as_bytes());
+            want.extend_from_slice(line.as_bytes());
+            // Odd-sized writes, so lines end mid-write.
+            let n = q.pending().len().min(7 + i % 13);
+            out.extend_from_slice(&q.pending()[..n]);
+            q.consume(n);
+        }
+        while !q.pending().is_empty() {
+            let n = q.pending().len().min(5);
+            out.extend_from_slice(&q.pending()[..n]);
+            q.consume(n);
+        }
+        assert_eq!(out, want);
+        assert_eq!((q.lines(), q.front_written(), q.dropped()), (0, 0, 0));
     }
 
     #[test]

@@ -302,11 +302,8 @@ impl Server {
     /// Writes the log and the audit records as far as their targets take them.
     fn write_log(&mut self) {
         let core = &mut self.core;
-        self.sinks.write(
-            self.poll.registry(),
-            &mut core.log.queue,
-            core.audit.as_mut(),
-        );
+        self.sinks
+            .write(self.poll.registry(), &mut core.log, core.audit.as_mut());
     }
 
     /// SIGHUP: reopen the audit file (log rotation) and reload the policy.
@@ -321,7 +318,8 @@ impl Server {
         self.core.log.line(format_args!("SIGHUP: {what}"));
         if let Some(crate::config::AuditTarget::File(path)) = &self.core.cfg.audit {
             let path = path.clone();
-            match self.sinks.reopen_audit(self.poll.registry(), &path) {
+            let queue = self.core.audit.as_mut();
+            match self.sinks.reopen_audit(self.poll.registry(), &path, queue) {
                 Ok(()) => self
                     .core
                     .log
