@@ -4,8 +4,6 @@
 //! line), nothing is torn, the writer resumes when the target drains, and the daemon
 //! stays idle while it waits.
 
-mod common;
-
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -13,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::util::*;
 
 /// Most clock ticks (utime + stime) an idle daemon may use in a second: a loop that
 /// turned without sleeping would use about a hundred.

@@ -31,5 +31,6 @@ mod peers;
 mod protocol;
 mod readme;
 mod robustness;
+mod sinks;
 mod streams;
 mod systemd;
