@@ -112,7 +112,11 @@ fn approver_uid_names_who_approves_for_everyone() {
     let req = next_request(&mut person);
     answer(&mut person, &req, "approve");
     let r = c.wait_response(id).expect("approved");
-    assert_eq!(r["status"], "running");
+    // Started: an async answer says how it stands when the spawn is reported.
+    assert!(
+        r["status"] == "running" || r["status"] == "completed",
+        "{r}"
+    );
 }
 
 #[test]

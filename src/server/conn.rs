@@ -122,6 +122,10 @@ pub struct Conn {
     /// rendered once there is room (PROTOCOL 8). Until then it is a reference to the
     /// process, which the core keeps (`Core::hold`), not bytes.
     pub deferred: VecDeque<(ReqNo, Wait)>,
+    /// Commands this connection asked for that a spawner thread is starting: requests
+    /// after them wait, so what a client sends next sees them started (or failed), as if
+    /// the spawn had been instant.
+    pub launching: usize,
 }
 
 impl Conn {
@@ -161,6 +165,7 @@ impl Conn {
             groups: Vec::new(),
             last_request: Instant::now(),
             deferred: VecDeque::new(),
+            launching: 0,
         }
     }
 
@@ -205,7 +210,7 @@ impl Conn {
             Dialect::Http(s) => s.pipeline_full(),
             _ => false,
         };
-        !self.owes_past_cap() && !pipeline_full
+        !self.owes_past_cap() && !pipeline_full && self.launching == 0
     }
 
     /// Whether more than `--client-buffer` is owed: the peer is not reading.
@@ -292,9 +297,14 @@ impl Conn {
 
     /// The next request, notification or client response, if a whole one is buffered.
     /// Malformed input, limits and framing errors are answered by the codec and never
-    /// surface. Returns `None` (with `read_pending` set) while the outgoing buffer is full.
+    /// surface. Returns `None` (with `read_pending` set) while the outgoing buffer is full
+    /// or a command it asked for is being started.
     pub fn ready(&mut self) -> Option<Incoming> {
         if self.broken {
+            return None;
+        }
+        if self.launching > 0 {
+            self.read_pending = true;
             return None;
         }
         let room = Room {

@@ -484,9 +484,16 @@ impl Server {
         });
         let origin = origin.unwrap_or_default();
         let core = &mut self.core;
-        if let Err((launch, e)) = self.children.launch(core, launch, origin, token, req) {
-            let next = dispatch::after_launch(&mut self.core, &launch, Err(e));
-            self.settle(token, req, next);
+        match self.children.launch(core, launch, origin, token, req) {
+            Ok(()) => {
+                if let Some(c) = self.clients.get_mut(&token) {
+                    c.launching += 1;
+                }
+            }
+            Err((launch, e)) => {
+                let next = dispatch::after_launch(&mut self.core, &launch, Err(e));
+                self.settle(token, req, next);
+            }
         }
     }
 
@@ -500,6 +507,12 @@ impl Server {
             let Some(l) = self.children.complete(core, clients, registry, next, done) else {
                 continue;
             };
+            if let Some(c) = self.clients.get_mut(&l.token) {
+                c.launching = c.launching.saturating_sub(1);
+                if c.launching == 0 && c.read_pending {
+                    self.clients.dirty.push(l.token); // its next requests are read again
+                }
+            }
             let step = dispatch::after_launch(&mut self.core, &l.launch, l.started);
             self.settle(l.token, l.req, step);
             self.apply();

@@ -27,6 +27,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
@@ -139,6 +140,65 @@ struct Shared {
     limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     /// The daemon's pid: a child whose parent is another has lost it.
     parent: libc::pid_t,
+    /// Held from a clone until its child has closed what it copied (see `CloneGuard`).
+    guard: CloneGuard,
+}
+
+/// Keeps the spawner threads' children from holding each other's pipes. A child gets a
+/// copy of every descriptor the daemon holds at its clone, among them the child ends of
+/// commands being started at the same time; one held until its exec (after a chdir that
+/// may be slow, or a wait for a busy CPU) would keep another command's output pipe open
+/// after that command exited, so the drain at its exit would miss the EOF. So a thread
+/// takes the guard before it clones and the child lets it go once it has closed every
+/// descriptor but its own stdio: no clone happens while another child still holds copies.
+/// The child cannot be relied on to let go (it may be killed first), so the thread lets
+/// go too once the clone returns; each lets go only if it is still its holder's. Before a
+/// thread reports a spawn it takes and lets go the guard once more, after closing the
+/// command's child ends: a child cloned meanwhile has closed its copies by then.
+struct CloneGuard(AtomicU32);
+
+impl CloneGuard {
+    /// Takes the guard for holder `me` (non-zero), waiting while another holds it.
+    fn take(&self, me: u32) {
+        loop {
+            match self
+                .0
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                // SAFETY: FUTEX_WAIT on a live aligned u32; returns at once if it changed.
+                Err(held) => unsafe {
+                    libc::syscall(
+                        libc::SYS_futex,
+                        self.0.as_ptr(),
+                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                        held,
+                        std::ptr::null::<libc::timespec>(),
+                    );
+                },
+            }
+        }
+    }
+
+    /// Lets the guard go if `me` still holds it. Async-signal-safe: the child calls it
+    /// (sharing the daemon's memory until it execs).
+    fn let_go(&self, me: u32) {
+        if self
+            .0
+            .compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: FUTEX_WAKE on a live aligned u32.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.0.as_ptr(),
+                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                    1,
+                );
+            }
+        }
+    }
 }
 
 /// One spawn as the loop prepared it: owned strings and the child's descriptors.
@@ -178,6 +238,9 @@ struct ChildPlan {
     ngroups: usize,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
+    /// The guard the thread took for this clone, and as whom.
+    guard: *const CloneGuard,
+    holder: u32,
     /// Written by the child when a step fails: which one, and its errno.
     failed: libc::c_int,
     err: libc::c_int,
@@ -189,17 +252,19 @@ const FAILED_CWD: libc::c_int = 2;
 const FAILED_EXEC: libc::c_int = 3;
 
 /// Runs in the cloned child, on its own stack, while the spawner thread is suspended
-/// (CLONE_VFORK): cgroup, session, limits, user, parent-death signal, stdio, directory,
-/// then exec. Only system calls.
+/// (CLONE_VFORK): signals, stdio (and nothing else open), cgroup, session, limits, user,
+/// parent-death signal, directory, then exec. Only system calls.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the thread's `ChildPlan`, alive and untouched while the thread is
     // suspended until this child execs or exits.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
     // SAFETY: async-signal-safe system calls on memory prepared before the clone.
     unsafe {
+        let guard = &*plan.guard;
         let fail = |plan: &mut ChildPlan, step: libc::c_int| -> libc::c_int {
             plan.err = *libc::__errno_location();
             plan.failed = step;
+            guard.let_go(plan.holder);
             libc::_exit(127)
         };
         // No handler of the daemon may ever run here: every caught signal goes back to
@@ -209,6 +274,19 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         for &sig in std::slice::from_raw_parts(plan.reset, plan.nreset) {
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
+        for (target, &fd) in plan.stdio.iter().enumerate() {
+            // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
+            // a pipe is never already at its target.
+            if libc::dup2(fd, target as RawFd) < 0 {
+                return fail(plan, FAILED_SETUP);
+            }
+        }
+        // Every other descriptor goes now, not at exec: this child got copies of whatever
+        // the daemon held when it was cloned, among them the pipes of commands another
+        // spawner thread is starting. Held until exec (after a chdir that may be slow),
+        // such a copy would hide that command's EOF from the drain at its exit.
+        close_from(3, plan.cgroup_procs);
+        guard.let_go(plan.holder);
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
         if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
@@ -246,13 +324,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::getppid() != plan.parent {
             libc::_exit(137);
         }
-        for (target, &fd) in plan.stdio.iter().enumerate() {
-            // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
-            // a pipe is never already at its target.
-            if libc::dup2(fd, target as RawFd) < 0 {
-                return fail(plan, FAILED_SETUP);
-            }
-        }
         if libc::chdir(plan.cwd) < 0 {
             return fail(plan, FAILED_CWD);
         }
@@ -262,6 +333,26 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::execve(plan.path, plan.argv, plan.envp);
         fail(plan, FAILED_EXEC)
+    }
+}
+
+/// Closes every descriptor from `first` up except `keep` (`close_range(2)`, one system
+/// call; on a kernel without it they stay until exec closes them, being close-on-exec).
+///
+/// # Safety
+/// Async-signal-safe; for the child between clone and exec.
+unsafe fn close_from(first: RawFd, keep: RawFd) {
+    let close_range = |lo: RawFd, hi: libc::c_uint| {
+        // SAFETY: close_range takes plain integers; closing descriptors nobody here uses.
+        unsafe { libc::syscall(libc::SYS_close_range, lo as libc::c_uint, hi, 0) };
+    };
+    if keep >= first {
+        if keep > first {
+            close_range(first, (keep - 1) as libc::c_uint);
+        }
+        close_range(keep + 1, libc::c_uint::MAX);
+    } else {
+        close_range(first, libc::c_uint::MAX);
     }
 }
 
@@ -329,7 +420,12 @@ fn signals_to_reset() -> Vec<libc::c_int> {
 /// Starts a prepared job: looks the program up, clones the child and waits (suspended by
 /// CLONE_VFORK) until it has exec'd or failed. The job's descriptors are closed when it
 /// returns: the child has its copies.
-fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, io::Error)> {
+fn run(
+    shared: &Shared,
+    job: &Job,
+    stack: &mut [u8],
+    holder: u32,
+) -> Result<i32, (FailedAt, io::Error)> {
     let program = OsStr::from_bytes(job.program.as_bytes());
     let path = resolve_program(program, job.path.as_deref().or(shared.path_var.as_deref()))
         .map_err(|e| (FailedAt::Program, e))?;
@@ -367,6 +463,8 @@ fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, i
         groups: job.user.as_ref().map_or(std::ptr::null(), |u| u.2.as_ptr()),
         ngroups: job.user.as_ref().map_or(0, |u| u.2.len()),
         cgroup_procs: job.cgroup_procs,
+        guard: &shared.guard,
+        holder,
         failed: 0,
         err: 0,
     };
@@ -376,6 +474,7 @@ fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, i
     // it resets them; the child runs `child_main` on its own stack with `plan`, which
     // stays alive and unmoved until clone returns (CLONE_VFORK suspends this thread until
     // the child execs or exits).
+    shared.guard.take(holder);
     let pid = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut before: libc::sigset_t = std::mem::zeroed();
@@ -389,6 +488,8 @@ fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, i
         );
         let clone_err = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        // The child has exec'd or exited: it holds no copies of the daemon's any more.
+        shared.guard.let_go(holder);
         if pid < 0 {
             return Err((FailedAt::Setup, clone_err));
         }
@@ -410,12 +511,14 @@ fn run(shared: &Shared, job: &Job, stack: &mut [u8]) -> Result<i32, (FailedAt, i
     }
 }
 
-/// A spawner thread: runs jobs until the daemon's side of the channel is gone.
+/// A spawner thread (`holder`, from 1, as the clone guard knows it): runs jobs until the
+/// daemon's side of the channel is gone.
 fn serve(
     shared: Arc<Shared>,
     jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
     done: mpsc::Sender<Done>,
     waker: Arc<mio::Waker>,
+    holder: u32,
 ) {
     let mut stack = vec![0u8; CHILD_STACK];
     loop {
@@ -427,10 +530,15 @@ fn serve(
             Err(_) => return,
         };
         let cloned_at = Instant::now();
-        let result = run(&shared, &job, &mut stack);
+        let result = run(&shared, &job, &mut stack, holder);
         let id = job.id;
-        // The child's ends close here: it has its own copies (or has exited).
+        // The child's ends close here: it has its own copies (or has exited). A child
+        // another thread cloned meanwhile may hold copies too until it has closed them,
+        // which it does before it lets the guard go: once the guard is free, nobody but
+        // this command holds its pipes, and the drain at its exit sees their EOF.
         drop(job);
+        shared.guard.take(holder);
+        shared.guard.let_go(holder);
         if done
             .send(Done {
                 job: id,
@@ -522,6 +630,7 @@ impl Spawner {
             limits,
             // SAFETY: getpid cannot fail.
             parent: unsafe { libc::getpid() },
+            guard: CloneGuard(AtomicU32::new(0)),
         });
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
@@ -537,7 +646,7 @@ impl Spawner {
             std::thread::Builder::new()
                 .name(format!("execd-spawn-{i}"))
                 .stack_size(256 << 10)
-                .spawn(move || serve(shared, job_rx, done_tx, waker))?;
+                .spawn(move || serve(shared, job_rx, done_tx, waker, i as u32 + 1))?;
         }
         Ok(Spawner {
             base_env,
