@@ -31,6 +31,7 @@ mod peers;
 mod protocol;
 mod readme;
 mod robustness;
+mod scale;
 mod sinks;
 mod streams;
 mod systemd;

@@ -284,12 +284,16 @@ impl Children {
             Ok(pid) => pid,
             Err((at, e)) => {
                 self.contain.abandon(s.place);
+                // A directory that does not exist, or is not one, is the request's mistake
+                // (`-32602` naming the field, PROTOCOL 3); anything else the child met
+                // entering it (permission after the user switch, I/O) is a spawn failure.
+                let not_a_dir = matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR));
                 let err = match at {
-                    FailedAt::Cwd => RpcError::invalid_params(
+                    FailedAt::Cwd if not_a_dir => RpcError::invalid_params(
                         s.launch.cwd_field,
                         format!("{:?}: {}", s.launch.cwd, rpc::os_error_text(&e)),
                     ),
-                    FailedAt::Program | FailedAt::Setup => spawn_error(core, &s.launch, &e),
+                    _ => spawn_error(core, &s.launch, &e),
                 };
                 return Some(Launched::of((s.token, s.req, s.launch), Err(err)));
             }
