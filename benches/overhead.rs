@@ -884,7 +884,12 @@ fn bench_hold(rows: &mut Vec<Row>) {
     }
     let t = Instant::now();
     let mut direct: Vec<std::process::Child> = (0..N)
-        .map(|_| Command::new("sleep").arg("60").spawn().expect("spawn sleep"))
+        .map(|_| {
+            Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .expect("spawn sleep")
+        })
         .collect();
     let direct_start = t.elapsed().as_secs_f64();
     for ch in &mut direct {
@@ -936,8 +941,8 @@ fn bench_hold(rows: &mut Vec<Row>) {
         c.wait_response(id).expect("release");
     }
     loop {
-        let running = call(&mut c, "initialize", json!({"protocolVersion": 1}))["_meta"]
-            ["execd"]["running"]
+        let running = call(&mut c, "initialize", json!({"protocolVersion": 1}))["_meta"]["execd"]
+            ["running"]
             .as_u64()
             .unwrap_or(0);
         if running == 0 || t.elapsed() > Duration::from_secs(120) {

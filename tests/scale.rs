@@ -135,7 +135,7 @@ fn two_thousand_running_commands_leave_the_loop_answering() {
     let status = parse_json(&ctl_code(&d, &["status", "--json"], 0).stdout);
     assert_eq!(status["running"], N as u64);
     assert!(
-        status["descriptors"]["commands"].as_u64() >= Some(N as u64),
+        status["descriptors"]["terminals"].as_u64() >= Some(N as u64),
         "{}",
         status["descriptors"]
     );

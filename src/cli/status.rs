@@ -101,7 +101,7 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         "approvers": meta["approvers"],
         "pending_approvals": meta["pendingApprovals"],
         "containment": output::snake_keys(&meta["containment"]),
-        "descriptors": meta["descriptors"],
+        "descriptors": output::snake_keys(&meta["descriptors"]),
         "audit": meta["audit"],
         "limits": output::snake_keys(&init["limits"]),
     });
@@ -156,8 +156,10 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         (
             "descriptors",
             format!(
-                "{} (room for about {} running commands)",
-                meta["descriptors"]["limit"], meta["descriptors"]["commands"]
+                "{} (room for about {} running terminals or {} bash commands)",
+                meta["descriptors"]["limit"],
+                meta["descriptors"]["terminals"],
+                meta["descriptors"]["bashCommands"]
             ),
         ),
     ];

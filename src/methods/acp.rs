@@ -37,12 +37,13 @@ pub fn signalled(exited: bool) -> Value {
     json!({ "_meta": { "execd": { "exited": exited } } })
 }
 
-/// How many commands a descriptor limit of `nofile` leaves room for: each takes up to
-/// three (its stdin, stdout and stderr pipes), after what the daemon keeps for itself
-/// (listeners, log and audit files, spawns in flight) and a socket per client.
-fn commands_within(nofile: u64, max_clients: usize) -> u64 {
+/// Descriptors a limit of `nofile` leaves for commands, after what the daemon keeps for
+/// itself (listeners, log and audit files, spawns in flight) and a socket per client. A
+/// terminal holds one in the daemon (its output), a bash command up to three (stdout,
+/// stderr, stdin).
+fn command_descriptors(nofile: u64, max_clients: usize) -> u64 {
     const OWN: u64 = 64;
-    nofile.saturating_sub(OWN + max_clients as u64) / 3
+    nofile.saturating_sub(OWN + max_clients as u64)
 }
 
 /// `initialize`: what execd is and what it allows. Counts are the whole daemon's for
@@ -112,7 +113,8 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             "containment": { "kind": core.containment.0, "detail": core.containment.1 },
             "descriptors": {
                 "limit": core.nofile,
-                "commands": commands_within(core.nofile, c.max_clients),
+                "terminals": command_descriptors(core.nofile, c.max_clients),
+                "bashCommands": command_descriptors(core.nofile, c.max_clients) / 3,
             },
             "audit": match &c.audit {
                 None => Value::Null,
