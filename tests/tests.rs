@@ -29,6 +29,7 @@ mod holds;
 mod http;
 mod peers;
 mod protocol;
+mod pty;
 mod readme;
 mod robustness;
 mod scale;

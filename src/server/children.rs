@@ -515,6 +515,14 @@ impl Children {
         }
     }
 
+    /// Sets the window size of a command's terminal. A terminal already closed (the
+    /// command ended) has nobody to tell.
+    pub fn resize(&mut self, key: Key, size: crate::types::WinSize) {
+        if let Some(fd) = self.pipes.terminal_fd(key) {
+            let _ = crate::sys::pty::resize(fd, size);
+        }
+    }
+
     /// Closes a command's stdin (its input was drained after an `eof`).
     pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
         self.pipes.close_stdin(registry, key);

@@ -581,6 +581,7 @@ impl Server {
                     }
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
+                    Effect::Resize { key, size } => self.children.resize(key, size),
                     Effect::Send { conn, line } => self.clients.send(conn, &line),
                     Effect::Launch { conn, req, launch } => self.start(token_of(conn), req, launch),
                 }

@@ -10,6 +10,7 @@ pub mod contain;
 pub mod host;
 pub mod ids;
 pub mod inotify;
+pub mod pty;
 pub mod reap;
 pub mod sinks;
 pub mod socket;
