@@ -32,5 +32,6 @@ mod protocol;
 mod readme;
 mod robustness;
 mod sinks;
+mod slow_cwd;
 mod streams;
 mod systemd;
