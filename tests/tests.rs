@@ -34,5 +34,6 @@ mod readme;
 mod robustness;
 mod scale;
 mod sinks;
+mod slow_cwd;
 mod streams;
 mod systemd;
