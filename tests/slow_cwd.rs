@@ -129,3 +129,42 @@ fn a_hung_cwd_that_is_then_missing_is_refused_as_a_missing_one() {
     }
     assert_no_panic(&d);
 }
+
+/// More spawns hung than there are spawner threads to start with: another thread takes
+/// the next spawn, so a few clients with hung directories do not stop everyone's.
+#[test]
+fn spawns_hung_on_every_first_thread_still_leave_others_starting() {
+    let d = Daemon::start(&[]);
+    let Some(fs) = mount() else { return };
+    let (_first, _) = stuck_create(&d, &fs);
+    let mut second = d.client();
+    second
+        .send(
+            "terminal/create",
+            json!({"sessionId": "s", "command": "true", "cwd": fs.slow()}),
+        )
+        .expect("send terminal/create");
+    let mut third = d.client();
+    let dir = TempDir::new();
+    let id = create_with(
+        &mut third,
+        json!({"sessionId": "s", "command": "true", "cwd": dir.path()}),
+    );
+    assert_eq!(wait_exit(&mut third, &id)["exitCode"], 0);
+    fs.release(Found::Dir);
+    assert_no_panic(&d);
+}
+
+/// A daemon told to stop while a spawn hangs answers it (`-32007`) before it exits.
+#[test]
+fn stopping_answers_a_hung_spawn() {
+    let mut d = Daemon::start(&[]);
+    let Some(fs) = mount() else { return };
+    let (mut stuck, id) = stuck_create(&d, &fs);
+    assert_eq!(d.terminate(), Some(0));
+    match stuck.wait_response(id) {
+        Err(CallError::Rpc { code, .. }) => assert_eq!(code, -32007),
+        other => panic!("a hung spawn at shutdown got {other:?}"),
+    }
+    fs.release(Found::Dir);
+}

@@ -770,6 +770,9 @@ impl Server {
         // Writability wakes the loop while answers go out; this bounds the wait.
         self.timers.add(until, LoopTimer::ShutdownRecheck);
         self.core.answer_all_parked();
+        for (token, req) in self.children.give_up_spawns() {
+            self.answer(token, req, Err(RpcError::shutting_down()));
+        }
         self.apply();
         self.clients.mark_all();
         self.flush_dirty();

@@ -641,6 +641,42 @@ pub struct Spawner {
     jobs: mpsc::Sender<Job>,
     done: mpsc::Receiver<Done>,
     next_job: u64,
+    /// Jobs handed over and not reported yet.
+    in_flight: usize,
+    /// What a new thread needs, and how many run: more start (up to `MAX_THREADS`) when
+    /// every thread is busy, so a spawn stuck on a hung file system holds only its own.
+    crew: Crew,
+}
+
+/// The spawner threads, and what each new one is given.
+struct Crew {
+    running: usize,
+    shared: Arc<Shared>,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    done: mpsc::Sender<Done>,
+    waker: Arc<mio::Waker>,
+}
+
+/// The most spawner threads: past this many spawns stuck at once, further spawns wait.
+pub const MAX_THREADS: usize = 16;
+
+impl Crew {
+    /// Starts one more spawner thread.
+    fn hire(&mut self) -> io::Result<()> {
+        let (shared, jobs, done, waker) = (
+            self.shared.clone(),
+            self.jobs.clone(),
+            self.done.clone(),
+            self.waker.clone(),
+        );
+        let holder = self.running as u32 + 1;
+        std::thread::Builder::new()
+            .name(format!("execd-spawn-{}", self.running))
+            .stack_size(256 << 10)
+            .spawn(move || serve(shared, jobs, done, waker, holder))?;
+        self.running += 1;
+        Ok(())
+    }
 }
 
 impl Spawner {
@@ -712,19 +748,15 @@ impl Spawner {
         });
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        let waker = Arc::new(waker);
-        for i in 0..threads.max(1) {
-            let (shared, job_rx, done_tx, waker) = (
-                shared.clone(),
-                job_rx.clone(),
-                done_tx.clone(),
-                waker.clone(),
-            );
-            std::thread::Builder::new()
-                .name(format!("execd-spawn-{i}"))
-                .stack_size(256 << 10)
-                .spawn(move || serve(shared, job_rx, done_tx, waker, i as u32 + 1))?;
+        let mut crew = Crew {
+            running: 0,
+            shared,
+            jobs: Arc::new(Mutex::new(job_rx)),
+            done: done_tx,
+            waker: Arc::new(waker),
+        };
+        for _ in 0..threads.clamp(1, MAX_THREADS) {
+            crew.hire()?;
         }
         Ok(Spawner {
             base_env,
@@ -732,6 +764,8 @@ impl Spawner {
             jobs,
             done,
             next_job: 0,
+            in_flight: 0,
+            crew,
         })
     }
 
@@ -804,12 +838,20 @@ impl Spawner {
         self.jobs
             .send(job)
             .map_err(|_| io::Error::other("the spawner threads are gone"))?;
+        self.in_flight += 1;
+        // Every thread busy (most spawns take a millisecond; one may hang on a cwd that
+        // never answers): another takes this job rather than let it wait behind them.
+        if self.in_flight > self.crew.running && self.crew.running < MAX_THREADS {
+            let _ = self.crew.hire(); // without it the job waits for a free thread
+        }
         Ok((id, wired.parent))
     }
 
     /// The spawns done since the last call (the loop calls it when the waker fires).
     pub fn finished(&mut self) -> Vec<Done> {
-        self.done.try_iter().collect()
+        let done: Vec<Done> = self.done.try_iter().collect();
+        self.in_flight = self.in_flight.saturating_sub(done.len());
+        done
     }
 }
 
