@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! policy, http, parallel, ingest, stream, memory, scale, hold).
+//! policy, http, parallel, ingest, stream, memory, scale, hold, pty).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -1023,6 +1023,79 @@ fn bench_hold(rows: &mut Vec<Row>) {
     );
 }
 
+// 8. ---------------------------------------------------------------------------------------
+/// create -> wait_for_exit -> release with a PTY (`_meta.execd.tty`) or pipes.
+fn execd_run_tty(c: &mut Client, argv: &[&str], tty: bool) -> Value {
+    let id = call(
+        c,
+        "terminal/create",
+        json!({"sessionId": "b", "command": argv[0], "args": &argv[1..],
+               "_meta": {"execd": {"tty": tty}}}),
+    )["terminalId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ids = json!({"sessionId": "b", "terminalId": id});
+    let exit = call(c, "terminal/wait_for_exit", ids.clone());
+    call(c, "terminal/release", ids);
+    exit
+}
+
+/// A command in a PTY against the same on pipes, through the same daemon: the spawn round
+/// trip of `true`, and the ingest of 256 MiB of text (the plain text is rendered on read,
+/// so ingest is the terminal's cost, not ours).
+fn bench_pty(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    for _ in 0..20 {
+        execd_run_tty(&mut c, &["/bin/true"], false);
+        execd_run_tty(&mut c, &["/bin/true"], true);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        execd_run_tty(&mut c, &["/bin/true"], false);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        execd_run_tty(&mut c, &["/bin/true"], true);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "8 PTY spawn round trip vs pipes".into(),
+        format!("{ma:.0} us pipes"),
+        format!("{mb:.0} us PTY"),
+        format!("{:.2}", mb / ma),
+        "<= 1.10".into(),
+    );
+    let text = [
+        "sh",
+        "-c",
+        "yes 'the quick brown fox jumps over the lazy dog' | head -c 268435456",
+    ];
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        let exit = execd_run_tty(&mut c, &text, false);
+        a.push(t.elapsed().as_secs_f64());
+        assert_eq!(exit["exitCode"], 0, "{exit}");
+        let t = Instant::now();
+        let exit = execd_run_tty(&mut c, &text, true);
+        b.push(t.elapsed().as_secs_f64());
+        assert_eq!(exit["exitCode"], 0, "{exit}");
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "8 PTY ingest 256 MiB text vs pipes (wall)".into(),
+        format!("{ma:.3} s pipes"),
+        format!("{mb:.3} s PTY"),
+        format!("{:.2}", mb / ma),
+        "<= 1.30".into(),
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
@@ -1030,7 +1103,7 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 10] = [
+    let benches: [(&str, Bench); 11] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
         ("policy", bench_policy),
@@ -1041,6 +1114,7 @@ fn main() {
         ("memory", bench_memory),
         ("scale", bench_scale),
         ("hold", bench_hold),
+        ("pty", bench_pty),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();
