@@ -1271,4 +1271,64 @@ mod tests {
         assert!(read_memory(me, addr, &mut copy));
         assert_eq!(copy, here);
     }
+
+    /// The cost of one call, median and 90th percentile over many; run with
+    /// `cargo test --lib waiting::tests::cost -- --ignored --nocapture`, and add
+    /// `--config 'profile.dev.package.execd.opt-level=3'` for the daemon's figures (a
+    /// debug build takes half as long again).
+    #[test]
+    #[ignore]
+    fn cost_per_call() {
+        const CALLS: usize = 4000;
+        let cases: [(&str, &[&str], &[i64]); 5] = [
+            ("cat blocked reading a pipe", &["cat"], READ),
+            ("sleep 100 (not waiting)", &["sleep", "100"], SLEEP),
+            (
+                "sh -c 'sleep 100; true' (two processes, not waiting)",
+                &["sh", "-c", "sleep 100; true"],
+                &[libc::SYS_wait4],
+            ),
+            (
+                "python3 select on stdin",
+                &[
+                    "python3",
+                    "-c",
+                    "import select,sys; select.select([sys.stdin],[],[])",
+                ],
+                SELECT,
+            ),
+            (
+                "python3 epoll on stdin",
+                &[
+                    "python3",
+                    "-c",
+                    "import select,sys; e=select.epoll(); e.register(0, select.EPOLLIN); e.poll()",
+                ],
+                EPOLL,
+            ),
+        ];
+        for (name, argv, calls) in cases {
+            if argv[0] == "python3" && !have_python() {
+                continue;
+            }
+            let (stdin, _w, input) = stdin_pipe();
+            let kid = Kid::spawn(&mut command(argv, stdin));
+            blocked_in(kid.pid(), kid.pid(), calls);
+            std::thread::sleep(Duration::from_millis(100));
+            let expected = waiting_for_input(kid.pid(), input);
+            let mut times = Vec::with_capacity(CALLS);
+            for _ in 0..CALLS {
+                let start = Instant::now();
+                let got = waiting_for_input(kid.pid(), input);
+                times.push(start.elapsed());
+                assert_eq!(got, expected);
+            }
+            times.sort();
+            println!(
+                "{name}: waiting={expected} median {:?} p90 {:?}",
+                times[CALLS / 2],
+                times[CALLS * 9 / 10]
+            );
+        }
+    }
 }
