@@ -101,7 +101,11 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             },
             "approvers": approvers,
             "pendingApprovals": pending,
-            "containment": { "kind": core.containment.0, "detail": core.containment.1 },
+            "containment": {
+                "kind": core.containment.kind,
+                "detail": core.containment.detail,
+                "cookie": core.containment.cookie,
+            },
             "audit": match &c.audit {
                 None => Value::Null,
                 Some(crate::config::AuditTarget::Stderr) => "-".into(),

@@ -24,10 +24,12 @@ use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
+use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
+use crate::types::Swept;
 use crate::wire::rpc::{self, RpcError};
 
 /// Size of the buffer pipes are read into.
@@ -135,10 +137,12 @@ impl Children {
     }
 
     /// Chooses containment as `--cgroup` says, before anything is spawned: it may move the
-    /// daemon into its cgroup's leaf and end what a previous instance left behind (which
-    /// it returns). A daemon-wide limit it cannot enforce stops the start.
-    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<Option<Leftovers>> {
-        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
+    /// daemon into its cgroup's leaf and end what a previous instance left behind in
+    /// command cgroups; then it ends what earlier instances on this socket left carrying
+    /// their cookies (it returns both). A daemon-wide limit it cannot enforce stops the
+    /// start (before any sweep). `cfg.socket` is the socket the daemon holds.
+    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<(Option<Leftovers>, Swept)> {
+        let (mut contain, leftovers) = Contain::choose(&cfg.cgroup, Instance::of_self(&cfg.socket));
         if let Err(u) = contain.check(&cfg.limits) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -150,8 +154,9 @@ impl Children {
                 ),
             ));
         }
+        let swept = contain.sweep_earlier();
         self.contain = contain;
-        Ok(leftovers)
+        Ok((leftovers, swept))
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -198,6 +203,7 @@ impl Children {
                 PrepareError::Io(e) => RpcError::internal(format!("{e}")),
             })?;
         let user = self.identity(req.peer, origin);
+        let cookie = self.contain.cookie(&id);
         let spec = crate::sys::spawn::SpawnSpec {
             program: &req.program,
             env: &req.env,
@@ -205,6 +211,7 @@ impl Children {
             stdio: req.stdio,
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
+            cookie: &cookie,
         };
         let spawned = match self.spawner.spawn(&spec) {
             Ok(s) => s,
@@ -239,7 +246,7 @@ impl Children {
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
-            self.contain.end(key, Stage::Kill);
+            self.contain.end(key, &id, Stage::Kill);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
             self.abandoned.insert(pid, key);
             return Err(RpcError::internal(format!("registering a pipe: {e}")));

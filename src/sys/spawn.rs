@@ -8,6 +8,8 @@
 //! - A spawned command leads its own session and process group (`setsid`), so signalling
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - The child never allocates, locks or unwinds: everything it needs is prepared first.
+//! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
+//!   base environment and the request's variables: it holds exactly one, its own.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -16,6 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use super::cookie;
 use super::cstring;
 use super::ids::Identity;
 use crate::types::{Program, Rlimit, Stdio3};
@@ -31,6 +34,8 @@ pub struct SpawnSpec<'a> {
     pub user: Option<&'a Identity>,
     /// The `cgroup.procs` of the command's cgroup, opened by the parent.
     pub cgroup_procs: Option<RawFd>,
+    /// The command's `EXECD_TREE` value (`sys::cookie`), set after every other variable.
+    pub cookie: &'a str,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's
@@ -280,11 +285,13 @@ impl Spawner {
         rlimits: &[(Rlimit, u64)],
         child_nofile: Option<(u64, u64)>,
     ) -> io::Result<Spawner> {
+        // The daemon's own cookie (when an execd command started it) is never passed on:
+        // each command gets its own, last.
         let vars: Vec<(OsString, OsString)> = if clean_env {
             Vec::new()
         } else {
             std::env::vars_os()
-                .filter(|(k, _)| !withheld.iter().any(|w| k == *w))
+                .filter(|(k, _)| !withheld.iter().any(|w| k == *w) && k != cookie::VAR)
                 .collect()
         };
         let path_var = vars
@@ -355,7 +362,8 @@ impl Spawner {
         };
         // The request's variables override the base environment's of the same name; a
         // name the request gives twice takes its last value. Indexed by name, so a request
-        // with many variables costs linear time on the loop.
+        // with many variables costs linear time on the loop. The cookie comes last, and a
+        // request that names it is overridden: no request removes or changes it.
         let last: HashMap<&[u8], usize> = spec
             .env
             .iter()
@@ -366,8 +374,12 @@ impl Spawner {
             .env
             .iter()
             .enumerate()
-            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i))
+            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i) && k != cookie::VAR)
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
+            .chain(std::iter::once(env_entry(
+                cookie::VAR.as_bytes(),
+                spec.cookie.as_bytes(),
+            )))
             .collect::<io::Result<_>>()?;
         let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
         let envp: Vec<*const libc::c_char> = self
