@@ -359,6 +359,40 @@ fn fallbacks_to_process_groups_say_why() {
     assert_eq!(output(&mut c, &id)["output"], "fine\n");
 }
 
+/// A `--cgroup PATH` the daemon may not write (it runs as `nobody`, the cgroup is
+/// root's) falls back to process groups with the promised log line saying why and how to
+/// delegate one, even though the daemon may not open its stderr (a root-owned file) again.
+#[test]
+fn a_cgroup_the_daemon_may_not_write_falls_back_saying_why_in_the_log() {
+    use std::os::unix::process::CommandExt;
+    if !running_as_root() {
+        skip("needs root, to start execd as nobody");
+        return;
+    }
+    let Some(cg) = test_cgroup() else { return };
+    let dir = TempDir::new();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("let nobody make its socket");
+    let socket = dir.path().join("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &["--cgroup", cg.path()]);
+    cmd.uid(65534).gid(65534);
+    let child = cmd.spawn().expect("spawn execd as nobody");
+    let d = Daemon::adopt(Some(child), socket, dir);
+    wait_until("the start is logged", || d.log().contains("listening on"));
+    let log = d.log();
+    assert!(
+        log.contains(&format!("{} is not writable by execd", cg.path())),
+        "{log}"
+    );
+    assert!(log.contains("falling back to process groups"), "{log}");
+    assert!(log.contains("Delegate=yes"), "{log}");
+    assert!(cg.command_cgroups().is_empty());
+    drop(d);
+}
+
 /// Where the machine has a controller, its limit really holds: a fork bomb stays within
 /// `pids.max`, and an OOM kill is reported as such.
 #[test]

@@ -5,6 +5,13 @@
 //! - The writer never blocks: it writes through a descriptor of its own in non-blocking
 //!   mode (a fresh open of stderr, so the flag touches no other process's copy), and what
 //!   the target does not take waits in the queue for the next turn.
+//! - A stderr execd may not open again (another user's file or pipe: a daemon started as
+//!   `nobody` from a root shell) is still written, through the inherited descriptor left
+//!   in its own mode: a regular file as it is (it never blocks), a pipe or terminal only
+//!   when `poll` says it has room, at most `PIPE_BUF` (a pipe) or `TTY_CHUNK` bytes (a
+//!   terminal) at a time, which then fit. (Another writer filling the same pipe between
+//!   the poll and the write is the one way such a write can wait.) The log is never
+//!   dropped for want of permission to reopen it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -15,25 +22,45 @@ use std::time::SystemTime;
 
 use crate::core::log::Queue;
 
+/// At most this much goes to a terminal shared with whoever started execd in one write:
+/// a terminal that polls writable has room for that much.
+const TTY_CHUNK: usize = 256;
+
+/// How a sink's descriptor is written without blocking.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Our own open file description, in non-blocking mode.
+    Own,
+    /// A socket shared with no one but written with `MSG_DONTWAIT`: a stream socket (the
+    /// journal's stdout stream) cannot be reopened through `/proc`.
+    Socket,
+    /// The inherited description, left blocking (its mode is shared with other
+    /// processes): written only when `poll` says it takes `chunk` bytes.
+    Shared { chunk: usize },
+}
+
 /// Where a queue's bytes go: a descriptor of our own, written without ever blocking.
 #[derive(Debug)]
 pub struct Out {
     file: File,
-    /// A socket shared with no one but written with `MSG_DONTWAIT`: a stream socket (the
-    /// journal's stdout stream) cannot be reopened through `/proc`.
-    socket: bool,
+    mode: Mode,
 }
 
 impl Out {
     /// The daemon's stderr, reopened so that its own descriptor is non-blocking. Falls
-    /// back to a duplicate of fd 2 when stderr cannot be reopened (a socket).
+    /// back to a duplicate of fd 2 when stderr cannot be reopened: a socket, or a file or
+    /// pipe execd has no permission to open (see the module's invariants).
     pub fn stderr() -> io::Result<Out> {
+        use std::os::fd::AsFd;
         let target = Path::new("/proc/self/fd/2");
         let meta = std::fs::metadata(target)?;
+        let inherited =
+            || -> io::Result<File> { Ok(File::from(io::stderr().as_fd().try_clone_to_owned()?)) };
         if meta.file_type().is_socket() {
-            use std::os::fd::AsFd;
-            let file = File::from(io::stderr().as_fd().try_clone_to_owned()?);
-            return Ok(Out { file, socket: true });
+            return Ok(Out {
+                file: inherited()?,
+                mode: Mode::Socket,
+            });
         }
         let mut opts = OpenOptions::new();
         opts.write(true)
@@ -42,10 +69,31 @@ impl Out {
         if meta.is_file() {
             opts.append(true);
         }
-        Ok(Out {
-            file: opts.open(target)?,
-            socket: false,
-        })
+        match opts.open(target) {
+            Ok(file) => Ok(Out {
+                file,
+                mode: Mode::Own,
+            }),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES | libc::EPERM | libc::ENXIO)
+                ) =>
+            {
+                let chunk = if meta.is_file() {
+                    usize::MAX
+                } else if meta.file_type().is_fifo() {
+                    libc::PIPE_BUF
+                } else {
+                    TTY_CHUNK
+                };
+                Ok(Out {
+                    file: inherited()?,
+                    mode: Mode::Shared { chunk },
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// An audit file: appended to, created mode 0640. A FIFO is opened read-write, which
@@ -61,7 +109,7 @@ impl Out {
         opts.custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC);
         Ok(Out {
             file: opts.open(path)?,
-            socket: false,
+            mode: Mode::Own,
         })
     }
 
@@ -75,10 +123,19 @@ impl Out {
         // Two rounds: the first may queue the report of drops.
         for _ in 0..2 {
             while !q.pending().is_empty() {
-                let r = if self.socket {
-                    crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
-                } else {
-                    self.file.write(q.pending())
+                let r = match self.mode {
+                    Mode::Socket => {
+                        crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
+                    }
+                    Mode::Own => self.file.write(q.pending()),
+                    Mode::Shared { chunk } => {
+                        if has_room(self.file.as_raw_fd()) {
+                            let n = q.pending().len().min(chunk);
+                            self.file.write(&q.pending()[..n])
+                        } else {
+                            Err(io::ErrorKind::WouldBlock.into())
+                        }
+                    }
                 };
                 match r {
                     Ok(0) => return true,
@@ -100,6 +157,19 @@ impl Out {
         }
         !q.pending().is_empty()
     }
+}
+
+/// Whether a write to `fd` would find room now (`poll` for POLLOUT, without waiting).
+fn has_room(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, and a zero timeout: poll returns at once.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    // An error or hang-up lets the write say what is wrong (EPIPE drops the bytes).
+    n != 0 && (n < 0 || p.revents != 0)
 }
 
 /// The descriptors the log and the audit records are written to, and whether each waits
@@ -208,7 +278,7 @@ mod tests {
         crate::sys::spawn::set_nonblocking(w.as_raw_fd()).unwrap();
         let mut out = Out {
             file: File::from(w),
-            socket: false,
+            mode: Mode::Own,
         };
         let mut q = Queue::new(QUEUE_BYTES, Kind::Log);
         let line = [b'x'; 1023];
@@ -221,5 +291,34 @@ mod tests {
         }
         assert!(more, "a 64 KiB pipe cannot take 200 KiB");
         drop(r);
+    }
+
+    /// A stderr execd may not reopen is written through the inherited, blocking
+    /// descriptor: in pieces that fit, and not at all while the pipe is full.
+    #[test]
+    fn a_shared_blocking_pipe_is_written_only_when_it_has_room() {
+        let (r, w) = crate::sys::spawn::pipe().unwrap();
+        let mut out = Out {
+            file: File::from(w),
+            mode: Mode::Shared {
+                chunk: libc::PIPE_BUF,
+            },
+        };
+        let mut q = Queue::new(QUEUE_BYTES, Kind::Log);
+        let mut line = vec![b'y'; 1023];
+        line.push(b'\n');
+        for _ in 0..200 {
+            q.push(&line);
+        }
+        // This would hang on a blocking write of the whole queue.
+        assert!(out.drain(&mut q), "a 64 KiB pipe cannot take 200 KiB");
+        let mut reader = File::from(r);
+        let mut got = vec![0u8; 1 << 20];
+        let n = std::io::Read::read(&mut reader, &mut got).unwrap();
+        assert!(n > 0 && got[..n].iter().all(|&b| b == b'y' || b == b'\n'));
+        // Room made: the rest goes on.
+        let before = q.pending().len();
+        out.drain(&mut q);
+        assert!(q.pending().len() < before);
     }
 }
