@@ -211,8 +211,14 @@ impl Server {
             std::process::id(),
             self.children.contain.describe()
         ));
-        if let Some(n) = &self.notifier {
-            n.send(&format!("READY=1\nSTATUS={}", self.status_text()));
+        let (counts, text) = (
+            (self.clients.count(), self.core.table.running()),
+            self.status_text(),
+        );
+        if let Some(n) = self.notifier.as_mut() {
+            // The first status rides with READY=1 and counts as sent (at most one a
+            // second).
+            n.ready(counts, &text, Instant::now());
             if let Some(every) = n.watchdog {
                 n.send("WATCHDOG=1");
                 self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
