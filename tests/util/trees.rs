@@ -27,6 +27,18 @@ pub fn with_marker(marker: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Pids of live `sleep MARKER` processes (the command line exactly that: not a shell whose
+/// script mentions it, nor a child not yet exec'd).
+pub fn sleeps(marker: &str) -> Vec<i32> {
+    let want = format!("sleep\0{marker}\0");
+    with_marker(marker)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+        })
+        .collect()
+}
+
 /// A unique `sleep` duration: its command line marks the processes of one test tree.
 pub fn marker() -> String {
     static N: AtomicUsize = AtomicUsize::new(1);
