@@ -312,10 +312,10 @@ impl Core {
             return;
         }
         let read = format!(
-            "{} environments read in {} pass(es), {} ms",
+            "{} environments read in {} pass(es), {:.1} ms",
             s.read,
             s.passes,
-            s.elapsed.as_millis()
+            s.elapsed.as_secs_f64() * 1e3
         );
         match &s.scope {
             SweepScope::Earlier => {

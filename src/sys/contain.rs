@@ -91,7 +91,7 @@ pub struct Unavailable(pub &'static str);
 
 impl Contain {
     /// Process groups only (and the cookie), for the reason given.
-    pub fn groups(why: Fallback, instance: Instance) -> Contain {
+    fn groups(why: Fallback, instance: Instance) -> Contain {
         Contain {
             fallback: Some(why),
             cookies: Sweeper::new(instance),

@@ -19,8 +19,9 @@
 //! A sweep reads `/proc/PID/environ` of every process (those execd may not read, EACCES,
 //! are skipped: it could not signal them either) and SIGKILLs those whose first
 //! `EXECD_TREE` entry is in scope. It never signals pid 1 or below, nor the daemon itself.
-//! Each process is opened as `/proc/PID` first and signalled through that descriptor
-//! (`pidfd_send_signal`), so a pid reused between the read and the kill is never hit.
+//! A process found carrying one is opened as `/proc/PID`, its environment read again
+//! through that descriptor, and signalled through it (`pidfd_send_signal`), so a pid
+//! reused since the first read is never hit.
 //!
 //! Sweeps are paid for when a command is killed or released (at the SIGKILL stage after
 //! the grace; at once for `bash/kill` with SIGKILL), at shutdown and at start; never per
@@ -29,7 +30,8 @@
 //! the last sweep took before starting the next, so a stream of kills costs at most half
 //! of the loop's time. A pass lists /proc once; a process forked after the listing is
 //! caught by the next pass, which follows every pass that killed something (at most
-//! `MAX_PASSES`). The sweep at start runs to its end before the daemon listens.
+//! `MAX_PASSES`) and reads only the pids the sweep has not read yet. The sweep at start
+//! runs to its end before the daemon listens.
 //!
 //! What a cookie cannot catch, and the README says: a process that clears its environment
 //! (`env -i`, `sudo` resetting it) or one that changes to a uid execd may not signal. A
@@ -312,9 +314,10 @@ struct Sweep {
     spared: usize,
     /// Earlier instances already looked up: whether each one's daemon still runs.
     alive: HashMap<Instance, bool>,
-    /// Pids signalled in an earlier pass: a process needs a moment to die after SIGKILL,
-    /// and one still there is signalled again but not counted twice.
-    signalled: HashSet<i32>,
+    /// Pids read in this sweep. A later pass reads only the others: a process already
+    /// read cannot have gained a cookie since (it would have to exec with one it made
+    /// up), and one already killed is dying.
+    seen: HashSet<i32>,
     started: Instant,
     /// Time spent reading and killing, without the loop's turns in between.
     busy: Duration,
@@ -333,7 +336,7 @@ impl Sweep {
             sample: Vec::new(),
             spared: 0,
             alive: HashMap::new(),
-            signalled: HashSet::new(),
+            seen: HashSet::new(),
             started: now,
             busy: Duration::ZERO,
         }
@@ -350,8 +353,12 @@ impl Sweep {
                     return true;
                 }
                 // Something was killed: what it forked after the listing is looked for
-                // in a fresh one.
-                self.pids = list_pids();
+                // in a fresh one, among the pids not read yet.
+                let seen = &self.seen;
+                self.pids = list_pids()
+                    .into_iter()
+                    .filter(|p| !seen.contains(p))
+                    .collect();
                 self.next = 0;
                 self.killed_this_pass = 0;
                 self.passes += 1;
@@ -367,19 +374,20 @@ impl Sweep {
         }
     }
 
-    /// Reads one process's environment; kills it if its cookie is in scope.
+    /// Reads one process's environment; kills it if its cookie is in scope. Most
+    /// processes carry no cookie in scope, and cost one open, one read and one close;
+    /// one that does is opened again as its `/proc/PID` directory, read again through it
+    /// (the same process, or the open fails), and signalled through it.
     fn visit(&mut self, pid: i32, me: &Instance, buf: &mut Vec<u8>) {
-        if pid <= 1 || pid as u32 == std::process::id() {
+        if pid <= 1 || pid as u32 == std::process::id() || !self.seen.insert(pid) {
             return;
         }
-        let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}")) else {
+        let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}/environ")) else {
             return;
         };
-        let Ok(dir) = open_at(libc::AT_FDCWD, &path, libc::O_DIRECTORY) else {
-            return; // gone
-        };
-        // EACCES: another user's process, which execd could not signal either.
-        let Ok(env) = open_at(dir.as_raw_fd(), c"environ", 0) else {
+        // EACCES: another user's process, which execd could not signal either; ENOENT:
+        // gone.
+        let Ok(env) = open_at(libc::AT_FDCWD, &path, 0) else {
             return;
         };
         if read_all(&env, buf).is_err() {
@@ -387,10 +395,33 @@ impl Sweep {
         }
         drop(env);
         self.read += 1;
-        let Some(value) = find_cookie(buf) else {
+        if !self.wanted(me, buf) {
+            return;
+        }
+        let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}")) else {
             return;
         };
-        let kill = match judge(&self.scope, me, value) {
+        let Ok(dir) = open_at(libc::AT_FDCWD, &path, libc::O_DIRECTORY) else {
+            return;
+        };
+        let still = open_at(dir.as_raw_fd(), c"environ", 0).and_then(|f| read_all(&f, buf));
+        if still.is_ok() && self.wanted(me, buf) && kill_process(&dir, pid) {
+            self.killed += 1;
+            self.killed_this_pass += 1;
+            if self.sample.len() < SAMPLE {
+                let name = comm(&dir, buf);
+                self.sample.push((pid, name));
+            }
+        }
+    }
+
+    /// Whether the environment in `buf` carries a cookie in scope (for an earlier
+    /// instance: one whose daemon is gone).
+    fn wanted(&mut self, me: &Instance, buf: &[u8]) -> bool {
+        let Some(value) = find_cookie(buf) else {
+            return false;
+        };
+        match judge(&self.scope, me, value) {
             Verdict::Kill => true,
             Verdict::Leave => false,
             Verdict::Earlier(inst) => {
@@ -402,14 +433,6 @@ impl Sweep {
                     self.spared += 1;
                 }
                 !alive
-            }
-        };
-        if kill && kill_process(&dir, pid) && self.signalled.insert(pid) {
-            self.killed += 1;
-            self.killed_this_pass += 1;
-            if self.sample.len() < SAMPLE {
-                let name = comm(&dir, buf);
-                self.sample.push((pid, name));
             }
         }
     }
