@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! policy, http, parallel, ingest, stream, memory, scale, hold, pty).
+//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -188,6 +188,134 @@ fn bench_cgroup(rows: &mut Vec<Row>) {
         format!("{ma:.0} us"),
         format!("{mb:.0} us"),
         format!("{:.2}", mb / ma),
+        "-".into(),
+    );
+}
+
+/// What a kill costs now that it sweeps /proc for the command's `EXECD_TREE` cookie
+/// (PROTOCOL 14): `terminal/kill` of a tree whose child left its process group
+/// (`setsid`), with 1,000 unrelated processes on the host against none. Three figures per
+/// side: the sweep's own duration (from the daemon's log line for the escapee it killed:
+/// the whole pass over /proc, chunked between the loop's other work), the time from the
+/// kill until the escapee is dead (a pidfd of it polled; it depends on where its pid falls
+/// in /proc's order), and the daemon's CPU per kill. The ratio is of the sweep durations.
+/// The daemon runs with the default flags and `--kill-grace 0s`, so the final SIGKILL and
+/// the sweep come at once.
+fn bench_kill(rows: &mut Vec<Row>) {
+    const ROUNDS: usize = 15;
+    let d = Daemon::start(&["--kill-grace", "0s"]);
+    let mut c = client(&d);
+    // One kill: the time until the escapee is dead, in ms.
+    let round = |c: &mut Client| -> f64 {
+        let id = call(
+            c,
+            "terminal/create",
+            json!({"sessionId": "k", "command": "sh",
+                   "args": ["-c", "setsid sleep 60 & echo $!; sleep 60; true"]}),
+        )["terminalId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ids = json!({"sessionId": "k", "terminalId": id});
+        let escapee: i32 = loop {
+            let out = call(c, "terminal/output", ids.clone());
+            if let Some(pid) = out["output"]
+                .as_str()
+                .and_then(|o| o.lines().next())
+                .and_then(|l| l.trim().parse().ok())
+            {
+                break pid;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // SAFETY: pidfd_open takes a pid and flags; the descriptor is closed below.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, escapee, 0) } as i32;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let t = Instant::now();
+        call(c, "terminal/kill", ids.clone());
+        let mut p = libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; bounded wait.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        let gone = t.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(pidfd) };
+        assert_eq!(ready, 1, "the escapee outlived its kill");
+        call(c, "terminal/release", ids);
+        gone
+    };
+    // The sweeps' durations the daemon logged after byte `from` of its log.
+    let sweeps = |from: usize| -> Vec<f64> {
+        let log = d.log();
+        log.get(from..)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let at = l.find("pass(es), ")? + "pass(es), ".len();
+                l[at..].split(" ms").next()?.parse().ok()
+            })
+            .collect()
+    };
+    for _ in 0..5 {
+        round(&mut c);
+    }
+    // (sweep ms, escapee gone ms, daemon CPU seconds) per side.
+    let mut none = (Vec::new(), Vec::new(), 0.0);
+    let mut busy = (Vec::new(), Vec::new(), 0.0);
+    // Two blocks of each, alternating, so both see the same machine.
+    for _ in 0..2 {
+        for with in [false, true] {
+            let mut others: Vec<std::process::Child> = Vec::new();
+            if with {
+                for _ in 0..1000 {
+                    others.push(
+                        Command::new("sleep")
+                            .arg("600")
+                            .stdin(Stdio::null())
+                            .spawn()
+                            .expect("spawn sleep"),
+                    );
+                }
+            }
+            let side = if with { &mut busy } else { &mut none };
+            // Let the last block's sweeps be logged before counting from here.
+            std::thread::sleep(Duration::from_millis(100));
+            let from = d.log().len();
+            let cpu0 = cpu_secs(d.pid());
+            for _ in 0..ROUNDS {
+                side.1.push(round(&mut c));
+            }
+            side.2 += cpu_secs(d.pid()) - cpu0;
+            std::thread::sleep(Duration::from_millis(100));
+            side.0.extend(sweeps(from));
+            for mut o in others {
+                let _ = o.kill();
+                let _ = o.wait();
+            }
+        }
+    }
+    let per_kill = |cpu: f64| cpu * 1e3 / (2 * ROUNDS) as f64;
+    let (ns, ng) = (median(&mut none.0), median(&mut none.1));
+    let (bs, bg) = (median(&mut busy.0), median(&mut busy.1));
+    report(
+        rows,
+        "1f kill of a tree with a setsid escapee, 1,000 unrelated processes vs none".into(),
+        format!(
+            "none: sweep {ns:.2} ms, escapee gone {ng:.2} ms, {:.1} ms CPU/kill",
+            per_kill(none.2)
+        ),
+        format!(
+            "1,000: sweep {bs:.2} ms, escapee gone {bg:.2} ms, {:.1} ms CPU/kill",
+            per_kill(busy.2)
+        ),
+        format!("{:.2}", bs / ns),
         "-".into(),
     );
 }
@@ -464,7 +592,11 @@ fn direct_pty_read(argv: &[&str]) -> u64 {
     let slave = unsafe {
         libc::grantpt(master.as_raw_fd());
         libc::unlockpt(master.as_raw_fd());
-        libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY)
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY,
+        )
     };
     assert!(slave >= 0, "TIOCGPTPEER");
     // SAFETY: the descriptor the ioctl opened.
@@ -1159,9 +1291,10 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 11] = [
+    let benches: [(&str, Bench); 12] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
+        ("kill", bench_kill),
         ("policy", bench_policy),
         ("http", bench_http),
         ("parallel", bench_parallel),

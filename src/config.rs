@@ -215,7 +215,8 @@ options:
   --check-policy FILE      validate a policy file (with its examples) and exit
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
-                           only (off)
+                           (off); either way every command carries EXECD_TREE, by
+                           which what leaves its group is found and killed
   --memory-max BYTES       memory limit of every command (needs the memory controller)
   --pids-max N             process limit of every command (needs the pids controller)
   --cpu-max PERCENT        CPU limit of every command, in percent of one CPU

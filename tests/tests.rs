@@ -22,6 +22,7 @@ mod cli_manage;
 mod cli_policy;
 mod cli_stream;
 mod contain;
+mod cookie;
 mod events;
 mod execctl;
 mod gate;

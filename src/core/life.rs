@@ -250,12 +250,16 @@ impl Core {
 
     /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
     pub(super) fn end_tree(&mut self, key: Key) {
+        let Some(id) = self.table.get(key).map(|p| p.id.clone()) else {
+            return;
+        };
         self.out.push(Effect::End {
             key,
+            id: id.clone(),
             stage: Stage::Term,
         });
         self.timers
-            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key));
+            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key, id));
     }
 
     /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
@@ -277,8 +281,10 @@ impl Core {
         // SIGKILL means the whole tree, escaped or not; other signals are requests the
         // process group gets.
         if sig == libc::SIGKILL {
+            let id = p.id.clone();
             self.out.push(Effect::End {
                 key,
+                id,
                 stage: Stage::Kill,
             });
         } else {
@@ -551,7 +557,7 @@ mod tests {
             .any(|e| matches!(e, Effect::ClosePipes(x) if *x == k)));
         assert!(effects
             .iter()
-            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term } if *key == k)));
+            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term, .. } if *key == k)));
         c.sweep();
         assert!(c.table.get(k).is_some(), "kept until reaped");
         c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
@@ -579,6 +585,33 @@ mod tests {
         assert!(c.table.get(k).is_none());
         later(&mut c, Duration::from_secs(2));
         assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    /// The final stage names the command, whose cookie the loop sweeps for, even when the
+    /// command was forgotten during the grace.
+    #[test]
+    fn the_final_kill_names_the_command_even_once_forgotten() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        let id = c.table.get(k).unwrap().id.clone();
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        c.release(k, KillReason::Release);
+        c.sweep();
+        assert!(c.table.get(k).is_none(), "forgotten");
+        std::mem::take(&mut c.out);
+        later(&mut c, Duration::from_secs(2));
+        let kills: Vec<(Key, String)> = std::mem::take(&mut c.out)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::End {
+                    key,
+                    id,
+                    stage: Stage::Kill,
+                } => Some((key, id)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kills, vec![(k, id)]);
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub fn ends(c: &mut Core) -> Vec<(Key, Stage)> {
     std::mem::take(&mut c.out)
         .into_iter()
         .filter_map(|e| match e {
-            Effect::End { key, stage } => Some((key, stage)),
+            Effect::End { key, stage, .. } => Some((key, stage)),
             _ => None,
         })
         .collect()

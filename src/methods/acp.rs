@@ -113,7 +113,11 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             },
             "approvers": approvers,
             "pendingApprovals": pending,
-            "containment": { "kind": core.containment.0, "detail": core.containment.1 },
+            "containment": {
+                "kind": core.containment.kind,
+                "detail": core.containment.detail,
+                "cookie": core.containment.cookie,
+            },
             "descriptors": {
                 "limit": core.nofile,
                 "terminals": command_descriptors(core.nofile, c.max_clients),

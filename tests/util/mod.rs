@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod fuse;
+pub mod trees;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
