@@ -20,9 +20,9 @@ const fn flag(
 
 const CWD: Flag = flag(
     "--cwd",
-    None,
+    Some("-w"),
     Some("DIR"),
-    "working directory (default: execctl's own)",
+    "working directory (default: execctl's own; with -H ssh://, the remote daemon's)",
 );
 const ENV: Flag = flag(
     "--env",
@@ -320,13 +320,46 @@ Exits 0 once both directions closed normally, 125 when the daemon cannot be reac
     stop_at_operand: false,
 };
 
-/// `execctl policy`.
+/// The flags of `policy check`, which `policy --help` shows too.
+const POLICY_CHECK_FLAGS: &[Flag] = &[
+    flag(
+        "--policy",
+        None,
+        Some("FILE"),
+        "judge with this policy file instead of the daemon's",
+    ),
+    flag(
+        "--uid",
+        None,
+        Some("N"),
+        "judge as this user (default: yours)",
+    ),
+    flag(
+        "--gid",
+        None,
+        Some("N"),
+        "with --policy: a group of that user (repeatable; default: yours)",
+    ),
+];
+
+/// `execctl policy`: the group's help is its one action's, with what the policy is.
 pub const POLICY: Spec = Spec {
     name: "policy",
     usage: "check [OPTIONS] [--] COMMAND... | 'SHELL LINE'",
     about: "check what the policy decides (policy check)",
-    details: "See: execctl help policy check",
-    flags: &[],
+    details: "\
+execd's policy (execd --policy FILE; rules in execd-protocol(7)) allows, asks about or
+denies each command before it starts. An ask waits for an approver: execctl approve.
+
+  execctl policy check [OPTIONS] [--] COMMAND... | 'SHELL LINE'
+
+judges a command as execd would before starting it: several operands are one argv (a
+direct command), a single operand is a shell line. It prints the decision (allow, ask
+or deny), the deciding rule and every rule that matched. With --policy FILE it reads the
+file (offline; the file is checked as execd checks it); without, it asks the running
+daemon. Options stop at the first operand. Example:
+  execctl policy check --policy ./policy.json -- git push -f origin main",
+    flags: POLICY_CHECK_FLAGS,
     stop_at_operand: true,
 };
 
@@ -341,26 +374,7 @@ Judges a command as execd would before starting it: several operands are one arg
 or deny), the deciding rule and every rule that matched. With --policy FILE it reads
 the file (offline; the file is checked as execd checks it); without, it asks the
 running daemon. Options stop at the first operand.",
-    flags: &[
-        flag(
-            "--policy",
-            None,
-            Some("FILE"),
-            "judge with this policy file instead of the daemon's",
-        ),
-        flag(
-            "--uid",
-            None,
-            Some("N"),
-            "judge as this user (default: yours)",
-        ),
-        flag(
-            "--gid",
-            None,
-            Some("N"),
-            "with --policy: a group of that user (repeatable; default: yours)",
-        ),
-    ],
+    flags: POLICY_CHECK_FLAGS,
     stop_at_operand: true,
 };
 
@@ -455,9 +469,15 @@ pub fn spec(name: &str) -> Option<&'static Spec> {
 /// The top-level help.
 pub fn usage() -> String {
     let mut s = String::from(
-        "usage: execctl [--socket PATH] [--json] [--verbose] COMMAND [ARGS...]\n\n\
-         Runs and manages commands through a running execd, over its Unix socket\n\
-         (--socket, else $EXECD_SOCKET, else the daemon's default path). See execctl(1).\n\n\
+        "usage: execctl [-H URL | --socket PATH] [--json] [--verbose] COMMAND [ARGS...]\n\n\
+         Runs and manages commands through a running execd. The daemon is, in order:\n\
+         \x20 -H ssh://[USER@]HOST[:PORT][/SOCKET]  on another host, through your ssh\n\
+         \x20 -H unix:///PATH or --socket PATH       a socket here\n\
+         \x20 $EXECD_HOST                            a URL as -H takes\n\
+         \x20 $EXECD_SOCKET                          a socket here\n\
+         \x20 $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for root,\n\
+         \x20 else /tmp/execd-$UID.sock              as execd picks its own\n\
+         Commands run in the daemon's environment with -e/--env-file on top. See execctl(1).\n\n\
          commands:\n",
     );
     for c in COMMANDS {

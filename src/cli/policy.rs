@@ -24,6 +24,7 @@ use super::args::Args;
 use super::connect::Ctx;
 use super::errors::{Fail, Res};
 use super::output::{self, warn};
+use crate::client::Transport;
 use crate::policy::{Judged, Policy, Subject};
 
 /// This process's groups (primary and supplementary), from `/proc/self/status`.
@@ -229,10 +230,6 @@ impl Wire {
     }
 }
 
-fn connect_raw(ctx: &Ctx) -> Res<UnixStream> {
-    UnixStream::connect(&ctx.socket).map_err(|e| ctx.unreachable(&e))
-}
-
 /// Starts the two reader threads.
 fn listen(stream: &UnixStream) -> Res<mpsc::Receiver<Heard>> {
     let (tx, rx) = mpsc::channel();
@@ -374,9 +371,20 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
     if let Some(a) = p.operands.first() {
         return Err(Fail::usage(format!("approve takes no operand, got {a:?}")));
     }
-    let stream = connect_raw(ctx)?;
+    let link = ctx.open()?;
+    let (stream, mut transport) = (link.stream, link.transport);
+    let done = approve_on(ctx, &stream, transport.as_mut());
+    // The reader thread holds a copy of the stream: the end must reach the daemon (or
+    // the ssh relaying it) before the transport waits for it.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    drop(transport);
+    done
+}
+
+/// `approve` over an open connection.
+fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> Res<u8> {
     let mut wire = Wire(stream.try_clone()?);
-    let heard = listen(&stream)?;
+    let heard = listen(stream)?;
     wire.send(&json!({"jsonrpc": "2.0", "id": "subscribe", "method": "approvals/subscribe", "params": {}}))?;
     let mut queue: VecDeque<ApprovalAsk> = VecDeque::new();
     // The request whose answer is `n` and whose feedback is being typed.
@@ -395,9 +403,12 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
         let Ok(msg) = heard.recv() else { break };
         match msg {
             Heard::DaemonGone => {
+                if let Some(why) = transport.why_closed(!subscribed) {
+                    return Err(Fail::new(why));
+                }
                 return Err(Fail::new(
                     "execd closed the connection; pending requests are rejected. Start execctl approve again once execd runs",
-                ))
+                ));
             }
             Heard::InputGone => break,
             Heard::Daemon(v) => {
@@ -478,10 +489,7 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
             Heard::Line(line) => {
                 if let Some(r) = feedback_for.take() {
                     wire.answer(&r, "reject", Some(line.trim()))?;
-                    output::print(&format!(
-                        "{}: rejected\n",
-                        output::visible(&r.request_id)
-                    ))?;
+                    output::print(&format!("{}: rejected\n", output::visible(&r.request_id)))?;
                     show(&queue, false)?;
                     continue;
                 }
@@ -511,10 +519,7 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
                     } else {
                         "approved for the rest of its session".to_string()
                     };
-                    output::print(&format!(
-                        "{}: {said}\n",
-                        output::visible(&r.request_id)
-                    ))?;
+                    output::print(&format!("{}: {said}\n", output::visible(&r.request_id)))?;
                 }
                 show(&queue, false)?;
             }

@@ -532,9 +532,15 @@ mod tests {
         assert_eq!(ends(&mut c), vec![(tied, Stage::Kill)]);
         c.exited(tied, Ended::Signal(libc::SIGKILL), Usage::default(), None);
         assert_eq!(c.table.get(tied).unwrap().status(), "killed");
-        assert_eq!(c.table.get(tied).unwrap().kill, Some(KillReason::Disconnect));
+        assert_eq!(
+            c.table.get(tied).unwrap().kill,
+            Some(KillReason::Disconnect)
+        );
         assert!(c.table.get(free).unwrap().running(), "not tied: runs on");
-        assert!(c.table.get(other).unwrap().running(), "tied to another connection");
+        assert!(
+            c.table.get(other).unwrap().running(),
+            "tied to another connection"
+        );
         let exit = crate::core::view::exit_event(c.table.get(tied).unwrap());
         assert_eq!(exit["reason"], "disconnect");
         let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
