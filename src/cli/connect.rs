@@ -82,6 +82,14 @@ impl Host {
         }
         Ok(Host::Local(crate::config::default_socket(None)))
     }
+
+    /// How messages name the daemon: `execd at PATH` or `execd on ssh://HOST`.
+    pub fn describe(&self) -> String {
+        match self {
+            Host::Local(p) => format!("execd at {}", p.display()),
+            Host::Ssh(r) => format!("execd on {}", r.url()),
+        }
+    }
 }
 
 /// The global options every subcommand sees.

@@ -8,6 +8,9 @@
 //!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
 //!   closed at its end; otherwise (and when it is `/dev/null`, which has nothing to
 //!   forward) the command's stdin is closed from the start.
+//! - Lifetime: a foreground command is created with `killOnDisconnect`, so it dies with
+//!   execctl's connection even when execctl cannot ask (SIGKILL, a broken ssh link);
+//!   `--detach` and `exec --wait` leave it running on purpose.
 //! - Where: execctl's directory and `-e NAME` values are this host's. On another host
 //!   (`-H ssh://`) the command runs in the remote daemon's default directory unless
 //!   `-w DIR` names one there: execctl's own directory means nothing on that host.
@@ -400,6 +403,23 @@ fn exit_state(payload: &Value) -> &'static str {
     }
 }
 
+/// What to say when execd ended the command and execctl did not ask: its `Exit` says
+/// why (`reason`). Without it, a daemon's shutdown looked like the command's own SIGTERM.
+fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
+    let daemon = ctx.host.describe();
+    let how = match &payload["signal"] {
+        Value::String(s) => format!(" ({s})"),
+        _ => String::new(),
+    };
+    Some(match payload["reason"].as_str()? {
+        "shutdown" => format!("{daemon} shut down and killed {id}{how}"),
+        "session close" => format!("{id} was killed{how}: its session was closed"),
+        "release" => format!("{id} was killed{how}: it was released"),
+        "request" => format!("{id} was killed{how} (execctl kill, from elsewhere)"),
+        other => format!("{id} was killed{how} by execd ({other})"),
+    })
+}
+
 /// The exit status, the messages around it, and the `--json` object.
 fn finish(
     ctx: &Ctx,
@@ -445,7 +465,12 @@ fn finish(
                     }
                     EXIT_TIMEOUT
                 }
-                None => exit_status(&payload["exitCode"], &payload["signal"]),
+                None => {
+                    if let (false, Some(why)) = (ctx.json, ended_by_daemon(ctx, id, payload)) {
+                        warn(&why);
+                    }
+                    exit_status(&payload["exitCode"], &payload["signal"])
+                }
             }
         }
     };
@@ -529,7 +554,8 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     params["_meta"] = if o.detach {
         json!({"execd": {"stdin": o.stdin_pipe}})
     } else {
-        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe}})
+        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe,
+                         "killOnDisconnect": true}})
     };
     let created = match create(&mut c, "terminal/create", params, &killer) {
         Ok(r) => r,
@@ -600,6 +626,11 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     if !o.detach {
         params["subscribe"] = subscription();
+    }
+    // `--wait` returns with the command still running, on purpose: only a command
+    // followed to its end dies with execctl.
+    if !o.detach && soft.is_none() {
+        params["kill_on_disconnect"] = json!(true);
     }
     let r = match create(&mut c, "bash/exec", params, &killer) {
         Ok(r) => r,
