@@ -25,6 +25,7 @@ mod contain;
 mod events;
 mod execctl;
 mod gate;
+mod hosts;
 mod http;
 mod peers;
 mod protocol;

@@ -211,14 +211,35 @@ struct ApprovalAsk {
     payload: Value,
 }
 
-/// The connection's writing half.
-struct Wire(UnixStream);
+/// The connection's writing half, and what relays it.
+struct Wire<'a> {
+    out: UnixStream,
+    transport: &'a mut dyn Transport,
+    /// The daemon has answered the subscription.
+    answered: bool,
+}
 
-impl Wire {
+impl Wire<'_> {
     fn send(&mut self, v: &Value) -> Res<()> {
         let mut line = v.to_string();
         line.push('\n');
-        self.0.write_all(line.as_bytes()).map_err(Fail::from)
+        match self.out.write_all(line.as_bytes()) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(self.gone().unwrap_or_else(|| Fail::from(e)))
+            }
+            done => done.map_err(Fail::from),
+        }
+    }
+
+    /// Why the connection ended, when its transport knows (an ssh link that failed, a
+    /// daemon that refused this peer).
+    fn gone(&mut self) -> Option<Fail> {
+        self.transport.why_closed(!self.answered).map(Fail::new)
     }
 
     fn answer(&mut self, r: &ApprovalAsk, response: &str, feedback: Option<&str>) -> Res<()> {
@@ -383,7 +404,11 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
 
 /// `approve` over an open connection.
 fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> Res<u8> {
-    let mut wire = Wire(stream.try_clone()?);
+    let mut wire = Wire {
+        out: stream.try_clone()?,
+        transport,
+        answered: false,
+    };
     let heard = listen(stream)?;
     wire.send(&json!({"jsonrpc": "2.0", "id": "subscribe", "method": "approvals/subscribe", "params": {}}))?;
     let mut queue: VecDeque<ApprovalAsk> = VecDeque::new();
@@ -403,8 +428,8 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
         let Ok(msg) = heard.recv() else { break };
         match msg {
             Heard::DaemonGone => {
-                if let Some(why) = transport.why_closed(!subscribed) {
-                    return Err(Fail::new(why));
+                if let Some(f) = wire.gone() {
+                    return Err(f);
                 }
                 return Err(Fail::new(
                     "execd closed the connection; pending requests are rejected. Start execctl approve again once execd runs",
@@ -422,6 +447,7 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                         return Err(Fail::from(err));
                     }
                     subscribed = true;
+                    wire.answered = true;
                     // Scripts may start their agents once this line is out.
                     if ctx.json {
                         output::print_json_line(&json!({"type": "ready"}))?;
