@@ -51,16 +51,13 @@ pub const GLOBAL: &[Flag] = &[
         long: "--host",
         short: Some("-H"),
         value: Some("URL"),
-        help: "the execd to use: ssh://[USER@]HOST[:PORT][/SOCKET] (through your ssh) or \
-               unix:///PATH (default: $EXECD_HOST, else the local socket)",
+        help: "ssh://[USER@]HOST[:PORT][/SOCKET] or unix:///PATH (default: $EXECD_HOST)",
     },
     Flag {
         long: "--socket",
         short: None,
         value: Some("PATH"),
-        help: "the local daemon's socket (default: $EXECD_SOCKET, else \
-               $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for root, else \
-               /tmp/execd-$UID.sock)",
+        help: "a socket here (default: $EXECD_SOCKET, else as execd picks; execctl -h)",
     },
     Flag {
         long: "--json",

@@ -311,3 +311,52 @@ pub fn not_found(id: &str) -> Fail {
 pub fn about(id: &str) -> impl Fn(crate::client::CallError) -> Fail + '_ {
     move |e| daemon_error(e, Some(id))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemon_is_picked_flags_first_then_the_environment() {
+        let env = |k: &str| match k {
+            "EXECD_HOST" => Some("ssh://box/run/execd.sock".to_string()),
+            _ => None,
+        };
+        let none = |_: &str| None;
+        let box_host = Host::Ssh(Remote {
+            user: None,
+            host: "box".into(),
+            port: None,
+            socket: Some("/run/execd.sock".into()),
+        });
+        assert_eq!(Host::resolve(None, None, &env, true).ok(), Some(box_host));
+        assert_eq!(
+            Host::resolve(None, Some("/s"), &env, true).ok(),
+            Some(Host::Local("/s".into())),
+            "--socket beats EXECD_HOST"
+        );
+        assert_eq!(
+            Host::resolve(Some("unix:///u"), None, &env, true).ok(),
+            Some(Host::Local("/u".into())),
+            "-H beats EXECD_HOST"
+        );
+        // dial-stdio never follows EXECD_HOST: it is what ssh runs on the daemon's host.
+        assert!(matches!(
+            Host::resolve(None, None, &env, false),
+            Ok(Host::Local(_))
+        ));
+        assert!(matches!(
+            Host::resolve(None, None, &none, true),
+            Ok(Host::Local(_))
+        ));
+        assert!(Host::resolve(Some("ssh://box"), Some("/s"), &none, true).is_err());
+        for bad in ["tcp://box:1", "unix://relative", "box", "ssh://"] {
+            assert!(Host::parse(bad).is_err(), "{bad}");
+        }
+        let empty = |k: &str| (k == "EXECD_HOST").then(String::new);
+        assert!(matches!(
+            Host::resolve(None, None, &empty, true),
+            Ok(Host::Local(_))
+        ));
+    }
+}

@@ -69,7 +69,9 @@ plain word is run by the daemon's shell (`execctl run 'ls | wc -l'`).
 stdin is forwarded to the command when it is not a terminal (or with -i), and closed at
 its end; otherwise the command's stdin is empty. A --detach'ed command's stdin is closed,
 or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM kills the
-command (SIGTERM, then SIGKILL after the daemon's grace). Exit status: the command's
+command (SIGTERM, then SIGKILL after the daemon's grace), and so does execctl's own end,
+even by SIGKILL; a --detach'ed one runs on. The command gets the daemon's environment
+with -e and --env-file on top (-e PATH hands over yours). Exit status: the command's
 (128+N for signal N); 124 after --timeout; 127 command not found; 126 not executable;
 125 execctl's or the daemon's error, or output lost (a warning says how much).",
     flags: &[
@@ -309,13 +311,15 @@ printed with its code and data (exit 125).",
 /// `execctl dial-stdio`.
 pub const DIAL_STDIO: Spec = Spec {
     name: "dial-stdio",
-    usage: "",
+    usage: "[--socket PATH]",
     about: "relay stdin and stdout to the daemon's socket (a transport for ssh)",
     details: "\
 Copies standard input to the daemon's socket and the socket to standard output, as it
-comes, closing each direction when its side ends, and exits when both have: any JSON-RPC
-or HTTP client can reach a daemon through it, e.g. over ssh HOST execctl dial-stdio.
-Exits 0 once both directions closed normally, 125 when the daemon cannot be reached.",
+comes. stdin's end half-closes the socket (the daemon answers what it got, then closes);
+the daemon's end ends dial-stdio. Any JSON-RPC or HTTP client can reach a daemon through
+it, e.g. over ssh HOST execctl dial-stdio, which is what execctl -H ssh://HOST runs.
+It never follows $EXECD_HOST. Exits 0 once the daemon closed normally, 125 when it
+cannot be reached or does not let this user in.",
     flags: &[],
     stop_at_operand: false,
 };

@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::connect::Ctx;
+use super::connect::{Ctx, Host};
 use super::errors::{Fail, Res};
 use super::output::{self, warn};
 use crate::client::Transport;
@@ -103,7 +103,13 @@ fn check_daemon(ctx: &Ctx, operands: &[String], uid: Option<u32>) -> Res<Value> 
         "justification": r["justification"],
         "unparsed": r["unparsed"],
         "hits": r["hits"],
-        "uid": uid.unwrap_or_else(crate::sys::ids::current_uid),
+        // Judged as the peer the daemon sees: on another host that is the ssh user,
+        // whose uid only that host knows.
+        "uid": match (uid, &ctx.host) {
+            (Some(u), _) => json!(u),
+            (None, Host::Local(_)) => json!(crate::sys::ids::current_uid()),
+            (None, Host::Ssh(_)) => Value::Null,
+        },
         "source": if loaded { "daemon" } else { "daemon (no policy file)" },
     }))
 }
