@@ -362,11 +362,18 @@ fn a_daemon_shutting_down_under_run_or_exec_says_so() {
         let mut ctl = Ctl {
             child: cmd.spawn().expect("spawn execctl"),
         };
-        let mut out = std::io::BufReader::new(ctl.child.stdout.take().expect("stdout"));
+        let stdout = ctl.child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let err = drain(ctl.child.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).expect("read");
-        assert_eq!(line, "started\n");
+        assert_eq!(next_line(&lines), "started");
         d.terminate();
         assert_eq!(ctl.wait().code(), Some(143), "{args:?}");
         let err = err.join().expect("stderr");

@@ -7,7 +7,7 @@
 //! host" is this one and "its daemon" a test daemon. One test goes through a real `sshd`
 //! started for it when one is installed, and says it skipped otherwise.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -442,25 +442,25 @@ fn dial_stdio_carries_json_rpc_and_http_with_half_close() {
         assert!(out.contains("\"success\":true"), "{out}");
     }
     // The daemon's end ends dial-stdio, even with its stdin still open.
-    let mut child = command(Some(&d.socket), &["dial-stdio"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn dial-stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
+    let mut ctl = Ctl {
+        child: command(Some(&d.socket), &["dial-stdio"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dial-stdio"),
+    };
+    let out = drain(ctl.child.stdout.take().expect("stdout"));
+    let mut stdin = ctl.child.stdin.take().expect("stdin");
     stdin
         .write_all(b"GET /v1/bash/sessions HTTP/1.1\r\nHost: execd\r\nConnection: close\r\n\r\n")
         .expect("write");
-    let mut ctl = Ctl { child };
-    let mut out = String::new();
-    ctl.child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("read");
-    assert_eq!(ctl.wait().code(), Some(0), "{out}");
+    assert_eq!(
+        ctl.wait().code(),
+        Some(0),
+        "dial-stdio waited for its stdin"
+    );
+    let out = out.join().expect("stdout");
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     drop(stdin);
 }
