@@ -316,6 +316,45 @@ fn a_sigkilled_execctl_on_another_host_takes_its_command_along() {
 }
 
 #[test]
+fn a_remote_daemon_shutting_down_under_run_is_said_with_its_host() {
+    let mut d = Daemon::start(&[]);
+    let ssh = FakeSsh::new();
+    let h = url(&d);
+    let mut cmd = ssh.execctl(&[
+        "-H",
+        &h,
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 30",
+    ]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut ctl = Ctl {
+        child: cmd.spawn().expect("spawn execctl"),
+    };
+    let stdout = ctl.child.stdout.take().expect("stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let err = drain(ctl.child.stderr.take().expect("stderr"));
+    assert_eq!(next_line(&lines), "started");
+    d.terminate();
+    assert_eq!(ctl.wait().code(), Some(143));
+    let err = err.join().expect("stderr");
+    assert!(
+        err.starts_with(&format!("execctl: execd on {h} shut down and killed term_")),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn failures_name_the_host_and_the_step_and_exit_125() {
     let d = Daemon::start(&[]);
     let ssh = FakeSsh::new();

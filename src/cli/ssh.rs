@@ -332,7 +332,8 @@ impl Drop for SshLink {
 
 /// Why a link's stream ended, in one line naming the host and the step. `status` is
 /// ssh's exit (`Some(None)`: a signal ended it; `None`: it still runs), `line` the last
-/// line of its stderr, `fresh` whether nothing at all came back over the link.
+/// line of its stderr, `fresh` whether nothing at all came back over the link. `None`:
+/// nothing to add to "the connection closed".
 pub fn classify(
     remote: &Remote,
     status: Option<Option<i32>>,
@@ -378,6 +379,11 @@ pub fn classify(
             let how = code.map_or("a signal ended it".to_string(), |c| format!("exit {c}"));
             format!("{at}: ssh ended ({how}){}", with(said))
         }
+        // The daemon closed a connection that had been answered: it stopped, or
+        // restarted, over there.
+        Some(Some(0)) => format!(
+            "execd on {url} closed the connection (it may have stopped or restarted); check it with: execctl -H {url} status"
+        ),
         _ => return None,
     })
 }
@@ -447,8 +453,11 @@ mod tests {
         )
         .starts_with("cannot reach execd on ssh://u@h:2222: execd is not running on h: cannot connect"));
         assert!(f(Some(0), "").contains("does not let the ssh user in"));
-        // After answers came back, only a failed ssh has more to say.
-        assert!(classify(&r, Some(Some(0)), "", false).is_none());
+        // After answers came back: the daemon there stopped, or the link broke.
+        assert!(classify(&r, Some(Some(0)), "", false)
+            .unwrap()
+            .contains("check it with: execctl -H ssh://u@h:2222 status"));
+        assert!(classify(&r, None, "", false).is_none());
         assert!(classify(&r, Some(Some(255)), "broken pipe", false)
             .unwrap()
             .starts_with("lost the connection to execd on ssh://u@h:2222: ssh failed"));
