@@ -271,16 +271,22 @@ pub struct SshLink {
 
 impl SshLink {
     /// ssh's exit status, waiting at most `within` for it. It usually comes within a
-    /// fraction of a millisecond of the stream's end, so the polls start short.
+    /// millisecond of the stream's end, and every command pays for the wait, so the
+    /// polls are short at first (a `waitpid` each) and longer once it is late.
     fn exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        let mut pause = Duration::from_micros(20);
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(10);
         loop {
             match self.child.try_wait() {
                 Ok(Some(st)) => return Some(st),
-                Ok(None) if Instant::now() < deadline => {
+                Ok(None) if start.elapsed() < within => {
                     std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(5));
+                    let cap = if start.elapsed() < Duration::from_millis(50) {
+                        Duration::from_micros(200)
+                    } else {
+                        Duration::from_millis(5)
+                    };
+                    pause = (pause * 2).min(cap);
                 }
                 _ => return None,
             }
