@@ -124,7 +124,9 @@ impl Transport for LocalSocket {
 /// How long a probe waits for a daemon to close a new connection at once.
 const PROBE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Whether the daemon at `socket` accepts a connection and closes it before a word.
+/// Whether the daemon at `socket` accepts a connection and closes it before a word. The
+/// probe sends nothing, so a refusal reads as a plain end; a reset is a connection still
+/// waiting to be accepted when the listener closed (a daemon stopping), not a refusal.
 fn refuses(socket: &Path) -> bool {
     use std::io::Read;
     let Ok(mut s) = UnixStream::connect(socket) else {
@@ -136,7 +138,6 @@ fn refuses(socket: &Path) -> bool {
         match s.read(&mut byte) {
             Ok(0) => return true,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
             _ => return false,
         }
     }
