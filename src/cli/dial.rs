@@ -72,7 +72,13 @@ pub fn dial_stdio(ctx: &Ctx, p: &Args) -> Res<u8> {
     } else {
         Ok(())
     };
-    if down.is_ok() && !stdin_done && received == 0 {
+    // A daemon refusing the peer closes at once; if what the client sent had already
+    // reached it, the close shows here as a reset rather than an end.
+    let ended = match &down {
+        Ok(()) => true,
+        Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+    };
+    if ended && !stdin_done && received == 0 {
         if let Some(why) = transport.why_closed(true) {
             return Err(Fail::new(why));
         }
