@@ -421,6 +421,9 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
     // The request whose answer is `n` and whose feedback is being typed.
     let mut feedback_for: Option<ApprovalAsk> = None;
     let mut subscribed = false;
+    // stdin ended before the daemon answered the subscription: its answer (or its
+    // close) still says how this ends.
+    let mut input_gone = false;
     let show = |queue: &VecDeque<ApprovalAsk>, json: bool| -> Res<()> {
         if json {
             return Ok(());
@@ -441,7 +444,8 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                     "execd closed the connection; pending requests are rejected. Start execctl approve again once execd runs",
                 ));
             }
-            Heard::InputGone => break,
+            Heard::InputGone if subscribed => break,
+            Heard::InputGone => input_gone = true,
             Heard::Daemon(v) => {
                 if v["id"] == "subscribe" && v.get("method").is_none() {
                     if let Some(e) = v.get("error") {
@@ -459,6 +463,9 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                         output::print_json_line(&json!({"type": "ready"}))?;
                     } else {
                         warn("approving requests of the policy; Ctrl-C to stop");
+                    }
+                    if input_gone {
+                        break;
                     }
                     continue;
                 }
