@@ -27,6 +27,7 @@ mod events;
 mod execctl;
 mod gate;
 mod holds;
+mod hosts;
 mod http;
 mod peers;
 mod protocol;

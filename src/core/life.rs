@@ -119,6 +119,7 @@ impl Core {
             stdin,
             exit: None,
             kill: None,
+            tied_to: req.kill_on_disconnect,
             signalled: false,
             released: false,
             tty,
@@ -133,6 +134,12 @@ impl Core {
         // Subscribed from the first byte, unless its connection left while it started.
         if let Some((conn, opts)) = req.subscribe.filter(|(c, _)| self.clients.contains_key(c)) {
             self.table.subscribe(key, conn, [0, 0], opts);
+        }
+        // A command tied to a connection that is already gone has nobody to run for.
+        if let Some(conn) = req.kill_on_disconnect {
+            if !self.clients.contains_key(&conn) {
+                self.kill(key, KillReason::Disconnect);
+            }
         }
     }
 
@@ -633,6 +640,68 @@ mod tests {
             c.table.get(k).is_none(),
             "forgotten once the last is rendered"
         );
+    }
+
+    /// A terminal of uid 1000 created by connection `conn`, tied to it when `tied`.
+    fn tied_terminal(c: &mut Core, conn: ConnId, tied: bool) -> Key {
+        let mut req = request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        req.kill_on_disconnect = tied.then_some(conn);
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, key.0 as i32 + 1000, req.peer.uid);
+        key
+    }
+
+    #[test]
+    fn a_command_tied_to_its_connection_is_killed_when_it_closes_and_audited() {
+        let mut c = core();
+        c.cfg.audit = Some(crate::config::AuditTarget::Stderr);
+        let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
+        let peer = Peer {
+            uid: 1000,
+            gid: 1000,
+            pid: 42,
+        };
+        c.connected(C1, peer, vec![]);
+        c.connected(C2, peer, vec![]);
+        let tied = tied_terminal(&mut c, C1, true);
+        let free = tied_terminal(&mut c, C1, false);
+        let other = tied_terminal(&mut c, C2, true);
+        std::mem::take(&mut c.out);
+        c.disconnected(C1);
+        // Only the tied command of the closed connection: SIGTERM now, SIGKILL after
+        // the grace, as every kill.
+        assert_eq!(ends(&mut c), vec![(tied, Stage::Term)]);
+        later(&mut c, Duration::from_millis(1999));
+        assert!(ends(&mut c).is_empty());
+        later(&mut c, Duration::from_millis(1));
+        assert_eq!(ends(&mut c), vec![(tied, Stage::Kill)]);
+        c.exited(tied, Ended::Signal(libc::SIGKILL), Usage::default(), None);
+        assert_eq!(c.table.get(tied).unwrap().status(), "killed");
+        assert_eq!(
+            c.table.get(tied).unwrap().kill,
+            Some(KillReason::Disconnect)
+        );
+        assert!(c.table.get(free).unwrap().running(), "not tied: runs on");
+        assert!(
+            c.table.get(other).unwrap().running(),
+            "tied to another connection"
+        );
+        let exit = crate::core::view::exit_event(c.table.get(tied).unwrap());
+        assert_eq!(exit["reason"], "disconnect");
+        let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        let kill = log
+            .lines()
+            .find(|l| l.contains(r#""event":"kill""#))
+            .unwrap_or_else(|| panic!("no kill record in {log}"));
+        assert!(kill.contains(r#""reason":"disconnect""#), "{kill}");
+        // A command whose creating connection is gone before it started is killed at once.
+        let late = tied_terminal(&mut c, C1, true);
+        assert_eq!(ends(&mut c), vec![(late, Stage::Term)]);
     }
 
     #[test]

@@ -431,10 +431,33 @@ impl Core {
         self.record("connect", Some(peer), json!({}));
     }
 
-    /// A connection closed: its parked requests have nobody to answer (the processes go
-    /// on), and its subscriptions end.
+    /// A connection closed: its parked requests have nobody to answer, its subscriptions
+    /// end, and the commands it created with `killOnDisconnect` are killed (the others go
+    /// on).
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
+        // A scan rather than an index: a disconnect is rare next to the work it ends, and
+        // the table is bounded (`--max-processes` running, `--max-retained` kept).
+        let mut tied: Vec<Key> = self
+            .table
+            .procs
+            .values()
+            .filter(|p| p.tied_to == Some(conn))
+            .map(|p| p.key)
+            .collect();
+        tied.sort_unstable();
+        for key in tied {
+            if let Some(p) = self.table.get_mut(key) {
+                p.tied_to = None;
+                if p.running() && p.kill.is_none() {
+                    self.log.line(format_args!(
+                        "{} killed: the connection that started it closed",
+                        p.id
+                    ));
+                }
+            }
+            self.kill(key, KillReason::Disconnect);
+        }
         self.groups.remove(&conn);
         self.approvals.remove(conn);
         // Its commands waiting for approval are withdrawn: nothing is started for a

@@ -50,6 +50,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         ring_capacity: 64,
         prefix: "term",
         subscribe: None,
+        kill_on_disconnect: None,
         limits: Default::default(),
         after: After::Terminal,
         admitted: None,
