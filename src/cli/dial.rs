@@ -78,7 +78,16 @@ pub fn dial_stdio(ctx: &Ctx, p: &Args) -> Res<u8> {
         Ok(()) => true,
         Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
     };
-    if ended && !stdin_done && received == 0 {
+    // What was sent may have met the close first (a write that found it gone).
+    let cut = |r: &io::Result<()>| {
+        r.as_ref().is_err_and(|e| {
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            )
+        })
+    };
+    if ended && received == 0 && (!stdin_done || cut(&up)) {
         if let Some(why) = transport.why_closed(true) {
             return Err(Fail::new(why));
         }
@@ -87,6 +96,7 @@ pub fn dial_stdio(ctx: &Ctx, p: &Args) -> Res<u8> {
     match (down, up) {
         (Ok(()), Ok(())) => Ok(0),
         (Err(e), _) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+        (Ok(()), up) if cut(&up) => Ok(0),
         (Err(e), _) | (_, Err(e)) => Err(Fail::new(format!("dial-stdio: {e}"))),
     }
 }
