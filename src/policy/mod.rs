@@ -848,7 +848,8 @@ mod tests {
               {"name": "push-1", "pattern": ["git", "push"], "decision": "ask", "justification": "one"},
               {"name": "push-2", "pattern": ["git", "push"], "decision": "ask", "justification": "two"},
               {"name": "curl", "pattern": ["curl"], "decision": "deny", "justification": "network"},
-              {"name": "pipe-to-sh", "pattern": ["sh"], "decision": "deny"}
+              {"name": "pipe-to-sh", "pattern": ["sh"], "decision": "deny"},
+              {"name": "wget", "pattern": ["wget"], "decision": "deny"}
             ]}"#,
         );
         let v = line(&p, "git push");
@@ -865,7 +866,7 @@ mod tests {
         assert_eq!(v.hits[1].decision, Decision::Deny);
 
         // File order, not line order, names the decider.
-        decides(&line(&p, "sh x; curl y"), Decision::Deny, "curl");
+        decides(&line(&p, "wget x; curl y"), Decision::Deny, "curl");
     }
 
     #[test]
@@ -941,11 +942,16 @@ mod tests {
     #[test]
     fn direct_shell_c_is_judged_as_itself_and_as_its_line() {
         let p = policy(EXAMPLE);
-        let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
+        let v = direct(&p, &["bash", "-c", "git status && git push -f origin"]);
         decides(&v, Decision::Deny, "no-force-push");
         assert_eq!(hit_names(&v), ["read-only-git", "no-force-push", "push"]);
         assert_eq!(v.hits[1].argv, words(&["git", "push", "-f", "origin"]));
         assert!(!v.unparsed);
+        // A login shell runs profile files first: unparsed, but a readable deny still
+        // decides.
+        let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
+        decides(&v, Decision::Deny, "no-force-push");
+        assert!(v.unparsed);
         decides(
             &direct(&p, &["/bin/sh", "-c", "git push"]),
             Decision::Ask,
@@ -957,14 +963,23 @@ mod tests {
             "push",
         );
         decides(
-            &direct(&p, &["bash", "-l", "-c", "git push"]),
+            &direct(&p, &["bash", "-e", "-c", "git push"]),
             Decision::Ask,
             "push",
         );
+        // Unparsed shells (login, zsh) still show what their script would run.
+        for argv in [
+            &["bash", "-l", "-c", "git push"][..],
+            &["zsh", "--login", "-c", "git push"][..],
+        ] {
+            let v = direct(&p, argv);
+            decides(&v, Decision::Ask, "push");
+            assert!(v.unparsed, "{argv:?}");
+        }
         decides(
-            &direct(&p, &["zsh", "--login", "-c", "git push"]),
+            &direct(&p, &["zsh", "-c", "git status"]),
             Decision::Ask,
-            "push",
+            "unparsed",
         );
         decides(
             &direct(&p, &["sh", "-o", "pipefail", "-c", "git push"]),
@@ -983,10 +998,11 @@ mod tests {
             Decision::Allow,
             "default",
         );
+        // A shell running a script file runs what no rule read.
         decides(
             &direct(&p, &["bash", "git push"]),
-            Decision::Allow,
-            "default",
+            Decision::Ask,
+            "unparsed",
         );
         // The argv itself is judged too.
         let shells =
