@@ -27,17 +27,21 @@
 //! - Comments: a `#` where a token starts (after blanks, an operator or a line break) runs
 //!   to the line break, exactly as bash reads it (a `\` before that line break does not
 //!   continue a comment); `#` inside a word stops the reading.
-//! - Separators `&&`, `||`, `;`, `|`, `|&` and line breaks; blank lines; a line break after
+//! - Separators `&&`, `||`, `;`, `|`, `|&` (bash) and line breaks; blank lines; a line break after
 //!   `&&`, `||`, `|`. A lone `&`, `;;`, `;&`, parentheses, or a separator with no command
 //!   before it stop the reading (`a &&` at the end is a syntax error: bash runs none of it).
-//! - Redirections, ignored: `<`, `>`, `>>`, `>|`, `<>`, `&>`, `&>>` to a plain word; an fd
+//! - Redirections, ignored: `<`, `>`, `>>`, `>|`, `<>`, `&>`, `&>>` (bash) to a plain word; an fd
 //!   number of one bare digit before any of the first five (`2>x`, and `2\` + line break +
 //!   `>x`, which bash reads the same); `<&D`, `>&D`, `N<&D`, `N>&D` where D is one digit
 //!   or `-` written right after the `&` and ending the token. Here-documents and strings,
 //!   process substitution, `{var}>`, fd numbers of two or more digits, `>&word` (bash's
 //!   `&>word`), a target that is an fd number itself (`> 2>x`) and the targets bash opens
-//!   as sockets (`/dev/tcp/...`, `/dev/udp/...`) stop the reading. Under dash `&>` and `|&`
-//!   mean `&` + `>` (the same program, in the background) and a syntax error: never more.
+//!   as sockets (`/dev/tcp/...`, `/dev/udp/...`) stop the reading.
+//! - The line is read as bash reads it (execd's default shell), and never so that dash,
+//!   should execd run lines with `/bin/sh`, would run more: bash's `|&` is a syntax error to
+//!   dash, and bash's `&>` must end its command, since dash reads `a &>f b` as `a &` then
+//!   `>f b`, which runs `b`. Inside `sh -c`, `dash -c`, `ash -c`, `busybox sh -c` neither
+//!   is plain.
 //! - Leading `NAME=value` and `NAME+=value` assignments with a bare name, before the program
 //!   and between redirections: skipped, their names reported in `assigned` (the policy
 //!   decides about `PATH`, `BASH_ENV`, `LD_*`, ...). Assignments to the variables bash
@@ -105,9 +109,9 @@ pub fn split_shell_c(argv: &[String]) -> Split {
     let mut shells = Vec::new();
     match shell_run(argv) {
         None => Split::default(),
-        Some(ShellRun::Plain(word)) => split_at(word, 1, &mut shells),
+        Some(ShellRun::Plain { word, posix }) => split_at(word, 1, posix, &mut shells),
         Some(ShellRun::Opaque(word)) => {
-            let mut out = word.map_or_else(Split::default, |w| split_at(w, 1, &mut shells));
+            let mut out = word.map_or_else(Split::default, |w| split_at(w, 1, true, &mut shells));
             out.unparsed = true;
             out
         }
@@ -116,13 +120,14 @@ pub fn split_shell_c(argv: &[String]) -> Split {
 
 /// Splits a shell line into its simple commands, or says it is not a plain script.
 pub fn split_line(line: &str) -> Split {
-    split_at(line, 0, &mut Vec::new())
+    split_at(line, 0, false, &mut Vec::new())
 }
 
 /// Splits `line`, `depth` levels of `sh -c` deep: at depth 0 a `sh -c WORD` is replaced by
 /// WORD's commands (and its argv added to `shells`); deeper, it is kept as it is and the
-/// line counts as unparsed, since what it runs is not read.
-fn split_at(line: &str, depth: u8, shells: &mut Vec<Vec<String>>) -> Split {
+/// line counts as unparsed, since what it runs is not read. `posix`: the line is read by a
+/// POSIX shell (dash, ash), not by bash: bash's `&>` and `|&` are not plain there.
+fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -> Split {
     let mut out = Split::default();
     if line
         .bytes()
@@ -134,12 +139,16 @@ fn split_at(line: &str, depth: u8, shells: &mut Vec<Vec<String>>) -> Split {
     let mut lexer = Lexer {
         s: line.as_bytes(),
         i: 0,
+        posix,
     };
     let mut argv: Vec<String> = Vec::new();
     // The current simple command has begun (a word, an assignment or a redirection).
     let mut started = false;
     // The last separator was `&&`, `||`, `|` or `|&`: a command must follow.
     let mut pending = false;
+    // An `&>` was read in the current command: to dash it ends the command (`a &>f b` is
+    // `a &` then `>f b`, which runs b), so no word may follow.
+    let mut both_redirected = false;
     let plain = loop {
         let Ok(token) = lexer.next() else {
             break false;
@@ -147,6 +156,7 @@ fn split_at(line: &str, depth: u8, shells: &mut Vec<Vec<String>>) -> Split {
         match token {
             // `a &&` at the end is a syntax error: bash runs none of it.
             Token::End => break started || !pending,
+            Token::Word(_) if both_redirected => break false,
             Token::Word(word) if argv.is_empty() && word.assignment => {
                 let name = word.text.split('=').next().unwrap_or_default();
                 let name = name.strip_suffix('+').unwrap_or(name);
@@ -160,7 +170,10 @@ fn split_at(line: &str, depth: u8, shells: &mut Vec<Vec<String>>) -> Split {
                 argv.push(word.text);
                 started = true;
             }
-            Token::Redirect => started = true,
+            Token::Redirect { both } => {
+                started = true;
+                both_redirected |= both;
+            }
             Token::Sep(sep) => {
                 if !started {
                     // Blank lines are fine, and so is a line break after `&&`, `||`, `|`;
@@ -174,6 +187,7 @@ fn split_at(line: &str, depth: u8, shells: &mut Vec<Vec<String>>) -> Split {
                     return out;
                 }
                 started = false;
+                both_redirected = false;
                 pending = matches!(sep, Sep::AndOr | Sep::Pipe);
             }
         }
@@ -220,8 +234,8 @@ fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<St
             out.commands.push(argv);
             true
         }
-        Some(ShellRun::Plain(word)) if depth == 0 => {
-            let inner = split_at(word, depth + 1, shells);
+        Some(ShellRun::Plain { word, posix }) if depth == 0 => {
+            let inner = split_at(word, depth + 1, posix, shells);
             shells.push(argv);
             out.commands.extend(inner.commands);
             out.assigned.extend(inner.assigned);
@@ -229,7 +243,7 @@ fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<St
             !inner.unparsed
         }
         // One level only: what a shell inside a shell runs is not read.
-        Some(ShellRun::Plain(_)) => {
+        Some(ShellRun::Plain { .. }) => {
             out.commands.push(argv);
             out.unparsed = true;
             false
@@ -238,7 +252,7 @@ fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<St
             // What it would run, read as best we can: a `deny` among it still counts.
             let inner = word
                 .filter(|_| depth == 0)
-                .map(|w| split_at(w, depth + 1, &mut Vec::new()));
+                .map(|w| split_at(w, depth + 1, true, &mut Vec::new()));
             out.commands.push(argv);
             if let Some(inner) = inner {
                 out.commands.extend(inner.commands);
@@ -328,15 +342,16 @@ fn assignment_is_plain(name: &str) -> bool {
 /// How a shell argv runs code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ShellRun<'a> {
-    /// `SHELL [plain options] -c WORD [ARG...]` of a shell whose reading of WORD we know.
-    Plain(&'a str),
+    /// `SHELL [plain options] -c WORD [ARG...]` of a shell whose reading of WORD we know;
+    /// `posix` unless that shell is bash.
+    Plain { word: &'a str, posix: bool },
     /// Any other way of running a shell; the `-c` WORD if one could be made out.
     Opaque(Option<&'a str>),
 }
 
-/// Shells whose `-c WORD` we read as we read a line: bash and the POSIX shells that read
-/// our plain subset exactly as bash does (checked against bash and dash by the
-/// differential test).
+/// Shells whose `-c WORD` we read as we read a line: bash, and the POSIX shells that read
+/// our plain subset without `&>` and `|&` exactly as bash does (checked against bash and
+/// dash by the differential test).
 const SPLIT_SHELLS: [&str; 5] = ["sh", "bash", "rbash", "dash", "ash"];
 
 /// Other shells that take `-c`: never read, always unparsed.
@@ -359,7 +374,10 @@ fn shell_run(argv: &[String]) -> Option<ShellRun<'_>> {
     }
     let (plain_options, word) = shell_options(args);
     Some(match word {
-        Some(word) if readable && plain_options => ShellRun::Plain(word),
+        Some(word) if readable && plain_options => ShellRun::Plain {
+            word,
+            posix: !matches!(shell, "bash" | "rbash"),
+        },
         word => ShellRun::Opaque(word),
     })
 }
@@ -444,8 +462,10 @@ enum Sep {
 enum Token {
     Word(Word),
     Sep(Sep),
-    /// A redirection, its operator and target read whole.
-    Redirect,
+    /// A redirection, its operator and target read whole; `both` for bash's `&>`/`&>>`.
+    Redirect {
+        both: bool,
+    },
     End,
 }
 
@@ -485,6 +505,8 @@ fn is_name(bytes: &[u8]) -> bool {
 struct Lexer<'a> {
     s: &'a [u8],
     i: usize,
+    /// Read as dash reads it: bash's `&>` and `|&` are not plain.
+    posix: bool,
 }
 
 impl Lexer<'_> {
@@ -519,17 +541,20 @@ impl Lexer<'_> {
             (Some(b';'), Some(b';' | b'&')) => return Err(NotPlain),
             (Some(b';'), _) => (Sep::Semi, 1),
             (Some(b'&'), Some(b'&')) | (Some(b'|'), Some(b'|')) => (Sep::AndOr, 2),
-            (Some(b'&'), Some(b'>')) => {
-                // `&>` and `&>>`: stdout and stderr to a file.
+            // `&>` and `&>>`: stdout and stderr to a file, to bash; to dash, `&` then `>`.
+            (Some(b'&'), Some(b'>')) if !self.posix => {
                 self.i += 2;
                 if self.at(0) == Some(b'>') {
                     self.i += 1;
                 }
-                return self.target();
+                self.target()?;
+                return Ok(Token::Redirect { both: true });
             }
             // A lone `&` runs the command in the background.
             (Some(b'&'), _) => return Err(NotPlain),
-            (Some(b'|'), Some(b'&')) => (Sep::Pipe, 2),
+            // `|&`: bash's `2>&1 |`; a syntax error to dash.
+            (Some(b'|'), Some(b'&')) if !self.posix => (Sep::Pipe, 2),
+            (Some(b'|'), Some(b'&')) => return Err(NotPlain),
             (Some(b'|'), _) => (Sep::Pipe, 1),
             (Some(b'<' | b'>'), _) => return self.redirect(),
             (Some(_), _) => {
@@ -573,7 +598,7 @@ impl Lexer<'_> {
                 match (self.at(0), self.at(1)) {
                     (Some(b'0'..=b'9' | b'-'), next) if next.is_none_or(ends_word) => {
                         self.i += 1;
-                        Ok(Token::Redirect)
+                        Ok(Token::Redirect { both: false })
                     }
                     _ => Err(NotPlain),
                 }
@@ -604,7 +629,7 @@ impl Lexer<'_> {
         if socket || (word.digits && matches!(self.at(0), Some(b'<' | b'>'))) {
             return Err(NotPlain);
         }
-        Ok(Token::Redirect)
+        Ok(Token::Redirect { both: false })
     }
 
     /// A word starting at a byte that does not end one: bare parts, `'single'` and
@@ -826,6 +851,9 @@ mod tests {
         ),
         // A word bash reads as an fd number or a dup target, not an argument.
         ("p1 >&rm", &[&["p1"]], true),
+        // dash reads `a &>f b` as `a &` then `>f b`: b runs.
+        ("true &>/dev/null rm -rf V", &[&["true"]], true),
+        ("sh -c 'true &>/dev/null rm -rf V'", &[&["true"]], true),
         ("p1 12>x", &[&["p1"]], true),
         // In a GBK locale the second byte of a character may be a `\`.
         ("echo \u{20ac}\\; rm -rf V", &[&["echo"]], true),
@@ -988,7 +1016,17 @@ mod tests {
         ("ls > out.txt", &[&["ls"]], false),
         ("echo hi >> log.txt 2>/dev/null", &[&["echo", "hi"]], false),
         ("npm install &> /dev/null", &[&["npm", "install"]], false),
-        ("p1 &>>log <>rw >|clobber 0<in", &[&["p1"]], false),
+        ("p1 <>rw >|clobber 0<in &>>log", &[&["p1"]], false),
+        (
+            "p1 a &>o1 2>&1; p2 &>o2 && p3",
+            &[&["p1", "a"], &["p2"], &["p3"]],
+            false,
+        ),
+        ("bash -c 'p1 &>o1 |& p2'", &[&["p1"], &["p2"]], false),
+        ("&>o1 p1", &[], true),
+        ("p1 &>o1 A=1", &[&["p1"]], true),
+        ("sh -c 'p1 |& p2'", &[&["p1"]], true),
+        ("dash -c 'p1 &>o1'", &[&["p1"]], true),
         ("sort < in.txt > 'out file.txt'", &[&["sort"]], false),
         (
             "cmd 1>&2; echo err >&2",
