@@ -79,6 +79,9 @@
 //! Wrappers (`env`, `sudo`, `xargs`, `nohup`, `timeout`, `find -exec`) are programs: the
 //! policy judges their argv, as the policy module says.
 
+#[cfg(test)]
+mod differential;
+
 /// A shell line split into simple commands.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Split {
@@ -121,6 +124,15 @@ pub fn split_shell_c(argv: &[String]) -> Split {
 /// Splits a shell line into its simple commands, or says it is not a plain script.
 pub fn split_line(line: &str) -> Split {
     split_at(line, 0, false, &mut Vec::new())
+}
+
+/// `split_line`, and the argv of every `sh -c WORD` it replaced by WORD's commands: what
+/// the differential test lets run besides the commands.
+#[cfg(test)]
+fn split_line_traced(line: &str) -> (Split, Vec<Vec<String>>) {
+    let mut shells = Vec::new();
+    let split = split_at(line, 0, false, &mut shells);
+    (split, shells)
 }
 
 /// Splits `line`, `depth` levels of `sh -c` deep: at depth 0 a `sh -c WORD` is replaced by
