@@ -1309,6 +1309,116 @@ mod tests {
         assert_eq!(split_shell_c(&[]), Split::default());
     }
 
+    /// Pieces of shell syntax, plain and not, for lines that reach every branch.
+    const FRAGMENTS: &[&str] = &[
+        "p1",
+        "a",
+        " ",
+        " ",
+        "'x y'",
+        "\"x\"",
+        "\\;",
+        "\\",
+        "A=1 ",
+        "RANDOM=",
+        "2>",
+        ">",
+        ">>",
+        "<",
+        "<>",
+        ">|",
+        "&>",
+        "2>&1",
+        ">&-",
+        "<<",
+        "|&",
+        "|",
+        "&&",
+        "||",
+        ";",
+        ";;",
+        "&",
+        "\n",
+        "#",
+        "\\\n",
+        "$",
+        "(",
+        ")",
+        "{",
+        "}",
+        "*",
+        "~",
+        "!",
+        "=",
+        "%",
+        "é",
+        "\u{1}",
+        "\r",
+        "bash -c ",
+        "sh -c ",
+        "bash -lc ",
+        "zsh -c ",
+        "'",
+        "\"",
+        "eval ",
+        "printf -v ",
+        "cd ",
+        "echo ",
+        "\"$\"",
+        "'$(p9)'",
+        "\"\\$\"",
+        "\\\"",
+        "\t",
+        "-",
+        "/dev/tcp/",
+    ];
+
+    fn fragments() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(FRAGMENTS), 0..40).prop_map(|v| v.concat())
+    }
+
+    fn single_quoted(text: &str) -> String {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_line_splits_into_nonempty_argvs(line in fragments()) {
+            let (split, shells) = split_line_traced(&line);
+            prop_assert!(split.commands.iter().all(|c| !c.is_empty()));
+            prop_assert!(shells.iter().all(|c| c.len() >= 3));
+        }
+
+        /// A plain line reads the same through `bash -c`, quoted; through `sh -c` too, but
+        /// for bash's own `&>` and `|&`.
+        #[test]
+        fn a_plain_line_reads_the_same_through_a_shell(line in fragments()) {
+            let (split, shells) = split_line_traced(&line);
+            if !split.unparsed && shells.is_empty() {
+                let inner = split_line(&format!("bash -c {}", single_quoted(&line)));
+                prop_assert_eq!(&inner, &split);
+                let inner = split_line(&format!("sh -c {}", single_quoted(&line)));
+                if line.contains("&>") || line.contains("|&") {
+                    prop_assert!(inner.unparsed);
+                } else {
+                    prop_assert_eq!(&inner, &split);
+                }
+            }
+        }
+
+        /// No input makes the splitter recurse or rescan: a line a hundred thousand bytes
+        /// long of any repeated piece splits (a quadratic reading would not finish).
+        #[test]
+        fn long_lines_split_in_one_pass(piece in fragments(), tail in fragments()) {
+            let times = 100_000 / piece.len().max(1);
+            let line = piece.repeat(times) + &tail;
+            let split = split_line(&line);
+            prop_assert!(split.commands.len() <= line.len());
+        }
+    }
+
     #[test]
     fn splits_huge_and_odd_inputs_in_passing() {
         let long = "ls && ".repeat(20_000) + "ls";
