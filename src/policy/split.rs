@@ -50,8 +50,10 @@
 //!   dynamic ones (`RANDOM`, `SRANDOM`, `OPTIND`, `HISTCMD`, `SECONDS`, `LINENO`,
 //!   `EPOCH*`), whose value is evaluated as arithmetic (`x='a[$(rm -rf V)]'; RANDOM=x`
 //!   runs rm), every `BASH*` name but `BASH_ENV` and `BASHOPTS` (`BASH_CMDS=/bin/rm; 0 -rf V`
-//!   runs rm as `0`) and `POSIXLY_CORRECT` (POSIX mode). A command of assignments (and
-//!   redirections) only is plain and runs nothing.
+//!   runs rm as `0`), `POSIXLY_CORRECT` (POSIX mode), and `SSH_CLIENT`, `SSH2_CLIENT` and
+//!   `SHLVL`: a bash started with one of the first two set and `SHLVL` below 1 reads
+//!   `~/.bashrc` (Debian builds bash so), which the line itself may have just written. A
+//!   command of assignments (and redirections) only is plain and runs nothing.
 //!
 //! What a simple command's first word (after quote removal) may be:
 //! - A reserved word (`if`, `for`, `!`, `{`, `[[`, `time`, `coproc`, `function`, ...), in
@@ -349,6 +351,9 @@ fn assignment_is_plain(name: &str) -> bool {
             | "EPOCHSECONDS"
             | "EPOCHREALTIME"
             | "POSIXLY_CORRECT"
+            | "SSH_CLIENT"
+            | "SSH2_CLIENT"
+            | "SHLVL"
     ) || (name.starts_with("BASH") && !matches!(name, "BASH_ENV" | "BASHOPTS"));
     !special
 }
@@ -861,6 +866,12 @@ mod tests {
         (
             "unset 'a[$(rm -rf V)]'",
             &[&["unset", "a[$(rm -rf V)]"]],
+            true,
+        ),
+        // bash with SSH_CLIENT set and SHLVL low reads ~/.bashrc, written just before.
+        (
+            "cd; echo 'rm -rf V' > .bashrc; SSH_CLIENT=x SHLVL=0 bash -c true; true",
+            &[&["cd"], &["echo", "rm -rf V"]],
             true,
         ),
         // A word bash reads as an fd number or a dup target, not an argument.

@@ -213,7 +213,6 @@ fn the_lists_cover_the_installed_bash() {
         "PWD",
         "SHELL",
         "SHELLOPTS",
-        "SHLVL",
         "TERM",
         "UID",
         "_",
@@ -876,9 +875,21 @@ const REDIRECTS_ODD: &[&str] = &[
     "2>&12",
     ">/dev/tcp/127.0.0.1/9",
 ];
-const TARGETS: &[&str] = &["o1", "o2", "'o 3'", "\"o4\"", "o\\5", "/dev/null", "o$"];
+const TARGETS: &[&str] = &[
+    "o1",
+    "o2",
+    "'o 3'",
+    "\"o4\"",
+    "o\\5",
+    "/dev/null",
+    "o$",
+    ".bashrc",
+    ".profile",
+];
 const NAMES: &[&str] = &["A", "B", "FOO", "x", "_y", "a1"];
 const NAMES_RARE: &[&str] = &[
+    "SSH_CLIENT",
+    "SHLVL",
     "LANG",
     "LC_ALL",
     "HOME",
