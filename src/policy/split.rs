@@ -1390,8 +1390,9 @@ mod tests {
         prop::collection::vec(prop::sample::select(FRAGMENTS), 0..40).prop_map(|v| v.concat())
     }
 
-    fn single_quoted(text: &str) -> String {
-        format!("'{}'", text.replace('\'', "'\\''"))
+    /// `text` single-quoted for a shell.
+    pub(super) fn single_quoted(text: &str) -> String {
+        format!("'{}'", text.replace('\'', r"'\''"))
     }
 
     use proptest::prelude::*;

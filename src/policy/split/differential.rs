@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::tests::{Case, CASES, FOUND, RED_TEAM};
+use super::tests::{single_quoted, Case, CASES, FOUND, RED_TEAM};
 use super::{split_line_traced, Split};
 use crate::policy::changes_what_runs;
 
@@ -471,11 +471,6 @@ fn confined(line: &str) -> bool {
 /// A program name that can be a file in `bin/`.
 fn file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/')
-}
-
-/// `text` single-quoted for bash.
-fn single_quoted(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 fn differential(tools: &Tools, lines: &[String]) -> Report {
