@@ -29,6 +29,7 @@ mod gate;
 mod holds;
 mod hosts;
 mod http;
+mod input;
 mod peers;
 mod protocol;
 mod pty;
