@@ -1,13 +1,23 @@
 //! Starting a command without holding the loop. The loop prepares everything a spawn needs
 //! without touching the file system (argv, environment, pipes) and hands it to a spawner
 //! thread, which looks the program up in `PATH` (a `stat` of a peer-chosen path may hang
-//! on a dead network mount: never on the loop) and starts it the way `posix_spawn` does:
-//! `clone(CLONE_VM | CLONE_VFORK)` into a child that only makes system calls (cgroup,
-//! session, limits, user, parent-death signal, stdio, directory, exec). The thread is
-//! suspended until the child has exec'd or failed; the child writes the step that failed
-//! and its errno into the plan they share, and the thread reports the outcome on a channel
-//! whose `Waker` wakes the loop. Meanwhile the loop serves everyone else, and with more
-//! than one thread, spawns run side by side on every core.
+//! on a dead network mount: never on the loop) and starts it the way `posix_spawn` does,
+//! with a child that shares the daemon's memory and only makes system calls (cgroup,
+//! session, limits, user, parent-death signal, stdio, directory, exec). The child writes
+//! the step that failed and its errno into the plan they share, and the thread reports the
+//! outcome on a channel whose `Waker` wakes the loop. Meanwhile the loop serves everyone
+//! else, and with more than one thread, spawns run side by side on every core.
+//!
+//! A command is a child of the daemon's main thread, never of the spawner thread that
+//! started it. The parent-death signal follows the thread that is a child's parent, and
+//! `execve` (an upgrade in place, PROTOCOL 13) ends every thread but the one that calls it:
+//! a command whose parent was a spawner thread would be SIGKILLed by its own parent-death
+//! signal at the upgrade. So the thread clones a short-lived intermediate
+//! (`clone(CLONE_VM | CLONE_VFORK)`, the thread suspended until it exits), which clones the
+//! command (`CLONE_VM | CLONE_CHILD_CLEARTID`) and exits at once; the daemon being a
+//! subreaper, the orphaned command is re-parented to the first live thread of the daemon,
+//! its main thread, and only then sets its parent-death signal. The thread waits for the
+//! command's exec (or failure) on the futex the kernel clears and wakes at that moment.
 //!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
@@ -16,8 +26,8 @@
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - The child never allocates, locks or unwinds: everything it needs is prepared first,
 //!   and it shares memory only with a suspended spawner thread, whose errno it may clobber.
-//! - A spawner thread lives as long as the daemon: the parent-death signal a child sets
-//!   follows the thread that cloned it.
+//! - A command's parent is the daemon's main thread (the one that loops, and that calls
+//!   `execve` for an upgrade) before it sets its parent-death signal.
 //! - A child's own ends of its pipes stay open until it has them (the spawner thread drops
 //!   them after the clone); the loop holds the parent's ends from the start.
 //! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
@@ -210,6 +220,14 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
 
 /// Size of the child's stack between clone and exec: it only makes system calls.
 const CHILD_STACK: usize = 64 << 10;
+/// Size of the intermediate's stack: it makes one clone and exits.
+const BRIDGE_STACK: usize = 16 << 10;
+/// How long a spawner thread sleeps on the command's futex before looking again (a wake it
+/// missed costs at most this).
+const EXEC_WAIT_SLICE: libc::timespec = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: 50_000_000,
+};
 
 /// What is the same for every spawn, prepared once and shared with the threads.
 struct Shared {
@@ -233,9 +251,10 @@ struct Shared {
 /// takes the guard before it clones and the child lets it go once it has closed every
 /// descriptor but its own stdio: no clone happens while another child still holds copies.
 /// The child cannot be relied on to let go (it may be killed first), so the thread lets
-/// go too once the clone returns; each lets go only if it is still its holder's. Before a
-/// thread reports a spawn it takes and lets go the guard once more, after closing the
-/// command's child ends: a child cloned meanwhile has closed its copies by then.
+/// go too once the child has exec'd or exited; each lets go only if it is still its
+/// holder's. Before a thread reports a spawn it takes and lets go the guard once more,
+/// after closing the command's child ends: a child cloned meanwhile has closed its copies
+/// by then.
 struct CloneGuard(AtomicU32);
 
 impl CloneGuard {
@@ -326,6 +345,13 @@ struct ChildPlan {
     /// The guard the thread took for this clone, and as whom.
     guard: *const CloneGuard,
     holder: u32,
+    /// The top of the command's own stack (the intermediate runs on another).
+    stack: *mut libc::c_void,
+    /// The command's pid as the intermediate's clone returned it, or `-errno`.
+    pid: libc::c_int,
+    /// Nonzero until the command has exec'd or exited: the kernel clears it then and wakes
+    /// its futex (`CLONE_CHILD_CLEARTID`).
+    running: libc::c_int,
     /// Written by the child when a step fails: which one, and its errno.
     failed: libc::c_int,
     err: libc::c_int,
@@ -336,12 +362,42 @@ const FAILED_SETUP: libc::c_int = 1;
 const FAILED_CWD: libc::c_int = 2;
 const FAILED_EXEC: libc::c_int = 3;
 
-/// Runs in the cloned child, on its own stack, while the spawner thread is suspended
-/// (CLONE_VFORK): signals, stdio (and nothing else open), cgroup, session, limits, user,
-/// parent-death signal, directory, then exec. Only system calls.
+/// Runs in the intermediate, on its own stack, while the spawner thread is suspended
+/// (CLONE_VFORK): clones the command onto its stack, tells the thread its pid, and exits,
+/// so that the command is re-parented to the daemon's main thread (see the module header).
+extern "C" fn bridge_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the thread's `ChildPlan`, alive while the thread is suspended until
+    // this intermediate exits, and after that until the command it clones has exec'd or
+    // exited (the thread waits for `running` to clear).
+    unsafe {
+        let plan = arg.cast::<ChildPlan>();
+        let running = std::ptr::addr_of_mut!((*plan).running);
+        let pid = libc::clone(
+            child_main,
+            (*plan).stack,
+            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
+            arg,
+            std::ptr::null_mut::<libc::pid_t>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            running,
+        );
+        let pid = if pid < 0 {
+            -*libc::__errno_location()
+        } else {
+            pid
+        };
+        std::ptr::write_volatile(std::ptr::addr_of_mut!((*plan).pid), pid);
+        libc::_exit(0)
+    }
+}
+
+/// Runs in the command's process, on its own stack, sharing the daemon's memory until it
+/// execs: waits to be the main thread's child, then signals, stdio (and nothing else
+/// open), cgroup, session, limits, user, parent-death signal, directory, then exec. Only
+/// system calls.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the thread's `ChildPlan`, alive and untouched while the thread is
-    // suspended until this child execs or exits.
+    // SAFETY: `arg` is the thread's `ChildPlan`, alive and untouched while the thread waits
+    // for this child to exec or exit.
     let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
     // SAFETY: async-signal-safe system calls on memory prepared before the clone.
     unsafe {
@@ -352,6 +408,22 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             guard.let_go(plan.holder);
             libc::_exit(127)
         };
+        // The intermediate exits right after cloning this child, which the kernel then
+        // hands to the daemon (a subreaper), to its main thread. Until that happened the
+        // parent-death signal would follow the intermediate. A parent that is neither
+        // (the daemon died meanwhile) ends the spawn.
+        let bridge = libc::getppid();
+        loop {
+            let parent = libc::getppid();
+            if parent == plan.parent {
+                break;
+            }
+            if parent != bridge {
+                *libc::__errno_location() = libc::ESRCH;
+                return fail(plan, FAILED_SETUP);
+            }
+            libc::sched_yield();
+        }
         // No handler of the daemon may ever run here: every caught signal goes back to
         // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
         let mut dfl: libc::sigaction = std::mem::zeroed();
@@ -506,13 +578,26 @@ fn signals_to_reset() -> Vec<libc::c_int> {
         .collect()
 }
 
-/// Starts a prepared job: looks the program up, clones the child and waits (suspended by
-/// CLONE_VFORK) until it has exec'd or failed. The job's descriptors are closed when it
+/// The stacks a spawner thread lends the processes it clones.
+struct Stacks {
+    /// The command's, between its clone and its exec.
+    child: Vec<u8>,
+    /// The intermediate's.
+    bridge: Vec<u8>,
+}
+
+/// The 16-byte-aligned top of a stack (stacks grow down), as clone takes it.
+fn top_of(stack: &mut [u8]) -> *mut libc::c_void {
+    ((stack.as_mut_ptr() as usize + stack.len()) & !15) as *mut libc::c_void
+}
+
+/// Starts a prepared job: looks the program up, clones the child (through the
+/// intermediate) and waits until it has exec'd or failed. The job's descriptors are closed when it
 /// returns: the child has its copies.
 fn run(
     shared: &Shared,
     job: &Job,
-    stack: &mut [u8],
+    stacks: &mut Stacks,
     holder: u32,
 ) -> Result<i32, (FailedAt, io::Error)> {
     let program = OsStr::from_bytes(job.program.as_bytes());
@@ -559,41 +644,70 @@ fn run(
         tty: job.tty,
         guard: &shared.guard,
         holder,
+        stack: top_of(&mut stacks.child),
+        pid: 0,
+        running: 1,
         failed: 0,
         err: 0,
     };
-    // The stack grows down: hand clone its 16-byte-aligned top.
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // SAFETY: signals are blocked around the clone so no handler runs in the child before
-    // it resets them; the child runs `child_main` on its own stack with `plan`, which
-    // stays alive and unmoved until clone returns (CLONE_VFORK suspends this thread until
-    // the child execs or exits).
+    let plan_ptr: *mut ChildPlan = &mut plan;
+    // SAFETY: signals are blocked around the clone so no handler runs in the intermediate
+    // or the command before the command resets them (both inherit this mask); the
+    // intermediate runs `bridge_main` on its own stack with `plan`, which stays alive and
+    // unmoved until clone returns (CLONE_VFORK suspends this thread until the
+    // intermediate exits) and then until the command has exec'd or exited (the wait on
+    // `running` below). The intermediate's exit signal is 0, so the loop's `wait4(-1)`
+    // never sees it: it is reaped here, with `__WCLONE`.
     shared.guard.take(holder);
     let pid = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut before: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
-        let pid = libc::clone(
-            child_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut plan as *mut ChildPlan).cast(),
+        let bridge = libc::clone(
+            bridge_main,
+            top_of(&mut stacks.bridge),
+            libc::CLONE_VM | libc::CLONE_VFORK,
+            plan_ptr.cast(),
         );
         let clone_err = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-        // The child has exec'd or exited: it holds no copies of the daemon's any more.
-        shared.guard.let_go(holder);
-        if pid < 0 {
+        if bridge < 0 {
+            shared.guard.let_go(holder);
             return Err((FailedAt::Setup, clone_err));
         }
+        let mut status = 0;
+        while libc::waitpid(bridge, &mut status, libc::__WCLONE) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        let pid = std::ptr::read_volatile(std::ptr::addr_of!((*plan_ptr).pid));
+        if pid <= 0 {
+            shared.guard.let_go(holder);
+            return Err((FailedAt::Setup, io::Error::from_raw_os_error(-pid)));
+        }
+        // The command runs beside this thread in the same memory until its exec: wait
+        // for the kernel to clear `running` (at its exec or exit) before anything it
+        // reads goes away. The futex is woken as a shared one (the kernel's wake at exec
+        // does not say private), so it is waited for as one.
+        let running = std::ptr::addr_of_mut!((*plan_ptr).running);
+        while std::ptr::read_volatile(running) != 0 {
+            libc::syscall(
+                libc::SYS_futex,
+                running,
+                libc::FUTEX_WAIT,
+                1,
+                &EXEC_WAIT_SLICE as *const libc::timespec,
+            );
+        }
+        // The command has exec'd or exited: it holds no copies of the daemon's any more.
+        shared.guard.let_go(holder);
         pid
     };
     // SAFETY: the child wrote these before exiting; read them as memory another task wrote.
     let (failed, err) = unsafe {
         (
-            std::ptr::read_volatile(&plan.failed),
-            std::ptr::read_volatile(&plan.err),
+            std::ptr::read_volatile(std::ptr::addr_of!((*plan_ptr).failed)),
+            std::ptr::read_volatile(std::ptr::addr_of!((*plan_ptr).err)),
         )
     };
     // A child that failed has exited; the loop reaps it like any other.
@@ -614,7 +728,10 @@ fn serve(
     waker: Arc<mio::Waker>,
     holder: u32,
 ) {
-    let mut stack = vec![0u8; CHILD_STACK];
+    let mut stacks = Stacks {
+        child: vec![0u8; CHILD_STACK],
+        bridge: vec![0u8; BRIDGE_STACK],
+    };
     loop {
         let job = match jobs.lock() {
             Ok(rx) => match rx.recv() {
@@ -624,7 +741,7 @@ fn serve(
             Err(_) => return,
         };
         let cloned_at = Instant::now();
-        let result = run(&shared, &job, &mut stack, holder);
+        let result = run(&shared, &job, &mut stacks, holder);
         let id = job.id;
         // The child's ends close here: it has its own copies (or has exited). A child
         // another thread cloned meanwhile may hold copies too until it has closed them,
