@@ -181,6 +181,10 @@ pub struct Policy {
     /// First-word index: each alternative of a rule's first element -> rule indices,
     /// ascending. See the module invariants.
     by_first: HashMap<String, Vec<usize>>,
+    /// The text it was parsed from (none for the policy without a file): an upgrade in
+    /// place carries it, so that the new image keeps this policy when the file no longer
+    /// loads (PROTOCOL 13).
+    source: Option<String>,
 }
 
 impl Default for Policy {
@@ -195,6 +199,7 @@ impl Default for Policy {
             env_allow: true,
             rules: Vec::new(),
             by_first: HashMap::new(),
+            source: None,
         }
     }
 }
@@ -286,7 +291,13 @@ impl Policy {
             env_allow,
             rules,
             by_first,
+            source: Some(text.to_string()),
         })
+    }
+
+    /// The text this policy was parsed from; `None` for the policy without a file.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
     }
 
     /// Reads and parses a policy file. The error names the file, then the problem.

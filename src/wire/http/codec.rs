@@ -18,6 +18,9 @@
 //! - Each head is handed to `httparse` only when a new line has arrived (or the head is over
 //!   its bound), so a head trickled in byte by byte costs linear time, not quadratic.
 
+use crate::wire::state::{
+    AuthImage, BlobsIn, BlobsOut, Bytes, FramingImage, HttpImage, HttpStateImage, StateError,
+};
 use serde_json::{json, Value};
 
 use super::route::{failure_body, response};
@@ -786,6 +789,102 @@ fn trim(bytes: &[u8]) -> &[u8] {
             .take_while(|&&b| b == b' ' || b == b'\t')
             .count();
     &bytes[..end]
+}
+
+impl HttpCodec {
+    /// What an upgrade in place carries of this codec: the bytes not consumed, how far
+    /// they were looked at, and where the parser stands (a request whose body is still
+    /// arriving keeps what arrived of it).
+    pub fn carry(&self, blobs: &mut BlobsOut) -> HttpImage {
+        let state = match &self.state {
+            State::Head => HttpStateImage::Head,
+            State::Done => HttpStateImage::Done,
+            State::Body(p) => HttpStateImage::Body {
+                method: p.request.method.clone(),
+                path: p.request.path.clone(),
+                body: blobs.put(&p.request.body),
+                keep_alive: p.request.keep_alive,
+                authorization: p.request.authorization.clone(),
+                framing: match p.framing {
+                    Framing::Length(n) => FramingImage::Length(n),
+                    Framing::Chunked(Chunk::Size) => FramingImage::ChunkSize,
+                    Framing::Chunked(Chunk::Data(n)) => FramingImage::ChunkData(n),
+                    Framing::Chunked(Chunk::DataEnd) => FramingImage::ChunkDataEnd,
+                    Framing::Chunked(Chunk::Trailers) => FramingImage::Trailers,
+                },
+                continue_due: p.continue_due,
+            },
+        };
+        HttpImage {
+            unparsed: blobs.put(self.avail()),
+            scanned: self.scanned,
+            state,
+            max_head: self.limits.max_head,
+            max_headers: self.limits.max_headers,
+            max_body: self.limits.max_body,
+            auth: match &self.auth {
+                Auth::Peer => AuthImage::Peer,
+                Auth::Open => AuthImage::Open,
+                Auth::Token(t) => AuthImage::Token(Bytes(t.to_vec())),
+            },
+            // The exchange's part (`HttpSession::carry`) fills these.
+            order: Vec::new(),
+            waiting: 0,
+            held: 0,
+            requests: 0,
+            next_req: 0,
+        }
+    }
+
+    /// The codec `carry` described.
+    pub fn resume(img: &HttpImage, blobs: &BlobsIn) -> Result<HttpCodec, StateError> {
+        let state = match &img.state {
+            HttpStateImage::Head => State::Head,
+            HttpStateImage::Done => State::Done,
+            HttpStateImage::Body {
+                method,
+                path,
+                body,
+                keep_alive,
+                authorization,
+                framing,
+                continue_due,
+            } => State::Body(Box::new(Partial {
+                request: HttpRequest {
+                    method: method.clone(),
+                    path: path.clone(),
+                    body: blobs.get(*body)?.to_vec(),
+                    keep_alive: *keep_alive,
+                    authorization: authorization.clone(),
+                },
+                framing: match framing {
+                    FramingImage::Length(n) => Framing::Length(*n),
+                    FramingImage::ChunkSize => Framing::Chunked(Chunk::Size),
+                    FramingImage::ChunkData(n) => Framing::Chunked(Chunk::Data(*n)),
+                    FramingImage::ChunkDataEnd => Framing::Chunked(Chunk::DataEnd),
+                    FramingImage::Trailers => Framing::Chunked(Chunk::Trailers),
+                },
+                continue_due: *continue_due,
+            })),
+        };
+        let buf = blobs.get(img.unparsed)?.to_vec();
+        Ok(HttpCodec {
+            limits: Limits {
+                max_head: img.max_head,
+                max_headers: img.max_headers,
+                max_body: img.max_body,
+            },
+            auth: match &img.auth {
+                AuthImage::Peer => Auth::Peer,
+                AuthImage::Open => Auth::Open,
+                AuthImage::Token(t) => Auth::Token(t.0.clone().into()),
+            },
+            scanned: img.scanned.min(buf.len()),
+            buf,
+            start: 0,
+            state,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::codec::{Auth, Event, HttpCodec, HttpRequest, Limits, CONTINUE};
 use super::route::*;
 use crate::wire::rpc::{Incoming, ReqNo, Room, RpcError};
+use crate::wire::state::{BlobsIn, BlobsOut, HttpImage, SlotImage, StateError};
 
 /// One answer in request order: written already, or still being worked on.
 #[derive(Debug)]
@@ -202,6 +203,56 @@ impl HttpSession {
     }
 }
 
+impl HttpSession {
+    /// What an upgrade in place carries of this exchange: the codec's state, and the
+    /// answers in request order (written ones held behind a waiting request, and the
+    /// request numbers still waited for).
+    pub fn carry(&self, blobs: &mut BlobsOut) -> HttpImage {
+        let mut img = self.codec.carry(blobs);
+        img.order = self
+            .order
+            .iter()
+            .map(|slot| match slot {
+                Slot::Ready(bytes) => SlotImage::Ready(blobs.put(bytes)),
+                Slot::Waiting { req, keep_alive } => SlotImage::Waiting {
+                    req: req.0,
+                    keep_alive: *keep_alive,
+                },
+            })
+            .collect();
+        img.waiting = self.waiting;
+        img.held = self.held;
+        img.requests = self.requests;
+        img.next_req = self.next_req;
+        img
+    }
+
+    /// The exchange `carry` described.
+    pub fn resume(img: &HttpImage, blobs: &BlobsIn) -> Result<HttpSession, StateError> {
+        let order = img
+            .order
+            .iter()
+            .map(|slot| {
+                Ok(match slot {
+                    SlotImage::Ready(blob) => Slot::Ready(blobs.get(*blob)?.to_vec()),
+                    SlotImage::Waiting { req, keep_alive } => Slot::Waiting {
+                        req: ReqNo(*req),
+                        keep_alive: *keep_alive,
+                    },
+                })
+            })
+            .collect::<Result<VecDeque<_>, StateError>>()?;
+        Ok(HttpSession {
+            codec: HttpCodec::resume(img, blobs)?,
+            order,
+            waiting: img.waiting,
+            held: img.held,
+            requests: img.requests,
+            next_req: img.next_req,
+        })
+    }
+}
+
 /// A body as a method's params: empty is `{}`, a JSON object is itself; anything else is
 /// the error it maps to (`-32700` not JSON, `-32602` not an object or nested too deeply).
 fn body_params(body: &[u8]) -> Result<Map<String, Value>, (i64, String, Option<Value>)> {
@@ -299,5 +350,49 @@ mod tests {
             "held fills the room"
         );
         assert_eq!(take(&mut s, &mut out, room(held + 1)).len(), 1);
+    }
+
+    #[test]
+    fn an_exchange_carried_by_an_upgrade_goes_on_as_if_nothing_happened() {
+        let mut s = HttpSession::new(limits(), Auth::Token(b"tok".to_vec().into()));
+        let mut out = Vec::new();
+        let auth = "Authorization: Bearer tok\r\n";
+        // A long poll waits, the request after it is answered (held behind it), and a
+        // third arrives in pieces: its head and half of its chunked body.
+        s.push(
+            format!("POST /v1/bash/output HTTP/1.1\r\n{auth}Content-Length: 2\r\n\r\n{{}}")
+                .as_bytes(),
+        );
+        s.push(format!("GET /v1/bash/sessions HTTP/1.1\r\n{auth}\r\n").as_bytes());
+        s.push(format!("POST /v1/bash/exec HTTP/1.1\r\n{auth}Transfer-Encoding: chunked\r\n\r\n7\r\n{{\"com").as_bytes());
+        let reqs = take(&mut s, &mut out, room(1 << 20));
+        assert_eq!(reqs.len(), 2);
+        s.answer(reqs[1], &Ok(json!([])), &mut out);
+        assert!(out.is_empty(), "held behind the long poll");
+        let mut blobs = BlobsOut::default();
+        let img = s.carry(&mut blobs);
+        let read: HttpImage = serde_json::from_slice(&serde_json::to_vec(&img).unwrap()).unwrap();
+        assert_eq!(read, img);
+        let area = blobs.bytes().to_vec();
+        let mut t = HttpSession::resume(&read, &BlobsIn(&area)).unwrap();
+        let mut again = BlobsOut::default();
+        assert_eq!(t.carry(&mut again), img, "carried again, it is the same");
+        for (s, mut out) in [(&mut s, out), (&mut t, Vec::new())] {
+            s.push(b"ma\r\nb\r\nnd\":\"true\"}\r\n0\r\n\r\n");
+            let third = take(s, &mut out, room(1 << 20));
+            assert_eq!(third, vec![ReqNo(2)], "the third request, whole");
+            s.answer(reqs[0], &Ok(json!({"late": true})), &mut out);
+            s.answer(third[0], &Ok(json!({"third": true})), &mut out);
+            let text = String::from_utf8(out).unwrap();
+            let bodies: Vec<&str> = text
+                .match_indices("\"data\":")
+                .map(|(i, _)| &text[i..i + 20])
+                .collect();
+            assert_eq!(responses(text.as_bytes()), 3, "{text}");
+            assert!(bodies[0].starts_with("\"data\":{\"late\""), "{bodies:?}");
+            assert!(bodies[1].starts_with("\"data\":[]"), "{bodies:?}");
+            assert!(bodies[2].starts_with("\"data\":{\"third\""), "{bodies:?}");
+            assert_eq!((s.waiting(), s.held()), (0, 0));
+        }
     }
 }

@@ -6,10 +6,15 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::Value;
 
+use crate::wire::state::{
+    BatchImage, BlobsIn, BlobsOut, QueuedImage, ReplyToImage, RpcImage, StateError,
+};
+
 use super::error::RpcError;
 use super::framer::{Frame, Framer};
 use super::message::{
-    parse_line, write_response, Id, Incoming, Message, ParsedLine, ReqNo, RpcRequest,
+    carry_message, parse_line, resume_message, write_response, Id, Incoming, Message, ParsedLine,
+    ReqNo, RpcRequest,
 };
 
 /// Requests one connection may have unanswered (parked, or in open batches) before
@@ -326,6 +331,136 @@ impl RpcSession {
     }
 }
 
+impl RpcSession {
+    /// What an upgrade in place carries of this exchange (`wire::state::RpcImage`): the
+    /// unframed input, the batch elements not handed out, the requests owed an answer and
+    /// the batches being gathered, with the numbers they go by.
+    pub fn carry(&self, blobs: &mut BlobsOut) -> RpcImage {
+        let (unframed, scanned, discarding) = self.framer.carry();
+        let reply = |to: &ReplyTo| match to {
+            ReplyTo::Single(id) => ReplyToImage::Single {
+                id: id.as_json().to_string(),
+            },
+            ReplyTo::Batch { batch, slot, id } => ReplyToImage::Batch {
+                batch: *batch,
+                slot: *slot,
+                id: id.as_json().to_string(),
+            },
+        };
+        let mut open: Vec<(u64, ReplyToImage)> =
+            self.open.iter().map(|(r, to)| (r.0, reply(to))).collect();
+        open.sort_by_key(|(r, _)| *r);
+        let mut batches: Vec<BatchImage> = self
+            .batches
+            .iter()
+            .map(|(id, b)| BatchImage {
+                id: *id,
+                slots: b
+                    .slots
+                    .iter()
+                    .map(|s| s.as_ref().map(|bytes| blobs.put(bytes)))
+                    .collect(),
+                pending: b.pending,
+                bytes: b.bytes,
+                open: b.open,
+            })
+            .collect();
+        batches.sort_by_key(|b| b.id);
+        RpcImage {
+            unframed: blobs.put(unframed),
+            scanned,
+            discarding,
+            queue: self
+                .queue
+                .iter()
+                .map(|q| match q {
+                    Queued::Message { msg, batch } => QueuedImage::Message {
+                        msg: carry_message(msg),
+                        batch: *batch,
+                    },
+                    Queued::BatchEnd(b) => QueuedImage::BatchEnd(*b),
+                })
+                .collect(),
+            open,
+            next_req: self.next_req,
+            batches,
+            next_batch: self.next_batch,
+        }
+    }
+
+    /// The exchange `carry` described, with the bounds of the daemon that resumes it.
+    pub fn resume(
+        img: &RpcImage,
+        blobs: &BlobsIn,
+        max_message: usize,
+        max_batch: usize,
+    ) -> Result<RpcSession, StateError> {
+        let id = |text: &str| {
+            Id::carried(text).ok_or_else(|| StateError::new(format!("a request id {text:?}")))
+        };
+        let mut open = HashMap::new();
+        for (req, to) in &img.open {
+            let to = match to {
+                ReplyToImage::Single { id: i } => ReplyTo::Single(id(i)?),
+                ReplyToImage::Batch { batch, slot, id: i } => ReplyTo::Batch {
+                    batch: *batch,
+                    slot: *slot,
+                    id: id(i)?,
+                },
+            };
+            open.insert(ReqNo(*req), to);
+        }
+        let mut batches = HashMap::new();
+        for b in &img.batches {
+            let slots = b
+                .slots
+                .iter()
+                .map(|s| {
+                    s.map(|blob| blobs.get(blob).map(<[u8]>::to_vec))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            batches.insert(
+                b.id,
+                Batch {
+                    slots,
+                    pending: b.pending,
+                    bytes: b.bytes,
+                    open: b.open,
+                },
+            );
+        }
+        let queue = img
+            .queue
+            .iter()
+            .map(|q| {
+                Ok(match q {
+                    QueuedImage::Message { msg, batch } => Queued::Message {
+                        msg: resume_message(msg)?,
+                        batch: *batch,
+                    },
+                    QueuedImage::BatchEnd(b) => Queued::BatchEnd(*b),
+                })
+            })
+            .collect::<Result<VecDeque<_>, StateError>>()?;
+        Ok(RpcSession {
+            framer: Framer::resume(
+                max_message,
+                blobs.get(img.unframed)?,
+                img.scanned,
+                img.discarding,
+            ),
+            max_message,
+            max_batch,
+            queue,
+            open,
+            next_req: img.next_req,
+            batches,
+            next_batch: img.next_batch,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! One connection's exchange as a client sees it, with no daemon behind it: lines in,
@@ -604,5 +739,67 @@ mod tests {
         };
         assert!(s.next(&mut out, full).is_none());
         assert!(s.next(&mut out, ROOM).is_some(), "read once there is room");
+    }
+
+    /// Carries `s` the way an upgrade does: to its image, through the encoded document and
+    /// the blob area, and back.
+    fn through_upgrade(s: &RpcSession) -> RpcSession {
+        let mut blobs = BlobsOut::default();
+        let img = s.carry(&mut blobs);
+        let json = serde_json::to_vec(&img).unwrap();
+        let read: RpcImage = serde_json::from_slice(&json).unwrap();
+        assert_eq!(read, img);
+        let area = blobs.bytes().to_vec();
+        let back = RpcSession::resume(&read, &BlobsIn(&area), 512, 10).unwrap();
+        let mut again = BlobsOut::default();
+        assert_eq!(back.carry(&mut again), img, "carried again, it is the same");
+        assert_eq!(again.bytes(), blobs.bytes());
+        back
+    }
+
+    #[test]
+    fn an_exchange_carried_by_an_upgrade_goes_on_as_if_nothing_happened() {
+        let mut p = Peer::new(10);
+        // One request parked, a batch with one element answered and one parked, half a
+        // line, and a batch read but not handed out (the room is full).
+        p.send(r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"park"}"#);
+        p.send("\n");
+        p.send(r#"[{"jsonrpc":"2.0","id":"a","method":"x"},{"jsonrpc":"2.0","id":"b","method":"park"}]"#);
+        p.send("\n");
+        assert_eq!(p.parked.len(), 2);
+        p.s.push(br#"[{"jsonrpc":"2.0","id":1,"method":"y"},{"jsonrpc":"2.0","method":"n"}]"#);
+        p.s.push(b"\n");
+        let full = Room { owed: 10, cap: 10 };
+        // The line is framed, its elements wait in the queue for room.
+        assert!(p.s.next(&mut p.out, full).is_none());
+        p.s.push(br#"{"jsonrpc":"2.0","id":"half","meth"#);
+        assert!(p.answers().is_empty());
+        let mut q = Peer {
+            s: through_upgrade(&p.s),
+            out: Vec::new(),
+            parked: p.parked.clone(),
+            notified: Vec::new(),
+        };
+        // Both go on alike: the rest of the half line, the queued batch, the parked ones.
+        for peer in [&mut p, &mut q] {
+            let mut seen = peer.send("od\":\"z\"}\n");
+            seen.extend(peer.unpark());
+            seen.extend(peer.unpark());
+            assert_eq!(
+                seen,
+                vec![
+                    json!([{"jsonrpc":"2.0","id":1,"result":{"method":"y"}}]),
+                    json!({"jsonrpc":"2.0","id":"half","result":{"method":"z"}}),
+                    serde_json::from_str::<Value>(
+                        r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"result":"late"}"#
+                    )
+                    .unwrap(),
+                    json!([{"jsonrpc":"2.0","id":"a","result":{"method":"x"}},
+                           {"jsonrpc":"2.0","id":"b","result":"late"}]),
+                ]
+            );
+            assert_eq!(peer.notified, vec!["n"]);
+            assert!(peer.s.idle());
+        }
     }
 }

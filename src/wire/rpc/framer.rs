@@ -122,6 +122,25 @@ impl Framer {
     }
 }
 
+impl Framer {
+    /// What an upgrade in place carries: the unframed bytes, how far they were searched,
+    /// and whether an overlong line is being discarded.
+    pub fn carry(&self) -> (&[u8], usize, bool) {
+        (&self.buf[self.consumed..], self.scanned, self.discarding)
+    }
+
+    /// A framer resumed from what `carry` gave.
+    pub fn resume(max: usize, unframed: &[u8], scanned: usize, discarding: bool) -> Framer {
+        Framer {
+            buf: unframed.to_vec(),
+            consumed: 0,
+            scanned: scanned.min(unframed.len()),
+            max,
+            discarding,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

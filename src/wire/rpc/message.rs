@@ -34,6 +34,13 @@ impl Id {
         serde_json::from_str(&self.0).unwrap_or(Value::Null)
     }
 
+    /// An id carried by an upgrade in place, as `as_json` wrote it: the JSON text of a
+    /// string, a number or null, checked as a client's would be.
+    pub fn carried(text: &str) -> Option<Id> {
+        let raw = serde_json::from_str::<&RawValue>(text).ok()?;
+        Id::from_raw(raw)
+    }
+
     /// A usable id from raw JSON text: a string, a number, or null. `None` for any other
     /// JSON value (an object, an array, a boolean).
     fn from_raw(raw: &RawValue) -> Option<Id> {
@@ -305,6 +312,69 @@ pub fn write_event(out: &mut Vec<u8>, kind: &str, payload: &Value) {
     write_event_head(out, kind);
     write_json(out, payload);
     out.extend_from_slice(b"}}\n");
+}
+
+/// A parsed message as an upgrade in place carries it (a batch element not handed out
+/// yet).
+pub fn carry_message(msg: &Message) -> crate::wire::state::MessageImage {
+    use crate::wire::state::{ErrorImage, MessageImage};
+    match msg {
+        Message::Request(r) => MessageImage::Request {
+            id: r.id.as_ref().map(|i| i.as_json().to_string()),
+            method: r.method.clone(),
+            params: r.params.clone(),
+        },
+        Message::Response { id, result } => MessageImage::Response {
+            id: id.as_json().to_string(),
+            ok: result.as_ref().ok().cloned(),
+            error: result.as_ref().err().cloned(),
+        },
+        Message::Invalid { id, error } => MessageImage::Invalid {
+            id: id.as_json().to_string(),
+            error: ErrorImage {
+                code: error.code,
+                message: error.message.clone(),
+                data: error.data.clone(),
+            },
+        },
+    }
+}
+
+/// A message `carry_message` wrote.
+pub fn resume_message(
+    img: &crate::wire::state::MessageImage,
+) -> Result<Message, crate::wire::state::StateError> {
+    use crate::wire::state::{MessageImage, StateError};
+    let id = |text: &str| {
+        Id::carried(text).ok_or_else(|| StateError::new(format!("a request id {text:?}")))
+    };
+    Ok(match img {
+        MessageImage::Request {
+            id: i,
+            method,
+            params,
+        } => Message::Request(RpcRequest {
+            id: i.as_deref().map(id).transpose()?,
+            method: method.clone(),
+            params: params.clone(),
+        }),
+        MessageImage::Response { id: i, ok, error } => Message::Response {
+            id: id(i)?,
+            result: match (ok, error) {
+                (_, Some(e)) => Err(e.clone()),
+                (Some(v), None) => Ok(v.clone()),
+                (None, None) => Ok(Value::Null),
+            },
+        },
+        MessageImage::Invalid { id: i, error } => Message::Invalid {
+            id: id(i)?,
+            error: RpcError {
+                code: error.code,
+                message: error.message.clone(),
+                data: error.data.clone(),
+            },
+        },
+    })
 }
 
 #[cfg(test)]
