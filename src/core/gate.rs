@@ -128,7 +128,7 @@ pub struct Approvals {
     pub pending: HashMap<String, PendingApproval>,
     /// Approvals for the session: per owner and session, the ask rules they cover.
     pub grants: HashMap<(u32, String), HashSet<String>>,
-    next: u64,
+    pub(super) next: u64,
 }
 
 impl Approvals {

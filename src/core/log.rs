@@ -23,6 +23,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Map, Value};
 
 use crate::wire::encode::{rfc3339, write_json, write_json_str};
+use crate::wire::state::{
+    BlobsIn, BlobsOut, Clock, LogImage, QueueImage, RefusalImage, StateError,
+};
 
 /// Bytes the log and the audit queue each hold while their target does not accept them.
 pub const QUEUE_BYTES: usize = 1 << 20;
@@ -206,6 +209,47 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// What an upgrade in place carries: the bytes waiting, every line (partly) waiting
+    /// with the drops it reports, how much of the first went out, and the drops not yet
+    /// reported.
+    pub fn carry(&self, blobs: &mut BlobsOut) -> QueueImage {
+        QueueImage {
+            pending: blobs.put(self.pending()),
+            lines: self.lines.iter().map(|l| (l.len, l.reports)).collect(),
+            front_written: self.front_written,
+            cap: self.cap,
+            dropped: self.dropped,
+        }
+    }
+
+    /// The queue `carry` described, of `kind`.
+    pub fn resume(img: &QueueImage, blobs: &BlobsIn, kind: Kind) -> Result<Queue, StateError> {
+        let buf = blobs.get(img.pending)?.to_vec();
+        let lines: VecDeque<Line> = img
+            .lines
+            .iter()
+            .map(|&(len, reports)| Line { len, reports })
+            .collect();
+        let held: usize = lines.iter().map(|l| l.len).sum();
+        if held != buf.len() + img.front_written {
+            return Err(StateError::new(format!(
+                "a queue of {} bytes whose lines hold {held}",
+                buf.len() + img.front_written
+            )));
+        }
+        Ok(Queue {
+            buf,
+            pos: 0,
+            lines,
+            front_written: img.front_written,
+            cap: img.cap,
+            dropped: img.dropped,
+            kind,
+        })
+    }
+}
+
 /// `2026-11-25T16:21:43.123Z ` when stamping at `at`, else nothing.
 fn stamp_prefix(at: Option<SystemTime>) -> String {
     match at {
@@ -317,6 +361,54 @@ impl Log {
     /// Refusals of each kind counted but not logged yet.
     pub fn suppressed(&self, kind: &str) -> u64 {
         self.refusals.get(kind).map_or(0, |r| r.suppressed)
+    }
+}
+
+impl Log {
+    /// What an upgrade in place carries: the queue, and the rate-limited refusals with
+    /// their windows.
+    pub fn carry(&self, clock: &Clock, blobs: &mut BlobsOut) -> LogImage {
+        let mut refusals: Vec<RefusalImage> = self
+            .refusals
+            .iter()
+            .map(|(kind, r)| RefusalImage {
+                kind: kind.clone(),
+                window_start: r.window_start.map(|t| clock.rel(t)),
+                in_window: r.in_window,
+                suppressed: r.suppressed,
+            })
+            .collect();
+        refusals.sort_by(|a, b| a.kind.cmp(&b.kind));
+        LogImage {
+            queue: self.queue.carry(blobs),
+            refusals,
+        }
+    }
+
+    /// The log `carry` described; `stamp` as the new image decides it.
+    pub fn resume(
+        img: &LogImage,
+        blobs: &BlobsIn,
+        clock: &Clock,
+        stamp: bool,
+    ) -> Result<Log, StateError> {
+        Ok(Log {
+            queue: Queue::resume(&img.queue, blobs, Kind::Log)?,
+            stamp,
+            wall: SystemTime::UNIX_EPOCH,
+            refusals: img
+                .refusals
+                .iter()
+                .map(|r| {
+                    let refusals = Refusals {
+                        window_start: r.window_start.map(|t| clock.at(t)),
+                        in_window: r.in_window,
+                        suppressed: r.suppressed,
+                    };
+                    (r.kind.clone(), refusals)
+                })
+                .collect(),
+        })
     }
 }
 

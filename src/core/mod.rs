@@ -15,6 +15,7 @@
 //!   nobody waits on it and the loop has delivered its last events.
 
 pub mod budget;
+pub mod carry;
 pub mod gate;
 pub mod input;
 pub mod launch;

@@ -23,6 +23,8 @@
 //! multi-byte UTF-8 character, and an incomplete character at the end of a stream that may
 //! still grow is held back until it completes.
 
+use crate::wire::state::{BlobsIn, BlobsOut, RingImage, StateError};
+
 /// Longest UTF-8 encoding of one character, in bytes.
 const MAX_CHAR_LEN: usize = 4;
 
@@ -293,6 +295,49 @@ pub fn middle_cut(text: String, max_chars: usize) -> String {
     out
 }
 
+impl Ring {
+    /// What an upgrade in place carries: the bound, the memory held (which the budget
+    /// counted), the end offset, whether it wraps, and the retained bytes, oldest first.
+    pub fn carry(&self, blobs: &mut BlobsOut) -> RingImage {
+        let (a, b) = self.slices(self.start(), self.end);
+        RingImage {
+            limit: self.limit,
+            committed: self.committed(),
+            end: self.end,
+            wrapped: self.wrapped,
+            bytes: blobs.put2(a, b),
+        }
+    }
+
+    /// The ring `carry` described: the same offsets, bytes and memory, laid out afresh
+    /// from its oldest byte. A description no ring could have is refused.
+    pub fn resume(img: &RingImage, blobs: &BlobsIn) -> Result<Ring, StateError> {
+        let bytes = blobs.get(img.bytes)?;
+        let fits = bytes.len() <= img.committed
+            && img.committed <= img.limit.max(FIRST_STEP)
+            && bytes.len() as u64 <= img.end
+            && (!img.wrapped || bytes.len() == img.committed);
+        if !fits {
+            return Err(StateError::new(format!(
+                "a ring of {} bytes holding {} of {} committed, {} in all",
+                img.limit,
+                bytes.len(),
+                img.committed,
+                img.end
+            )));
+        }
+        let mut buf = Vec::with_capacity(img.committed);
+        buf.extend_from_slice(bytes);
+        Ok(Ring {
+            buf,
+            limit: img.limit,
+            base: img.end - bytes.len() as u64,
+            end: img.end,
+            wrapped: img.wrapped,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +572,46 @@ mod tests {
         assert_eq!(
             cut,
             "\u{e9}\u{e9}\n[... 4 characters omitted ...]\n\u{20ac}\u{20ac}"
+        );
+    }
+
+    #[test]
+    fn a_ring_carried_by_an_upgrade_keeps_its_offsets_bytes_and_memory() {
+        use crate::wire::state::{BlobsIn, BlobsOut};
+        let mut growing = Ring::new(1 << 20);
+        growing.push(b"abc");
+        let mut wrapped = Ring::new(8);
+        wrapped.push(b"0123456789abc");
+        let mut discarded = Ring::new(64);
+        discarded.push(b"gone");
+        discarded.discard();
+        for mut r in [growing, wrapped, discarded, Ring::new(16)] {
+            let mut blobs = BlobsOut::default();
+            let img = r.carry(&mut blobs);
+            let area = blobs.bytes().to_vec();
+            let mut back = Ring::resume(&img, &BlobsIn(&area)).unwrap();
+            assert_eq!(
+                (back.start(), back.end(), back.committed(), back.capacity()),
+                (r.start(), r.end(), r.committed(), r.capacity())
+            );
+            let joined = |r: &Ring| {
+                let (a, b) = r.slices(0, u64::MAX);
+                [a, b].concat()
+            };
+            assert_eq!(joined(&back), joined(&r));
+            // Both go on alike.
+            r.append(b"XYZ");
+            back.append(b"XYZ");
+            assert_eq!(back.text(0, u64::MAX), r.text(0, u64::MAX));
+            assert_eq!((back.start(), back.end()), (r.start(), r.end()));
+        }
+        let mut blobs = BlobsOut::default();
+        let mut img = Ring::new(8).carry(&mut blobs);
+        img.committed = 4;
+        img.wrapped = true;
+        assert!(
+            Ring::resume(&img, &BlobsIn(&[])).is_err(),
+            "wrapped yet not full"
         );
     }
 }

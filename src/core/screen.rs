@@ -56,6 +56,29 @@ impl Screen {
         self.parser.screen_mut().set_size(size.rows, size.cols);
     }
 
+    /// What an upgrade in place carries (`wire::state::ScreenImage`): the visible grid as
+    /// the escape sequences that redraw it, and whether it is the alternate screen.
+    pub fn carry(&self) -> (Vec<u8>, bool) {
+        let s = self.parser.screen();
+        (s.state_formatted(), s.alternate_screen())
+    }
+
+    /// The screen `carry` described, of `size`. On the alternate screen the primary one
+    /// under it is re-created from what `ring` retains (vt100 does not hand it out).
+    pub fn resume(size: WinSize, visible: &[u8], alternate: bool, ring: &Ring) -> Screen {
+        if !alternate {
+            let mut parser = vt100::Parser::new(size.rows, size.cols, 0);
+            parser.process(visible);
+            return Screen { parser };
+        }
+        let mut screen = Screen::new(size, ring);
+        if !screen.parser.screen().alternate_screen() {
+            screen.parser.process(b"\x1b[?1049h");
+        }
+        screen.parser.process(visible);
+        screen
+    }
+
     /// `{rows, cols, lines, cursor: {row, col}, alternate}`: every row's text with trailing
     /// blanks trimmed, the cursor 0-based, and whether a full-screen program switched to
     /// the alternate screen.
@@ -109,5 +132,40 @@ mod tests {
         assert_eq!(s.view()["lines"][0], "main");
         s.resize(WinSize { rows: 2, cols: 5 });
         assert_eq!(s.view()["rows"], 2);
+    }
+
+    /// Carries `s` as an upgrade does and reads it back on the ring's bytes.
+    fn carried(s: &Screen, size: WinSize, ring: &Ring) -> Screen {
+        let (visible, alternate) = s.carry();
+        Screen::resume(size, &visible, alternate, ring)
+    }
+
+    #[test]
+    fn a_screen_carried_by_an_upgrade_shows_the_same() {
+        let size = WinSize { rows: 5, cols: 20 };
+        // More output than the ring keeps: the screen saw it all, a replay would not.
+        let mut ring = Ring::new(16);
+        ring.push(b"\x1b[1;31mred\x1b[0m\r\nsecond line\r\n\x1b[3;5Hthird");
+        let mut s = Screen::new(size, &ring_of(b""));
+        s.feed(b"\x1b[1;31mred\x1b[0m\r\nsecond line\r\n\x1b[3;5Hthird\x1b[?25l");
+        let back = carried(&s, size, &ring);
+        assert_eq!(back.view(), s.view());
+        assert_eq!(
+            back.parser.screen().contents_formatted(),
+            s.parser.screen().contents_formatted(),
+            "colours, cursor and its visibility too"
+        );
+        // A full-screen program: the alternate screen is redrawn exactly, the primary one
+        // under it comes back from the ring.
+        let all = b"shell$ \x1b[?1049h\x1b[Hfull screen\x1b[2;3Hx";
+        let mut s = Screen::new(size, &ring_of(b""));
+        s.feed(all);
+        let back = carried(&s, size, &ring_of(all));
+        assert_eq!(back.view(), s.view());
+        assert_eq!(back.view()["alternate"], true);
+        let mut back = back;
+        s.feed(b"\x1b[?1049l");
+        back.feed(b"\x1b[?1049l");
+        assert_eq!(back.view(), s.view(), "the primary screen under it");
     }
 }

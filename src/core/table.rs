@@ -773,6 +773,72 @@ impl Table {
     }
 }
 
+impl Table {
+    /// What an upgrade in place carries of the table besides its commands and sessions:
+    /// the id sequences, the order retained terminals leave in, and the output given back.
+    pub fn sequences(&self) -> (u64, u64, Vec<(u32, Vec<u64>)>, u64) {
+        let mut exited: Vec<(u32, Vec<u64>)> = self
+            .exited_terminals
+            .iter()
+            .map(|(owner, q)| (*owner, q.iter().map(|k| k.0).collect()))
+            .collect();
+        exited.sort_by_key(|(owner, _)| *owner);
+        (
+            self.next_key,
+            self.next_session,
+            exited,
+            self.memory.released,
+        )
+    }
+
+    /// A table of carried commands and sessions, with its indexes, counts and output
+    /// memory worked out from them (nothing is being started across an upgrade).
+    pub fn restore(
+        procs: Vec<Proc>,
+        sessions: Vec<BashSession>,
+        (next_key, next_session, exited, released): (u64, u64, Vec<(u32, Vec<u64>)>, u64),
+    ) -> Table {
+        let mut t = Table {
+            next_key,
+            next_session,
+            ..Table::default()
+        };
+        t.memory.released = released;
+        for s in sessions {
+            t.sessions.insert((s.owner, s.id.clone()), s);
+        }
+        for p in procs {
+            if !p.released {
+                t.ids.insert(p.id.clone(), p.key);
+            }
+            t.memory.add(p.owner, p.committed() + p.meta);
+            match p.exit {
+                None => {
+                    t.pids.insert(p.pid, p.key);
+                    t.count_running(p.owner, true);
+                }
+                Some(e) if p.committed() > 0 => {
+                    t.retained.entry(p.owner).or_default().insert((e.at, p.key));
+                }
+                Some(_) => {}
+            }
+            for sub in &p.subs {
+                t.subs_of.entry(sub.conn).or_default().push(p.key);
+            }
+            t.procs.insert(p.key, p);
+        }
+        for (owner, keys) in exited {
+            let keys = keys
+                .into_iter()
+                .map(Key)
+                .filter(|k| t.procs.contains_key(k))
+                .collect();
+            t.exited_terminals.insert(owner, keys);
+        }
+        t
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,20 @@ impl<T> Timers<T> {
     }
 }
 
+impl<T> Timers<T> {
+    /// Every live timer, earliest first (ties in the order they were armed): what an
+    /// upgrade in place carries.
+    pub fn live(&self) -> Vec<(Instant, &T)> {
+        let mut v: Vec<(Instant, u64, &T)> = self
+            .live
+            .iter()
+            .map(|(id, (at, what))| (*at, *id, what))
+            .collect();
+        v.sort_by_key(|(at, id, _)| (*at, *id));
+        v.into_iter().map(|(at, _, what)| (at, what)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

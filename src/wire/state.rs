@@ -483,14 +483,17 @@ pub struct TtyImage {
     pub screen: Option<ScreenImage>,
 }
 
-/// A terminal emulator's screen as escape sequences that redraw it on an empty one of the
-/// same size (vt100's own rendering of its grids, cursor, attributes and input modes):
-/// the primary screen, and the alternate one when a full-screen program is on it.
+/// A terminal emulator's screen: the visible grid as escape sequences that redraw it on
+/// an empty terminal of the same size (vt100's own rendering of the grid, the cursor, the
+/// attributes and the input modes), and whether it is the alternate screen. vt100 does not
+/// hand out the primary grid hidden under a full-screen program: the reader re-creates
+/// that one by replaying the output the command's ring retains, then redraws the
+/// alternate screen on top.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScreenImage {
-    pub primary: Blob,
-    pub alternate: Option<Blob>,
+    pub visible: Blob,
+    pub alternate: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
