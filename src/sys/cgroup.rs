@@ -416,6 +416,12 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// ROOT as an earlier image of this daemon set it up (an upgrade in place carries it):
+    /// nothing is moved, enabled or swept.
+    pub fn carried(root: PathBuf, controllers: Controllers) -> Tree {
+        Tree { root, controllers }
+    }
+
     /// Sets ROOT up: moves `self_pid` into `ROOT/daemon` (creating it), then enables in
     /// `ROOT/cgroup.subtree_control` each of memory, pids and cpu that
     /// `ROOT/cgroup.controllers` offers. Enabling is best effort, one controller per write
@@ -547,10 +553,15 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
-    #[cfg(test)]
     /// `ROOT/cmd-<name>`.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A command cgroup an earlier image of this daemon made (an upgrade in place carries
+    /// its path).
+    pub fn carried(path: PathBuf) -> Cgroup {
+        Cgroup { path }
     }
 
     /// `cgroup.procs` opened `O_WRONLY|O_CLOEXEC`, for a child that writes `0` to it

@@ -27,7 +27,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::types::Stage;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 
 use crate::core::table::Key;
 use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Tree};
@@ -37,6 +38,7 @@ use crate::types::Leftovers;
 use crate::types::Mode;
 use crate::types::Swept;
 use crate::types::TreeUsage;
+use crate::wire::state::{Bytes, CgroupsImage, ContainImage, FallbackImage, HoldImage};
 
 /// A command cgroup made for a spawn: the child joins it through `procs`.
 #[derive(Debug)]
@@ -406,6 +408,116 @@ impl Contain {
     }
 }
 
+impl Contain {
+    /// What an upgrade in place carries: every hold, the cgroup tree with its inotify
+    /// descriptor and watches (by number), why cgroups are not used, the cookie instance
+    /// and the sweeps asked for.
+    pub fn carry(&self) -> ContainImage {
+        let mut holds: Vec<HoldImage> = self
+            .holds
+            .iter()
+            .map(|(key, h)| HoldImage {
+                key: key.0,
+                pgid: h.pgid,
+                leader_alive: h.leader_alive,
+                group_alive: h.group_alive,
+                cgroup: h
+                    .cgroup
+                    .as_ref()
+                    .map(|c| Bytes::of_os(c.path().as_os_str())),
+                wd: h.wd,
+            })
+            .collect();
+        holds.sort_by_key(|h| h.key);
+        let cgroups = self.cgroups.as_ref().map(|c| {
+            let mut watches: Vec<(i32, u64)> = c.watches.iter().map(|(wd, k)| (*wd, k.0)).collect();
+            watches.sort_unstable();
+            let on = c.tree.controllers();
+            CgroupsImage {
+                root: Bytes::of_os(c.tree.root().as_os_str()),
+                memory: on.memory,
+                pids: on.pids,
+                cpu: on.cpu,
+                inotify_fd: c.inotify.as_raw_fd(),
+                watches,
+            }
+        });
+        let (sweep_asked, every) = self.cookies.carry();
+        ContainImage {
+            holds,
+            lingering: self.lingering.iter().map(|k| k.0).collect(),
+            cgroups,
+            fallback: self.fallback.as_ref().map(|f| match f {
+                Fallback::Off => FallbackImage::Off,
+                Fallback::NoCgroup2 => FallbackImage::NoCgroup2,
+                Fallback::RootCgroup => FallbackImage::RootCgroup,
+                Fallback::Shared { others } => FallbackImage::Shared { others: *others },
+                Fallback::NotWritable(w) => FallbackImage::NotWritable(w.clone()),
+                Fallback::Taken { pid } => FallbackImage::Taken { pid: *pid },
+                Fallback::Setup(w) => FallbackImage::Setup(w.clone()),
+            }),
+            instance: self.cookies.instance().to_string(),
+            sweep_asked,
+            sweep_every: every.to_string(),
+        }
+    }
+
+    /// The containment `carry` described; its inotify descriptor is taken from the
+    /// number carried (already checked open). Nothing is swept: every hold is this
+    /// daemon's own.
+    pub fn resume(img: &ContainImage) -> Result<Contain, String> {
+        let me = Instance::parse(img.instance.as_bytes())
+            .ok_or_else(|| format!("cookie instance {:?}", img.instance))?;
+        let cookies = Sweeper::resume(me, &img.sweep_asked, &img.sweep_every)
+            .ok_or_else(|| format!("cookie sweep state {:?}", img.sweep_every))?;
+        let cgroups = img.cgroups.as_ref().map(|c| {
+            let controllers = crate::sys::cgroup::Controllers {
+                memory: c.memory,
+                pids: c.pids,
+                cpu: c.cpu,
+            };
+            Cgroups {
+                tree: Tree::carried(PathBuf::from(c.root.to_os()), controllers),
+                // SAFETY: the number the state names, checked open by the caller and
+                // owned by nothing else in this image.
+                inotify: unsafe { OwnedFd::from_raw_fd(c.inotify_fd) },
+                watches: c.watches.iter().map(|(wd, k)| (*wd, Key(*k))).collect(),
+            }
+        });
+        Ok(Contain {
+            holds: img
+                .holds
+                .iter()
+                .map(|h| {
+                    let hold = Hold {
+                        pgid: h.pgid,
+                        leader_alive: h.leader_alive,
+                        group_alive: h.group_alive,
+                        cgroup: h
+                            .cgroup
+                            .as_ref()
+                            .map(|p| Cgroup::carried(PathBuf::from(p.to_os()))),
+                        wd: h.wd,
+                    };
+                    (Key(h.key), hold)
+                })
+                .collect(),
+            lingering: img.lingering.iter().copied().map(Key).collect(),
+            cgroups,
+            fallback: img.fallback.as_ref().map(|f| match f {
+                FallbackImage::Off => Fallback::Off,
+                FallbackImage::NoCgroup2 => Fallback::NoCgroup2,
+                FallbackImage::RootCgroup => Fallback::RootCgroup,
+                FallbackImage::Shared { others } => Fallback::Shared { others: *others },
+                FallbackImage::NotWritable(w) => Fallback::NotWritable(w.clone()),
+                FallbackImage::Taken { pid } => Fallback::Taken { pid: *pid },
+                FallbackImage::Setup(w) => Fallback::Setup(w.clone()),
+            }),
+            cookies,
+        })
+    }
+}
+
 /// Why a place for a command could not be made.
 #[derive(Debug)]
 pub enum PrepareError {
@@ -413,4 +525,43 @@ pub enum PrepareError {
     Unavailable(Unavailable),
     /// The cgroup could not be created.
     Io(std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containment_carried_by_an_upgrade_holds_the_same_trees_and_sweeps() {
+        let me = Instance {
+            path: 0xfeed,
+            pid: 77,
+            start: 12345,
+        };
+        let mut c = Contain::groups(Fallback::Shared { others: 2 }, me);
+        // A command running, one whose leader was reaped while its group lives on, and a
+        // kill whose cookie sweep is asked for and not run yet. (Pids far above any real
+        // one: nothing here signals them.)
+        c.started(Key(1), 3_999_001, None);
+        c.started(Key(2), 3_999_002, None);
+        if let Some(h) = c.holds.get_mut(&Key(2)) {
+            h.leader_alive = false;
+        }
+        c.lingering.insert(Key(2));
+        c.cookies.ask("term_2");
+        let img = c.carry();
+        let json = serde_json::to_vec(&img).unwrap();
+        let read: ContainImage = serde_json::from_slice(&json).unwrap();
+        assert_eq!(read, img);
+        let back = Contain::resume(&read).unwrap();
+        assert_eq!(back.carry(), img, "carried again, the same");
+        assert_eq!(back.instance(), c.instance(), "the same cookies");
+        assert_eq!(back.kind(), "process-group");
+        assert_eq!(back.describe(), c.describe());
+        assert!(back.cookies.busy(), "the sweep asked for is still owed");
+        assert!(back.sweep_due().is_some());
+        let mut bad = img.clone();
+        bad.sweep_every = "sometimes".into();
+        assert!(Contain::resume(&bad).is_err());
+    }
 }

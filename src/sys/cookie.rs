@@ -578,6 +578,45 @@ impl Sweeper {
         done
     }
 
+    /// What an upgrade in place carries: the commands whose cookies the next sweep looks
+    /// for (those of a sweep under way included: it starts again in the new image), and
+    /// where the shutdown's sweep of every cookie stands (`no`, `asked`, `done`).
+    pub fn carry(&self) -> (Vec<String>, &'static str) {
+        let mut asked: Vec<String> = self.asked.iter().cloned().collect();
+        let mut every = self.every;
+        match self.current.as_ref().map(|s| &s.scope) {
+            Some(Scope::Commands(ids)) => asked.extend(ids.iter().cloned()),
+            Some(Scope::Every) => every = Every::Asked,
+            Some(Scope::Earlier) | None => {}
+        }
+        asked.sort();
+        asked.dedup();
+        let every = match every {
+            Every::No => "no",
+            Every::Asked => "asked",
+            Every::Done => "done",
+        };
+        (asked, every)
+    }
+
+    /// The sweeps `carry` described, for instance `me`.
+    pub fn resume(me: Instance, asked: &[String], every: &str) -> Option<Sweeper> {
+        let every = match every {
+            "no" => Every::No,
+            "asked" => Every::Asked,
+            "done" => Every::Done,
+            _ => return None,
+        };
+        let busy = !asked.is_empty() || every == Every::Asked;
+        Some(Sweeper {
+            me,
+            asked: asked.iter().cloned().collect(),
+            every,
+            stepped: busy.then(Instant::now),
+            ..Sweeper::default()
+        })
+    }
+
     /// At start, before anything is spawned: kills what earlier instances on this socket
     /// left, to the end.
     pub fn sweep_earlier(&mut self) -> Swept {
