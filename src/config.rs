@@ -100,6 +100,15 @@ pub struct Config {
     pub http_run_as: Option<String>,
     /// `--http-idle`: a TCP connection without a request this long, owed nothing, closes.
     pub http_idle: Duration,
+    /// `--resume-from FD` (given by the daemon itself): the state an upgrade in place
+    /// carries, in the memfd at FD (PROTOCOL 13).
+    pub resume_from: Option<i32>,
+    /// What the daemon was started as: `argv[0]` made absolute, symlinks not resolved
+    /// (`started_as`). What SIGUSR2 or `daemon/upgrade` without `binary` executes.
+    pub binary: Option<PathBuf>,
+    /// The flags the daemon was started with, as given (without `--resume-from`): the next
+    /// image gets them unchanged.
+    pub args: Vec<OsString>,
 }
 
 /// Where `--audit` sends records.
@@ -149,6 +158,9 @@ impl Default for Config {
             http_no_auth: false,
             http_run_as: None,
             http_idle: DEFAULT_HTTP_IDLE,
+            resume_from: None,
+            binary: None,
+            args: Vec::new(),
         }
     }
 }
@@ -159,6 +171,8 @@ pub enum Invocation {
     Run(Box<Config>),
     /// `--check-policy FILE`: validate a policy file and exit.
     CheckPolicy(PathBuf),
+    /// `--upgrade-check`: say which states this build takes, and exit (PROTOCOL 13).
+    UpgradeCheck,
     Help,
     Version,
 }
@@ -213,6 +227,10 @@ options:
   --approver-gid GID       only connections in this group approve, for every uid
                            (repeatable)
   --check-policy FILE      validate a policy file (with its examples) and exit
+  --upgrade-check          print this build's version and the upgrade states it takes
+                           (one JSON line) and exit: what a running daemon asks a new
+                           binary before it upgrades into it (SIGUSR2, execctl upgrade)
+  --resume-from FD         (given by execd itself) resume from an upgrade's state
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
                            (off); either way every command carries EXECD_TREE, by
@@ -256,6 +274,33 @@ pub fn resolve_socket(
         return PathBuf::from("/run/execd.sock");
     }
     PathBuf::from(format!("/tmp/execd-{uid}.sock"))
+}
+
+/// What the daemon was started as (PROTOCOL 13): `argv0` made absolute, against the
+/// working directory when it names a directory, else through `PATH`; symlinks are not
+/// resolved, so a package manager that renames a new file over that path is followed.
+/// `None` when neither finds it (the caller then falls back to the running executable).
+pub fn started_as(argv0: &std::ffi::OsStr) -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    crate::sys::upgrade::absolute_binary(argv0, &cwd, std::env::var_os("PATH").as_deref())
+}
+
+/// The flags of `args` (without the program name) an upgrade passes on unchanged: all but
+/// `--resume-from FD`, which names one image's state.
+pub fn flags_to_keep(args: &[OsString]) -> Vec<OsString> {
+    let mut kept = Vec::with_capacity(args.len());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--resume-from" {
+            it.next();
+            continue;
+        }
+        if a.to_str().is_some_and(|s| s.starts_with("--resume-from=")) {
+            continue;
+        }
+        kept.push(a.clone());
+    }
+    kept
 }
 
 /// The process's own socket path resolution, from its real environment and uid.
@@ -376,6 +421,8 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--workdir" => cfg.workdir = PathBuf::from(value()?),
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
+            "--upgrade-check" => return Ok(Invocation::UpgradeCheck),
+            "--resume-from" => cfg.resume_from = Some(parse_num(&flag, &value()?)?),
             "--policy" => cfg.policy = Some(PathBuf::from(value()?)),
             "--audit" => {
                 let v = value()?;

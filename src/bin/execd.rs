@@ -1,25 +1,42 @@
-//! execd: flags -> Config -> server::run().
+//! execd: flags -> Config -> server::run(), or `--resume-from` -> the state an upgrade in
+//! place carried -> server::run().
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use execd::config::{parse_args, Invocation, USAGE};
-use execd::server::Server;
+use execd::config::{flags_to_keep, parse_args, started_as, Invocation, USAGE};
+use execd::server::{upgrade_check_line, Server};
 
 fn main() -> ExitCode {
-    let invocation = match parse_args(std::env::args().skip(1)) {
+    let mut argv: Vec<OsString> = std::env::args_os().collect();
+    let argv0 = if argv.is_empty() {
+        OsString::new()
+    } else {
+        argv.remove(0)
+    };
+    let args: Result<Vec<String>, _> = argv.iter().map(|a| a.clone().into_string()).collect();
+    let Ok(args) = args else {
+        eprintln!("execd: arguments must be UTF-8");
+        return ExitCode::from(2);
+    };
+    let invocation = match parse_args(args) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("execd: {e}");
             return ExitCode::from(2);
         }
     };
-    let cfg = match invocation {
+    let mut cfg = match invocation {
         Invocation::Help => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
         }
         Invocation::Version => {
             println!("execd {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Invocation::UpgradeCheck => {
+            println!("{}", upgrade_check_line());
             return ExitCode::SUCCESS;
         }
         Invocation::CheckPolicy(path) => {
@@ -40,8 +57,21 @@ fn main() -> ExitCode {
         }
         Invocation::Run(cfg) => cfg,
     };
-    let server = match Server::new(*cfg) {
+    // What an upgrade executes next, and with which flags (PROTOCOL 13).
+    cfg.binary = started_as(&argv0).or_else(|| std::env::current_exe().ok());
+    cfg.args = flags_to_keep(&argv);
+    let resuming = cfg.resume_from.is_some();
+    let server = if resuming {
+        Server::resume(*cfg)
+    } else {
+        Server::new(*cfg)
+    };
+    let server = match server {
         Ok(s) => s,
+        Err(e) if resuming => {
+            eprintln!("execd: cannot resume after an upgrade: {e}");
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             eprintln!("execd: cannot start: {e}");
             return ExitCode::FAILURE;

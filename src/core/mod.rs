@@ -107,6 +107,9 @@ pub enum Step {
     },
     /// Start a command (through the gate), then run its `After` tail.
     Launch(Box<LaunchRequest>),
+    /// Upgrade the daemon in place into `binary` (none: the binary it was started as);
+    /// the request is answered by the image that serves afterwards (PROTOCOL 13).
+    Upgrade(Option<std::path::PathBuf>),
 }
 
 /// What the core asks the loop to do.
@@ -210,6 +213,8 @@ pub struct Core {
     pub input_watch: bool,
     /// The uid the daemon runs as: with root, the one uid not held to fair shares.
     pub daemon_uid: u32,
+    /// Upgrades in place this daemon went through (PROTOCOL 13).
+    pub upgrades: u64,
     /// Effects for the loop, in the order they arose.
     pub out: Vec<Effect>,
 }
@@ -249,6 +254,7 @@ impl Core {
             stopping: false,
             input_watch: false,
             daemon_uid: 0,
+            upgrades: 0,
             out: Vec::new(),
         }
     }

@@ -101,6 +101,7 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
         },
         "_meta": { "execd": {
             "uptimeMs": core.now.duration_since(core.started).as_millis() as u64,
+            "upgrades": core.upgrades,
             "pid": std::process::id(),
             "socket": c.socket.display().to_string(),
             "running": running,

@@ -5,6 +5,7 @@
 pub mod acp;
 pub mod approvals;
 pub mod bash;
+pub mod daemon;
 pub mod events;
 pub mod list;
 
@@ -47,6 +48,7 @@ pub fn method(name: &str) -> Option<Method> {
         "approvals/subscribe" => approvals::subscribe,
         "approvals/unsubscribe" => approvals::unsubscribe,
         "policy/check" => approvals::check,
+        "daemon/upgrade" => daemon::upgrade,
         _ => return None,
     })
 }

@@ -33,6 +33,7 @@ use crate::types::Leftovers;
 use crate::types::Stage;
 use crate::types::{Ended, Swept, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
+use crate::wire::state::{InputImage, ServerImage};
 
 /// Spawner threads at start: spawns run side by side on two cores while the loop serves
 /// on (more start when all are busy).
@@ -94,6 +95,10 @@ pub struct Children {
     starting: HashMap<u64, Starting>,
     /// Exits reaped before their spawn was reported.
     unclaimed: Unclaimed,
+    /// The pre-flight of an upgrade (`--upgrade-check`), while it is not reaped; and how
+    /// it ended once it was.
+    probe: Option<i32>,
+    probe_ended: Option<Ended>,
     scratch: Vec<u8>,
 }
 
@@ -120,6 +125,16 @@ impl Children {
     /// place: they are what children must reset). Containment is chosen later, by
     /// `choose_containment`, once the daemon holds its socket.
     pub fn new(cfg: &Config, waker: mio::Waker) -> io::Result<Children> {
+        Children::with_nofile(cfg, waker, crate::sys::host::raise_nofile())
+    }
+
+    /// As `new`, with the descriptor limit as it stands (raised at the first start, and
+    /// carried across upgrades with what commands get back).
+    fn with_nofile(
+        cfg: &Config,
+        waker: mio::Waker,
+        nofile: crate::sys::host::Nofile,
+    ) -> io::Result<Children> {
         let uid = crate::sys::ids::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
@@ -131,7 +146,6 @@ impl Children {
             Some(user) => Some(Identity::of_user(user)?),
             None => None,
         };
-        let nofile = crate::sys::host::raise_nofile();
         let spawner = crate::sys::spawn::Spawner::new(
             cfg.clean_env,
             &systemd::PRIVATE_VARS,
@@ -153,6 +167,8 @@ impl Children {
             inputs: HashMap::new(),
             starting: HashMap::new(),
             unclaimed: Unclaimed::default(),
+            probe: None,
+            probe_ended: None,
             scratch: vec![0; SCRATCH],
         })
     }
@@ -586,6 +602,11 @@ impl Children {
             }
             return ReapOutcome::Nothing;
         };
+        if self.probe == Some(r.pid) {
+            self.probe = None;
+            self.probe_ended = Some(r.ended);
+            return ReapOutcome::Other;
+        }
         let Some(key) = core.table.by_pid(r.pid) else {
             if let Some(key) = self.abandoned.remove(&r.pid) {
                 self.contain.leader_exited(key); // killed as it started
@@ -622,6 +643,126 @@ impl Children {
         self.inputs.remove(&key);
         let tree = self.contain.leader_exited(key);
         core.exited(key, ended, usage, tree);
+    }
+}
+
+impl Children {
+    /// What an upgrade in place carries of the commands' side: pipes and PTY masters by
+    /// number, the files commands read their input from, the pipes left hot, the leaders
+    /// killed as they started, containment, and the descriptor limit. Nothing is being
+    /// started (the upgrade waits for spawns in flight), so nothing else is owed.
+    pub fn carry(&self, img: &mut ServerImage) {
+        img.pipes = self.pipes.carry();
+        let mut inputs: Vec<(u64, InputImage)> = self
+            .inputs
+            .iter()
+            .map(|(k, i)| {
+                let input = InputImage {
+                    dev: i.dev,
+                    ino: i.ino,
+                    tty: i.tty,
+                };
+                (k.0, input)
+            })
+            .collect();
+        inputs.sort_by_key(|(k, _)| *k);
+        img.inputs = inputs;
+        img.hot = self
+            .hot
+            .order
+            .iter()
+            .filter(|p| self.hot.set.contains(p))
+            .map(|(k, s)| (k.0, *s))
+            .collect();
+        let mut abandoned: Vec<(i32, u64)> =
+            self.abandoned.iter().map(|(pid, k)| (*pid, k.0)).collect();
+        abandoned.sort_unstable();
+        img.abandoned = abandoned;
+        img.contain = self.contain.carry();
+        img.nofile = self.nofile.limit;
+        img.nofile_raised_from = self.nofile.raised_from;
+    }
+
+    /// The commands' side `carry` described: a new spawner (its threads did not survive
+    /// the `execve`), the carried pipes registered under their tokens, containment as it
+    /// was.
+    pub fn resume(
+        cfg: &Config,
+        waker: mio::Waker,
+        img: &ServerImage,
+        registry: &Registry,
+        take: &mut dyn FnMut(std::os::fd::RawFd) -> Result<std::os::fd::OwnedFd, String>,
+    ) -> Result<Children, String> {
+        let nofile = crate::sys::host::Nofile {
+            limit: img.nofile,
+            raised_from: img.nofile_raised_from,
+        };
+        let mut c = Children::with_nofile(cfg, waker, nofile)
+            .map_err(|e| format!("starting the spawner: {e}"))?;
+        let inotify = match &img.contain.cgroups {
+            Some(cg) => Some(take(cg.inotify_fd)?),
+            None => None,
+        };
+        c.contain = Contain::resume(&img.contain, inotify)?;
+        c.pipes = Pipes::resume(registry, &img.pipes, take)?;
+        for (k, i) in &img.inputs {
+            let input = crate::sys::waiting::InputFile {
+                dev: i.dev,
+                ino: i.ino,
+                tty: i.tty,
+            };
+            c.inputs.insert(Key(*k), input);
+        }
+        for (k, s) in &img.hot {
+            c.hot.add((Key(*k), *s));
+        }
+        c.abandoned = img
+            .abandoned
+            .iter()
+            .map(|(pid, k)| (*pid, Key(*k)))
+            .collect();
+        Ok(c)
+    }
+
+    /// The pre-flight started as `pid`: its exit is told apart from strangers'.
+    pub fn watch_probe(&mut self, pid: i32) {
+        self.probe = Some(pid);
+        self.probe_ended = None;
+    }
+
+    /// How the pre-flight ended, once it was reaped.
+    pub fn probe_ended(&self) -> Option<Ended> {
+        self.probe_ended
+    }
+
+    /// The pre-flight is no longer wanted: killed if it runs still (not reaped, so its
+    /// pid is still its own).
+    pub fn end_probe(&mut self) {
+        if let Some(pid) = self.probe.take() {
+            crate::sys::reap::signal_group(pid, libc::SIGKILL);
+        }
+    }
+
+    /// Starts `binary --upgrade-check` (PROTOCOL 13) through a spawner thread, like a
+    /// command but owned by no one: its output (stdout and stderr together) comes back as
+    /// a non-blocking pipe, and the spawn's outcome as a job the loop recognises by its
+    /// number among the finished ones.
+    pub fn probe(&mut self, binary: &str) -> io::Result<(u64, std::os::fd::OwnedFd)> {
+        let program = crate::types::Program::Direct {
+            program: binary.to_string(),
+            args: vec!["--upgrade-check".to_string()],
+        };
+        let spec = crate::sys::spawn::SpawnSpec {
+            program: &program,
+            env: &[],
+            cwd: std::path::Path::new("/"),
+            stdio: crate::types::Stdio3::Merged,
+            user: None,
+            cgroup_procs: None,
+            cookie: &self.contain.cookie("upgrade-check"),
+        };
+        let (job, ends) = self.spawner.submit(&spec)?;
+        Ok((job, ends.out))
     }
 }
 

@@ -27,6 +27,7 @@ use crate::server::listen::{Accepted, Listeners};
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, ReqNo, RpcError};
+use crate::wire::state::{BlobsIn, BlobsOut, Clock, ConnImage};
 
 /// The core's name for the connection under `token`. A connection's token and its
 /// `ConnId` are the same number; these two are the only places that say so.
@@ -115,6 +116,13 @@ impl Clients {
 
     pub fn values(&self) -> impl Iterator<Item = &Conn> {
         self.map.values()
+    }
+
+    /// Every connection's token.
+    pub fn tokens(&self) -> Vec<Token> {
+        let mut v: Vec<Token> = self.map.keys().copied().collect();
+        v.sort_unstable_by_key(|t| t.0);
+        v
     }
 
     /// Marks every connection for the next flush.
@@ -346,6 +354,37 @@ impl Clients {
             core.let_go(wait.key());
         }
         core.disconnected(conn_id(token));
+    }
+}
+
+impl Clients {
+    /// What an upgrade in place carries: every connection (see `Conn::carry`).
+    pub fn carry(&self, blobs: &mut BlobsOut, clock: &Clock) -> Vec<ConnImage> {
+        let mut v: Vec<ConnImage> = self.map.values().map(|c| c.carry(blobs, clock)).collect();
+        v.sort_by_key(|c| c.token);
+        v
+    }
+
+    /// The connections `carry` described, registered under their tokens (a socket that
+    /// holds unread bytes already is reported at once), each marked to be flushed.
+    pub fn resume(
+        uid: u32,
+        imgs: &[ConnImage],
+        (blobs, clock): (&BlobsIn, &Clock),
+        bounds: Bounds,
+        registry: &Registry,
+        take: &mut dyn FnMut(std::os::fd::RawFd) -> Result<std::os::fd::OwnedFd, String>,
+    ) -> Result<Clients, String> {
+        let mut clients = Clients::new(uid);
+        for img in imgs {
+            let socket = take(img.fd)?;
+            let mut conn = Conn::resume(img, socket, blobs, clock, bounds).map_err(|e| e.0)?;
+            conn.register(registry)
+                .map_err(|e| format!("registering connection {}: {e}", img.token))?;
+            clients.dirty.push(conn.token);
+            clients.map.insert(conn.token, conn);
+        }
+        Ok(clients)
     }
 }
 

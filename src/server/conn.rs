@@ -23,10 +23,14 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
 use serde_json::Value;
 
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::core::carry::{carry_wait, resume_wait};
 use crate::core::Wait;
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
+use crate::wire::state::{BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError};
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]
@@ -432,5 +436,91 @@ impl Conn {
             }
         };
         self.eof && written && idle && !self.read_pending
+    }
+}
+
+impl Conn {
+    /// What an upgrade in place carries of this connection: its socket by number, who the
+    /// peer is, the codec's state, what is queued and not written, and the answers
+    /// waiting for room. Nothing may be being started for it (the upgrade waits for
+    /// spawns in flight).
+    pub fn carry(&self, blobs: &mut BlobsOut, clock: &Clock) -> ConnImage {
+        ConnImage {
+            token: self.token.0,
+            fd: match &self.stream {
+                Sock::Unix(s) => s.as_raw_fd(),
+                Sock::Tcp(s) => s.as_raw_fd(),
+            },
+            tcp: self.is_tcp(),
+            peer: PeerImage {
+                uid: self.peer.uid,
+                gid: self.peer.gid,
+                pid: self.peer.pid,
+            },
+            codec: match &self.codec {
+                Dialect::Undecided => CodecImage::Undecided,
+                Dialect::Rpc(s) => CodecImage::Rpc(s.carry(blobs)),
+                Dialect::Http(s) => CodecImage::Http(s.carry(blobs)),
+            },
+            out: blobs.put(&self.out[self.out_pos..]),
+            read_pending: self.read_pending,
+            eof: self.eof,
+            broken: self.broken,
+            groups: self.groups.clone(),
+            last_request: clock.rel(self.last_request),
+            deferred: self
+                .deferred
+                .iter()
+                .map(|(req, wait)| (req.0, carry_wait(wait, blobs)))
+                .collect(),
+        }
+    }
+
+    /// The connection `carry` described, on `socket` (the one it carried; its
+    /// non-blocking mode is the open file's, which the `execve` kept). Not registered yet.
+    pub fn resume(
+        img: &ConnImage,
+        socket: OwnedFd,
+        blobs: &BlobsIn,
+        clock: &Clock,
+        bounds: Bounds,
+    ) -> Result<Conn, StateError> {
+        let stream = if img.tcp {
+            Sock::Tcp(TcpStream::from_std(socket.into()))
+        } else {
+            Sock::Unix(UnixStream::from_std(socket.into()))
+        };
+        let codec = match &img.codec {
+            CodecImage::Undecided => Dialect::Undecided,
+            CodecImage::Rpc(r) => Dialect::Rpc(rpc::RpcSession::resume(
+                r,
+                blobs,
+                bounds.max_message,
+                bounds.max_batch,
+            )?),
+            CodecImage::Http(h) => Dialect::Http(http::HttpSession::resume(h, blobs)?),
+        };
+        let mut conn = Conn::with(
+            stream,
+            codec,
+            Token(img.token),
+            PeerCred {
+                uid: img.peer.uid,
+                gid: img.peer.gid,
+                pid: img.peer.pid,
+            },
+            bounds,
+        );
+        conn.out = blobs.get(img.out)?.to_vec();
+        conn.read_pending = img.read_pending;
+        conn.eof = img.eof;
+        conn.broken = img.broken;
+        conn.groups = img.groups.clone();
+        conn.last_request = clock.at(img.last_request);
+        for (req, wait) in &img.deferred {
+            conn.deferred
+                .push_back((ReqNo(*req), resume_wait(wait, blobs)?));
+        }
+        Ok(conn)
     }
 }

@@ -22,6 +22,8 @@ use crate::sys::ids::Identity;
 use crate::sys::ids::PeerCred;
 use crate::sys::systemd;
 use crate::wire::http;
+use crate::wire::state::{AuthImage, Bytes, ListenersImage, PeerImage};
+use std::os::fd::AsRawFd;
 
 /// What one `accept` found.
 pub enum Accepted {
@@ -104,6 +106,13 @@ impl Listeners {
         })
     }
 
+    /// The path the Unix socket listens at, as the socket says (systemd's, when it passed
+    /// the socket).
+    pub fn bound_path(&self) -> Option<PathBuf> {
+        let addr = self.unix.as_ref()?.local_addr().ok()?;
+        addr.as_pathname().map(std::path::Path::to_path_buf)
+    }
+
     /// Whether `token` is one of the listeners.
     pub fn owns(&self, token: Token) -> bool {
         token == self.unix_token || self.http.contains_key(&token)
@@ -168,6 +177,86 @@ impl Listeners {
         if let Some(path) = self.socket_file.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+impl Listeners {
+    /// What an upgrade in place carries: the sockets by number with their tokens, the
+    /// socket file (kept: the same socket goes on listening), and who TCP requests are.
+    pub fn carry(&self) -> ListenersImage {
+        let mut http: Vec<(usize, i32)> = self
+            .http
+            .iter()
+            .map(|(t, l)| (t.0, l.as_raw_fd()))
+            .collect();
+        http.sort_unstable();
+        ListenersImage {
+            unix: self
+                .unix
+                .as_ref()
+                .map(|l| (self.unix_token.0, l.as_raw_fd())),
+            socket_file: self
+                .socket_file
+                .as_ref()
+                .map(|p| Bytes::of_os(p.as_os_str())),
+            http,
+            http_auth: match &self.http_auth {
+                http::Auth::Peer => AuthImage::Peer,
+                http::Auth::Open => AuthImage::Open,
+                http::Auth::Token(t) => AuthImage::Token(Bytes(t.to_vec())),
+            },
+            http_peer: PeerImage {
+                uid: self.http_peer.uid,
+                gid: self.http_peer.gid,
+                pid: self.http_peer.pid,
+            },
+            http_groups: self.http_groups.clone(),
+        }
+    }
+
+    /// The listeners `carry` described, their sockets from `take`, registered under their
+    /// tokens: connections that queued up during the swap are accepted at once.
+    pub fn resume(
+        img: &ListenersImage,
+        poll: &Poll,
+        take: &mut dyn FnMut(std::os::fd::RawFd) -> Result<std::os::fd::OwnedFd, String>,
+    ) -> Result<Listeners, String> {
+        let registering = |e: io::Error| format!("registering a listener: {e}");
+        let mut unix = None;
+        let mut unix_token = Token(usize::MAX);
+        if let Some((token, fd)) = img.unix {
+            let mut l = UnixListener::from_std(take(fd)?.into());
+            poll.registry()
+                .register(&mut l, Token(token), Interest::READABLE)
+                .map_err(registering)?;
+            unix = Some(l);
+            unix_token = Token(token);
+        }
+        let mut http = HashMap::new();
+        for (token, fd) in &img.http {
+            let mut l = TcpListener::from_std(take(*fd)?.into());
+            poll.registry()
+                .register(&mut l, Token(*token), Interest::READABLE)
+                .map_err(registering)?;
+            http.insert(Token(*token), l);
+        }
+        Ok(Listeners {
+            unix,
+            unix_token,
+            socket_file: img.socket_file.as_ref().map(|b| PathBuf::from(b.to_os())),
+            http,
+            http_auth: match &img.http_auth {
+                AuthImage::Peer => http::Auth::Peer,
+                AuthImage::Open => http::Auth::Open,
+                AuthImage::Token(t) => http::Auth::Token(t.0.clone().into()),
+            },
+            http_peer: PeerCred {
+                uid: img.http_peer.uid,
+                gid: img.http_peer.gid,
+                pid: img.http_peer.pid,
+            },
+            http_groups: img.http_groups.clone(),
+        })
     }
 }
 

@@ -20,6 +20,7 @@ mod clients;
 mod conn;
 mod listen;
 mod pipes;
+mod upgrade;
 
 use std::io;
 use std::time::{Duration, Instant, SystemTime};
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use serde_json::{Map, Value};
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
@@ -44,8 +45,14 @@ use crate::sys::sinks::Sinks;
 use crate::sys::systemd;
 use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 
+/// What `execd --upgrade-check` prints: this build's version and the upgrade states it
+/// takes, one JSON line (PROTOCOL 13).
+pub fn upgrade_check_line() -> String {
+    crate::wire::state::check_line()
+}
+
 /// Signals the loop handles; every other one keeps its default.
-const HANDLED_SIGNALS: [i32; 4] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP];
+const HANDLED_SIGNALS: [i32; 5] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR2];
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -87,6 +94,10 @@ enum LoopTimer {
     Status,
     /// Look for commands waiting for input (PROTOCOL 12.3).
     InputCheck,
+    /// The new binary's time to answer `--upgrade-check` is up (PROTOCOL 13).
+    UpgradeProbe,
+    /// The wait for spawns in flight before an upgrade's swap is up.
+    UpgradeDrain,
 }
 
 /// Where shutdown is.
@@ -124,6 +135,10 @@ pub struct Server {
     status_pending: bool,
     /// Where the log and the audit records go.
     sinks: Sinks,
+    /// An upgrade in place under way (PROTOCOL 13).
+    upgrade: Option<upgrade::Upgrading>,
+    /// What this image, resumed from an upgrade, tells once it serves.
+    resumed: Option<upgrade::Resumed>,
 }
 
 impl Server {
@@ -210,22 +225,16 @@ impl Server {
             memory_peak: 0,
             notifier,
             status_pending: false,
+            upgrade: None,
+            resumed: None,
         })
     }
 
     /// Runs until shutdown completes.
     pub fn run(mut self) -> io::Result<()> {
-        self.core.log.line(format_args!(
-            "listening on {}{} (pid {}), containment: {}",
-            self.core.cfg.socket.display(),
-            if self.listeners.socket_file.is_none() {
-                ", passed by systemd"
-            } else {
-                ""
-            },
-            std::process::id(),
-            self.children.contain.describe()
-        ));
+        if self.resumed.is_none() {
+            self.log_listening();
+        }
         let (counts, text) = (
             (self.clients.count(), self.core.table.running()),
             self.status_text(),
@@ -239,6 +248,8 @@ impl Server {
                 self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
             }
         }
+        // An image resumed from an upgrade serves from here: it says so.
+        self.after_resume();
         let mut events = Events::with_capacity(1024);
         loop {
             self.notify_status();
@@ -271,6 +282,7 @@ impl Server {
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
                     SPAWNED => self.on_spawned(),
+                    t if self.probe_token(t) => self.read_probe(),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -295,6 +307,8 @@ impl Server {
                 self.timers.add(at, LoopTimer::InputCheck);
             }
             self.flush_dirty();
+            // An upgrade whose spawns in flight are done swaps images here, between turns.
+            self.upgrade_step();
             if self.shutdown_done() {
                 break;
             }
@@ -303,6 +317,21 @@ impl Server {
         self.core.log.line(format_args!("stopped"));
         self.write_log();
         Ok(())
+    }
+
+    /// The start-up line: where the daemon listens and how it contains commands.
+    fn log_listening(&mut self) {
+        self.core.log.line(format_args!(
+            "listening on {}{} (pid {}), containment: {}",
+            self.core.cfg.socket.display(),
+            if self.listeners.socket_file.is_none() {
+                ", passed by systemd"
+            } else {
+                ""
+            },
+            std::process::id(),
+            self.children.contain.describe()
+        ));
     }
 
     /// What `STATUS=` says: clients and running commands.
@@ -371,7 +400,9 @@ impl Server {
     /// Accepts what waits on listener `lt`, until nothing does or accepting fails (then
     /// it pauses: the waiting connections stay queued in the kernel).
     fn accept(&mut self, lt: Token) {
-        while !self.accept_paused && self.shutdown.is_none() {
+        // An upgrade that stopped reading requests takes no connections either: they wait
+        // in the kernel's queue for the image that serves next.
+        while !self.accept_paused && self.shutdown.is_none() && !self.draining() {
             let registry = self.poll.registry();
             let (core, next) = (&mut self.core, &mut self.next_token);
             match self
@@ -427,6 +458,9 @@ impl Server {
 
     /// Reads and handles requests while the connection may read.
     fn read_requests(&mut self, token: Token) {
+        if self.draining() {
+            return; // what it sends waits in its socket for the image that serves next
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         while let Some(conn) = self.clients.get_mut(&token) {
             // After EOF, requests already buffered are still handled.
@@ -502,6 +536,7 @@ impl Server {
                 }
             }
             Ok(Step::Done(v)) => self.answer(token, req, Ok(v)),
+            Ok(Step::Upgrade(binary)) => self.begin_upgrade(req.map(|r| (token, r)), binary),
             Err(e) => self.answer(token, req, Err(e)),
         }
     }
@@ -532,6 +567,10 @@ impl Server {
     /// and its request goes on with the family's tail.
     fn on_spawned(&mut self) {
         for done in self.children.finished() {
+            if Some(done.job) == self.probe_job() {
+                self.probe_spawned(done);
+                continue;
+            }
             let (core, clients) = (&mut self.core, &mut self.clients);
             let registry = self.poll.registry();
             let next = &mut self.next_token;
@@ -718,6 +757,8 @@ impl Server {
                 // Reopens the audit file and reloads the policy; a closing terminal's HUP
                 // never kills the daemon (and with it every command).
                 SIGHUP => self.reopen(),
+                // An upgrade in place into the binary the daemon was started as.
+                SIGUSR2 => self.begin_upgrade(None, None),
                 _ => {}
             }
         }
@@ -776,6 +817,8 @@ impl Server {
                     self.input_check_armed = false;
                     self.children.look_for_input_waits(&mut self.core);
                 }
+                LoopTimer::UpgradeProbe => self.probe_timed_out(),
+                LoopTimer::UpgradeDrain => self.drain_timed_out(),
             }
         }
     }
@@ -790,6 +833,7 @@ impl Server {
             n.send("STOPPING=1");
         }
         self.shutdown = Some(Shutdown::Killing);
+        self.stop_upgrade("the daemon is stopping");
         self.listeners.close(&self.poll);
         self.core.begin_shutdown();
         self.apply();

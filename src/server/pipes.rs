@@ -17,6 +17,7 @@ use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
 use crate::core::table::{Key, Stdin};
+use crate::wire::state::PipesImage;
 
 /// A pipe's default capacity on Linux; a read this large means the pipe was full.
 const DEFAULT_PIPE_SIZE: usize = 64 << 10;
@@ -245,5 +246,65 @@ impl Pipes {
         }
         self.close_stdin(registry, key);
         self.procs.remove(&key);
+    }
+}
+
+impl Pipes {
+    /// What an upgrade in place carries: every command's open descriptors by number, with
+    /// their tokens (kept, so the loop's tokens stay what they were).
+    pub fn carry(&self) -> Vec<PipesImage> {
+        let mut v: Vec<PipesImage> = self
+            .procs
+            .iter()
+            .map(|(key, p)| PipesImage {
+                key: key.0,
+                outs: p
+                    .outs
+                    .iter()
+                    .map(|o| o.as_ref().map(|o| (o.rx.as_raw_fd(), o.token.0, o.grown)))
+                    .collect(),
+                stdin: p.stdin.as_ref().map(|s| (s.tx.as_raw_fd(), s.token.0)),
+            })
+            .collect();
+        v.sort_by_key(|p| p.key);
+        v
+    }
+
+    /// The pipes `carry` described, their descriptors from `take`: output ends registered READABLE (a pipe that holds bytes already is
+    /// reported at once); stdin ends registered when input waits for them (`flush_stdin`).
+    pub fn resume(
+        registry: &Registry,
+        imgs: &[PipesImage],
+        take: &mut dyn FnMut(RawFd) -> Result<OwnedFd, String>,
+    ) -> Result<Pipes, String> {
+        let mut pipes = Pipes::default();
+        for img in imgs {
+            let key = Key(img.key);
+            let mut entry = ProcPipes::default();
+            for (stream, out) in img.outs.iter().enumerate() {
+                let Some((fd, token, grown)) = *out else {
+                    entry.outs.push(None);
+                    continue;
+                };
+                let mut rx = Receiver::from(take(fd)?);
+                let token = Token(token);
+                registry
+                    .register(&mut rx, token, Interest::READABLE)
+                    .map_err(|e| format!("registering a pipe of command {}: {e}", img.key))?;
+                pipes.sources.insert(token, Source::Out { key, stream });
+                entry.outs.push(Some(OutPipe { rx, token, grown }));
+            }
+            if let Some((fd, token)) = img.stdin {
+                let token = Token(token);
+                pipes.sources.insert(token, Source::Stdin { key });
+                entry.stdin = Some(InPipe {
+                    tx: Sender::from(take(fd)?),
+                    token,
+                    registered: false,
+                });
+            }
+            pipes.procs.insert(key, entry);
+        }
+        Ok(pipes)
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::types::Stage;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use crate::core::table::Key;
@@ -462,28 +462,29 @@ impl Contain {
         }
     }
 
-    /// The containment `carry` described; its inotify descriptor is taken from the
-    /// number carried (already checked open). Nothing is swept: every hold is this
-    /// daemon's own.
-    pub fn resume(img: &ContainImage) -> Result<Contain, String> {
+    /// The containment `carry` described, with its inotify descriptor when it uses
+    /// cgroups. Nothing is swept: every hold is this daemon's own.
+    pub fn resume(img: &ContainImage, inotify: Option<OwnedFd>) -> Result<Contain, String> {
         let me = Instance::parse(img.instance.as_bytes())
             .ok_or_else(|| format!("cookie instance {:?}", img.instance))?;
         let cookies = Sweeper::resume(me, &img.sweep_asked, &img.sweep_every)
             .ok_or_else(|| format!("cookie sweep state {:?}", img.sweep_every))?;
-        let cgroups = img.cgroups.as_ref().map(|c| {
-            let controllers = crate::sys::cgroup::Controllers {
-                memory: c.memory,
-                pids: c.pids,
-                cpu: c.cpu,
-            };
-            Cgroups {
-                tree: Tree::carried(PathBuf::from(c.root.to_os()), controllers),
-                // SAFETY: the number the state names, checked open by the caller and
-                // owned by nothing else in this image.
-                inotify: unsafe { OwnedFd::from_raw_fd(c.inotify_fd) },
-                watches: c.watches.iter().map(|(wd, k)| (*wd, Key(*k))).collect(),
+        let cgroups = match (&img.cgroups, inotify) {
+            (None, _) => None,
+            (Some(_), None) => return Err("cgroups without their inotify descriptor".into()),
+            (Some(c), Some(inotify)) => {
+                let controllers = crate::sys::cgroup::Controllers {
+                    memory: c.memory,
+                    pids: c.pids,
+                    cpu: c.cpu,
+                };
+                Some(Cgroups {
+                    tree: Tree::carried(PathBuf::from(c.root.to_os()), controllers),
+                    inotify,
+                    watches: c.watches.iter().map(|(wd, k)| (*wd, Key(*k))).collect(),
+                })
             }
-        });
+        };
         Ok(Contain {
             holds: img
                 .holds
@@ -553,7 +554,7 @@ mod tests {
         let json = serde_json::to_vec(&img).unwrap();
         let read: ContainImage = serde_json::from_slice(&json).unwrap();
         assert_eq!(read, img);
-        let back = Contain::resume(&read).unwrap();
+        let back = Contain::resume(&read, None).unwrap();
         assert_eq!(back.carry(), img, "carried again, the same");
         assert_eq!(back.instance(), c.instance(), "the same cookies");
         assert_eq!(back.kind(), "process-group");
@@ -562,6 +563,6 @@ mod tests {
         assert!(back.sweep_due().is_some());
         let mut bad = img.clone();
         bad.sweep_every = "sometimes".into();
-        assert!(Contain::resume(&bad).is_err());
+        assert!(Contain::resume(&bad, None).is_err());
     }
 }

@@ -341,6 +341,30 @@ impl Sinks {
         })
     }
 
+    /// The audit file's descriptor, which an upgrade in place carries (the new image goes
+    /// on writing the same file, rotated or not).
+    pub fn audit_fd(&self) -> Option<RawFd> {
+        self.audit.as_ref().map(|s| s.out.fd())
+    }
+
+    /// Sinks after an upgrade in place: stderr opened again for the log, the audit file
+    /// the one carried.
+    pub fn resume(
+        audit: Option<std::os::fd::OwnedFd>,
+        log_token: mio::Token,
+        audit_token: mio::Token,
+    ) -> io::Result<Sinks> {
+        let audit = match audit {
+            Some(fd) => Some(Sink::new(Out::new(File::from(fd))?, audit_token)),
+            None => None,
+        };
+        Ok(Sinks {
+            log: Out::stderr().ok().map(|o| Sink::new(o, log_token)),
+            audit,
+            audit_token,
+        })
+    }
+
     /// An event for `token`: its target may take more now (WRITABLE, or an error that the
     /// next write will meet).
     pub fn writable(&mut self, token: mio::Token) {

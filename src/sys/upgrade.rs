@@ -34,7 +34,7 @@ pub fn monotonic_ns() -> i64 {
     };
     // SAFETY: clock_gettime writes a timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// A sealed memfd holding `parts` one after the other, its offset at 0, close-on-exec
@@ -139,6 +139,52 @@ pub fn check_fd(fd: RawFd, kind: FdKind) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("descriptor {fd} is not a {kind:?} (mode {mode:o})"))
+    }
+}
+
+/// The descriptors an upgrade carried, taken as duplicates (close-on-exec): the numbers
+/// the state names stay as they are, so that a hand-back can pass them on, until
+/// `commit` closes them. A failure on the way drops duplicates only.
+pub struct Carried {
+    dups: std::collections::HashMap<RawFd, OwnedFd>,
+}
+
+impl Carried {
+    /// Checks that every descriptor named is open and what it must be, and duplicates it.
+    pub fn take_all(fds: &[(RawFd, FdKind)]) -> Result<Carried, String> {
+        let mut dups = std::collections::HashMap::new();
+        for &(fd, kind) in fds {
+            check_fd(fd, kind)?;
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor just checked open returns a new one
+            // nobody else owns, or -1.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                return Err(format!(
+                    "duplicating descriptor {fd}: {}",
+                    io::Error::last_os_error()
+                ));
+            }
+            // SAFETY: as above.
+            dups.insert(fd, unsafe { OwnedFd::from_raw_fd(dup) });
+        }
+        Ok(Carried { dups })
+    }
+
+    /// The duplicate of carried descriptor `fd`, once.
+    pub fn take(&mut self, fd: RawFd) -> Result<OwnedFd, String> {
+        self.dups.remove(&fd).ok_or_else(|| {
+            format!("descriptor {fd} is not one the state carries, or is named twice")
+        })
+    }
+
+    /// The new image keeps the state: the numbers it was carried under (and the other
+    /// descriptors the writer left open for it, `also`) are closed.
+    pub fn commit(self, originals: &[RawFd]) {
+        for &fd in originals {
+            // SAFETY: numbers the writer left open for this image and nothing here owns
+            // (only their duplicates are in use).
+            unsafe { libc::close(fd) };
+        }
     }
 }
 
@@ -258,11 +304,13 @@ pub fn absolute_binary(
 ) -> Option<std::path::PathBuf> {
     let p = Path::new(argv0);
     if argv0.as_bytes().contains(&b'/') {
-        return Some(if p.is_absolute() {
+        // `./execd` is `CWD/execd`: `.` components go (lexically; nothing is resolved).
+        let joined = if p.is_absolute() {
             p.to_path_buf()
         } else {
             cwd.join(p)
-        });
+        };
+        return Some(joined.components().collect());
     }
     let dirs = path_var?;
     std::env::split_paths(dirs)
@@ -305,6 +353,11 @@ mod tests {
         assert_eq!(
             absolute_binary(OsStr::new("/usr/bin/execd"), cwd, None),
             Some("/usr/bin/execd".into())
+        );
+        assert_eq!(
+            absolute_binary(OsStr::new("./bin/../execd"), cwd, None),
+            Some("/srv/bin/../execd".into()),
+            "`..` may cross a symlink: kept"
         );
         let found = absolute_binary(OsStr::new("sh"), cwd, Some(OsStr::new("/nonexistent:/bin")));
         assert_eq!(found, Some("/bin/sh".into()));

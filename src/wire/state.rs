@@ -10,11 +10,14 @@
 //! offset  size  what
 //! 0       8     magic "EXECDST\n"
 //! 8       4     schema version, little-endian u32 (VERSION)
-//! 12      4     0
+//! 12      4     descriptor of the writer's executable, little-endian i32 (-1: none)
 //! 16      8     length N of the JSON document, little-endian u64
 //! 24      N     the JSON document: a `State`
 //! 24 + N  ...   the blob area: raw bytes the document names by `Blob [at, len]`
 //! ```
+//!
+//! The first 16 bytes keep this meaning in every version: a reader that takes no state of
+//! this version still finds the executable to hand the state back to (`hand_back_fd`).
 //!
 //! The document is serde_json of the types below; bulky bytes (output rings, unread input,
 //! unsent output, stdin buffers, queued log lines) live in the blob area and are named by
@@ -932,27 +935,43 @@ pub enum FallbackImage {
     Setup(String),
 }
 
+/// What a carried descriptor must be, for the reader's checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FdRole {
+    /// A listener or a connection.
+    Socket,
+    /// A pipe end or a PTY master.
+    Stream,
+    /// The inotify descriptor, the audit file.
+    Other,
+}
+
 impl State {
-    /// Every descriptor the state names, each once: what the writer clears
-    /// close-on-exec on, and what the reader checks before taking any.
-    pub fn descriptors(&self) -> Vec<i32> {
+    /// Every descriptor the state names, each once, with what it must be: what the writer
+    /// clears close-on-exec on, and what the reader checks before taking any.
+    pub fn descriptors(&self) -> Vec<(i32, FdRole)> {
         let s = &self.server;
-        let mut fds: Vec<i32> = s
+        let mut fds: Vec<(i32, FdRole)> = s
             .listeners
             .unix
             .iter()
             .chain(&s.listeners.http)
-            .map(|(_, fd)| *fd)
-            .chain(s.conns.iter().map(|c| c.fd))
+            .map(|(_, fd)| (*fd, FdRole::Socket))
+            .chain(s.conns.iter().map(|c| (c.fd, FdRole::Socket)))
             .chain(s.pipes.iter().flat_map(|p| {
                 p.outs
                     .iter()
                     .flatten()
-                    .map(|(fd, _, _)| *fd)
-                    .chain(p.stdin.map(|(fd, _)| fd))
+                    .map(|(fd, _, _)| (*fd, FdRole::Stream))
+                    .chain(p.stdin.map(|(fd, _)| (fd, FdRole::Stream)))
             }))
-            .chain(s.contain.cgroups.as_ref().map(|c| c.inotify_fd))
-            .chain(s.audit_fd)
+            .chain(
+                s.contain
+                    .cgroups
+                    .as_ref()
+                    .map(|c| (c.inotify_fd, FdRole::Other)),
+            )
+            .chain(s.audit_fd.map(|fd| (fd, FdRole::Other)))
             .collect();
         fds.sort_unstable();
         fds.dedup();
@@ -960,14 +979,15 @@ impl State {
     }
 }
 
-/// Encodes a state: the header, the document, then the blob area (returned apart, to be
-/// written after the first without another copy).
-pub fn encode(state: &State) -> Result<Vec<u8>, StateError> {
+/// Encodes a state: the header (naming `old_exe`, the descriptor of the writer's own
+/// executable) and the document; the blob area follows it, written apart without another
+/// copy.
+pub fn encode(state: &State, old_exe: Option<i32>) -> Result<Vec<u8>, StateError> {
     let json = serde_json::to_vec(state).map_err(|e| StateError::new(e.to_string()))?;
     let mut out = Vec::with_capacity(HEADER + json.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&state.version.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&old_exe.unwrap_or(-1).to_le_bytes());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
     Ok(out)
@@ -979,6 +999,13 @@ pub fn version_of(bytes: &[u8]) -> Option<u32> {
         return None;
     }
     Some(u32::from_le_bytes(bytes[8..12].try_into().ok()?))
+}
+
+/// The descriptor of the executable that wrote an encoded state, whatever its version.
+pub fn hand_back_fd(bytes: &[u8]) -> Option<i32> {
+    version_of(bytes)?;
+    let fd = i32::from_le_bytes(bytes[12..16].try_into().ok()?);
+    (fd >= 0).then_some(fd)
 }
 
 /// Reads an encoded state: the document and the blob area after it. Refuses a version
@@ -1139,19 +1166,29 @@ mod tests {
         let state = empty();
         let mut blobs = BlobsOut::default();
         assert_eq!(blobs.put(b"ab\n"), Blob(0, 3));
-        let mut bytes = encode(&state).unwrap();
+        let mut bytes = encode(&state, Some(11)).unwrap();
         bytes.extend_from_slice(blobs.bytes());
         let (back, area) = decode(&bytes).unwrap();
         assert_eq!(back, state);
         assert_eq!(area.get(Blob(0, 3)).unwrap(), b"ab\n");
         assert!(area.get(Blob(2, 2)).is_err(), "past the end");
         assert!(area.get(Blob(u64::MAX, 2)).is_err(), "overflowing");
-        assert_eq!(state.descriptors(), vec![3, 4, 7]);
+        assert_eq!(
+            state.descriptors(),
+            vec![
+                (3, FdRole::Socket),
+                (3, FdRole::Stream),
+                (4, FdRole::Socket),
+                (7, FdRole::Stream)
+            ]
+        );
+        assert_eq!(hand_back_fd(&bytes), Some(11));
     }
 
     #[test]
     fn other_versions_and_other_documents_are_refused_with_the_reason() {
-        let mut bytes = encode(&empty()).unwrap();
+        let mut bytes = encode(&empty(), None).unwrap();
+        assert_eq!(hand_back_fd(&bytes), None);
         assert_eq!(version_of(&bytes), Some(VERSION));
         bytes[8] = 99;
         let e = decode(&bytes).unwrap_err();
@@ -1163,7 +1200,7 @@ mod tests {
         let json = serde_json::to_vec(&doc).unwrap();
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&VERSION.to_le_bytes());
-        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&(-1i32).to_le_bytes());
         bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
         bytes.extend_from_slice(&json);
         let e = decode(&bytes).unwrap_err();

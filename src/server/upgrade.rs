@@ -1,0 +1,828 @@
+//! Upgrading in place (PROTOCOL 13): the loop's side of `SIGUSR2` and `daemon/upgrade`.
+//!
+//! 1. Pre-flight, while the daemon serves on: the new binary runs as a child with
+//!    `--upgrade-check`, started by a spawner thread like a command and watched by the loop
+//!    (its output pipe, a 5 s timer, its reaping). It must answer one JSON line naming the
+//!    state version this daemon writes; anything else refuses the upgrade (`-32000` with the
+//!    reason, logged, audited `upgrade_failed`), and nothing else changes.
+//! 2. The daemon stops reading requests and accepting, and waits for the spawns in flight
+//!    to be reported (at most 5 s), so every command it carries is whole.
+//! 3. In one go, between two turns: `RELOADING=1` to systemd, every room's state into one
+//!    `wire::state::State` (`carry`), encoded into a sealed memfd, close-on-exec cleared on
+//!    exactly the descriptors the state names, the handled signals blocked (they stay
+//!    pending), and `execve` of the new binary with the same flags plus `--resume-from FD`.
+//!    A failed `execve` undoes the last two steps and refuses the upgrade: nothing was torn
+//!    down, so the daemon serves on as if nothing happened.
+//! 4. The new image (`Server::resume`) reads the state, checks every descriptor it names,
+//!    takes duplicates of them and rebuilds every room on them. Only once all of that
+//!    worked does it close the numbers it was handed and unblock the signals; until then a
+//!    refusal (a state version or a name it does not know, a descriptor missing, or
+//!    `EXECD_TEST_REFUSE_STATE=1`) hands the untouched state back: `execve` of the old
+//!    executable (through a descriptor of it, which stays the old file when a package
+//!    manager renamed a new one over its path) with `EXECD_UPGRADE_REFUSED` saying why,
+//!    and the old image resumes and answers the upgrade with that error.
+//! 5. The image that serves reaps what exited meanwhile (those children stayed zombies of
+//!    the same pid), sends `READY=1`, answers `daemon/upgrade` with `{from, to, upgrades,
+//!    pause_ms}` and audits `upgrade`.
+
+use std::ffi::OsString;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use mio::unix::pipe::Receiver;
+use mio::{Interest, Poll, Token};
+use serde_json::json;
+use signal_hook_mio::v1_0::Signals;
+
+use super::children::Children;
+use super::clients::Clients;
+use super::conn::Bounds;
+use super::listen::Listeners;
+use super::{
+    LoopTimer, Server, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS, SPAWNED,
+};
+use crate::config::Config;
+use crate::core::{Containment, Core};
+use crate::sys::sinks::Sinks;
+use crate::sys::spawn::Done;
+use crate::sys::systemd;
+use crate::sys::upgrade::{self as os, Carried, FdKind, Image};
+use crate::wire::rpc::{ReqNo, RpcError};
+use crate::wire::state::{
+    self, BlobsIn, BlobsOut, Bytes, Clock, FdRole, ServerImage, State, UpgradeImage,
+};
+
+/// How long the new binary has to answer `--upgrade-check`.
+const PROBE_TIME: Duration = Duration::from_secs(5);
+/// How long the daemon waits for spawns in flight before it gives up on an upgrade.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+/// The most of the pre-flight's output kept, for its answer or for saying why it failed.
+const PROBE_OUTPUT: usize = 4096;
+
+/// An upgrade under way.
+pub(super) struct Upgrading {
+    binary: PathBuf,
+    /// The `daemon/upgrade` request to answer; none for SIGUSR2.
+    asked_by: Option<(Token, ReqNo)>,
+    stage: Stage,
+}
+
+enum Stage {
+    /// The new binary runs with `--upgrade-check`.
+    Probing {
+        job: u64,
+        out: Option<(Receiver, Token)>,
+        /// What it printed so far.
+        got: Vec<u8>,
+    },
+    /// It answered: the daemon no longer reads requests and waits for spawns in flight.
+    Draining {
+        to: String,
+        /// When serving stopped (CLOCK_MONOTONIC, ns): where the pause starts.
+        stopped: i64,
+    },
+}
+
+/// What an image resumed from an upgrade (or handed back one) tells once it serves.
+pub(super) struct Resumed {
+    from: String,
+    asked_by: Option<(Token, ReqNo)>,
+    stopped: i64,
+    /// Why the new image refused the state, when this is the old one resuming.
+    refused: Option<String>,
+    commands: usize,
+    connections: usize,
+}
+
+impl Server {
+    /// `SIGUSR2` or `daemon/upgrade`: starts the pre-flight of `binary` (default: what the
+    /// daemon was started as). Refused at once when one is under way or the daemon stops.
+    pub(super) fn begin_upgrade(
+        &mut self,
+        asked_by: Option<(Token, ReqNo)>,
+        binary: Option<PathBuf>,
+    ) {
+        let refuse = |s: &mut Server, why: String| {
+            s.upgrade_failed(asked_by, &why);
+        };
+        if self.upgrade.is_some() {
+            return refuse(self, "an upgrade is already under way".into());
+        }
+        if self.shutdown.is_some() {
+            return refuse(self, "the daemon is stopping".into());
+        }
+        let Some(binary) = binary.or_else(|| self.core.cfg.binary.clone()) else {
+            return refuse(
+                self,
+                "the binary execd was started as is not known; name one (--binary)".into(),
+            );
+        };
+        let Some(text) = binary.to_str() else {
+            return refuse(self, format!("{} is not a UTF-8 path", binary.display()));
+        };
+        let (job, out) = match self.children.probe(text) {
+            Ok(started) => started,
+            Err(e) => {
+                return refuse(
+                    self,
+                    format!("cannot run {} --upgrade-check: {e}", binary.display()),
+                )
+            }
+        };
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        let mut rx = Receiver::from(out);
+        let out = match self
+            .poll
+            .registry()
+            .register(&mut rx, token, Interest::READABLE)
+        {
+            Ok(()) => Some((rx, token)),
+            Err(e) => {
+                return refuse(self, format!("watching the pre-flight's output: {e}"));
+            }
+        };
+        self.core.log.line(format_args!(
+            "upgrade: asking {} --upgrade-check",
+            binary.display()
+        ));
+        self.timers
+            .add(Instant::now() + PROBE_TIME, LoopTimer::UpgradeProbe);
+        self.upgrade = Some(Upgrading {
+            binary,
+            asked_by,
+            stage: Stage::Probing {
+                job,
+                out,
+                got: Vec::new(),
+            },
+        });
+    }
+
+    /// Whether the daemon has stopped reading requests for an upgrade.
+    pub(super) fn draining(&self) -> bool {
+        matches!(
+            self.upgrade,
+            Some(Upgrading {
+                stage: Stage::Draining { .. },
+                ..
+            })
+        )
+    }
+
+    /// The pre-flight's spawn job, while it runs.
+    pub(super) fn probe_job(&self) -> Option<u64> {
+        match &self.upgrade {
+            Some(Upgrading {
+                stage: Stage::Probing { job, .. },
+                ..
+            }) => Some(*job),
+            _ => None,
+        }
+    }
+
+    /// Whether `token` is the pre-flight's output pipe.
+    pub(super) fn probe_token(&self, token: Token) -> bool {
+        matches!(
+            &self.upgrade,
+            Some(Upgrading {
+                stage: Stage::Probing { out: Some((_, t)), .. },
+                ..
+            }) if *t == token
+        )
+    }
+
+    /// The spawner reported the pre-flight: started (its pid is watched when reaped), or
+    /// not (the binary is missing or not executable).
+    pub(super) fn probe_spawned(&mut self, done: Done) {
+        let binary = match &self.upgrade {
+            Some(u) => u.binary.display().to_string(),
+            None => return,
+        };
+        match done.result {
+            Ok(pid) => self.children.watch_probe(pid),
+            Err((_, e)) => {
+                let why = format!(
+                    "cannot run {binary} --upgrade-check: {}",
+                    crate::wire::rpc::os_error_text(&e)
+                );
+                self.refuse_upgrade(&why);
+            }
+        }
+    }
+
+    /// The pre-flight's output is readable: read it; its first whole line is its answer,
+    /// and its end without one (it exited, or closed its output) is a refusal.
+    pub(super) fn read_probe(&mut self) {
+        let mut buf = [0u8; 1024];
+        let (line, eof) = {
+            let Some(Upgrading {
+                stage:
+                    Stage::Probing {
+                        out: Some((rx, _)),
+                        got,
+                        ..
+                    },
+                ..
+            }) = &mut self.upgrade
+            else {
+                return;
+            };
+            let mut eof = false;
+            loop {
+                match rx.read(&mut buf) {
+                    Ok(0) => {
+                        eof = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        let room = PROBE_OUTPUT.saturating_sub(got.len());
+                        got.extend_from_slice(&buf[..n.min(room)]);
+                        if got.len() >= PROBE_OUTPUT {
+                            eof = true;
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        eof = true;
+                        break;
+                    }
+                }
+            }
+            let line = got
+                .iter()
+                .position(|b| *b == b'\n')
+                .map(|i| String::from_utf8_lossy(&got[..i]).into_owned());
+            let shown = String::from_utf8_lossy(got).trim().to_string();
+            (line.ok_or(shown), eof)
+        };
+        match line {
+            Ok(line) => self.probe_answered(&line),
+            Err(shown) if eof => {
+                let binary = self
+                    .upgrade
+                    .as_ref()
+                    .map(|u| u.binary.display().to_string());
+                let ended = match self.children.probe_ended() {
+                    Some(crate::types::Ended::Code(c)) => format!(" (exit status {c})"),
+                    Some(crate::types::Ended::Signal(s)) => {
+                        format!(" (killed by {})", crate::types::signal_name(s))
+                    }
+                    None => String::new(),
+                };
+                let said = if shown.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", cut(&shown))
+                };
+                self.refuse_upgrade(&format!(
+                    "{} did not answer --upgrade-check{ended}{said}",
+                    binary.unwrap_or_default()
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// The pre-flight answered `line`: the upgrade goes on when the new binary takes the
+    /// state this daemon writes.
+    fn probe_answered(&mut self, line: &str) {
+        let Some(up) = self.upgrade.as_mut() else {
+            return;
+        };
+        let binary = up.binary.display().to_string();
+        match state::read_check(line) {
+            Ok(to) => {
+                self.close_probe();
+                self.core.log.line(format_args!(
+                    "upgrade: {binary} is execd {to} and takes state version {}; no longer \
+                     reading requests",
+                    state::VERSION
+                ));
+                if let Some(up) = self.upgrade.as_mut() {
+                    up.stage = Stage::Draining {
+                        to,
+                        stopped: os::monotonic_ns(),
+                    };
+                }
+                self.timers
+                    .add(Instant::now() + DRAIN_TIME, LoopTimer::UpgradeDrain);
+            }
+            Err(why) => self.refuse_upgrade(&format!("{binary}: {why}")),
+        }
+    }
+
+    /// The pre-flight's time is up.
+    pub(super) fn probe_timed_out(&mut self) {
+        if self.probe_job().is_none() {
+            return;
+        }
+        let binary = self
+            .upgrade
+            .as_ref()
+            .map(|u| u.binary.display().to_string())
+            .unwrap_or_default();
+        self.refuse_upgrade(&format!(
+            "{binary} did not answer --upgrade-check within {} s",
+            PROBE_TIME.as_secs()
+        ));
+    }
+
+    /// The wait for spawns in flight is over without them.
+    pub(super) fn drain_timed_out(&mut self) {
+        if self.draining() {
+            let n = self.children.spawning();
+            self.refuse_upgrade(&format!(
+                "{n} command(s) still being started after {} s (a working directory or \
+                 program on a file system that does not answer?)",
+                DRAIN_TIME.as_secs()
+            ));
+        }
+    }
+
+    /// At the end of a turn: once nothing is being started, the swap.
+    pub(super) fn upgrade_step(&mut self) {
+        if self.draining() && self.children.spawning() == 0 && self.core.out.is_empty() {
+            self.swap();
+        }
+    }
+
+    /// Stops the pre-flight: its pipe closed, the process killed if it still runs.
+    fn close_probe(&mut self) {
+        if let Some(Upgrading {
+            stage: Stage::Probing { out, .. },
+            ..
+        }) = &mut self.upgrade
+        {
+            if let Some((mut rx, _)) = out.take() {
+                let _ = self.poll.registry().deregister(&mut rx);
+            }
+        }
+        self.children.end_probe();
+    }
+
+    /// Gives up an upgrade under way, if there is one, for `why`.
+    pub(super) fn stop_upgrade(&mut self, why: &str) {
+        if self.upgrade.is_some() {
+            self.refuse_upgrade(why);
+        }
+    }
+
+    /// Gives up the upgrade under way: said to its asker, logged, audited; a daemon that
+    /// had stopped reading reads again.
+    fn refuse_upgrade(&mut self, why: &str) {
+        let was_draining = self.draining();
+        self.close_probe();
+        let asked_by = self.upgrade.take().and_then(|u| u.asked_by);
+        self.upgrade_failed(asked_by, why);
+        if was_draining {
+            for t in self.listeners.tokens() {
+                self.accept(t);
+            }
+            let tokens: Vec<Token> = self.clients.tokens();
+            for t in tokens {
+                self.read_requests(t);
+                self.clients.dirty.push(t);
+            }
+        }
+    }
+
+    /// An upgrade refused: its asker told (`-32000` with the reason), logged, audited.
+    fn upgrade_failed(&mut self, asked_by: Option<(Token, ReqNo)>, why: &str) {
+        self.core
+            .log
+            .line(format_args!("upgrade refused, this image goes on: {why}"));
+        self.core
+            .record("upgrade_failed", None, json!({ "reason": why }));
+        if let Some((token, req)) = asked_by {
+            self.answer(
+                token,
+                Some(req),
+                Err(RpcError::invalid_state(format!("upgrade refused: {why}"))),
+            );
+        }
+        self.apply();
+    }
+
+    /// The swap: the whole state into a memfd and `execve` of the new binary. Returns
+    /// only when the `execve` failed, with nothing torn down: the upgrade is refused and
+    /// the daemon serves on.
+    fn swap(&mut self) {
+        let Some(Upgrading {
+            binary,
+            asked_by,
+            stage: Stage::Draining { to, stopped },
+        }) = self.upgrade.take()
+        else {
+            return;
+        };
+        let pausing = os::monotonic_ns();
+        if let Some(n) = &self.notifier {
+            n.send(&format!(
+                "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=upgrading to execd {to}",
+                pausing / 1000
+            ));
+        }
+        self.core.log.line(format_args!(
+            "upgrade: handing {} command(s) and {} connection(s) to {} (execd {to})",
+            self.core.table.procs.len(),
+            self.clients.count(),
+            binary.display()
+        ));
+        self.write_log();
+        let built = self.write_state(&binary, asked_by, stopped);
+        let failure = match built {
+            Ok((memfd, old_exe, fds)) => {
+                let mut args = self.core.cfg.args.clone();
+                args.push("--resume-from".into());
+                args.push(memfd.as_raw_fd().to_string().into());
+                let arg0: OsString = self
+                    .core
+                    .cfg
+                    .binary
+                    .clone()
+                    .unwrap_or_else(|| binary.clone())
+                    .into_os_string();
+                let mut open: Vec<RawFd> = fds.clone();
+                open.push(memfd.as_raw_fd());
+                open.extend(old_exe.as_ref().map(AsRawFd::as_raw_fd));
+                let cleared = open.iter().try_for_each(|fd| os::set_cloexec(*fd, false));
+                let e = match cleared {
+                    Ok(()) => {
+                        let mask = os::block_signals(&HANDLED_SIGNALS);
+                        let e = os::exec(Image::Path(&binary), &arg0, &args, None);
+                        os::restore_signals(&mask);
+                        e
+                    }
+                    Err(e) => e,
+                };
+                for fd in &open {
+                    let _ = os::set_cloexec(*fd, true);
+                }
+                format!("execve {}: {e}", binary.display())
+            }
+            Err(e) => format!("writing the state: {e}"),
+        };
+        if let Some(n) = &self.notifier {
+            n.send("READY=1");
+        }
+        self.upgrade = Some(Upgrading {
+            binary,
+            asked_by,
+            stage: Stage::Draining { to, stopped },
+        });
+        self.refuse_upgrade(&failure);
+    }
+
+    /// Every room's state, encoded into a sealed memfd: the memfd, a descriptor of this
+    /// executable (for a hand-back), and the descriptors the state names.
+    fn write_state(
+        &mut self,
+        binary: &std::path::Path,
+        asked_by: Option<(Token, ReqNo)>,
+        stopped: i64,
+    ) -> Result<(OwnedFd, Option<OwnedFd>, Vec<RawFd>), String> {
+        let base = Instant::now();
+        let mono = os::monotonic_ns();
+        let clock = Clock { base };
+        let mut blobs = BlobsOut::default();
+        let core = self.core.carry(&clock, &mut blobs);
+        let mut server = ServerImage {
+            next_token: self.next_token,
+            listeners: self.listeners.carry(),
+            conns: self.clients.carry(&mut blobs, &clock),
+            pipes: Vec::new(),
+            inputs: Vec::new(),
+            hot: Vec::new(),
+            abandoned: Vec::new(),
+            contain: self.children.contain.carry(),
+            audit_fd: self.sinks.audit_fd(),
+            nofile: 0,
+            nofile_raised_from: None,
+            memory_peak: self.memory_peak,
+        };
+        self.children.carry(&mut server);
+        let cfg = &self.core.cfg;
+        let old_binary = cfg
+            .binary
+            .clone()
+            .or_else(|| std::env::current_exe().ok())
+            .unwrap_or_default();
+        let state = State {
+            version: state::VERSION,
+            from: env!("CARGO_PKG_VERSION").to_string(),
+            clock: mono,
+            upgrade: UpgradeImage {
+                old_binary: Bytes::of_os(old_binary.as_os_str()),
+                new_binary: Bytes::of_os(binary.as_os_str()),
+                args: cfg.args.iter().map(|a| Bytes::of_os(a)).collect(),
+                upgrades: self.core.upgrades,
+                asked_by: asked_by.map(|(t, r)| (t.0, r.0)),
+                stopped,
+            },
+            core,
+            server,
+        };
+        let old_exe = os::own_executable().ok();
+        let head =
+            state::encode(&state, old_exe.as_ref().map(AsRawFd::as_raw_fd)).map_err(|e| e.0)?;
+        let memfd = os::memfd_with(&[&head, blobs.bytes()]).map_err(|e| e.to_string())?;
+        let fds = state.descriptors().into_iter().map(|(fd, _)| fd).collect();
+        Ok((memfd, old_exe, fds))
+    }
+
+    /// The image that serves after an upgrade (or a hand-back): tells what happened once
+    /// its loop runs.
+    pub(super) fn after_resume(&mut self) {
+        let Some(r) = self.resumed.take() else {
+            return;
+        };
+        let pause_ms = (os::monotonic_ns() - r.stopped).max(0) as f64 / 1e6;
+        let to = env!("CARGO_PKG_VERSION");
+        match &r.refused {
+            None => {
+                self.core.log.line(format_args!(
+                    "upgraded in place from execd {} to {to} (upgrade {}): {} command(s), {} \
+                     connection(s) carried, paused {pause_ms:.1} ms",
+                    r.from, self.core.upgrades, r.commands, r.connections
+                ));
+                self.core.record(
+                    "upgrade",
+                    None,
+                    json!({ "from": r.from, "to": to, "commands": r.commands,
+                            "connections": r.connections, "pause_ms": pause_ms }),
+                );
+                if let Some((token, req)) = r.asked_by {
+                    let answer = json!({ "from": r.from, "to": to,
+                        "upgrades": self.core.upgrades, "pause_ms": pause_ms });
+                    self.answer(token, Some(req), Ok(answer));
+                }
+            }
+            Some(why) => {
+                let why = format!("the new image refused the state: {why}");
+                self.upgrade_failed(r.asked_by, &why);
+            }
+        }
+        self.apply();
+    }
+
+    /// Resumes from the state of an upgrade in place (`--resume-from FD`). A state this
+    /// image cannot take is handed back to the image that wrote it, which resumes; only
+    /// when that is impossible too does this fail (and the daemon exits).
+    pub fn resume(mut cfg: Config) -> io::Result<Server> {
+        let Some(fd) = cfg.resume_from.take() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no state to resume from",
+            ));
+        };
+        crate::sys::host::tune_allocator();
+        let bytes = os::read_whole(fd)?;
+        let refused = std::env::var_os(os::REFUSED_VAR).map(|v| v.to_string_lossy().into_owned());
+        if refused.is_some() {
+            // Read once, by this image alone: commands never see it. No other thread
+            // runs yet.
+            std::env::remove_var(os::REFUSED_VAR);
+        }
+        let why = match Server::rebuild(cfg.clone(), &bytes, refused.clone()) {
+            Ok((mut server, carried, state_fds)) => {
+                // The state is taken: the numbers it came under go, and signals that
+                // arrived during the swap are delivered now.
+                let mut originals = state_fds;
+                originals.push(fd);
+                originals.extend(state::hand_back_fd(&bytes));
+                carried.commit(&originals);
+                crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
+                crate::sys::host::cloexec_inherited();
+                server.reap_all();
+                server.arm_after_resume();
+                return Ok(server);
+            }
+            Err(why) => why,
+        };
+        if refused.is_some() {
+            // The old image cannot take its own state back: nothing is left to try.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the state handed back cannot be taken either: {why}"),
+            ));
+        }
+        eprintln!("execd: upgrade: refusing the state, handing it back to the old image: {why}");
+        let mut args = cfg.args.clone();
+        args.push("--resume-from".into());
+        args.push(fd.to_string().into());
+        let arg0 = std::env::args_os().next().unwrap_or_default();
+        let e = match state::hand_back_fd(&bytes) {
+            Some(exe) => os::exec(Image::Fd(exe), &arg0, &args, Some((os::REFUSED_VAR, &why))),
+            None => io::Error::new(
+                io::ErrorKind::NotFound,
+                "no descriptor of the old executable",
+            ),
+        };
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the new image refused the state ({why}) and could not hand it back: {e}"),
+        ))
+    }
+
+    /// Rebuilds every room from `bytes` on duplicates of the descriptors it names. The
+    /// server, the duplicates not yet committed, and the numbers the state named; or why
+    /// the state is refused (with the numbers it came under untouched).
+    fn rebuild(
+        cfg: Config,
+        bytes: &[u8],
+        refused: Option<String>,
+    ) -> Result<(Server, Carried, Vec<RawFd>), String> {
+        let (state, blobs) = state::decode(bytes).map_err(|e| e.0)?;
+        if refused.is_none() && std::env::var_os(os::TEST_REFUSE_VAR).is_some_and(|v| v == "1") {
+            return Err(format!("{}=1 is set", os::TEST_REFUSE_VAR));
+        }
+        let fds: Vec<(RawFd, FdKind)> = state
+            .descriptors()
+            .into_iter()
+            .map(|(fd, role)| {
+                let kind = match role {
+                    FdRole::Socket => FdKind::Socket,
+                    FdRole::Stream => FdKind::Stream,
+                    FdRole::Other => FdKind::Any,
+                };
+                (fd, kind)
+            })
+            .collect();
+        let mut carried = Carried::take_all(&fds)?;
+        let now = Instant::now();
+        // Where the writer's times land: its clock reading was this long ago.
+        let since = Duration::from_nanos((os::monotonic_ns() - state.clock).max(0) as u64);
+        let clock = Clock {
+            base: now.checked_sub(since).unwrap_or(now),
+        };
+        let server = Server::rebuild_rooms(cfg, &state, &blobs, &clock, &mut carried, refused)?;
+        Ok((server, carried, fds.into_iter().map(|(fd, _)| fd).collect()))
+    }
+
+    fn rebuild_rooms(
+        mut cfg: Config,
+        state: &State,
+        blobs: &BlobsIn,
+        clock: &Clock,
+        carried: &mut Carried,
+        refused: Option<String>,
+    ) -> Result<Server, String> {
+        let img = &state.server;
+        let mut take = |fd: RawFd| carried.take(fd);
+        let poll = Poll::new().map_err(failed("epoll"))?;
+        let mut signals = Signals::new(HANDLED_SIGNALS).map_err(failed("signals"))?;
+        poll.registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)
+            .map_err(failed("signals"))?;
+        crate::sys::host::become_subreaper().map_err(failed("subreaper"))?;
+        let waker = mio::Waker::new(poll.registry(), SPAWNED).map_err(failed("waker"))?;
+        let children = Children::resume(&cfg, waker, img, poll.registry(), &mut take)?;
+        if let Some(fd) = children.contain.events_fd() {
+            poll.registry()
+                .register(&mut mio::unix::SourceFd(&fd), CGROUPS, Interest::READABLE)
+                .map_err(failed("cgroup events"))?;
+        }
+        let listeners = Listeners::resume(&img.listeners, &poll, &mut take)?;
+        if let Some(path) = listeners.bound_path() {
+            cfg.socket = path; // systemd's socket keeps the path it was reported under
+        }
+        let bounds = Bounds {
+            max_message: cfg.max_message,
+            max_batch: cfg.max_batch,
+            cap: cfg.client_buffer,
+        };
+        let uid = crate::sys::ids::current_uid();
+        let clients = Clients::resume(
+            uid,
+            &img.conns,
+            (blobs, clock),
+            bounds,
+            poll.registry(),
+            &mut take,
+        )?;
+        let audit = img.audit_fd.map(&mut take).transpose()?;
+        let sinks = Sinks::resume(audit, LOG, AUDIT).map_err(failed("the audit file"))?;
+        let notifier = systemd::Notifier::from_env(
+            std::env::var_os("NOTIFY_SOCKET"),
+            std::env::var_os("WATCHDOG_USEC"),
+            std::env::var_os("WATCHDOG_PID"),
+        )
+        .map_err(failed("NOTIFY_SOCKET"))?;
+        let policy_path = cfg.policy.clone();
+        let stamp = std::env::var_os("JOURNAL_STREAM").is_none();
+        let mut core = Core::resume(
+            cfg,
+            &state.core,
+            blobs,
+            clock,
+            (Instant::now(), SystemTime::now()),
+            stamp,
+        )
+        .map_err(|e| e.0)?;
+        // The policy file is read again, as SIGHUP reads it; one that no longer loads
+        // leaves the policy that was in force (its text came with the state).
+        core.policy = match (&policy_path, &state.core.policy) {
+            (None, _) => crate::policy::Policy::default(),
+            (Some(path), carried_text) => match crate::policy::Policy::load(path) {
+                Ok(p) => p,
+                Err(e) => {
+                    let Some(text) = carried_text else {
+                        return Err(format!("the policy does not load ({e}) and none came"));
+                    };
+                    core.log.line(format_args!(
+                        "policy not reloaded after the upgrade, the old one stays: {e}"
+                    ));
+                    core.record("policy_reload", None, json!({ "ok": false, "error": e }));
+                    crate::policy::Policy::parse(text)
+                        .map_err(|e| format!("the carried policy: {e}"))?
+                }
+            },
+        };
+        core.containment = Containment {
+            kind: children.contain.kind(),
+            detail: children.contain.describe(),
+            cookie: children.contain.instance(),
+        };
+        core.daemon_uid = uid;
+        core.nofile = children.nofile.limit;
+        core.upgrades = state.upgrade.upgrades + u64::from(refused.is_none());
+        let asked_by = state
+            .upgrade
+            .asked_by
+            .map(|(t, r)| (Token(t), ReqNo(r)))
+            .filter(|(t, _)| clients.contains(t));
+        let resumed = Resumed {
+            from: state.from.clone(),
+            asked_by,
+            stopped: state.upgrade.stopped,
+            refused,
+            commands: state.core.procs.len(),
+            connections: state.server.conns.len(),
+        };
+        let mut server = Server {
+            core,
+            poll,
+            listeners,
+            signals,
+            clients,
+            children,
+            timers: crate::core::timers::Timers::default(),
+            next_token: img.next_token.max(FIRST_DYNAMIC),
+            scratch: vec![0; super::CONN_READ],
+            shutdown: None,
+            accept_paused: false,
+            tcp_sweep_armed: false,
+            input_check_armed: false,
+            memory_peak: img.memory_peak,
+            notifier,
+            status_pending: false,
+            sinks,
+            upgrade: None,
+            resumed: Some(resumed),
+        };
+        // Input that waited for a command's stdin goes on being written.
+        let keys: Vec<_> = server
+            .core
+            .table
+            .procs
+            .values()
+            .filter(|p| {
+                p.stdin
+                    .as_ref()
+                    .is_some_and(|s| s.open && !s.buf.is_empty())
+            })
+            .map(|p| p.key)
+            .collect();
+        for key in keys {
+            server.core.out.push(crate::core::Effect::FlushStdin(key));
+        }
+        Ok(server)
+    }
+
+    /// After a resume: the loop's own timers that the carried state calls for.
+    fn arm_after_resume(&mut self) {
+        if self.clients.values().any(super::conn::Conn::is_tcp) {
+            self.tcp_sweep_armed = true;
+            self.timers.add(
+                self.core.now + self.tcp_sweep_every(),
+                LoopTimer::TcpIdleSweep,
+            );
+        }
+    }
+}
+
+/// An error of step `what` of a resume, as the reason it is refused.
+fn failed(what: &'static str) -> impl Fn(io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// A pre-flight's output as a reason: one line, bounded.
+fn cut(text: &str) -> String {
+    let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    crate::core::view::cut_middle(&one, 300)
+}
