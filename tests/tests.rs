@@ -15,6 +15,7 @@ mod util;
 
 mod acp;
 mod acp_schema;
+mod attacks;
 mod backlog;
 mod bash;
 mod bounds;
