@@ -560,6 +560,18 @@ pub fn read_some(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<
     }
 }
 
+/// The next message sent to an approver that is a server request (has `method` and
+/// `id`): an approval request.
+#[track_caller]
+pub fn next_request(a: &mut Client) -> Value {
+    loop {
+        let m = a.read_message(Some(WAIT)).expect("an approval request");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            return m;
+        }
+    }
+}
+
 /// Reads raw lines until one is a response (has `id` and no `method`).
 #[track_caller]
 pub fn read_response(c: &mut Client) -> Value {
