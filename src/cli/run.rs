@@ -401,14 +401,17 @@ fn finish(
                     }
                     EXIT_TIMEOUT
                 }
-                Some(r) => r.exit_code(),
-                None if payload["status"] == "timed_out" => {
+                Some(r @ Reason::OutputClosed) => r.exit_code(),
+                // A signal execctl passed on: the command's status says what it did.
+                Some(Reason::Signal(_)) | None if payload["status"] == "timed_out" => {
                     if !ctx.json {
                         warn(&format!("{id} timed out after {after} and was killed"));
                     }
                     EXIT_TIMEOUT
                 }
-                None => exit_status(&payload["exitCode"], &payload["signal"]),
+                Some(Reason::Signal(_)) | None => {
+                    exit_status(&payload["exitCode"], &payload["signal"])
+                }
             }
         }
     };
