@@ -100,6 +100,12 @@ impl Client {
         })
     }
 
+    /// A second handle on the connection, for another thread to hang it up with
+    /// `shutdown` (a read blocked on it then returns at once).
+    pub fn handle(&self) -> io::Result<UnixStream> {
+        self.writer.try_clone()
+    }
+
     /// Sends one raw line (a newline is added).
     pub fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
         let mut buf = Vec::with_capacity(line.len() + 1);

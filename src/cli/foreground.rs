@@ -188,9 +188,8 @@ fn kill_target(ctx: &Ctx, target: &Target, how: How) -> Res<()> {
             }
         }
         Target::Bash { id, session } => {
-            let params = |signal: &str| {
-                json!({"session_id": session, "command_id": id, "signal": signal})
-            };
+            let params =
+                |signal: &str| json!({"session_id": session, "command_id": id, "signal": signal});
             let r = c.call("bash/kill", params(&first))?;
             if then_kill && r["status"] == "running" {
                 c.call("bash/kill", params("SIGKILL"))?;

@@ -2,6 +2,7 @@
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`), systemd, and the log and audit sinks.
+//! `term` is execctl's: its own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
@@ -15,6 +16,7 @@ pub mod sinks;
 pub mod socket;
 pub mod spawn;
 pub mod systemd;
+pub mod term;
 
 use std::ffi::CString;
 use std::io;
