@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! policy, http, parallel, ingest, stream, memory, scale, hold).
+//! policy, http, parallel, ingest, stream, memory, scale, hold, pty).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -443,6 +443,56 @@ fn direct_read(argv: &[&str]) -> u64 {
             Ok(n) => total += n as u64,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => panic!("read: {e}"),
+        }
+    }
+    child.wait().expect("wait");
+    total
+}
+
+/// Runs a command on a pseudo-terminal the bench opens (the command's controlling
+/// terminal, in a new session) and reads the master to its end, as a terminal emulator
+/// would; returns the bytes read.
+fn direct_pty_read(argv: &[&str]) -> u64 {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: posix_openpt returns a new descriptor or -1.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(master >= 0, "posix_openpt");
+    // SAFETY: a descriptor we just opened.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: grantpt, unlockpt and TIOCGPTPEER take the master descriptor.
+    let slave = unsafe {
+        libc::grantpt(master.as_raw_fd());
+        libc::unlockpt(master.as_raw_fd());
+        libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY)
+    };
+    assert!(slave >= 0, "TIOCGPTPEER");
+    // SAFETY: the descriptor the ioctl opened.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    // SAFETY: setsid and TIOCSCTTY are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    drop(slave);
+    let mut m = std::fs::File::from(master);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        match m.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break, // EIO: every holder of the slave closed it
         }
     }
     child.wait().expect("wait");
@@ -1023,6 +1073,85 @@ fn bench_hold(rows: &mut Vec<Row>) {
     );
 }
 
+// 8. ---------------------------------------------------------------------------------------
+/// create -> wait_for_exit -> release with a PTY (`_meta.execd.tty`) or pipes.
+fn execd_run_tty(c: &mut Client, argv: &[&str], tty: bool) -> Value {
+    let id = call(
+        c,
+        "terminal/create",
+        json!({"sessionId": "b", "command": argv[0], "args": &argv[1..],
+               "_meta": {"execd": {"tty": tty}}}),
+    )["terminalId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ids = json!({"sessionId": "b", "terminalId": id});
+    let exit = call(c, "terminal/wait_for_exit", ids.clone());
+    call(c, "terminal/release", ids);
+    exit
+}
+
+/// A command in a PTY against the same on pipes, through the same daemon: the spawn round
+/// trip of `true`, and the ingest of 256 MiB of text (the plain text is rendered on read,
+/// so ingest is the terminal's cost, not ours).
+fn bench_pty(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    for _ in 0..20 {
+        execd_run_tty(&mut c, &["/bin/true"], false);
+        execd_run_tty(&mut c, &["/bin/true"], true);
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        execd_run_tty(&mut c, &["/bin/true"], false);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        execd_run_tty(&mut c, &["/bin/true"], true);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "8 PTY spawn round trip vs pipes".into(),
+        format!("{ma:.0} us pipes"),
+        format!("{mb:.0} us PTY"),
+        format!("{:.2}", mb / ma),
+        "<= 1.10".into(),
+    );
+    let text = [
+        "sh",
+        "-c",
+        "yes 'the quick brown fox jumps over the lazy dog' | head -c 268435456",
+    ];
+    // Three sides: on pipes through execd, on a PTY the bench reads itself, and on a PTY
+    // through execd. The kernel's terminal moves output 4 KiB a wakeup, so the PTY is
+    // measured against a PTY too.
+    let (mut a, mut b, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let exit = execd_run_tty(&mut c, &text, false);
+        a.push(t.elapsed().as_secs_f64());
+        assert_eq!(exit["exitCode"], 0, "{exit}");
+        let t = Instant::now();
+        assert!(direct_pty_read(&text) >= 256 << 20);
+        p.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let exit = execd_run_tty(&mut c, &text, true);
+        b.push(t.elapsed().as_secs_f64());
+        assert_eq!(exit["exitCode"], 0, "{exit}");
+    }
+    let (ma, mb, mp) = (median(&mut a), median(&mut b), median(&mut p));
+    report(
+        rows,
+        "8 PTY ingest 256 MiB text vs a PTY read directly (wall)".into(),
+        format!("{mp:.3} s direct PTY ({ma:.3} s execd pipes)"),
+        format!("{mb:.3} s execd PTY"),
+        format!("{:.2} ({:.2} vs pipes)", mb / mp, mb / ma),
+        "<= 1.30".into(),
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
@@ -1030,7 +1159,7 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 10] = [
+    let benches: [(&str, Bench); 11] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
         ("policy", bench_policy),
@@ -1041,6 +1170,7 @@ fn main() {
         ("memory", bench_memory),
         ("scale", bench_scale),
         ("hold", bench_hold),
+        ("pty", bench_pty),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();

@@ -80,6 +80,23 @@ pub enum Stdio3 {
     MergedWithStdin,
     /// stdin a pipe; stdout and stderr each their own pipe.
     Separate,
+    /// A pseudo-terminal of this size is stdin, stdout, stderr and the controlling
+    /// terminal; its output is one stream.
+    Pty(WinSize),
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WinSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl WinSize {
+    /// 24 x 80, as a terminal starts.
+    pub const DEFAULT: WinSize = WinSize { rows: 24, cols: 80 };
+    /// The largest side a request may ask for.
+    pub const MAX_SIDE: u16 = 1000;
 }
 
 /// How a reaped process ended.

@@ -69,6 +69,14 @@ impl Core {
         } else {
             ring.append(data);
         }
+        if let Some(screen) = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.tty.as_mut())
+            .and_then(|t| t.screen.as_mut())
+        {
+            screen.feed(data);
+        }
     }
 
     /// How much of `want` more bytes `owner`'s command `key` may commit. Past the budget

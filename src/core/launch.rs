@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
 use crate::types::CgroupLimits;
 use crate::types::Program;
-use crate::types::Stdio3;
+use crate::types::{Stdio3, WinSize};
 use crate::wire::rpc::{Params, RpcError};
 
 /// What the family does once the command is started (or failed to start).
@@ -201,6 +201,59 @@ pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
         ));
     }
     Ok(path)
+}
+
+/// The terminal a request asks for: `Some(size)` when `tty` is true, `size` being
+/// `{rows, cols}` (1..1000 each, default 24 x 80, PROTOCOL 12.1); `-32602` naming the
+/// field otherwise. A size without `tty` is refused rather than ignored.
+pub fn requested_tty(
+    tty: Option<bool>,
+    size: Option<&Params>,
+) -> Result<Option<WinSize>, RpcError> {
+    if !tty.unwrap_or(false) {
+        if size.is_some() {
+            return Err(RpcError::invalid_params("size", "a size needs tty: true"));
+        }
+        return Ok(None);
+    }
+    match size {
+        None => Ok(Some(WinSize::DEFAULT)),
+        Some(s) => {
+            let side = |name: &str| match s.opt_u64(name) {
+                Ok(Some(n)) => Ok(n),
+                _ => Err(RpcError::invalid_params(
+                    "size",
+                    format!("{name} must be an integer, 1..{}", WinSize::MAX_SIDE),
+                )),
+            };
+            window_size(side("rows")?, side("cols")?, "size").map(Some)
+        }
+    }
+}
+
+/// `rows` by `cols` as a window size: 1..1000 each, else `-32602` naming `field`.
+pub fn window_size(rows: u64, cols: u64, field: &str) -> Result<WinSize, RpcError> {
+    let side = 1..=u64::from(WinSize::MAX_SIDE);
+    if !side.contains(&rows) || !side.contains(&cols) {
+        return Err(RpcError::invalid_params(
+            field,
+            format!(
+                "{rows} x {cols}: rows and cols must be 1..{} each",
+                WinSize::MAX_SIDE
+            ),
+        ));
+    }
+    Ok(WinSize {
+        rows: rows as u16,
+        cols: cols as u16,
+    })
+}
+
+/// A command given a terminal gets `TERM=xterm-256color` unless the request sets `TERM`.
+pub fn default_term(env: &mut Vec<(String, String)>) {
+    if !env.iter().any(|(k, _)| k == "TERM") {
+        env.push(("TERM".into(), "xterm-256color".into()));
+    }
 }
 
 #[cfg(test)]

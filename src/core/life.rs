@@ -14,13 +14,14 @@ use serde_json::json;
 
 use super::launch::LaunchRequest;
 use super::park::Wait;
-use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table};
+use super::screen::Screen;
+use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table, Tty};
 use super::view;
 use super::{Core, Effect, Timer};
 use crate::config::BASH_HISTORY;
-use crate::types::Stage;
 use crate::types::TreeUsage;
 use crate::types::{Ended, Stdio3, Usage};
+use crate::types::{Stage, WinSize};
 use crate::wire::rpc::RpcError;
 
 impl Core {
@@ -59,6 +60,20 @@ impl Core {
                 ],
                 Some(Stdin::new(self.cfg.stdin_buffer)),
             ),
+            // A bash command keeps its two streams: stderr, which the terminal merges
+            // into stdout, stays empty and closed.
+            Stdio3::Pty(_) if req.family.is_bash() => (
+                vec![Stream::terminal(req.ring_capacity), Stream::closed()],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
+            Stdio3::Pty(_) => (
+                vec![Stream::terminal(req.ring_capacity)],
+                Some(Stdin::new(self.cfg.stdin_buffer)),
+            ),
+        };
+        let tty = match req.stdio {
+            Stdio3::Pty(size) => Some(Tty { size, screen: None }),
+            _ => None,
         };
         self.log.line(format_args!(
             "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
@@ -106,6 +121,7 @@ impl Core {
             kill: None,
             signalled: false,
             released: false,
+            tty,
             waiters: Vec::new(),
             held: 0,
             subs: Vec::new(),
@@ -320,6 +336,12 @@ impl Core {
         eof: bool,
         wait: bool,
     ) -> Result<Option<Wait>, RpcError> {
+        // A terminal's end of input is its EOF character (Ctrl-D), typed after the rest;
+        // the terminal stays open (PROTOCOL 12.1).
+        let (data, eof) = match self.table.get(key).and_then(|p| p.tty.as_ref()) {
+            Some(_) if eof => ([data.as_slice(), &[CTRL_D]].concat(), false),
+            _ => (data, eof),
+        };
         let waiting = self.table.get(key).is_some_and(|p| {
             p.waiters.iter().any(|w| {
                 self.parked
@@ -340,6 +362,56 @@ impl Core {
             return Ok(Some(Wait::StdinRoom { key, data, eof }));
         }
         Err(RpcError::limit("stdin-buffer", capacity))
+    }
+
+    /// Sets the window size of `key`'s terminal (`terminal/resize`, `bash/resize`): the
+    /// screen, if one is kept, takes the new size, and the loop tells the kernel (which
+    /// sends SIGWINCH to the foreground job). `-32602` naming `tty` for a command without
+    /// one.
+    pub fn resize(&mut self, key: Key, size: WinSize) -> Result<(), RpcError> {
+        let tty = self
+            .table
+            .get_mut(key)
+            .and_then(|p| p.tty.as_mut())
+            .ok_or_else(|| RpcError::invalid_params("tty", "the command has no terminal"))?;
+        tty.size = size;
+        if let Some(screen) = &mut tty.screen {
+            screen.resize(size);
+        }
+        self.out.push(Effect::Resize { key, size });
+        Ok(())
+    }
+
+    /// Makes sure `key`, a PTY command, keeps a screen (PROTOCOL 12.1): one is started
+    /// from what its output retains, its memory counted against the output budget
+    /// (`-32003` when it does not fit). `-32602` naming `screen` for a command without a
+    /// terminal.
+    pub fn keep_screen(&mut self, key: Key) -> Result<(), RpcError> {
+        let Some(p) = self.table.get(key) else {
+            return Err(RpcError::not_found("process", "released"));
+        };
+        let Some(tty) = &p.tty else {
+            return Err(RpcError::invalid_params(
+                "screen",
+                "the command has no terminal",
+            ));
+        };
+        if tty.screen.is_some() {
+            return Ok(());
+        }
+        let (owner, size) = (p.owner, tty.size);
+        let bytes = Screen::bytes_for(size);
+        self.room_for_record(owner, bytes)?;
+        let Some(p) = self.table.get_mut(key) else {
+            return Ok(());
+        };
+        let screen = Screen::new(size, &p.streams[0].ring);
+        if let Some(tty) = &mut p.tty {
+            tty.screen = Some(Box::new(screen));
+            p.meta += bytes;
+            self.table.memory.add(owner, bytes);
+        }
+        Ok(())
     }
 
     /// Removes a finished command from view (bash history trimming, session close).
@@ -401,6 +473,9 @@ impl Core {
         }
     }
 }
+
+/// A terminal's default EOF character, sent for `eof: true`.
+const CTRL_D: u8 = 0x04;
 
 /// Puts `data` in `key`'s stdin buffer if it fits: `Some(written)`, or `None` when it
 /// does not fit yet. An error when the command is gone, has exited or its stdin is closed.

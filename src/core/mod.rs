@@ -20,8 +20,10 @@ pub mod launch;
 pub mod life;
 pub mod log;
 pub mod park;
+pub mod plain;
 pub mod pump;
 pub mod ring;
+pub mod screen;
 pub mod sessions;
 pub mod shutdown;
 pub mod table;
@@ -41,7 +43,7 @@ use crate::core::table::{ConnId, Key, KillReason, ParkId, Peer, SessionKey, Tabl
 use crate::core::timers::{TimerId, Timers};
 use crate::policy::Policy;
 use crate::types::Leftovers;
-use crate::types::Stage;
+use crate::types::{Stage, WinSize};
 use crate::wire::rpc::{ReqNo, RpcError};
 pub use gate::Gated;
 use gate::{Answer, Approvals};
@@ -112,6 +114,8 @@ pub enum Effect {
     CloseStdin(Key),
     /// Deliver what subscribers of a command are owed.
     Pump(Key),
+    /// Set the window size of a command's terminal.
+    Resize { key: Key, size: WinSize },
     /// Queue a whole message (a Wire request or event) for a connection.
     Send { conn: ConnId, line: Vec<u8> },
     /// An approved command: start it, then go on with the request that asked for it.

@@ -25,7 +25,12 @@ pub enum Wait {
     /// Synchronous `bash/exec`.
     BashExec { key: Key, max_len: usize },
     /// `bash/output` with `wait`.
-    BashOutput { key: Key, from: [u64; 2] },
+    /// `screen`: the answer carries the command's screen (it keeps one: `keep_screen`).
+    BashOutput {
+        key: Key,
+        from: [u64; 2],
+        screen: bool,
+    },
     /// `bash/kill`: answered once the command ended or the grace passed.
     BashKill(Key),
     /// `terminal/kill` with a signal of the client's: answered once the leader exited or
@@ -253,6 +258,7 @@ mod tests {
             Wait::BashOutput {
                 key: k,
                 from: [0, 0],
+                screen: false,
             },
             Some(deadline),
         );
@@ -269,6 +275,7 @@ mod tests {
             Wait::BashOutput {
                 key: k,
                 from: [3, 0],
+                screen: false,
             },
             Some(deadline),
         );

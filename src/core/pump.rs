@@ -19,7 +19,7 @@ use std::io::Write;
 use serde_json::json;
 
 use crate::core::ring::Ring;
-use crate::core::table::{ConnId, Family, Key, Proc, Sub, Table};
+use crate::core::table::{ConnId, Family, Key, Proc, Stream, Sub, Table};
 use crate::core::view;
 use crate::wire::rpc;
 
@@ -106,17 +106,18 @@ fn base64_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u6
     out.extend_from_slice(b"\"}}}\n");
 }
 
-/// An `Output` event for `[from, to)` of `ring`, escaped straight from the ring: text that
-/// is valid UTF-8 in one slice (the common case) is never copied into a `String` first.
-fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, ring: &Ring, from: u64, to: u64) {
+/// An `Output` event for `[from, to)` of stream `st`, escaped straight from the ring: text
+/// that is valid UTF-8 in one slice (the common case) is never copied into a `String`
+/// first. A PTY's events carry its plain text.
+fn output_event(out: &mut Vec<u8>, id: &str, stream: &str, st: &Stream, from: u64, to: u64) {
     output_head(out, id, stream, from);
     out.extend_from_slice(b",\"data\":");
-    match ring.slices(from, to) {
-        (one, []) => match std::str::from_utf8(one) {
+    match st.ring.slices(from, to) {
+        (one, []) if !st.plain => match std::str::from_utf8(one) {
             Ok(text) => crate::wire::encode::write_json_str(out, text),
             Err(_) => crate::wire::encode::write_json_str(out, &String::from_utf8_lossy(one)),
         },
-        _ => crate::wire::encode::write_json_str(out, &ring.text(from, to)),
+        _ => crate::wire::encode::write_json_str(out, &st.text(from, to)),
     }
     out.extend_from_slice(b"}}}\n");
 }
@@ -259,7 +260,7 @@ fn deliver(p: &Proc, i: usize, sub: &mut Sub, out: &mut dyn Outbox) -> bool {
         if ws >= we {
             break; // only an incomplete character so far
         }
-        output_event(buf, &p.id, name, ring, ws, we);
+        output_event(buf, &p.id, name, st, ws, we);
         sub.next[i] = we;
     }
     sub.next[i] >= deliverable_end(st, sub)

@@ -16,7 +16,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::core::ring::Ring;
-use crate::types::{Ended, TreeUsage, Usage};
+use crate::core::screen::Screen;
+use crate::types::{Ended, TreeUsage, Usage, WinSize};
 
 /// Internal key of a command's record; never reused. Its public id is derived from it
 /// (`term_N`, `cmd_N`), and listings page by it.
@@ -95,6 +96,8 @@ pub struct Stream {
     pub ring: Ring,
     /// False once EOF was seen or the process was released.
     pub open: bool,
+    /// A PTY's output: text replies show its plain text (PROTOCOL 12.1).
+    pub plain: bool,
 }
 
 impl Stream {
@@ -102,6 +105,34 @@ impl Stream {
         Stream {
             ring: Ring::new(capacity),
             open: true,
+            plain: false,
+        }
+    }
+
+    /// A stream nothing is written to (a PTY bash command's stderr).
+    pub fn closed() -> Stream {
+        Stream {
+            open: false,
+            ..Stream::new(0)
+        }
+    }
+
+    /// A PTY's output stream.
+    pub fn terminal(capacity: usize) -> Stream {
+        Stream {
+            plain: true,
+            ..Stream::new(capacity)
+        }
+    }
+
+    /// The text of `[from, to)` (a window from `Ring::utf8_window`): the bytes as UTF-8,
+    /// or for a PTY what a terminal would show of them.
+    pub fn text(&self, from: u64, to: u64) -> String {
+        if self.plain {
+            let ended = !self.open && to >= self.ring.end();
+            crate::core::plain::render(&self.ring, from, to, ended)
+        } else {
+            self.ring.text(from, to)
         }
     }
 
@@ -112,6 +143,13 @@ impl Stream {
             .utf8_window(self.ring.start(), self.ring.end(), self.open)
             .1
     }
+}
+
+/// A command's pseudo-terminal: its size, and its screen once one was asked for.
+#[derive(Debug)]
+pub struct Tty {
+    pub size: WinSize,
+    pub screen: Option<Box<Screen>>,
 }
 
 /// A command's stdin: a fixed-capacity buffer the loop drains into the pipe as it accepts.
@@ -217,6 +255,8 @@ pub struct Proc {
     pub signalled: bool,
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
     pub released: bool,
+    /// Its pseudo-terminal, when it runs in one.
+    pub tty: Option<Tty>,
     /// Parked requests interested in this process.
     pub waiters: Vec<ParkId>,
     /// Answers about it that wait for room on their connection: it is not forgotten
@@ -750,6 +790,7 @@ mod tests {
             kill: None,
             signalled: false,
             released: false,
+            tty: None,
             waiters: vec![],
             held: 0,
             subs: vec![],

@@ -8,7 +8,10 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::core::launch::{plain_word, validate_dir, validate_env, After, LaunchRequest};
+use crate::core::launch::{
+    default_term, plain_word, requested_tty, validate_dir, validate_env, window_size, After,
+    LaunchRequest,
+};
 use crate::core::table::Proc;
 use crate::core::table::{Family, Key, KillReason};
 use crate::core::view::{self, exit_fields, oom_killed};
@@ -170,7 +173,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         .into_iter()
         .map(String::from)
         .collect();
-    let env = env_list(p)?;
+    let mut env = env_list(p)?;
     validate_env("env", &env)?;
     let cwd = match p.opt_str("cwd")? {
         Some(dir) => validate_dir("cwd", dir)?,
@@ -194,10 +197,14 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ["memoryMax", "pidsMax", "cpuMax"],
         &core.cfg.limits,
     )?;
-    let stdio = if m.opt_bool("stdin")?.unwrap_or(false) {
-        Stdio3::MergedWithStdin
-    } else {
-        Stdio3::Merged
+    let size = m.opt_object("size")?.map(Params);
+    let stdio = match requested_tty(m.opt_bool("tty")?, size.as_ref())? {
+        Some(size) => {
+            default_term(&mut env);
+            Stdio3::Pty(size)
+        }
+        None if m.opt_bool("stdin")?.unwrap_or(false) => Stdio3::MergedWithStdin,
+        None => Stdio3::Merged,
     };
     let program = if !args.is_empty() || plain_word(command) {
         Program::Direct {
@@ -286,6 +293,10 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
     let meta = execd_meta(p)?;
     let m = Params(&meta);
     let (offset, length) = (m.opt_u64("offset")?, m.opt_u64("length")?);
+    let screen = m.opt_bool("screen")?.unwrap_or(false);
+    if screen {
+        core.keep_screen(key)?;
+    }
     let t = core
         .table
         .get(key)
@@ -299,20 +310,24 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
     };
     let (from, to) = ring.utf8_window(from, to, stream.open || to < ring.end());
     let mut out = Map::new();
-    out.insert("output".into(), ring.text(from, to).into());
+    out.insert("output".into(), stream.text(from, to).into());
     out.insert("truncated".into(), (ring.start() > 0).into());
     if t.exit.is_some() {
         out.insert("exitStatus".into(), exit_status(t));
     }
-    out.insert(
-        "_meta".into(),
-        json!({ "execd": {
-            "offset": from,
-            "nextOffset": to,
-            "end": ring.end(),
-            "dropped": ring.start(),
-        }}),
-    );
+    let mut execd = json!({
+        "offset": from,
+        "nextOffset": to,
+        "end": ring.end(),
+        "dropped": ring.start(),
+    });
+    if let Some(tty) = &t.tty {
+        execd["tty"] = crate::methods::bash::tty_size(tty);
+        if let Some(s) = tty.screen.as_ref().filter(|_| screen) {
+            execd["screen"] = s.view();
+        }
+    }
+    out.insert("_meta".into(), json!({ "execd": execd }));
     Ok(Step::Done(Value::Object(out)))
 }
 
@@ -356,6 +371,19 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     })
 }
 
+/// `terminal/resize {sessionId, terminalId, rows, cols}` (extension): sets the window
+/// size of the terminal's PTY; `-32602` naming `tty` for one without.
+pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let key = lookup(core, caller, p)?;
+    let size = window_size(
+        p.opt_u64("rows")?.unwrap_or(0),
+        p.opt_u64("cols")?.unwrap_or(0),
+        "rows",
+    )?;
+    core.resize(key, size)?;
+    Ok(Step::Done(json!({})))
+}
+
 /// `terminal/release`: kills what runs and forgets the id.
 pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
@@ -380,6 +408,9 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             "startedAt": crate::wire::encode::rfc3339(t.started_wall),
             "outputBytes": t.output_bytes(),
         });
+        if let Some(tty) = &t.tty {
+            v["_meta"] = json!({"execd": {"tty": crate::methods::bash::tty_size(tty)}});
+        }
         if t.exit.is_some() {
             let mut status = exit_status(t);
             status["_meta"] = json!({ "execd": view::usage_meta(t) });

@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::launch::{validate_dir, validate_env, After, LaunchRequest};
+use crate::core::launch::{
+    default_term, requested_tty, validate_dir, validate_env, window_size, After, LaunchRequest,
+};
 use crate::core::ring::middle_cut;
-use crate::core::table::{BashSession, Family, Key, Proc, SessionKey};
+use crate::core::table::{BashSession, Family, Key, Proc, SessionKey, Tty};
 use crate::core::view::{self, exit_fields, oom_killed};
 use crate::core::{Caller, Core, Step, Wait};
 use crate::methods::list;
@@ -40,13 +42,17 @@ fn add_bash_exit(v: &mut Map<String, Value>, p: &Proc) {
     }
 }
 
-/// The bash `{command_id, command, status, exit_code}` (+ `signal`).
+/// The bash `{command_id, command, status, exit_code}` (+ `signal`, and `tty` for a
+/// command in a terminal).
 pub fn command_info(p: &Proc) -> Value {
     let mut v = Map::new();
     v.insert("command_id".into(), p.id.clone().into());
     v.insert("command".into(), p.command.clone().into());
     v.insert("status".into(), p.status().into());
     add_bash_exit(&mut v, p);
+    if let Some(t) = &p.tty {
+        v.insert("tty".into(), tty_size(t));
+    }
     Value::Object(v)
 }
 
@@ -54,7 +60,7 @@ pub fn command_info(p: &Proc) -> Value {
 fn whole_text(p: &Proc, stream: usize) -> (String, u64) {
     let s = &p.streams[stream];
     let (from, to) = s.ring.utf8_window(s.ring.start(), s.ring.end(), s.open);
-    (s.ring.text(from, to), to)
+    (s.text(from, to), to)
 }
 
 /// The `bash/exec` result for a command as it stands.
@@ -90,11 +96,11 @@ fn read_from(p: &Proc, stream: usize, from: u64) -> (String, u64, u64) {
         // Continuation bytes of a character begun before `from` are passed over.
         return (String::new(), ws, skipped + (ws - from));
     }
-    (ring.text(ws, we), we, skipped + (ws - from))
+    (s.text(ws, we), we, skipped + (ws - from))
 }
 
 /// The `bash/output` result from the given offsets.
-pub fn output_result(p: &Proc, from: [u64; 2]) -> Value {
+pub fn output_result(p: &Proc, from: [u64; 2], screen: bool) -> Value {
     const NAMES: [(&str, &str); 2] = [("stdout", "offset"), ("stderr", "stderr_offset")];
     let mut v = Map::new();
     v.insert("session_id".into(), p.session_id().into());
@@ -107,7 +113,36 @@ pub fn output_result(p: &Proc, from: [u64; 2]) -> Value {
         }
     }
     v.insert("command".into(), command_info(p));
+    if screen {
+        if let Some(s) = p.tty.as_ref().and_then(|t| t.screen.as_ref()) {
+            v.insert("screen".into(), s.view());
+        }
+    }
     Value::Object(v)
+}
+
+/// A terminal's `{rows, cols}`.
+pub fn tty_size(t: &Tty) -> Value {
+    json!({"rows": t.size.rows, "cols": t.size.cols})
+}
+
+/// `bash/resize {session_id, command_id?, rows, cols}`: sets the window size of the
+/// command's terminal (the newest running command by default).
+pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let size = window_size(
+        p.opt_u64("rows")?.unwrap_or(0),
+        p.opt_u64("cols")?.unwrap_or(0),
+        "rows",
+    )?;
+    let session = existing_session(core, caller, p)?;
+    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table.newest_running(&session)
+    })?
+    .ok_or_else(|| {
+        RpcError::invalid_state(format!("no running command in session {}", session.1))
+    })?;
+    core.resize(key, size)?;
+    Ok(Step::Done(json!({})))
 }
 
 fn seconds(s: f64) -> Duration {
@@ -166,8 +201,16 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     if command.is_empty() {
         return Err(RpcError::invalid_params("command", "empty"));
     }
-    let env = env_map(p)?;
+    let mut env = env_map(p)?;
     validate_env("env", &env)?;
+    let size = p.opt_object("size")?.map(Params);
+    let stdio = match requested_tty(p.opt_bool("tty")?, size.as_ref())? {
+        Some(size) => {
+            default_term(&mut env);
+            Stdio3::Pty(size)
+        }
+        None => Stdio3::Separate,
+    };
     let async_mode = p.opt_bool("async_mode")?.unwrap_or(false);
     let timeout = p.opt_seconds("timeout")?;
     let hard_timeout = p.opt_seconds("hard_timeout")?;
@@ -213,7 +256,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         env,
         cwd,
         cwd_field: "exec_dir",
-        stdio: Stdio3::Separate,
+        stdio,
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
         subscribe,
@@ -308,6 +351,7 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         p.opt_u64("stderr_offset")?.unwrap_or(0),
     ];
     let wait = p.opt_bool("wait")?.unwrap_or(false);
+    let screen = p.opt_bool("screen")?.unwrap_or(false);
     let wait_timeout = p
         .opt_seconds("wait_timeout")?
         .unwrap_or(DEFAULT_WAIT_TIMEOUT);
@@ -316,9 +360,12 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         c.table.newest_command(&session)
     })?
     .ok_or_else(|| RpcError::invalid_state(format!("no command in session {}", session.1)))?;
+    if screen {
+        core.keep_screen(key)?;
+    }
     if wait {
         return Ok(Step::Park {
-            wait: Wait::BashOutput { key, from },
+            wait: Wait::BashOutput { key, from, screen },
             deadline: Some(core.now + seconds(wait_timeout)),
         });
     }
@@ -326,7 +373,7 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         .table
         .get(key)
         .ok_or_else(|| RpcError::internal("command vanished"))?;
-    Ok(Step::Done(output_result(p, from)))
+    Ok(Step::Done(output_result(p, from, screen)))
 }
 
 /// The input of a write: `input` as text, or with `encoding: "base64"` its exact bytes.

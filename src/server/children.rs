@@ -33,7 +33,8 @@ use crate::types::Stage;
 use crate::types::{Ended, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
 
-/// Spawner threads: spawns run side by side on two cores, while the loop serves on.
+/// Spawner threads at start: spawns run side by side on two cores while the loop serves
+/// on (more start when all are busy).
 const SPAWNER_THREADS: usize = 2;
 /// Size of the buffer pipes are read into.
 const SCRATCH: usize = 256 << 10;
@@ -259,6 +260,19 @@ impl Children {
     /// Spawns handed out and not finished yet (shutdown waits for them).
     pub fn spawning(&self) -> usize {
         self.starting.len()
+    }
+
+    /// Gives up on the spawns still in flight (the daemon is stopping and one hangs, on a
+    /// working directory that never answers, say): the requests they answer, to be told
+    /// so. A child that gets as far as its exec is killed by its parent-death signal.
+    pub fn give_up_spawns(&mut self) -> Vec<(Token, Option<ReqNo>)> {
+        self.starting
+            .drain()
+            .map(|(_, s)| {
+                self.contain.abandon(s.place);
+                (s.token, s.req)
+            })
+            .collect()
     }
 
     /// The spawns the spawner threads finished since the last look.
@@ -512,6 +526,14 @@ impl Children {
         self.pipes.close_all(registry, key);
         for s in 0..2 {
             self.hot.set.remove(&(key, s));
+        }
+    }
+
+    /// Sets the window size of a command's terminal. A terminal already closed (the
+    /// command ended) has nobody to tell.
+    pub fn resize(&mut self, key: Key, size: crate::types::WinSize) {
+        if let Some(fd) = self.pipes.terminal_fd(key) {
+            let _ = crate::sys::pty::resize(fd, size);
         }
     }
 

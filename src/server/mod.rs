@@ -581,6 +581,7 @@ impl Server {
                     }
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
+                    Effect::Resize { key, size } => self.children.resize(key, size),
                     Effect::Send { conn, line } => self.clients.send(conn, &line),
                     Effect::Launch { conn, req, launch } => self.start(token_of(conn), req, launch),
                 }
@@ -769,6 +770,9 @@ impl Server {
         // Writability wakes the loop while answers go out; this bounds the wait.
         self.timers.add(until, LoopTimer::ShutdownRecheck);
         self.core.answer_all_parked();
+        for (token, req) in self.children.give_up_spawns() {
+            self.answer(token, req, Err(RpcError::shutting_down()));
+        }
         self.apply();
         self.clients.mark_all();
         self.flush_dirty();

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
@@ -122,6 +122,16 @@ impl Pipes {
     }
 
     /// Whether output stream `stream` of `key` is still open.
+    /// A descriptor of `key`'s terminal, while the daemon holds one (its input end, or
+    /// its output end once input was closed).
+    pub fn terminal_fd(&self, key: Key) -> Option<RawFd> {
+        let p = self.procs.get(&key)?;
+        p.stdin
+            .as_ref()
+            .map(|s| s.tx.as_raw_fd())
+            .or_else(|| p.outs.first()?.as_ref().map(|o| o.rx.as_raw_fd()))
+    }
+
     pub fn is_open(&self, key: Key, stream: usize) -> bool {
         self.procs
             .get(&key)

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use super::cstring;
 use super::ids::Identity;
-use crate::types::{Program, Rlimit, Stdio3};
+use crate::types::{Program, Rlimit, Stdio3, WinSize};
 
 /// What one command needs; the daemon-wide rest is in `Spawner`.
 pub struct SpawnSpec<'a> {
@@ -57,6 +57,71 @@ pub struct ParentEnds {
     pub out: OwnedFd,
     pub err: Option<OwnedFd>,
     pub stdin: Option<OwnedFd>,
+}
+
+/// A command's stdio before the spawn: the child's ends (to become 0, 1 and 2) and the
+/// parent's.
+struct Wired {
+    child: [Option<OwnedFd>; 3],
+    /// The child's ends are one PTY slave, to become its controlling terminal.
+    tty: bool,
+    parent: ParentEnds,
+}
+
+impl Wired {
+    /// Pipes: stdout (with stderr when merged), stderr apart when separate, stdin unless
+    /// it is `/dev/null`. The parent's ends are non-blocking before the child exists
+    /// (each end of a pipe has its own flags), so nothing fails after the spawn.
+    fn pipes(stdio: Stdio3) -> io::Result<Wired> {
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = match stdio {
+            Stdio3::Separate => {
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
+            }
+            _ => (None, None),
+        };
+        let (in_r, stdin_w) = match stdio {
+            Stdio3::Separate | Stdio3::MergedWithStdin => {
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
+            }
+            _ => (None, None),
+        };
+        for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            set_nonblocking(fd.as_raw_fd())?;
+        }
+        Ok(Wired {
+            child: [in_r, Some(out_w), err_w],
+            tty: false,
+            parent: ParentEnds {
+                out: out_r,
+                err: err_r,
+                stdin: stdin_w,
+            },
+        })
+    }
+
+    /// A pseudo-terminal of `size`: the slave is the child's 0, 1 and 2 and controlling
+    /// terminal; the parent reads the master as the output and writes input to a second
+    /// descriptor of it (the loop watches the two apart).
+    fn pty(size: WinSize) -> io::Result<Wired> {
+        let (master, slave) = crate::sys::pty::open(size)?;
+        set_nonblocking(master.as_raw_fd())?;
+        let input = master.try_clone()?;
+        Ok(Wired {
+            child: [Some(slave), None, None],
+            tty: true,
+            parent: ParentEnds {
+                out: master,
+                err: None,
+                stdin: Some(input),
+            },
+        })
+    }
 }
 
 /// The step of a spawn that failed.
@@ -213,6 +278,8 @@ struct Job {
     /// The child's ends, to become 0, 1 and 2 (the merged pipe twice for 1 and 2, and
     /// `/dev/null` for a stdin nobody writes).
     stdio: [Option<OwnedFd>; 3],
+    /// `stdio[0]` is a PTY slave, to be 0, 1 and 2 and the controlling terminal.
+    tty: bool,
     null: RawFd,
     user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     cgroup_procs: RawFd,
@@ -238,6 +305,8 @@ struct ChildPlan {
     ngroups: usize,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
+    /// Its stdin is a PTY slave, to become its controlling terminal.
+    tty: bool,
     /// The guard the thread took for this clone, and as whom.
     guard: *const CloneGuard,
     holder: u32,
@@ -293,6 +362,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             return fail(plan, FAILED_SETUP);
         }
         if libc::setsid() < 0 {
+            return fail(plan, FAILED_SETUP);
+        }
+        // A new session has no controlling terminal: its PTY becomes it.
+        if plan.tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
             return fail(plan, FAILED_SETUP);
         }
         for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
@@ -442,12 +515,16 @@ fn run(
         .chain(std::iter::once(std::ptr::null()))
         .collect();
     let fd = |i: usize| job.stdio[i].as_ref().map_or(job.null, |f| f.as_raw_fd());
-    // The merged pipe is both stdout and stderr.
-    let stdio = [
-        fd(0),
-        fd(1),
-        job.stdio[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
-    ];
+    // The merged pipe is both stdout and stderr; a PTY slave is all three.
+    let stdio = if job.tty {
+        [fd(0); 3]
+    } else {
+        [
+            fd(0),
+            fd(1),
+            job.stdio[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
+        ]
+    };
     let mut plan = ChildPlan {
         path: path.as_ptr(),
         argv: argv.as_ptr(),
@@ -463,6 +540,7 @@ fn run(
         groups: job.user.as_ref().map_or(std::ptr::null(), |u| u.2.as_ptr()),
         ngroups: job.user.as_ref().map_or(0, |u| u.2.len()),
         cgroup_procs: job.cgroup_procs,
+        tty: job.tty,
         guard: &shared.guard,
         holder,
         failed: 0,
@@ -563,6 +641,42 @@ pub struct Spawner {
     jobs: mpsc::Sender<Job>,
     done: mpsc::Receiver<Done>,
     next_job: u64,
+    /// Jobs handed over and not reported yet.
+    in_flight: usize,
+    /// What a new thread needs, and how many run: more start (up to `MAX_THREADS`) when
+    /// every thread is busy, so a spawn stuck on a hung file system holds only its own.
+    crew: Crew,
+}
+
+/// The spawner threads, and what each new one is given.
+struct Crew {
+    running: usize,
+    shared: Arc<Shared>,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    done: mpsc::Sender<Done>,
+    waker: Arc<mio::Waker>,
+}
+
+/// The most spawner threads: past this many spawns stuck at once, further spawns wait.
+pub const MAX_THREADS: usize = 16;
+
+impl Crew {
+    /// Starts one more spawner thread.
+    fn hire(&mut self) -> io::Result<()> {
+        let (shared, jobs, done, waker) = (
+            self.shared.clone(),
+            self.jobs.clone(),
+            self.done.clone(),
+            self.waker.clone(),
+        );
+        let holder = self.running as u32 + 1;
+        std::thread::Builder::new()
+            .name(format!("execd-spawn-{}", self.running))
+            .stack_size(256 << 10)
+            .spawn(move || serve(shared, jobs, done, waker, holder))?;
+        self.running += 1;
+        Ok(())
+    }
 }
 
 impl Spawner {
@@ -634,19 +748,15 @@ impl Spawner {
         });
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        let waker = Arc::new(waker);
-        for i in 0..threads.max(1) {
-            let (shared, job_rx, done_tx, waker) = (
-                shared.clone(),
-                job_rx.clone(),
-                done_tx.clone(),
-                waker.clone(),
-            );
-            std::thread::Builder::new()
-                .name(format!("execd-spawn-{i}"))
-                .stack_size(256 << 10)
-                .spawn(move || serve(shared, job_rx, done_tx, waker, i as u32 + 1))?;
+        let mut crew = Crew {
+            running: 0,
+            shared,
+            jobs: Arc::new(Mutex::new(job_rx)),
+            done: done_tx,
+            waker: Arc::new(waker),
+        };
+        for _ in 0..threads.clamp(1, MAX_THREADS) {
+            crew.hire()?;
         }
         Ok(Spawner {
             base_env,
@@ -654,6 +764,8 @@ impl Spawner {
             jobs,
             done,
             next_job: 0,
+            in_flight: 0,
+            crew,
         })
     }
 
@@ -704,29 +816,10 @@ impl Spawner {
                     .collect::<io::Result<Vec<_>>>()?,
             )
             .collect();
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = match spec.stdio {
-            Stdio3::Separate => {
-                let (r, w) = pipe()?;
-                (Some(r), Some(w))
-            }
-            Stdio3::Merged | Stdio3::MergedWithStdin => (None, None),
+        let wired = match spec.stdio {
+            Stdio3::Pty(size) => Wired::pty(size)?,
+            stdio => Wired::pipes(stdio)?,
         };
-        let (in_r, stdin_w) = match spec.stdio {
-            Stdio3::Merged => (None, None),
-            Stdio3::Separate | Stdio3::MergedWithStdin => {
-                let (r, w) = pipe()?;
-                (Some(r), Some(w))
-            }
-        };
-        // Our ends are non-blocking before the child exists (each end of a pipe has its own
-        // flags), so nothing can fail between the spawn and handing them back.
-        for fd in [Some(&out_r), err_r.as_ref(), stdin_w.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            set_nonblocking(fd.as_raw_fd())?;
-        }
         let id = self.next_job;
         self.next_job += 1;
         let job = Job {
@@ -736,7 +829,8 @@ impl Spawner {
             argv,
             envp,
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
-            stdio: [in_r, Some(out_w), err_w],
+            stdio: wired.child,
+            tty: wired.tty,
             null: self.null.as_raw_fd(),
             user: spec.user.map(|u| (u.uid, u.gid, u.groups.clone())),
             cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
@@ -744,19 +838,20 @@ impl Spawner {
         self.jobs
             .send(job)
             .map_err(|_| io::Error::other("the spawner threads are gone"))?;
-        Ok((
-            id,
-            ParentEnds {
-                out: out_r,
-                err: err_r,
-                stdin: stdin_w,
-            },
-        ))
+        self.in_flight += 1;
+        // Every thread busy (most spawns take a millisecond; one may hang on a cwd that
+        // never answers): another takes this job rather than let it wait behind them.
+        if self.in_flight > self.crew.running && self.crew.running < MAX_THREADS {
+            let _ = self.crew.hire(); // without it the job waits for a free thread
+        }
+        Ok((id, wired.parent))
     }
 
     /// The spawns done since the last call (the loop calls it when the waker fires).
     pub fn finished(&mut self) -> Vec<Done> {
-        self.done.try_iter().collect()
+        let done: Vec<Done> = self.done.try_iter().collect();
+        self.in_flight = self.in_flight.saturating_sub(done.len());
+        done
     }
 }
 

@@ -2,6 +2,7 @@
 //! bounds, and clean up every daemon and child on drop.
 
 pub mod cli;
+pub mod fuse;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -22,6 +22,8 @@ pub enum Route {
     Output,
     Write,
     Kill,
+    /// `POST /v1/bash/resize`: a PTY command's window size (PROTOCOL 12.1).
+    Resize,
     SessionsCreate,
     Sessions,
     /// `POST /v1/bash/sessions/{session_id}/close`, with the id percent-decoded. The caller
@@ -38,6 +40,7 @@ impl Route {
             Route::Output => "bash/output",
             Route::Write => "bash/write",
             Route::Kill => "bash/kill",
+            Route::Resize => "bash/resize",
             Route::SessionsCreate => "bash/sessions/create",
             Route::Sessions => "bash/sessions",
             Route::SessionClose(_) => "bash/sessions/close",
@@ -80,6 +83,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Refusal> {
         "/v1/bash/output" => (Route::Output, "POST"),
         "/v1/bash/write" => (Route::Write, "POST"),
         "/v1/bash/kill" => (Route::Kill, "POST"),
+        "/v1/bash/resize" => (Route::Resize, "POST"),
         "/v1/bash/sessions/create" => (Route::SessionsCreate, "POST"),
         "/v1/bash/sessions" => (Route::Sessions, "GET"),
         _ => match session_to_close(path) {
@@ -265,6 +269,12 @@ mod tests {
             ),
             ("POST", "/v1/bash/write", Route::Write, Some("bash/write")),
             ("POST", "/v1/bash/kill", Route::Kill, Some("bash/kill")),
+            (
+                "POST",
+                "/v1/bash/resize",
+                Route::Resize,
+                Some("bash/resize"),
+            ),
             (
                 "POST",
                 "/v1/bash/sessions/create",
