@@ -464,7 +464,11 @@ fn direct_pty_read(argv: &[&str]) -> u64 {
     let slave = unsafe {
         libc::grantpt(master.as_raw_fd());
         libc::unlockpt(master.as_raw_fd());
-        libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY)
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY,
+        )
     };
     assert!(slave >= 0, "TIOCGPTPEER");
     // SAFETY: the descriptor the ioctl opened.

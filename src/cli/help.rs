@@ -184,7 +184,7 @@ pub const ATTACH: Spec = Spec {
 Shows the current screen of terminal or bash command ID (started with run -t or exec
 -t), then its live output; your keys go to it and your terminal's size becomes its
 size. The detach keys (Ctrl-P Ctrl-Q) leave again with the command running, and so do
-Ctrl-C from elsewhere, a hang-up or SIGTERM (exit 128+N): attach never ends what it did
+SIGINT, SIGHUP and SIGTERM sent to execctl (exit 128+N): attach never ends what it did
 not start. When the command exits, so does attach, with its status. A command without
 a terminal is an error (125): follow it with execctl logs -f ID.",
     flags: &[DETACH_KEYS],

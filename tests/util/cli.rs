@@ -364,6 +364,8 @@ pub struct OnTty {
     pub master: File,
     pub slave: File,
     pub screen: Screen,
+    /// The terminal's modes before execctl started.
+    pub before: Modes,
 }
 
 impl OnTty {
@@ -372,6 +374,7 @@ impl OnTty {
     pub fn spawn(socket: &Path, args: &[&str], (rows, cols): (u16, u16)) -> OnTty {
         let (master, slave) = open_pty();
         set_window_size(&master, rows, cols);
+        let before = modes_of(&slave);
         let mut cmd = command(Some(socket), args);
         cmd.stdin(Stdio::from(slave.try_clone().expect("dup")))
             .stdout(Stdio::from(slave.try_clone().expect("dup")))
@@ -396,6 +399,7 @@ impl OnTty {
             master,
             slave,
             screen,
+            before,
         }
     }
 
@@ -424,5 +428,19 @@ impl OnTty {
     pub fn wait(&mut self) -> (Option<i32>, String) {
         let st = self.ctl.wait();
         (st.code(), self.screen.text())
+    }
+
+    /// Waits for execctl's exit with `code`, and checks that it left the terminal's
+    /// modes as they were before it started; returns the screen.
+    #[track_caller]
+    pub fn exits(&mut self, code: i32) -> String {
+        let (got, screen) = self.wait();
+        assert_eq!(got, Some(code), "execctl's exit; the screen: {screen:?}");
+        assert_eq!(
+            self.modes(),
+            self.before,
+            "the terminal's modes after execctl; the screen: {screen:?}"
+        );
+        screen
     }
 }
