@@ -252,6 +252,31 @@ fn run_t_is_an_interactive_session() {
 }
 
 #[test]
+fn a_paste_larger_than_the_daemons_input_buffer_arrives_whole() {
+    let d = Daemon::start(&["--stdin-buffer", "4K"]);
+    let mut t = OnTty::spawn(
+        &d.socket,
+        &[
+            "run",
+            "-t",
+            // Every byte value is typed: Ctrl-P Ctrl-Q too, which must not detach.
+            "--detach-keys",
+            "",
+            "--",
+            "sh",
+            "-c",
+            "stty raw -echo; echo ready; head -c 20000 | wc -c",
+        ],
+        (24, 80),
+    );
+    t.wait_raw();
+    t.screen.wait_for("ready", 1);
+    t.type_keys(&random_bytes(20000, 7));
+    t.screen.wait_for("20000", 1);
+    t.exits(0);
+}
+
+#[test]
 fn ctrl_c_is_a_key_for_the_program_and_ends_sleep_with_130() {
     let d = Daemon::start(&[]);
     let mut t = OnTty::spawn(&d.socket, &["run", "-t", "--", "sleep", "30"], (24, 80));

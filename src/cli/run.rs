@@ -211,7 +211,7 @@ fn subscription() -> Value {
 // ---- input -----------------------------------------------------------------------------
 
 /// The stdin chunk the daemon takes in one write: its stdin buffer, at most 32 KiB.
-fn stdin_chunk(c: &mut Client) -> usize {
+pub(super) fn stdin_chunk(c: &mut Client) -> usize {
     c.call("initialize", json!({"protocolVersion": 1}))
         .ok()
         .and_then(|r| r["limits"]["stdinBuffer"].as_u64())
@@ -430,13 +430,8 @@ fn exit_state(payload: &Value) -> &'static str {
 }
 
 /// The exit status, the messages around it, and the `--json` object.
-fn finish(
-    ctx: &Ctx,
-    target: &Target,
-    sink: &Sink,
-    ended: &RunEnd,
-    timeout: Option<Duration>,
-) -> Res<u8> {
+fn finish(ctx: &Ctx, target: &Target, sink: &Sink, ended: &RunEnd, o: &Common) -> Res<u8> {
+    let timeout = o.timeout;
     let (kind, session) = match target {
         Target::Terminal { session, .. } => ("terminal", session),
         Target::Bash { session, .. } => ("bash", session),
@@ -447,8 +442,9 @@ fn finish(
         RunEnd::StillRunning => {
             obj["status"] = json!("running");
             if !ctx.json {
+                let how = if o.tty.is_some() { "attach" } else { "logs -f" };
                 warn(&format!(
-                    "{id} is still running in session {session}; follow it with: execctl logs -f {id}"
+                    "{id} is still running in session {session}; follow it with: execctl {how} {id}"
                 ));
             }
             0
@@ -613,7 +609,7 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     let ended = ended?;
     release(&mut c);
-    finish(ctx, &target, &sink, &ended, o.timeout)
+    finish(ctx, &target, &sink, &ended, &o)
 }
 
 /// `execctl exec [OPTIONS] [--] 'SHELL LINE'`.
@@ -722,7 +718,7 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         }
         RunEnd::Exit { .. } => {}
     }
-    finish(ctx, &target, &sink, &ended, o.timeout)
+    finish(ctx, &target, &sink, &ended, &o)
 }
 
 /// `execctl write [--eof] ID [TEXT]`.

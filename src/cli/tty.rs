@@ -27,15 +27,12 @@ use super::connect::{self, Ctx, Target};
 use super::errors::{daemon_error, exit_status, Fail, Res, EXIT_TIMEOUT};
 use super::foreground::{Killer, Reason};
 use super::output::{self, warn};
-use super::run::{follow, write_chunk, RunEnd, Sink};
+use super::run::{follow, stdin_chunk, write_chunk, RunEnd, Sink};
 use crate::client::{CallError, Client};
 use crate::sys::term::{self, Modes};
 
 /// docker's default detach keys: Ctrl-P Ctrl-Q.
 pub const DEFAULT_DETACH_KEYS: &str = "ctrl-p,ctrl-q";
-
-/// How much typed input goes to the command in one write (a paste may be large).
-const INPUT_CHUNK: usize = 16 << 10;
 
 // ---- options ---------------------------------------------------------------------------
 
@@ -361,7 +358,10 @@ impl Session {
             return;
         };
         let mut scanner = Scanner::new(self.keys.clone());
-        let mut buf = vec![0u8; INPUT_CHUNK];
+        // A paste larger than the daemon's input buffer goes in pieces it takes (with
+        // room for held keys that may go with a piece).
+        let room = stdin_chunk(&mut c).saturating_sub(self.keys.len()).max(1);
+        let mut buf = vec![0u8; room];
         let mut stdin = io::stdin().lock();
         loop {
             let n = match stdin.read(&mut buf) {

@@ -259,13 +259,16 @@ pub fn open_pty() -> (File, File) {
 /// What a pseudo-terminal's master has read so far, shared with a reader thread.
 pub struct Screen {
     text: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The reader met EIO: every slave is closed and all they wrote was read.
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Screen {
     /// Reads `master` on a thread until it reports EIO (every slave closed).
     pub fn watch(master: File) -> Screen {
         let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let t = text.clone();
+        let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (t, c) = (text.clone(), closed.clone());
         let mut master = master;
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -276,8 +279,17 @@ impl Screen {
                 let s = String::from_utf8_lossy(&buf[..n]).into_owned();
                 t.lock().unwrap_or_else(|p| p.into_inner()).push_str(&s);
             }
+            c.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        Screen { text }
+        Screen { text, closed }
+    }
+
+    /// Waits until every slave is closed and what they wrote has been read.
+    #[track_caller]
+    pub fn wait_closed(&self) {
+        wait_until("the terminal's last output", || {
+            self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        });
     }
 
     pub fn text(&self) -> String {
@@ -358,11 +370,11 @@ pub fn set_window_size(m: &File, rows: u16, cols: u16) {
 /// execctl as a person runs it in a terminal window: a pseudo-terminal of its own is its
 /// stdin, stdout, stderr and controlling terminal (it leads a new session, so the keys
 /// that raise signals and window-size changes reach it as the foreground group would).
-/// The test types on the master and reads the screen; `slave` stays open for `modes`.
+/// The test types on the master and reads the screen; it holds no slave, so the screen
+/// ends when execctl has gone (the master reads a pseudo-terminal's modes as well).
 pub struct OnTty {
     pub ctl: Ctl,
     pub master: File,
-    pub slave: File,
     pub screen: Screen,
     /// The terminal's modes before execctl started.
     pub before: Modes,
@@ -378,7 +390,7 @@ impl OnTty {
         let mut cmd = command(Some(socket), args);
         cmd.stdin(Stdio::from(slave.try_clone().expect("dup")))
             .stdout(Stdio::from(slave.try_clone().expect("dup")))
-            .stderr(Stdio::from(slave.try_clone().expect("dup")));
+            .stderr(Stdio::from(slave));
         // SAFETY: between fork and exec, only async-signal-safe calls: setsid and ioctl.
         unsafe {
             use std::os::unix::process::CommandExt;
@@ -397,7 +409,6 @@ impl OnTty {
         OnTty {
             ctl,
             master,
-            slave,
             screen,
             before,
         }
@@ -412,7 +423,7 @@ impl OnTty {
     /// The terminal's modes now.
     #[track_caller]
     pub fn modes(&self) -> Modes {
-        modes_of(&self.slave)
+        modes_of(&self.master)
     }
 
     /// Waits until execctl has put the terminal in raw mode (no echo, no signals).
@@ -423,10 +434,11 @@ impl OnTty {
         });
     }
 
-    /// Waits for execctl's exit; returns its status code and the screen.
+    /// Waits for execctl's exit; returns its status code and all it wrote.
     #[track_caller]
     pub fn wait(&mut self) -> (Option<i32>, String) {
         let st = self.ctl.wait();
+        self.screen.wait_closed();
         (st.code(), self.screen.text())
     }
 
