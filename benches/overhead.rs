@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! policy, http, parallel, ingest, stream, memory, scale, hold, pty).
+//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty, tunnel).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -188,6 +188,134 @@ fn bench_cgroup(rows: &mut Vec<Row>) {
         format!("{ma:.0} us"),
         format!("{mb:.0} us"),
         format!("{:.2}", mb / ma),
+        "-".into(),
+    );
+}
+
+/// What a kill costs now that it sweeps /proc for the command's `EXECD_TREE` cookie
+/// (PROTOCOL 14): `terminal/kill` of a tree whose child left its process group
+/// (`setsid`), with 1,000 unrelated processes on the host against none. Three figures per
+/// side: the sweep's own duration (from the daemon's log line for the escapee it killed:
+/// the whole pass over /proc, chunked between the loop's other work), the time from the
+/// kill until the escapee is dead (a pidfd of it polled; it depends on where its pid falls
+/// in /proc's order), and the daemon's CPU per kill. The ratio is of the sweep durations.
+/// The daemon runs with the default flags and `--kill-grace 0s`, so the final SIGKILL and
+/// the sweep come at once.
+fn bench_kill(rows: &mut Vec<Row>) {
+    const ROUNDS: usize = 15;
+    let d = Daemon::start(&["--kill-grace", "0s"]);
+    let mut c = client(&d);
+    // One kill: the time until the escapee is dead, in ms.
+    let round = |c: &mut Client| -> f64 {
+        let id = call(
+            c,
+            "terminal/create",
+            json!({"sessionId": "k", "command": "sh",
+                   "args": ["-c", "setsid sleep 60 & echo $!; sleep 60; true"]}),
+        )["terminalId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ids = json!({"sessionId": "k", "terminalId": id});
+        let escapee: i32 = loop {
+            let out = call(c, "terminal/output", ids.clone());
+            if let Some(pid) = out["output"]
+                .as_str()
+                .and_then(|o| o.lines().next())
+                .and_then(|l| l.trim().parse().ok())
+            {
+                break pid;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // SAFETY: pidfd_open takes a pid and flags; the descriptor is closed below.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, escapee, 0) } as i32;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let t = Instant::now();
+        call(c, "terminal/kill", ids.clone());
+        let mut p = libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; bounded wait.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        let gone = t.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(pidfd) };
+        assert_eq!(ready, 1, "the escapee outlived its kill");
+        call(c, "terminal/release", ids);
+        gone
+    };
+    // The sweeps' durations the daemon logged after byte `from` of its log.
+    let sweeps = |from: usize| -> Vec<f64> {
+        let log = d.log();
+        log.get(from..)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let at = l.find("pass(es), ")? + "pass(es), ".len();
+                l[at..].split(" ms").next()?.parse().ok()
+            })
+            .collect()
+    };
+    for _ in 0..5 {
+        round(&mut c);
+    }
+    // (sweep ms, escapee gone ms, daemon CPU seconds) per side.
+    let mut none = (Vec::new(), Vec::new(), 0.0);
+    let mut busy = (Vec::new(), Vec::new(), 0.0);
+    // Two blocks of each, alternating, so both see the same machine.
+    for _ in 0..2 {
+        for with in [false, true] {
+            let mut others: Vec<std::process::Child> = Vec::new();
+            if with {
+                for _ in 0..1000 {
+                    others.push(
+                        Command::new("sleep")
+                            .arg("600")
+                            .stdin(Stdio::null())
+                            .spawn()
+                            .expect("spawn sleep"),
+                    );
+                }
+            }
+            let side = if with { &mut busy } else { &mut none };
+            // Let the last block's sweeps be logged before counting from here.
+            std::thread::sleep(Duration::from_millis(100));
+            let from = d.log().len();
+            let cpu0 = cpu_secs(d.pid());
+            for _ in 0..ROUNDS {
+                side.1.push(round(&mut c));
+            }
+            side.2 += cpu_secs(d.pid()) - cpu0;
+            std::thread::sleep(Duration::from_millis(100));
+            side.0.extend(sweeps(from));
+            for mut o in others {
+                let _ = o.kill();
+                let _ = o.wait();
+            }
+        }
+    }
+    let per_kill = |cpu: f64| cpu * 1e3 / (2 * ROUNDS) as f64;
+    let (ns, ng) = (median(&mut none.0), median(&mut none.1));
+    let (bs, bg) = (median(&mut busy.0), median(&mut busy.1));
+    report(
+        rows,
+        "1f kill of a tree with a setsid escapee, 1,000 unrelated processes vs none".into(),
+        format!(
+            "none: sweep {ns:.2} ms, escapee gone {ng:.2} ms, {:.1} ms CPU/kill",
+            per_kill(none.2)
+        ),
+        format!(
+            "1,000: sweep {bs:.2} ms, escapee gone {bg:.2} ms, {:.1} ms CPU/kill",
+            per_kill(busy.2)
+        ),
+        format!("{:.2}", bs / ns),
         "-".into(),
     );
 }
@@ -1156,6 +1284,136 @@ fn bench_pty(rows: &mut Vec<Row>) {
     );
 }
 
+/// `execctl run -- true` through `-H ssh://` against the same `execctl run -- true` on the
+/// socket, interleaved: what the tunnel adds per command. The ssh is a stand-in that
+/// execs the remote command here (as the tests' does, without its log), so the figure is
+/// the tunnel's own cost, a process for ssh, one for `execctl dial-stdio` and the relay
+/// through them, without a network or a handshake; a real ssh adds its own.
+fn bench_tunnel(rows: &mut Vec<Row>) {
+    const ROUNDS: usize = 200;
+    let d = Daemon::start(&[]);
+    let dir = common::TempDir::new();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+    )
+    .expect("write ssh");
+    std::fs::set_permissions(&ssh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_execctl"), bin.join("execctl"))
+        .expect("link execctl");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let url = format!("ssh://bench{}", d.socket.display());
+    let socket = d.socket.display().to_string();
+    let run = |target: &[&str]| {
+        let st = Command::new(env!("CARGO_BIN_EXE_execctl"))
+            .args(target)
+            .args(["run", "--", "true"])
+            .env("PATH", &path)
+            .env_remove("EXECD_HOST")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run execctl");
+        assert!(st.success(), "execctl {target:?} run -- true: {st}");
+    };
+    // The floor under the tunnel: the same two processes started and ended, relaying
+    // nothing (the stand-in ssh running `execctl --version`).
+    let spawn_only = || {
+        let st = Command::new(&ssh)
+            .args(["bench", "--", "execctl", "--version"])
+            .env("PATH", &path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run the stand-in ssh");
+        assert!(st.success());
+    };
+    let direct = ["--socket", socket.as_str()];
+    let tunnel = ["-H", url.as_str()];
+    for _ in 0..10 {
+        run(&direct);
+        run(&tunnel);
+        spawn_only();
+    }
+    let (mut a, mut b, mut f) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        run(&direct);
+        a.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        run(&tunnel);
+        b.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        spawn_only();
+        f.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut f));
+    report(
+        rows,
+        "9 execctl run -- true, -H ssh:// (stand-in ssh) vs --socket".into(),
+        format!("{ma:.2} ms"),
+        format!("{mb:.2} ms (+{:.2} ms)", mb - ma),
+        format!("{:.2}", mb / ma),
+        "< 1 ms added".into(),
+    );
+    report(
+        rows,
+        "9b of which starting ssh and dial-stdio (no relay)".into(),
+        "-".into(),
+        format!("{mf:.2} ms; the rest +{:.2} ms", mb - ma - mf),
+        "-".into(),
+        "-".into(),
+    );
+    // The relay alone: one request's round trip on an open connection, straight to the
+    // socket and through a dial-stdio at the other end of a socket pair.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_execctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("dial-stdio")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(
+            theirs.try_clone().expect("dup"),
+        )))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .spawn()
+        .expect("spawn dial-stdio");
+    let mut relayed = Client::from_stream(ours).expect("client");
+    relayed.timeout = Some(Duration::from_secs(300));
+    let mut straight = client(&d);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..2000 {
+        let t = Instant::now();
+        call(&mut straight, "bash/sessions", json!({}));
+        let direct_us = t.elapsed().as_secs_f64() * 1e6;
+        let t = Instant::now();
+        call(&mut relayed, "bash/sessions", json!({}));
+        let relayed_us = t.elapsed().as_secs_f64() * 1e6;
+        if i >= 100 {
+            a.push(direct_us);
+            b.push(relayed_us);
+        }
+    }
+    drop(relayed);
+    let _ = relay.wait();
+    let (ma, mb) = (median(&mut a), median(&mut b));
+    report(
+        rows,
+        "9c one request's round trip, through dial-stdio vs straight".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us (+{:.0} us)", mb - ma),
+        format!("{:.2}", mb / ma),
+        "-".into(),
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
@@ -1163,9 +1421,10 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 11] = [
+    let benches: [(&str, Bench); 13] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
+        ("kill", bench_kill),
         ("policy", bench_policy),
         ("http", bench_http),
         ("parallel", bench_parallel),
@@ -1175,6 +1434,7 @@ fn main() {
         ("scale", bench_scale),
         ("hold", bench_hold),
         ("pty", bench_pty),
+        ("tunnel", bench_tunnel),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();

@@ -161,6 +161,9 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
         ],
         &rows,
         Some(3),
+        // On a narrow terminal the command stays, cut: SESSION, DURATION, AGE and PID
+        // give way first.
+        &[1, 6, 5, 2],
     )?;
     Ok(0)
 }

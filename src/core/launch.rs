@@ -55,6 +55,9 @@ pub struct LaunchRequest {
     pub prefix: &'static str,
     /// Subscribe this connection from the first byte, as the command starts.
     pub subscribe: Option<(ConnId, SubOpts)>,
+    /// Kill the command when this connection (the creating one, which asked for
+    /// `killOnDisconnect`) closes.
+    pub kill_on_disconnect: Option<ConnId>,
     /// Its cgroup limits: the daemon's, or lower ones the request asked for.
     pub limits: CgroupLimits,
     pub after: After,

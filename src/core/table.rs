@@ -76,6 +76,8 @@ pub enum KillReason {
     SessionClose,
     /// The daemon is stopping.
     Shutdown,
+    /// The connection that created it with `killOnDisconnect` closed.
+    Disconnect,
 }
 
 impl KillReason {
@@ -86,6 +88,7 @@ impl KillReason {
             KillReason::Timeout => "timeout",
             KillReason::SessionClose => "session close",
             KillReason::Shutdown => "shutdown",
+            KillReason::Disconnect => "disconnect",
         }
     }
 }
@@ -251,6 +254,9 @@ pub struct Proc {
     pub exit: Option<Exit>,
     /// Set when the daemon starts ending it; a later kill only waits for this one.
     pub kill: Option<KillReason>,
+    /// The connection that created it asking for `killOnDisconnect`: its close kills
+    /// the command (a foreground `execctl run` that dies takes its command with it).
+    pub tied_to: Option<ConnId>,
     /// `bash/kill` sent it a terminating signal: ending by a signal then means `killed`.
     pub signalled: bool,
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
@@ -788,6 +794,7 @@ mod tests {
             stdin: None,
             exit: None,
             kill: None,
+            tied_to: None,
             signalled: false,
             released: false,
             tty: None,

@@ -113,7 +113,11 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             },
             "approvers": approvers,
             "pendingApprovals": pending,
-            "containment": { "kind": core.containment.0, "detail": core.containment.1 },
+            "containment": {
+                "kind": core.containment.kind,
+                "detail": core.containment.detail,
+                "cookie": core.containment.cookie,
+            },
             "descriptors": {
                 "limit": core.nofile,
                 "terminals": command_descriptors(core.nofile, c.max_clients),
@@ -183,8 +187,8 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         Some(n) => n.min(core.cfg.max_output_limit as u64) as usize,
         None => core.cfg.output_limit,
     };
-    // execd's extensions under `_meta.execd`: a subscription from the first byte, and a
-    // stdin pipe the client feeds with `terminal/write`.
+    // execd's extensions under `_meta.execd`: a subscription from the first byte, a
+    // stdin pipe the client feeds with `terminal/write`, limits, `killOnDisconnect`.
     let meta = execd_meta(p)?;
     let m = Params(&meta);
     let subscribe = m
@@ -197,6 +201,12 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ["memoryMax", "pidsMax", "cpuMax"],
         &core.cfg.limits,
     )?;
+    // The creating connection's close kills the command: a client that dies takes its
+    // foreground command with it (ACP has no such notion; execctl run asks for it).
+    let kill_on_disconnect = m
+        .opt_bool("killOnDisconnect")?
+        .unwrap_or(false)
+        .then_some(caller.conn);
     let size = m.opt_object("size")?.map(Params);
     let stdio = match requested_tty(m.opt_bool("tty")?, size.as_ref())? {
         Some(size) => {
@@ -232,6 +242,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ring_capacity,
         prefix: "term",
         subscribe,
+        kill_on_disconnect,
         limits,
         admitted: None,
         after: After::Terminal,

@@ -226,6 +226,10 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .map(|o| crate::methods::events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
+    let kill_on_disconnect = p
+        .opt_bool("kill_on_disconnect")?
+        .unwrap_or(false)
+        .then_some(caller.conn);
     let limits = crate::core::launch::request_limits(
         p.opt_object("limits")?.map(Params).as_ref(),
         ["memory_max", "pids_max", "cpu_max"],
@@ -260,6 +264,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
         subscribe,
+        kill_on_disconnect,
         limits,
         admitted: None,
         after: After::BashExec {

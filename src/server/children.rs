@@ -25,12 +25,13 @@ use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
+use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
 use crate::sys::spawn::{Done, FailedAt, ParentEnds};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
-use crate::types::{Ended, Usage};
+use crate::types::{Ended, Swept, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
 
 /// Spawner threads at start: spawns run side by side on two cores while the loop serves
@@ -153,10 +154,12 @@ impl Children {
     }
 
     /// Chooses containment as `--cgroup` says, before anything is spawned: it may move the
-    /// daemon into its cgroup's leaf and end what a previous instance left behind (which
-    /// it returns). A daemon-wide limit it cannot enforce stops the start.
-    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<Option<Leftovers>> {
-        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
+    /// daemon into its cgroup's leaf and end what a previous instance left behind in
+    /// command cgroups; then it ends what earlier instances on this socket left carrying
+    /// their cookies (it returns both). A daemon-wide limit it cannot enforce stops the
+    /// start (before any sweep). `cfg.socket` is the socket the daemon holds.
+    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<(Option<Leftovers>, Swept)> {
+        let (mut contain, leftovers) = Contain::choose(&cfg.cgroup, Instance::of_self(&cfg.socket));
         if let Err(u) = contain.check(&cfg.limits) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -168,8 +171,9 @@ impl Children {
                 ),
             ));
         }
+        let swept = contain.sweep_earlier();
         self.contain = contain;
-        Ok(leftovers)
+        Ok((leftovers, swept))
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -223,6 +227,7 @@ impl Children {
             }
         };
         let user = self.identity(launch.peer, origin);
+        let cookie = self.contain.cookie(&id);
         let spec = crate::sys::spawn::SpawnSpec {
             program: &launch.program,
             env: &launch.env,
@@ -230,6 +235,7 @@ impl Children {
             stdio: launch.stdio,
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
+            cookie: &cookie,
         };
         let (job, ends) = match self.spawner.submit(&spec) {
             Ok(submitted) => submitted,
@@ -324,7 +330,7 @@ impl Children {
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
-            self.contain.end(key, Stage::Kill);
+            self.contain.end(key, &s.id, Stage::Kill);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
             if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
                 let _ = exit; // already reaped: only its hold is left to let go

@@ -1,14 +1,15 @@
 //! Every system call and every `unsafe` block of the daemon, one room per concern:
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
-//! parts of containment (`contain`, `cgroup`), systemd, the log and audit sinks, and
-//! whether a command waits for input (`waiting`). `term` is execctl's: its own
-//! terminal's modes and size.
+//! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
+//! sinks, and whether a command waits for input (`waiting`). `term` is execctl's: its
+//! own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
 pub mod cgroup;
 pub mod contain;
+pub mod cookie;
 pub mod host;
 pub mod ids;
 pub mod inotify;

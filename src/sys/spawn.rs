@@ -20,6 +20,8 @@
 //!   follows the thread that cloned it.
 //! - A child's own ends of its pipes stay open until it has them (the spawner thread drops
 //!   them after the clone); the loop holds the parent's ends from the start.
+//! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
+//!   base environment and the request's variables: it holds exactly one, its own.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -31,6 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
+use super::cookie;
 use super::cstring;
 use super::ids::Identity;
 use crate::types::{Program, Rlimit, Stdio3, WinSize};
@@ -47,6 +50,8 @@ pub struct SpawnSpec<'a> {
     /// The `cgroup.procs` of the command's cgroup, opened by the parent. It must stay
     /// open until the spawn is done.
     pub cgroup_procs: Option<RawFd>,
+    /// The command's `EXECD_TREE` value (`sys::cookie`), set after every other variable.
+    pub cookie: &'a str,
 }
 
 /// The parent's ends of a command's stdio, all non-blocking and close-on-exec; the loop
@@ -692,11 +697,13 @@ impl Spawner {
         waker: mio::Waker,
         threads: usize,
     ) -> io::Result<Spawner> {
+        // The daemon's own cookie (when an execd command started it) is never passed on:
+        // each command gets its own, last.
         let vars: Vec<(OsString, OsString)> = if clean_env {
             Vec::new()
         } else {
             std::env::vars_os()
-                .filter(|(k, _)| !withheld.iter().any(|w| k == *w))
+                .filter(|(k, _)| !withheld.iter().any(|w| k == *w) && k != cookie::VAR)
                 .collect()
         };
         let path_var = vars
@@ -782,7 +789,8 @@ impl Spawner {
         };
         // The request's variables override the base environment's of the same name; a
         // name the request gives twice takes its last value. Indexed by name, so a request
-        // with many variables costs linear time on the loop.
+        // with many variables costs linear time on the loop. The cookie comes last, and a
+        // request that names it is overridden: no request removes or changes it.
         let last: HashMap<&[u8], usize> = spec
             .env
             .iter()
@@ -793,8 +801,12 @@ impl Spawner {
             .env
             .iter()
             .enumerate()
-            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i))
+            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i) && k != cookie::VAR)
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
+            .chain(std::iter::once(env_entry(
+                cookie::VAR.as_bytes(),
+                spec.cookie.as_bytes(),
+            )))
             .collect::<io::Result<_>>()?;
         let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
         let envp: Vec<CString> = self

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod fuse;
+pub mod trees;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -409,6 +410,26 @@ fn on_path(program: &str) -> bool {
 pub fn running_as_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Has `cmd` run as uid and gid 65534 (nobody), with no other group; the test process
+/// must be root (`running_as_root`).
+pub fn as_nobody(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch nothing of the
+    // parent's; the groups go first, while the child may still set them.
+    unsafe {
+        cmd.pre_exec(|| {
+            let groups = [65534 as libc::gid_t];
+            if libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
