@@ -405,6 +405,36 @@ fn detach_leaves_the_command_running_and_attach_brings_it_back() {
     a.exits(6);
 }
 
+/// A -t command is not tied to execctl's connection: an execctl killed with SIGKILL (no
+/// way out it can see; the terminal stays raw, as with any program) leaves it running for
+/// attach, as a detach does.
+#[test]
+fn a_t_command_outlives_an_execctl_killed_with_sigkill() {
+    let d = Daemon::start(&[]);
+    let mut t = OnTty::spawn(&d.socket, &["run", "-t", "--", "sh"], (24, 80));
+    t.wait_raw();
+    let id = terminal_of(&d, t.ctl.pid())["terminalId"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    t.type_keys(b"echo four$((2+2))\r");
+    t.screen.wait_for("four4", 1);
+    unsafe_kill(t.ctl.pid(), libc::SIGKILL);
+    assert_eq!(t.wait().0, None, "killed");
+    // The daemon saw the connection close and kept the command.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = d.client();
+    assert!(
+        terminal_entry(&mut c, &id)["exitStatus"].is_null(),
+        "still running"
+    );
+    let mut a = OnTty::spawn(&d.socket, &["attach", &id], (24, 80));
+    a.wait_raw();
+    a.screen.wait_for("four4", 1);
+    a.type_keys(b"exit 7\r");
+    a.exits(7);
+}
+
 /// What a terminal of `ROWS` x 80 shows after `raw`, row by row (vt100, the emulator the
 /// daemon's screens use).
 fn shown_lines(raw: &str) -> Vec<String> {
