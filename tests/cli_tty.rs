@@ -348,6 +348,25 @@ fn the_terminal_comes_back_as_it_was_after_every_way_out() {
     unsafe_kill(pid, libc::SIGKILL);
 }
 
+/// A SIGINT from elsewhere reaches the program and the session goes on, keys included.
+#[test]
+fn a_sigint_sent_to_run_t_reaches_the_program_and_the_session_goes_on() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let mut t = OnTty::spawn(&d.socket, &["run", "-t", "--", "python3", "-q"], (24, 80));
+    t.wait_raw();
+    t.screen.wait_for(">>> ", 1);
+    unsafe_kill(t.ctl.pid(), libc::SIGINT);
+    t.screen.wait_for("KeyboardInterrupt", 1);
+    t.wait_raw();
+    t.type_keys(b"print(6 * 7)\r");
+    t.screen.wait_for("42", 1);
+    t.type_keys(b"exit()\r");
+    t.exits(0);
+}
+
 #[test]
 fn detach_leaves_the_command_running_and_attach_brings_it_back() {
     let d = Daemon::start(&[]);

@@ -10,10 +10,12 @@
 //!   (a hook; release builds abort on panic, so no destructor would run). Whichever comes
 //!   first restores them; raw mode is never entered again after that.
 //! - Threads: the input thread reads stdin and writes it to the command on a connection of
-//!   its own, watching for the detach keys; the signal thread resizes the PTY on SIGWINCH
-//!   and, for SIGINT, SIGTERM or SIGHUP, restores the terminal and then passes the signal on
-//!   (`run -t`, through the `Killer`) or detaches (`attach`: it never ends what it did not
-//!   start). A detach hangs up the main thread's connection so that it returns at once.
+//!   its own, watching for the detach keys; the signal thread resizes the PTY on SIGWINCH.
+//!   For SIGTERM or SIGHUP it restores the terminal and then passes the signal on (`run
+//!   -t`, through the `Killer`: execctl is asked to go) or detaches (`attach`: it never
+//!   ends what it did not start). A SIGINT (from elsewhere: Ctrl-C is a key here) is
+//!   passed on with the session going on, or detaches `attach`. A detach hangs up the main
+//!   thread's connection so that it returns at once.
 
 use std::io::{self, IsTerminal, Read};
 use std::os::unix::net::UnixStream;
@@ -288,13 +290,22 @@ impl Session {
         match sig {
             libc::SIGWINCH => self.resize(),
             libc::SIGCONT => Raw::again(),
+            // Ctrl-C is a key here: a SIGINT came from elsewhere, and the program may
+            // well handle it and go on, keys and all.
+            libc::SIGINT if self.killer.is_some() => self.pass_on(sig),
             _ => {
                 restore();
                 match &self.killer {
-                    Some(k) => k.trigger(Reason::Signal(sig)),
+                    Some(_) => self.pass_on(sig),
                     None => self.detach(sig),
                 }
             }
+        }
+    }
+
+    fn pass_on(&self, sig: i32) {
+        if let Some(k) = &self.killer {
+            k.trigger(Reason::Signal(sig));
         }
     }
 
