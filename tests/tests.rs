@@ -15,6 +15,7 @@ mod util;
 
 mod acp;
 mod acp_schema;
+mod attacks;
 mod backlog;
 mod bash;
 mod bounds;
@@ -30,6 +31,7 @@ mod gate;
 mod holds;
 mod hosts;
 mod http;
+mod input;
 mod peers;
 mod protocol;
 mod pty;

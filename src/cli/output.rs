@@ -219,6 +219,7 @@ fn paint(line: &str, spans: &[(usize, usize, String)]) -> String {
         }
         let code = match word.as_str() {
             "running" => "32",
+            "input" => "33",
             "killed" | "timed_out" => "31",
             _ => continue,
         };

@@ -75,6 +75,7 @@ impl Core {
             Stdio3::Pty(size) => Some(Tty { size, screen: None }),
             _ => None,
         };
+        self.input_watch |= stdin.is_some();
         self.log.line(format_args!(
             "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
             req.peer.uid,
@@ -123,6 +124,8 @@ impl Core {
             signalled: false,
             released: false,
             tty,
+            quiet_since: self.now,
+            waiting_for_input: false,
             waiters: Vec::new(),
             held: 0,
             subs: Vec::new(),
@@ -369,6 +372,8 @@ impl Core {
             .map_or(0, |s| s.capacity);
         if !waiting && queue_stdin(&mut self.table, key, &data, eof)?.is_some() {
             self.out.push(Effect::FlushStdin(key));
+            // Input given: whatever waited for it is not waiting any more.
+            self.set_waiting(key, false);
             return Ok(None);
         }
         if wait && !waiting && data.len() <= capacity {

@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod gate;
+pub mod input;
 pub mod launch;
 pub mod life;
 pub mod log;
@@ -203,6 +204,9 @@ pub struct Core {
     pub nofile: u64,
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
+    /// A command with its stdin open started since the loop last looked for commands
+    /// waiting for input (`input_watch`).
+    pub input_watch: bool,
     /// The uid the daemon runs as: with root, the one uid not held to fair shares.
     pub daemon_uid: u32,
     /// Effects for the loop, in the order they arose.
@@ -242,6 +246,7 @@ impl Core {
             containment: Containment::default(),
             nofile: 1024,
             stopping: false,
+            input_watch: false,
             daemon_uid: 0,
             out: Vec::new(),
         }

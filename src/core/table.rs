@@ -263,6 +263,11 @@ pub struct Proc {
     pub released: bool,
     /// Its pseudo-terminal, when it runs in one.
     pub tty: Option<Tty>,
+    /// When it last wrote output (or started): a command quiet for a while with its
+    /// stdin open is looked at for waiting for input (PROTOCOL 12.3).
+    pub quiet_since: Instant,
+    /// A process of its tree is blocked reading its stdin or terminal, as last looked.
+    pub waiting_for_input: bool,
     /// Parked requests interested in this process.
     pub waiters: Vec<ParkId>,
     /// Answers about it that wait for room on their connection: it is not forgotten
@@ -798,6 +803,8 @@ mod tests {
             signalled: false,
             released: false,
             tty: None,
+            quiet_since: crate::types::test_clock().0,
+            waiting_for_input: false,
             waiters: vec![],
             held: 0,
             subs: vec![],

@@ -332,6 +332,9 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         "end": ring.end(),
         "dropped": ring.start(),
     });
+    if t.running() {
+        execd["waitingForInput"] = t.waiting_for_input.into();
+    }
     if let Some(tty) = &t.tty {
         execd["tty"] = crate::methods::bash::tty_size(tty);
         if let Some(s) = tty.screen.as_ref().filter(|_| screen) {
@@ -420,7 +423,10 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             "outputBytes": t.output_bytes(),
         });
         if let Some(tty) = &t.tty {
-            v["_meta"] = json!({"execd": {"tty": crate::methods::bash::tty_size(tty)}});
+            v["_meta"]["execd"]["tty"] = crate::methods::bash::tty_size(tty);
+        }
+        if t.running() && t.waiting_for_input {
+            v["_meta"]["execd"]["waitingForInput"] = true.into();
         }
         if t.exit.is_some() {
             let mut status = exit_status(t);

@@ -50,6 +50,9 @@ pub fn command_info(p: &Proc) -> Value {
     v.insert("command".into(), p.command.clone().into());
     v.insert("status".into(), p.status().into());
     add_bash_exit(&mut v, p);
+    if p.running() {
+        v.insert("waiting_for_input".into(), p.waiting_for_input.into());
+    }
     if let Some(t) = &p.tty {
         v.insert("tty".into(), tty_size(t));
     }
@@ -75,6 +78,9 @@ pub fn exec_result(p: &Proc, max_len: usize) -> Value {
     v.insert("stdout".into(), middle_cut(stdout, max_len).into());
     v.insert("stderr".into(), middle_cut(stderr, max_len).into());
     add_bash_exit(&mut v, p);
+    if p.running() {
+        v.insert("waiting_for_input".into(), p.waiting_for_input.into());
+    }
     v.insert("offset".into(), offset.into());
     v.insert("stderr_offset".into(), stderr_offset.into());
     Value::Object(v)
@@ -113,6 +119,7 @@ pub fn output_result(p: &Proc, from: [u64; 2], screen: bool) -> Value {
         }
     }
     v.insert("command".into(), command_info(p));
+    v.insert("waiting_for_input".into(), p.waiting_for_input.into());
     if screen {
         if let Some(s) = p.tty.as_ref().and_then(|t| t.screen.as_ref()) {
             v.insert("screen".into(), s.view());
@@ -150,20 +157,20 @@ fn seconds(s: f64) -> Duration {
 }
 
 fn session_info(core: &Core, sess: &BashSession) -> Value {
-    let current = sess
+    let running = sess
         .commands
         .iter()
         .rev()
         .filter_map(|k| core.table.get(*k))
-        .find(|p| p.running())
-        .map(|p| p.command.clone());
+        .find(|p| p.running());
     json!({
         "session_id": sess.id,
         "status": "ready",
         "working_dir": sess.workdir.display().to_string(),
         "created_at": rfc3339(sess.created_wall),
         "last_used_at": rfc3339(sess.last_used_wall),
-        "current_command": current,
+        "current_command": running.map(|p| p.command.clone()),
+        "waiting_for_input": running.is_some_and(|p| p.waiting_for_input),
         "command_count": sess.command_count,
     })
 }

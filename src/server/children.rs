@@ -87,6 +87,9 @@ pub struct Children {
     orphans: bool,
     /// Pipes left readable after their per-turn budget.
     hot: Hot,
+    /// The file each running command reads its input from, while its stdin is open (for
+    /// telling when it waits for input).
+    inputs: HashMap<Key, crate::sys::waiting::InputFile>,
     /// Spawns handed to a spawner thread, by job.
     starting: HashMap<u64, Starting>,
     /// Exits reaped before their spawn was reported.
@@ -147,6 +150,7 @@ impl Children {
             abandoned: HashMap::new(),
             orphans: false,
             hot: Hot::default(),
+            inputs: HashMap::new(),
             starting: HashMap::new(),
             unclaimed: Unclaimed::default(),
             scratch: vec![0; SCRATCH],
@@ -321,6 +325,9 @@ impl Children {
         let key = s.key;
         // From here the tree is held: whatever fails next, it can be ended.
         self.contain.started(key, pid, s.place);
+        if let Some(input) = s.ends.input {
+            self.inputs.insert(key, input);
+        }
         let outs: Vec<_> = std::iter::once(s.ends.out).chain(s.ends.err).collect();
         let added = self.pipes.add(registry, key, outs, s.ends.stdin, || {
             let t = Token(*next_token);
@@ -529,6 +536,7 @@ impl Children {
 
     /// Closes every pipe of a command (it was released or forgotten).
     pub fn close_pipes(&mut self, registry: &Registry, key: Key) {
+        self.inputs.remove(&key);
         self.pipes.close_all(registry, key);
         for s in 0..2 {
             self.hot.set.remove(&(key, s));
@@ -543,8 +551,21 @@ impl Children {
         }
     }
 
+    /// Looks at the commands the core names (running, stdin open, quiet) for one whose
+    /// tree is blocked reading its input (PROTOCOL 12.3), and tells the core what it saw.
+    pub fn look_for_input_waits(&mut self, core: &mut Core) {
+        for (key, pid) in core.input_candidates() {
+            let waiting = self
+                .inputs
+                .get(&key)
+                .is_some_and(|input| crate::sys::waiting::waiting_for_input(pid, *input));
+            core.input_seen(key, waiting);
+        }
+    }
+
     /// Closes a command's stdin (its input was drained after an `eof`).
     pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
+        self.inputs.remove(&key);
         self.pipes.close_stdin(registry, key);
     }
 
@@ -598,6 +619,7 @@ impl Children {
         for s in 0..streams(core, key) {
             self.read_pipe(core, clients, registry, (key, s), EXIT_DRAIN_BYTES, true);
         }
+        self.inputs.remove(&key);
         let tree = self.contain.leader_exited(key);
         core.exited(key, ended, usage, tree);
     }

@@ -85,6 +85,8 @@ enum LoopTimer {
     Watchdog,
     /// A status change waits for its turn (at most one `STATUS=` a second).
     Status,
+    /// Look for commands waiting for input (PROTOCOL 12.3).
+    InputCheck,
 }
 
 /// Where shutdown is.
@@ -112,6 +114,8 @@ pub struct Server {
     accept_paused: bool,
     /// A `TcpIdleSweep` is due.
     tcp_sweep_armed: bool,
+    /// An `InputCheck` timer is set.
+    input_check_armed: bool,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
     /// systemd's notification socket, when it gave one.
@@ -201,6 +205,7 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             tcp_sweep_armed: false,
+            input_check_armed: false,
             sinks,
             memory_peak: 0,
             notifier,
@@ -282,6 +287,13 @@ impl Server {
             }
             self.fire_timers();
             self.apply();
+            // While a running command has its stdin open, look every so often whether it
+            // waits for input (only the quiet ones are looked at).
+            if !self.input_check_armed && self.core.input_watch() {
+                self.input_check_armed = true;
+                let at = Instant::now() + crate::core::input::EVERY;
+                self.timers.add(at, LoopTimer::InputCheck);
+            }
             self.flush_dirty();
             if self.shutdown_done() {
                 break;
@@ -760,6 +772,10 @@ impl Server {
                 }
                 LoopTimer::Status => self.status_pending = false,
                 LoopTimer::TcpIdleSweep => self.close_idle_tcp(),
+                LoopTimer::InputCheck => {
+                    self.input_check_armed = false;
+                    self.children.look_for_input_waits(&mut self.core);
+                }
             }
         }
     }

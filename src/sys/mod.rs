@@ -20,9 +20,6 @@ pub mod socket;
 pub mod spawn;
 pub mod systemd;
 pub mod term;
-// Not called by the loop yet: the server starts asking once a second for quiet commands
-// in the branch that wires 12.3 in, which drops this allow.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod waiting;
 
 use std::ffi::CString;

@@ -36,6 +36,7 @@ use std::time::Instant;
 use super::cookie;
 use super::cstring;
 use super::ids::Identity;
+use super::waiting::InputFile;
 use crate::types::{Program, Rlimit, Stdio3, WinSize};
 
 /// What one command needs; the daemon-wide rest is in `Spawner`.
@@ -62,6 +63,9 @@ pub struct ParentEnds {
     pub out: OwnedFd,
     pub err: Option<OwnedFd>,
     pub stdin: Option<OwnedFd>,
+    /// The file the command reads its input from (its stdin pipe or PTY slave), for
+    /// telling when it waits for input (`sys::waiting`).
+    pub input: Option<InputFile>,
 }
 
 /// A command's stdio before the spawn: the child's ends (to become 0, 1 and 2) and the
@@ -99,6 +103,10 @@ impl Wired {
         {
             set_nonblocking(fd.as_raw_fd())?;
         }
+        // Both ends of a pipe are one inode: ours names the command's stdin.
+        let input = stdin_w
+            .as_ref()
+            .and_then(|w| InputFile::of_fd(w.as_raw_fd()).ok());
         Ok(Wired {
             child: [in_r, Some(out_w), err_w],
             tty: false,
@@ -106,6 +114,7 @@ impl Wired {
                 out: out_r,
                 err: err_r,
                 stdin: stdin_w,
+                input,
             },
         })
     }
@@ -116,14 +125,16 @@ impl Wired {
     fn pty(size: WinSize) -> io::Result<Wired> {
         let (master, slave) = crate::sys::pty::open(size)?;
         set_nonblocking(master.as_raw_fd())?;
-        let input = master.try_clone()?;
+        let writer = master.try_clone()?;
+        let input = InputFile::of_fd(slave.as_raw_fd()).ok();
         Ok(Wired {
             child: [Some(slave), None, None],
             tty: true,
             parent: ParentEnds {
                 out: master,
                 err: None,
-                stdin: Some(input),
+                stdin: Some(writer),
+                input,
             },
         })
     }

@@ -81,22 +81,6 @@ impl InputFile {
         Ok(InputFile::of_stat(&unsafe { st.assume_init() }))
     }
 
-    /// The slave of the PTY whose master is `master` (`TIOCGPTPEER`, Linux 4.13): the
-    /// loop keeps only the master once the command has its slave. The slave is opened for
-    /// the `fstat` and closed again, so call this while the command still holds it open
-    /// (at spawn): the last close of a slave hangs up the master.
-    pub fn of_pty_master(master: RawFd) -> io::Result<InputFile> {
-        let flags = libc::O_RDONLY | libc::O_NOCTTY | libc::O_CLOEXEC;
-        // SAFETY: TIOCGPTPEER takes open flags by value and returns a new descriptor.
-        let fd = unsafe { libc::ioctl(master, libc::TIOCGPTPEER, flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the ioctl returned a new descriptor that nothing else owns.
-        let slave = unsafe { OwnedFd::from_raw_fd(fd) };
-        InputFile::of_fd(slave.as_raw_fd())
-    }
-
     fn of_stat(st: &libc::stat) -> InputFile {
         let is_chr = st.st_mode & libc::S_IFMT == libc::S_IFCHR;
         InputFile {
@@ -1140,10 +1124,9 @@ mod tests {
 
     #[test]
     fn a_read_on_the_pty_is_waiting() {
-        let (master, slave) = pty();
+        let (_master, slave) = pty();
         let input = InputFile::of_fd(slave.as_raw_fd()).unwrap();
         assert!(input.tty.is_some());
-        assert_eq!(InputFile::of_pty_master(master.as_raw_fd()).unwrap(), input);
         let kid = on_pty("read x", &slave, true);
         drop(slave);
         blocked_in(kid.pid(), kid.pid(), READ);
