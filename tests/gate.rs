@@ -43,7 +43,6 @@ fn approver(d: &Daemon) -> Relayed {
     a
 }
 
-
 /// The next `ApprovalRequestResolved` event an approver gets.
 #[track_caller]
 fn next_resolved(a: &mut Client) -> Value {

@@ -39,7 +39,6 @@ fn subscribe(c: &mut Client) {
     ok(c, "approvals/subscribe", json!({}));
 }
 
-
 /// Answers an approval request.
 fn answer(a: &mut Client, request: &Value, response: &str) {
     let id = &request["id"];

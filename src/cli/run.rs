@@ -336,7 +336,7 @@ fn forward_stdin(ctx: &Ctx, target: &Target) {
 // ---- output ----------------------------------------------------------------------------
 
 /// Where a foreground command's output goes, and what was seen of it.
-pub(super) struct Sink {
+pub(super) struct OutputSink {
     id: String,
     /// `--json`: output is collected for the final object instead of printed.
     collect: bool,
@@ -348,9 +348,9 @@ pub(super) struct Sink {
     stdout_closed: bool,
 }
 
-impl Sink {
-    pub(super) fn new(id: &str, collect: bool) -> Sink {
-        Sink {
+impl OutputSink {
+    pub(super) fn new(id: &str, collect: bool) -> OutputSink {
+        OutputSink {
             id: id.to_string(),
             collect,
             kept: [Vec::new(), Vec::new()],
@@ -361,7 +361,7 @@ impl Sink {
     }
 
     /// Follows output from these offsets on (what came before was shown otherwise).
-    pub(super) fn starting_at(mut self, next: [u64; 2]) -> Sink {
+    pub(super) fn starting_at(mut self, next: [u64; 2]) -> OutputSink {
         self.decoder.next = next;
         self
     }
@@ -433,7 +433,7 @@ pub(super) enum RunEnd {
 /// command (and reading goes on); a `--wait` returns with it still running.
 pub(super) fn follow(
     c: &mut Client,
-    sink: &mut Sink,
+    sink: &mut OutputSink,
     killer: &Killer,
     mut deadline: Option<(Instant, bool)>,
 ) -> Res<RunEnd> {
@@ -489,7 +489,7 @@ fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
 }
 
 /// The exit status, the messages around it, and the `--json` object.
-fn finish(ctx: &Ctx, target: &Target, sink: &Sink, ended: &RunEnd, o: &Common) -> Res<u8> {
+fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Common) -> Res<u8> {
     let timeout = o.timeout;
     let (kind, session) = match target {
         Target::Terminal { session, .. } => ("terminal", session),
@@ -667,7 +667,7 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     if o.forward_stdin {
         forward_stdin(ctx, &target);
     }
-    let mut sink = Sink::new(&id, ctx.json);
+    let mut sink = OutputSink::new(&id, ctx.json);
     let deadline = o.timeout.map(|t| (Instant::now() + t, true));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
@@ -775,7 +775,7 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     } else {
         close_stdin(&mut c);
     }
-    let mut sink = Sink::new(&id, ctx.json);
+    let mut sink = OutputSink::new(&id, ctx.json);
     let deadline = soft.map(|t| (Instant::now() + t, false));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
@@ -874,7 +874,7 @@ mod tests {
             json: true,
             verbose: false,
         });
-        let mut sink = Sink::new("cmd_1", true);
+        let mut sink = OutputSink::new("cmd_1", true);
         let ev = |kind: &str, payload: Value| json!({"jsonrpc": "2.0", "method": "event", "params": {"type": kind, "payload": payload}});
         let out = |offset: u64, text: &[u8]| {
             let mut b = Vec::new();

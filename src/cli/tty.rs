@@ -29,7 +29,7 @@ use super::connect::{self, Ctx, Target};
 use super::errors::{daemon_error, exit_status, Fail, Res, EXIT_TIMEOUT};
 use super::foreground::{Killer, Reason};
 use super::output::{self, warn};
-use super::run::{follow, stdin_chunk, write_chunk, RunEnd, Sink};
+use super::run::{follow, stdin_chunk, write_chunk, OutputSink, RunEnd};
 use crate::client::{CallError, Client};
 use crate::sys::term::{self, Modes};
 
@@ -457,16 +457,16 @@ pub fn exit_code(payload: &Value) -> u8 {
 
 /// A command's screen as the daemon keeps it (PROTOCOL 12.1).
 #[derive(Debug, Default, PartialEq)]
-pub struct Screen {
+pub struct ScreenImage {
     pub lines: Vec<String>,
     pub row: u64,
     pub col: u64,
     pub alternate: bool,
 }
 
-impl Screen {
-    pub fn from_json(v: &Value) -> Screen {
-        Screen {
+impl ScreenImage {
+    pub fn from_json(v: &Value) -> ScreenImage {
+        ScreenImage {
             lines: v["lines"]
                 .as_array()
                 .map(|l| {
@@ -562,7 +562,7 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
         .map_err(connect::about(id))?;
     let raw = session.begin(&target, &c)?;
     output::write_stdout(&screen.paint())?;
-    let mut sink = Sink::new(id, false).starting_at(ends);
+    let mut sink = OutputSink::new(id, false).starting_at(ends);
     // Nothing ends the command from here: the killer never has a target.
     let killer = Killer::new(ctx);
     let ended = follow(&mut c, &mut sink, &killer, None);
@@ -578,7 +578,7 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
 
 /// The command's screen now, and the output offsets it stands for (where its live output
 /// continues).
-fn screen(c: &mut Client, target: &Target) -> Result<(Screen, [u64; 2]), CallError> {
+fn screen(c: &mut Client, target: &Target) -> Result<(ScreenImage, [u64; 2]), CallError> {
     match target {
         Target::Terminal { id, session } => {
             let r = c.call(
@@ -588,7 +588,7 @@ fn screen(c: &mut Client, target: &Target) -> Result<(Screen, [u64; 2]), CallErr
             )?;
             let meta = &r["_meta"]["execd"];
             let end = meta["end"].as_u64().unwrap_or(0);
-            Ok((Screen::from_json(&meta["screen"]), [end, 0]))
+            Ok((ScreenImage::from_json(&meta["screen"]), [end, 0]))
         }
         Target::Bash { id, session } => {
             // An offset past the end reads nothing and answers the end.
@@ -602,7 +602,7 @@ fn screen(c: &mut Client, target: &Target) -> Result<(Screen, [u64; 2]), CallErr
                 r["offset"].as_u64().unwrap_or(0),
                 r["stderr_offset"].as_u64().unwrap_or(0),
             ];
-            Ok((Screen::from_json(&r["screen"]), ends))
+            Ok((ScreenImage::from_json(&r["screen"]), ends))
         }
     }
 }
@@ -652,18 +652,18 @@ mod tests {
     fn a_screen_is_painted_where_the_program_left_it() {
         let v = json!({"rows": 4, "cols": 10, "lines": [">>> 1+1", "2", ">>> ", ""],
                        "cursor": {"row": 2, "col": 4}, "alternate": false});
-        let s = Screen::from_json(&v);
+        let s = ScreenImage::from_json(&v);
         assert_eq!(s.lines.len(), 4);
         assert_eq!(
             String::from_utf8(s.paint()).expect("utf-8"),
             "\x1b[H\x1b[2J>>> 1+1\r\n2\r\n>>> \x1b[3;5H"
         );
         let v = json!({"lines": ["x"], "cursor": {"row": 0, "col": 1}, "alternate": true});
-        assert!(Screen::from_json(&v)
+        assert!(ScreenImage::from_json(&v)
             .paint()
             .starts_with(b"\x1b[?1049h\x1b[H\x1b[2J"));
         assert_eq!(
-            Screen::from_json(&Value::Null).paint(),
+            ScreenImage::from_json(&Value::Null).paint(),
             b"\x1b[H\x1b[2J\x1b[1;1H"
         );
     }
