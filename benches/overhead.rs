@@ -84,6 +84,28 @@ fn call(c: &mut Client, method: &str, params: Value) -> Value {
         .unwrap_or_else(|e| panic!("{method} {params}: {e}"))
 }
 
+/// Sends every request before reading any answer (pipelined); the answers in order.
+fn pipelined(c: &mut Client, method: &str, params: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    let sent: Vec<u64> = params
+        .into_iter()
+        .map(|p| c.send(method, p).expect("send"))
+        .collect();
+    sent.into_iter()
+        .map(|id| {
+            c.wait_response(id)
+                .unwrap_or_else(|e| panic!("{method}: {e}"))
+        })
+        .collect()
+}
+
+/// The terminal ids of `terminal/create` answers.
+fn terminal_ids(answers: Vec<Value>) -> Vec<String> {
+    answers
+        .iter()
+        .map(|r| r["terminalId"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
 /// CPU seconds (user + system) a process has used, from /proc.
 fn cpu_secs(pid: i32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -908,37 +930,18 @@ fn bench_scale(rows: &mut Vec<Row>) {
     let via_execd = |c: &mut Client| {
         let t = Instant::now();
         // Pipelined: every create goes out before any answer is read.
-        let sent: Vec<u64> = (0..N)
-            .map(|_| {
-                c.send(
-                    "terminal/create",
-                    json!({"sessionId": "x", "command": "sleep", "args": ["0.5"]}),
-                )
-                .expect("send")
-            })
-            .collect();
-        let ids: Vec<String> = sent
-            .into_iter()
-            .map(|id| {
-                c.wait_response(id).expect("create")["terminalId"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect();
-        let waits: Vec<u64> = ids
-            .iter()
-            .map(|id| {
-                c.send(
-                    "terminal/wait_for_exit",
-                    json!({"sessionId": "x", "terminalId": id}),
-                )
-                .expect("send")
-            })
-            .collect();
-        for w in waits {
-            c.wait_response(w).expect("wait");
-        }
+        let create = json!({"sessionId": "x", "command": "sleep", "args": ["0.5"]});
+        let ids = terminal_ids(pipelined(
+            c,
+            "terminal/create",
+            (0..N).map(|_| create.clone()),
+        ));
+        pipelined(
+            c,
+            "terminal/wait_for_exit",
+            ids.iter()
+                .map(|id| json!({"sessionId": "x", "terminalId": id})),
+        );
         let elapsed = t.elapsed().as_secs_f64();
         for id in ids {
             call(
@@ -1027,23 +1030,12 @@ fn bench_scale(rows: &mut Vec<Row>) {
 fn start_sleepers(socket: &std::path::Path, n: usize) -> Vec<String> {
     let mut c = Client::connect(socket).expect("connect");
     c.timeout = Some(Duration::from_secs(600));
-    let sent: Vec<u64> = (0..n)
-        .map(|_| {
-            c.send(
-                "terminal/create",
-                json!({"sessionId": "h", "command": "sleep", "args": ["60"]}),
-            )
-            .expect("send")
-        })
-        .collect();
-    sent.into_iter()
-        .map(|id| {
-            c.wait_response(id).expect("create")["terminalId"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .collect()
+    let create = json!({"sessionId": "h", "command": "sleep", "args": ["60"]});
+    terminal_ids(pipelined(
+        &mut c,
+        "terminal/create",
+        (0..n).map(|_| create.clone()),
+    ))
 }
 
 /// 10,000 `sleep 60` started through 8 connections: the time until all run (against
@@ -1109,19 +1101,12 @@ fn bench_hold(rows: &mut Vec<Row>) {
     let rss_kb = status_kb(d.pid(), "VmRSS");
     // Release them all (pipelined), then wait for the last reap.
     let t = Instant::now();
-    let sent: Vec<u64> = ids
-        .iter()
-        .map(|id| {
-            c.send(
-                "terminal/release",
-                json!({"sessionId": "h", "terminalId": id}),
-            )
-            .expect("send")
-        })
-        .collect();
-    for id in sent {
-        c.wait_response(id).expect("release");
-    }
+    pipelined(
+        &mut c,
+        "terminal/release",
+        ids.iter()
+            .map(|id| json!({"sessionId": "h", "terminalId": id})),
+    );
     loop {
         let running = call(&mut c, "initialize", json!({"protocolVersion": 1}))["_meta"]["execd"]
             ["running"]
@@ -1175,18 +1160,11 @@ fn bench_hold(rows: &mut Vec<Row>) {
     };
     let via_execd = |c: &mut Client| {
         let t = Instant::now();
-        let sent: Vec<u64> = (0..BURST)
-            .map(|i| {
-                c.send(
-                    "bash/exec",
-                    json!({"command": format!("echo {i}"), "session_id": "burst"}),
-                )
-                .expect("send")
-            })
-            .collect();
-        for id in sent {
-            c.wait_response(id).expect("exec");
-        }
+        pipelined(
+            c,
+            "bash/exec",
+            (0..BURST).map(|i| json!({"command": format!("echo {i}"), "session_id": "burst"})),
+        );
         t.elapsed().as_secs_f64()
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());

@@ -43,17 +43,6 @@ fn approver(d: &Daemon) -> Relayed {
     a
 }
 
-/// The next message sent to an approver that is a server request (has `method` and `id`).
-#[track_caller]
-fn next_request(a: &mut Client) -> Value {
-    loop {
-        let m = a.read_message(Some(WAIT)).expect("an approval request");
-        if m.get("method").is_some() && m.get("id").is_some() {
-            return m;
-        }
-    }
-}
-
 /// The next `ApprovalRequestResolved` event an approver gets.
 #[track_caller]
 fn next_resolved(a: &mut Client) -> Value {

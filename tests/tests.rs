@@ -15,12 +15,14 @@ mod util;
 
 mod acp;
 mod acp_schema;
+mod attacks;
 mod backlog;
 mod bash;
 mod bounds;
 mod cli_manage;
 mod cli_policy;
 mod cli_stream;
+mod cli_tty;
 mod contain;
 mod cookie;
 mod events;

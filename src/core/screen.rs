@@ -101,16 +101,9 @@ impl Screen {
 mod tests {
     use super::*;
 
-    fn ring_of(bytes: &[u8]) -> Ring {
-        let mut r = Ring::new(1 << 16);
-        r.grow(1 << 16);
-        r.append(bytes);
-        r
-    }
-
     #[test]
     fn a_cursor_move_puts_text_where_a_terminal_would() {
-        let s = Screen::new(WinSize::DEFAULT, &ring_of(b"\x1b[2J\x1b[5;10HXY"));
+        let s = Screen::new(WinSize::DEFAULT, &Ring::filled(b"\x1b[2J\x1b[5;10HXY"));
         let v = s.view();
         assert_eq!(v["rows"], 24);
         assert_eq!(v["cols"], 80);
@@ -123,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_alternate_screen_is_reported_and_fed_bytes_land_on_it() {
-        let mut s = Screen::new(WinSize { rows: 3, cols: 10 }, &ring_of(b"main"));
+        let mut s = Screen::new(WinSize { rows: 3, cols: 10 }, &Ring::filled(b"main"));
         s.feed(b"\x1b[?1049h\x1b[Hfull");
         let v = s.view();
         assert_eq!(v["alternate"], true);
@@ -146,7 +139,7 @@ mod tests {
         // More output than the ring keeps: the screen saw it all, a replay would not.
         let mut ring = Ring::new(16);
         ring.push(b"\x1b[1;31mred\x1b[0m\r\nsecond line\r\n\x1b[3;5Hthird");
-        let mut s = Screen::new(size, &ring_of(b""));
+        let mut s = Screen::new(size, &Ring::filled(b""));
         s.feed(b"\x1b[1;31mred\x1b[0m\r\nsecond line\r\n\x1b[3;5Hthird\x1b[?25l");
         let back = carried(&s, size, &ring);
         assert_eq!(back.view(), s.view());
@@ -158,9 +151,9 @@ mod tests {
         // A full-screen program: the alternate screen is redrawn exactly, the primary one
         // under it comes back from the ring.
         let all = b"shell$ \x1b[?1049h\x1b[Hfull screen\x1b[2;3Hx";
-        let mut s = Screen::new(size, &ring_of(b""));
+        let mut s = Screen::new(size, &Ring::filled(b""));
         s.feed(all);
-        let back = carried(&s, size, &ring_of(all));
+        let back = carried(&s, size, &Ring::filled(all));
         assert_eq!(back.view(), s.view());
         assert_eq!(back.view()["alternate"], true);
         let mut back = back;

@@ -9,7 +9,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, plain_word, requested_tty, validate_dir, validate_env, window_size, After,
+    default_term, plain_word, requested_tty, resize_to, validate_dir, validate_env, After,
     LaunchRequest,
 };
 use crate::core::table::Proc;
@@ -390,11 +390,7 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
 /// size of the terminal's PTY; `-32602` naming `tty` for one without.
 pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
-    let size = window_size(
-        p.opt_u64("rows")?.unwrap_or(0),
-        p.opt_u64("cols")?.unwrap_or(0),
-        "rows",
-    )?;
+    let size = resize_to(p)?;
     core.resize(key, size)?;
     Ok(Step::Done(json!({})))
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, requested_tty, validate_dir, validate_env, window_size, After, LaunchRequest,
+    default_term, requested_tty, resize_to, validate_dir, validate_env, After, LaunchRequest,
 };
 use crate::core::ring::middle_cut;
 use crate::core::table::{BashSession, Family, Key, Proc, SessionKey, Tty};
@@ -136,20 +136,20 @@ pub fn tty_size(t: &Tty) -> Value {
 /// `bash/resize {session_id, command_id?, rows, cols}`: sets the window size of the
 /// command's terminal (the newest running command by default).
 pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
-    let size = window_size(
-        p.opt_u64("rows")?.unwrap_or(0),
-        p.opt_u64("cols")?.unwrap_or(0),
-        "rows",
-    )?;
-    let session = existing_session(core, caller, p)?;
-    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
-        c.table.newest_running(&session)
-    })?
-    .ok_or_else(|| {
-        RpcError::invalid_state(format!("no running command in session {}", session.1))
-    })?;
+    let size = resize_to(p)?;
+    let key = running_target(core, caller, p)?;
     core.resize(key, size)?;
     Ok(Step::Done(json!({})))
+}
+
+/// The running command a write or a resize is for: `command_id`, else the session's
+/// newest running command.
+fn running_target(core: &mut Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
+    let session = existing_session(core, caller, p)?;
+    target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table.newest_running(&session)
+    })?
+    .ok_or_else(|| RpcError::invalid_state(format!("no running command in session {}", session.1)))
 }
 
 fn seconds(s: f64) -> Duration {
@@ -408,13 +408,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let data = write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    let session = existing_session(core, caller, p)?;
-    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
-        c.table.newest_running(&session)
-    })?
-    .ok_or_else(|| {
-        RpcError::invalid_state(format!("no running command in session {}", session.1))
-    })?;
+    let key = running_target(core, caller, p)?;
     super::write_stdin(core, key, data, eof, wait)
 }
 

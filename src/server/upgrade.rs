@@ -1,8 +1,8 @@
 //! Upgrading in place (PROTOCOL 13): the loop's side of `SIGUSR2` and `daemon/upgrade`.
 //!
 //! 1. Pre-flight, while the daemon serves on: the new binary runs as a child with
-//!    `--upgrade-check`, started by a spawner thread like a command and watched by the loop
-//!    (its output pipe, a 5 s timer, its reaping). It must answer one JSON line naming the
+//!    `--upgrade-check`, cloned like a command and watched by the loop like one (its spawn
+//!    report, its output pipe, its reaping, and a 5 s timer). It must answer one JSON line naming the
 //!    state version this daemon writes; anything else refuses the upgrade (`-32000` with the
 //!    reason, logged, audited `upgrade_failed`), and nothing else changes.
 //! 2. The daemon stops reading requests and accepting, and waits for the spawns in flight
@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use mio::unix::pipe::Receiver;
+use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 use serde_json::json;
 use signal_hook_mio::v1_0::Signals;
@@ -40,13 +41,11 @@ use super::children::Children;
 use super::clients::Clients;
 use super::conn::Bounds;
 use super::listen::Listeners;
-use super::{
-    LoopTimer, Server, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS, SPAWNED,
-};
+use super::{LoopTimer, Server, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS};
 use crate::config::Config;
 use crate::core::{Containment, Core};
 use crate::sys::sinks::Sinks;
-use crate::sys::spawn::Done;
+use crate::sys::spawn::{InFlight, Report, Spawned};
 use crate::sys::systemd;
 use crate::sys::upgrade::{self as os, Carried, FdKind, Image};
 use crate::wire::rpc::{ReqNo, RpcError};
@@ -72,7 +71,11 @@ pub(super) struct Upgrading {
 enum Stage {
     /// The new binary runs with `--upgrade-check`.
     Probing {
-        job: u64,
+        pid: i32,
+        /// Its spawn's report pipe, until it says exec'd or failed, and the memory the
+        /// child reads until then.
+        report: Option<(OwnedFd, Token)>,
+        memory: Option<InFlight>,
         out: Option<(Receiver, Token)>,
         /// What it printed so far.
         got: Vec<u8>,
@@ -122,8 +125,13 @@ impl Server {
         let Some(text) = binary.to_str() else {
             return refuse(self, format!("{} is not a UTF-8 path", binary.display()));
         };
-        let (job, out) = match self.children.probe(text) {
-            Ok(started) => started,
+        let Spawned {
+            pid,
+            ends,
+            report,
+            memory,
+        } = match self.children.probe(text) {
+            Ok(spawned) => spawned,
             Err(e) => {
                 return refuse(
                     self,
@@ -131,34 +139,37 @@ impl Server {
                 )
             }
         };
-        let token = Token(self.next_token);
-        self.next_token += 1;
-        let mut rx = Receiver::from(out);
-        let out = match self
-            .poll
-            .registry()
-            .register(&mut rx, token, Interest::READABLE)
-        {
-            Ok(()) => Some((rx, token)),
-            Err(e) => {
-                return refuse(self, format!("watching the pre-flight's output: {e}"));
-            }
-        };
+        let (report_token, out_token) = (Token(self.next_token), Token(self.next_token + 1));
+        self.next_token += 2;
+        let mut rx = Receiver::from(ends.out);
+        let registry = self.poll.registry();
+        let watched = registry
+            .register(
+                &mut SourceFd(&report.as_raw_fd()),
+                report_token,
+                Interest::READABLE,
+            )
+            .and_then(|()| registry.register(&mut rx, out_token, Interest::READABLE));
+        self.upgrade = Some(Upgrading {
+            binary: binary.clone(),
+            asked_by,
+            stage: Stage::Probing {
+                pid,
+                report: Some((report, report_token)),
+                memory: Some(memory),
+                out: Some((rx, out_token)),
+                got: Vec::new(),
+            },
+        });
+        if let Err(e) = watched {
+            return self.refuse_upgrade(&format!("watching the pre-flight: {e}"));
+        }
         self.core.log.line(format_args!(
             "upgrade: asking {} --upgrade-check",
             binary.display()
         ));
         self.timers
             .add(Instant::now() + PROBE_TIME, LoopTimer::UpgradeProbe);
-        self.upgrade = Some(Upgrading {
-            binary,
-            asked_by,
-            stage: Stage::Probing {
-                job,
-                out,
-                got: Vec::new(),
-            },
-        });
     }
 
     /// Whether the daemon has stopped reading requests for an upgrade.
@@ -172,50 +183,76 @@ impl Server {
         )
     }
 
-    /// The pre-flight's spawn job, while it runs.
-    pub(super) fn probe_job(&self) -> Option<u64> {
-        match &self.upgrade {
-            Some(Upgrading {
-                stage: Stage::Probing { job, .. },
-                ..
-            }) => Some(*job),
-            _ => None,
-        }
-    }
-
-    /// Whether `token` is the pre-flight's output pipe.
-    pub(super) fn probe_token(&self, token: Token) -> bool {
+    /// Whether the pre-flight runs.
+    fn probing(&self) -> bool {
         matches!(
-            &self.upgrade,
+            self.upgrade,
             Some(Upgrading {
-                stage: Stage::Probing { out: Some((_, t)), .. },
+                stage: Stage::Probing { .. },
                 ..
-            }) if *t == token
+            })
         )
     }
 
-    /// The spawner reported the pre-flight: started (its pid is watched when reaped), or
-    /// not (the binary is missing or not executable).
-    pub(super) fn probe_spawned(&mut self, done: Done) {
-        let binary = match &self.upgrade {
-            Some(u) => u.binary.display().to_string(),
-            None => return,
-        };
-        match done.result {
-            Ok(pid) => self.children.watch_probe(pid),
-            Err((_, e)) => {
-                let why = format!(
-                    "cannot run {binary} --upgrade-check: {}",
-                    crate::wire::rpc::os_error_text(&e)
-                );
-                self.refuse_upgrade(&why);
+    /// Whether `token` is the pre-flight's report or output pipe.
+    pub(super) fn probe_token(&self, token: Token) -> bool {
+        match &self.upgrade {
+            Some(Upgrading {
+                stage: Stage::Probing { report, out, .. },
+                ..
+            }) => {
+                report.as_ref().is_some_and(|(_, t)| *t == token)
+                    || out.as_ref().is_some_and(|(_, t)| *t == token)
             }
+            _ => false,
+        }
+    }
+
+    /// One of the pre-flight's pipes is readable.
+    pub(super) fn on_probe(&mut self, token: Token) {
+        let Some(Upgrading {
+            binary,
+            stage:
+                Stage::Probing {
+                    pid,
+                    report,
+                    memory,
+                    ..
+                },
+            ..
+        }) = &mut self.upgrade
+        else {
+            return;
+        };
+        let Some((fd, t)) = report.as_ref().map(|(fd, t)| (fd.as_raw_fd(), *t)) else {
+            return self.read_probe();
+        };
+        if t != token {
+            return self.read_probe();
+        }
+        let failed = match crate::sys::spawn::read_report(fd) {
+            Report::Pending => return,
+            Report::Execd => None,
+            Report::Failed(_, e) => Some(e),
+        };
+        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+        *report = None;
+        let (pid, memory, binary) = (*pid, memory.take(), binary.display().to_string());
+        if let Some(e) = failed {
+            if let Some(m) = memory {
+                self.children.probe_failed(pid, m);
+            }
+            let why = format!(
+                "cannot run {binary} --upgrade-check: {}",
+                crate::wire::rpc::os_error_text(&e)
+            );
+            self.refuse_upgrade(&why);
         }
     }
 
     /// The pre-flight's output is readable: read it; its first whole line is its answer,
     /// and its end without one (it exited, or closed its output) is a refusal.
-    pub(super) fn read_probe(&mut self) {
+    fn read_probe(&mut self) {
         let mut buf = [0u8; 1024];
         let (line, eof) = {
             let Some(Upgrading {
@@ -318,7 +355,7 @@ impl Server {
 
     /// The pre-flight's time is up.
     pub(super) fn probe_timed_out(&mut self) {
-        if self.probe_job().is_none() {
+        if !self.probing() {
             return;
         }
         let binary = self
@@ -354,12 +391,29 @@ impl Server {
     /// Stops the pre-flight: its pipe closed, the process killed if it still runs.
     fn close_probe(&mut self) {
         if let Some(Upgrading {
-            stage: Stage::Probing { out, .. },
+            stage:
+                Stage::Probing {
+                    pid,
+                    report,
+                    memory,
+                    out,
+                    ..
+                },
             ..
         }) = &mut self.upgrade
         {
             if let Some((mut rx, _)) = out.take() {
                 let _ = self.poll.registry().deregister(&mut rx);
+            }
+            if let Some((fd, _)) = report.take() {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&fd.as_raw_fd()));
+            }
+            // Not exec'd yet: what it reads stays until it is reaped.
+            if let Some(m) = memory.take() {
+                self.children.probe_failed(*pid, m);
             }
         }
         self.children.end_probe();
@@ -680,8 +734,7 @@ impl Server {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(failed("signals"))?;
         crate::sys::host::become_subreaper().map_err(failed("subreaper"))?;
-        let waker = mio::Waker::new(poll.registry(), SPAWNED).map_err(failed("waker"))?;
-        let children = Children::resume(&cfg, waker, img, poll.registry(), &mut take)?;
+        let children = Children::resume(&cfg, img, poll.registry(), &mut take)?;
         if let Some(fd) = children.contain.events_fd() {
             poll.registry()
                 .register(&mut mio::unix::SourceFd(&fd), CGROUPS, Interest::READABLE)

@@ -3,7 +3,7 @@
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
 //! sinks, whether a command waits for input (`waiting`), and the system calls of an
-//! upgrade in place (`upgrade`).
+//! upgrade in place (`upgrade`). `term` is execctl's: its own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
@@ -19,6 +19,7 @@ pub mod sinks;
 pub mod socket;
 pub mod spawn;
 pub mod systemd;
+pub mod term;
 pub mod upgrade;
 pub mod waiting;
 
