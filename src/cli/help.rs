@@ -337,6 +337,29 @@ clients: socat - UNIX-CONNECT:\"$(execctl status --path)\".",
     stop_at_operand: false,
 };
 
+/// `execctl upgrade`.
+pub const UPGRADE: Spec = Spec {
+    name: "upgrade",
+    usage: "[--binary PATH] [--json]",
+    about: "upgrade the daemon in place, keeping every command and connection",
+    details: "\
+Asks execd to execute a new binary in its own process (execd(8)): every command,
+its output, every connection and every waiting request carries over; clients see a
+pause, not a disconnect. The binary is PATH, else the path execd was started as (where
+a package manager put the new version). The new binary is asked first (--upgrade-check)
+and must take the daemon's state; otherwise nothing changes. Prints one line once the
+new image serves (exit 0), or the reason it was refused (exit 1). Only execd's own
+user and root may upgrade it. The same as: kill -USR2 $(pidof execd), or under systemd:
+systemctl kill -s USR2 execd.",
+    flags: &[flag(
+        "--binary",
+        None,
+        Some("PATH"),
+        "the new execd (default: the path execd was started as)",
+    )],
+    stop_at_operand: false,
+};
+
 /// `execctl call`.
 pub const CALL: Spec = Spec {
     name: "call",
@@ -476,6 +499,7 @@ pub const COMMANDS: &[&Spec] = &[
     &RELEASE,
     &SESSIONS,
     &STATUS,
+    &UPGRADE,
     &POLICY,
     &APPROVE,
     &CALL,
@@ -499,6 +523,7 @@ pub const ALL: &[&Spec] = &[
     &SESSIONS_CLOSE,
     &SESSIONS_PRUNE,
     &STATUS,
+    &UPGRADE,
     &POLICY,
     &POLICY_CHECK,
     &APPROVE,

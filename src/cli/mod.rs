@@ -35,6 +35,7 @@ mod sessions;
 mod ssh;
 mod status;
 mod tty;
+mod upgrade;
 mod wait;
 
 use std::ffi::OsString;
@@ -215,6 +216,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "logs" => logs::logs(ctx, p),
         "wait" => wait::wait(ctx, p),
         "status" => status::status(ctx, p),
+        "upgrade" => upgrade::upgrade(ctx, p),
         "kill" => kill::kill(ctx, p, shorthand),
         "release" => kill::release(ctx, p),
         "sessions" => sessions::list(ctx, p),
