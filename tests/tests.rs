@@ -42,3 +42,4 @@ mod sinks;
 mod slow_cwd;
 mod streams;
 mod systemd;
+mod upgrade;

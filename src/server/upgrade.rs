@@ -642,6 +642,12 @@ impl Server {
             // runs yet.
             std::env::remove_var(os::REFUSED_VAR);
         }
+        if refused.is_none() {
+            let pause = std::env::var(os::TEST_PAUSE_VAR).ok();
+            if let Some(ms) = pause.and_then(|v| v.parse::<u64>().ok()) {
+                std::thread::sleep(Duration::from_millis(ms.min(10_000)));
+            }
+        }
         let why = match Server::rebuild(cfg.clone(), &bytes, refused.clone()) {
             Ok((mut server, carried, state_fds)) => {
                 // The state is taken: the numbers it came under go, and signals that

@@ -25,6 +25,12 @@ pub const REFUSED_VAR: &str = "EXECD_UPGRADE_REFUSED";
 /// refuse the state (never one resuming from a hand-back): for tests of the hand-back.
 pub const TEST_REFUSE_VAR: &str = "EXECD_TEST_REFUSE_STATE";
 
+/// Set to a number of milliseconds in the daemon's environment, it makes an image
+/// resuming from an upgrade wait that long before it rebuilds anything, with no image
+/// serving: for tests of commands that exit during the swap (their exits wait as zombies
+/// for the new image).
+pub const TEST_PAUSE_VAR: &str = "EXECD_TEST_SWAP_PAUSE_MS";
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock both images read, where `Instant` cannot
 /// travel.
 pub fn monotonic_ns() -> i64 {
