@@ -874,3 +874,155 @@ fn upgrade_check_prints_the_version_and_the_states_taken() {
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     assert!(v["states"].as_array().expect("states").contains(&json!(1)));
 }
+
+/// Under systemd the pid stays the MainPID: `RELOADING=1` with `MONOTONIC_USEC` when the
+/// swap begins, `READY=1` when the new image serves.
+#[test]
+fn systemd_hears_reloading_then_ready() {
+    let dir = TempDir::new();
+    let notify = dir.path().join("notify");
+    let rx = std::os::unix::net::UnixDatagram::bind(&notify).expect("bind");
+    rx.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let socket = dir.path().join("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &[]);
+    cmd.env("NOTIFY_SOCKET", &notify);
+    let d = Daemon::adopt(Some(cmd.spawn().expect("spawn execd")), socket, dir);
+    let mut seen: Vec<String> = Vec::new();
+    let until = |seen: &mut Vec<String>, what: &str| {
+        let deadline = Instant::now() + WAIT;
+        let mut buf = [0u8; 4096];
+        while !seen.iter().any(|m| m.contains(what)) {
+            assert!(Instant::now() < deadline, "no {what}: {seen:?}");
+            if let Ok(n) = rx.recv(&mut buf) {
+                seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+    };
+    until(&mut seen, "READY=1");
+    seen.clear();
+    let mut c = d.client();
+    upgrade(&d, &mut c, Trigger::Execctl, 0);
+    until(&mut seen, "READY=1");
+    let reloading = seen
+        .iter()
+        .position(|m| m.contains("RELOADING=1"))
+        .unwrap_or_else(|| panic!("no RELOADING=1: {seen:?}"));
+    let ready = seen
+        .iter()
+        .position(|m| m.contains("READY=1"))
+        .expect("ready");
+    assert!(reloading < ready, "{seen:?}");
+    let usec: u64 = seen[reloading]
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC: {seen:?}"));
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now_usec = now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000;
+    assert!(usec <= now_usec && now_usec - usec < WAIT.as_micros() as u64);
+}
+
+/// The HTTP front end's TCP listener and a keep-alive connection on it carry over.
+#[test]
+fn tcp_listeners_and_their_connections_carry_over() {
+    let dir = TempDir::new();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").expect("token");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let token_arg = token.display().to_string();
+    let socket = dir.path().join("execd.sock");
+    // Requests over TCP run as this test's own user (a root daemon must be told whom).
+    let me = execd::current_uid().to_string();
+    let d = Daemon::start_at(
+        dir,
+        socket,
+        &[
+            "--http-listen",
+            &listen,
+            "--http-token-file",
+            &token_arg,
+            "--http-run-as",
+            &me,
+        ],
+    );
+    let request = "GET /v1/bash/sessions HTTP/1.1\r\nHost: execd\r\n\
+                   Authorization: Bearer s3cret\r\n\r\n";
+    let ask = |s: &mut std::net::TcpStream| -> u16 {
+        s.write_all(request.as_bytes()).expect("send");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .expect("length");
+                while buf.len() < i + 4 + len {
+                    let n = read_some(s, &mut chunk).expect("read");
+                    assert!(n > 0, "closed mid-body");
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                return String::from_utf8_lossy(&buf[9..12])
+                    .parse()
+                    .expect("status");
+            }
+            let n = read_some(s, &mut chunk).expect("read");
+            assert!(n > 0, "closed before a head");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let mut kept = std::net::TcpStream::connect(&listen).expect("connect");
+    kept.set_read_timeout(Some(WAIT)).expect("timeout");
+    assert_eq!(ask(&mut kept), 200);
+    let mut c = d.client();
+    upgrade(&d, &mut c, Trigger::Signal, 0);
+    assert_eq!(ask(&mut kept), 200, "the same TCP connection");
+    let mut fresh = std::net::TcpStream::connect(&listen).expect("connect again");
+    fresh.set_read_timeout(Some(WAIT)).expect("timeout");
+    assert_eq!(ask(&mut fresh), 200, "the listener");
+    assert_no_panic(&d);
+}
+
+/// Commands in cgroups of their own carry over with them: nothing is swept as a
+/// leftover, and a kill after the upgrade still ends the tree and removes its cgroup.
+#[test]
+fn commands_in_cgroups_carry_over() {
+    let cg = match TestCgroup::new("upgrade") {
+        Ok(cg) => cg,
+        Err(why) => return skip(&why),
+    };
+    let d = Daemon::start(&["--cgroup", cg.path()]);
+    let mut c = d.client();
+    let id = create(&mut c, "sh", &["-c", "sleep 60 & sleep 60 & wait"]);
+    wait_until("its cgroup holds the tree", || {
+        cg.command_cgroups().iter().any(|p| {
+            std::fs::read_to_string(p.join("cgroup.procs")).is_ok_and(|t| t.lines().count() >= 3)
+        })
+    });
+    upgrade(&d, &mut c, Trigger::Signal, 0);
+    let e = terminal_entry(&mut c, &id);
+    assert!(e.get("exitStatus").is_none(), "the tree goes on: {e}");
+    assert!(!d.log().contains("leftover"), "{}", d.log());
+    assert_eq!(cg.command_cgroups().len(), 1);
+    ok(
+        &mut c,
+        "terminal/kill",
+        json!({"sessionId": "s", "terminalId": id}),
+    );
+    wait_until("its cgroup is removed", || cg.command_cgroups().is_empty());
+    assert_no_panic(&d);
+}
