@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty, tunnel).
+//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty, tunnel, upgrade).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -1392,6 +1392,164 @@ fn bench_tunnel(rows: &mut Vec<Row>) {
     );
 }
 
+// 10. --------------------------------------------------------------------------------------
+/// Pings (`initialize`) every millisecond on its own connection until `stop`: for each
+/// answer, when it came and which upgrade the daemon had been through.
+fn upgrade_pinger(
+    socket: std::path::PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<(Instant, u64)> {
+    let mut c = Client::connect(&socket).expect("connect");
+    c.timeout = Some(Duration::from_secs(300));
+    let mut seen = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let r = call(&mut c, "initialize", json!({"protocolVersion": 1}));
+        let n = r["_meta"]["execd"]["upgrades"].as_u64().unwrap_or(0);
+        seen.push((Instant::now(), n));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    seen
+}
+
+/// The pause of an upgrade in place (PROTOCOL 13) with 1,000 running commands (700
+/// sleeps, 100 streaming with a lossless subscriber each, 100 reading stdin, 100 PTYs)
+/// and 100 connections (the subscribers, 10 parked waits, an approver with a pending
+/// ask, an HTTP keep-alive connection, idle ones): SIGUSR2 to the first ping the new
+/// image answers, as a client pinging every millisecond sees it, and the longest wait of
+/// a ping; beside it the pause the daemon reports (from when it stopped reading to its
+/// first turn in the new image). Five upgrades, medians.
+fn bench_upgrade(rows: &mut Vec<Row>) {
+    let dir = common::TempDir::new();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"unparsed": "allow", "rules": [{"name": "rm", "pattern": ["rm"], "decision": "ask"}]}"#,
+    )
+    .expect("policy");
+    let audit = dir.path().join("audit.jsonl");
+    let socket = dir.path().join("execd.sock");
+    let (p, a) = (policy.display().to_string(), audit.display().to_string());
+    let d = Daemon::start_at(
+        dir,
+        socket,
+        &["--policy", &p, "--audit", &a, "--max-processes", "1100"],
+    );
+    let mut c = client(&d);
+    let sleep = json!({"sessionId": "u", "command": "sleep", "args": ["600"]});
+    let sleepers = terminal_ids(pipelined(
+        &mut c,
+        "terminal/create",
+        (0..700).map(|_| sleep.clone()),
+    ));
+    assert_eq!(sleepers.len(), 700);
+    let mut subscribers: Vec<Client> = Vec::new();
+    for _ in 0..100 {
+        let mut s = client(&d);
+        if subscribers.len() < 20 {
+            call(&mut s, "initialize", json!({}));
+        }
+        subscribers.push(s);
+    }
+    // 100 streaming commands, each with a lossless subscriber (20 connections hold 5 each).
+    let stream = json!({"sessionId": "u", "command": "sh",
+        "args": ["-c", "while :; do echo streaming; sleep 0.05; done"]});
+    let streams = terminal_ids(pipelined(
+        &mut c,
+        "terminal/create",
+        (0..100).map(|_| stream.clone()),
+    ));
+    for (i, id) in streams.iter().enumerate() {
+        call(
+            &mut subscribers[i % 20],
+            "events/subscribe",
+            json!({"id": id, "lossless": true}),
+        );
+    }
+    let cat = json!({"command": "cat", "async_mode": true});
+    let cats = pipelined(&mut c, "bash/exec", (0..100).map(|_| cat.clone()));
+    let tty = json!({"command": "cat", "async_mode": true, "tty": true});
+    let ttys = pipelined(&mut c, "bash/exec", (0..100).map(|_| tty.clone()));
+    assert!(cats.iter().chain(&ttys).all(|r| r["status"] == "running"));
+    // 10 parked waits, an approver with a pending ask, an HTTP keep-alive connection.
+    for (i, s) in subscribers[20..30].iter_mut().enumerate() {
+        s.send(
+            "terminal/wait_for_exit",
+            json!({"sessionId": "u", "terminalId": sleepers[i]}),
+        )
+        .expect("send");
+    }
+    let mut approver = d.client_in_other_process();
+    call(&mut approver, "approvals/subscribe", json!({}));
+    subscribers[30]
+        .send("bash/exec", json!({"command": "rm -f /nonexistent"}))
+        .expect("send");
+    common::next_request(&mut approver);
+    let mut web = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    std::io::Write::write_all(&mut web, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send");
+    let mut head = [0u8; 512];
+    let _ = web.read(&mut head).expect("health");
+    let init = call(&mut c, "initialize", json!({"protocolVersion": 1}));
+    let meta = &init["_meta"]["execd"];
+    println!(
+        "10 upgrade: {} running, {} clients",
+        meta["running"], meta["clients"]
+    );
+    let (mut seen_ms, mut gap_ms, mut reported) = (Vec::new(), Vec::new(), Vec::new());
+    for n in 0..5u64 {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pinger = {
+            let (socket, stop) = (d.socket.clone(), stop.clone());
+            std::thread::spawn(move || upgrade_pinger(socket, stop))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let sent = Instant::now();
+        common::unsafe_kill(d.pid(), libc::SIGUSR2);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while call(&mut c, "initialize", json!({}))["_meta"]["execd"]["upgrades"] != n + 1 {
+            assert!(Instant::now() < deadline, "upgrade {} never served", n + 1);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let pings = pinger.join().expect("pinger");
+        let first_new = pings
+            .iter()
+            .find(|(_, u)| *u == n + 1)
+            .map(|(t, _)| *t)
+            .expect("a ping answered by the new image");
+        seen_ms.push(first_new.duration_since(sent).as_secs_f64() * 1e3);
+        let gap = pings
+            .windows(2)
+            .map(|w| w[1].0.duration_since(w[0].0).as_secs_f64() * 1e3)
+            .fold(0.0, f64::max);
+        gap_ms.push(gap);
+    }
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    for l in log.lines().filter(|l| l.contains("\"event\":\"upgrade\"")) {
+        if let Ok(v) = serde_json::from_str::<Value>(l) {
+            reported.push(v["pause_ms"].as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    let (seen, gap, rep) = (
+        median(&mut seen_ms),
+        median(&mut gap_ms),
+        median(&mut reported),
+    );
+    report(
+        rows,
+        "10 upgrade in place, 1,000 commands and 100 connections".into(),
+        "-".into(),
+        format!(
+            "SIGUSR2 to serving {seen:.1} ms (longest ping wait {gap:.1} ms; the daemon's own pause {rep:.1} ms)"
+        ),
+        "-".into(),
+        "< 100 ms".into(),
+    );
+    drop(web);
+    drop(approver);
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
@@ -1399,7 +1557,7 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 13] = [
+    let benches: [(&str, Bench); 14] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
         ("kill", bench_kill),
@@ -1413,6 +1571,7 @@ fn main() {
         ("hold", bench_hold),
         ("pty", bench_pty),
         ("tunnel", bench_tunnel),
+        ("upgrade", bench_upgrade),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();

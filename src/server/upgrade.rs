@@ -97,6 +97,8 @@ pub(super) struct Resumed {
     refused: Option<String>,
     commands: usize,
     connections: usize,
+    /// Bytes of the state carried.
+    state_bytes: usize,
 }
 
 impl Server {
@@ -601,8 +603,12 @@ impl Server {
             None => {
                 self.core.log.line(format_args!(
                     "upgraded in place from execd {} to {to} (upgrade {}): {} command(s), {} \
-                     connection(s) carried, paused {pause_ms:.1} ms",
-                    r.from, self.core.upgrades, r.commands, r.connections
+                     connection(s) carried in {} KiB of state, paused {pause_ms:.1} ms",
+                    r.from,
+                    self.core.upgrades,
+                    r.commands,
+                    r.connections,
+                    r.state_bytes.div_ceil(1024)
                 ));
                 self.core.record(
                     "upgrade",
@@ -657,7 +663,9 @@ impl Server {
                 originals.extend(state::hand_back_fd(&bytes));
                 carried.commit(&originals);
                 crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
-                crate::sys::host::cloexec_inherited();
+                if let Some(r) = server.resumed.as_mut() {
+                    r.state_bytes = bytes.len();
+                }
                 server.reap_all();
                 server.arm_after_resume();
                 return Ok(server);
@@ -822,6 +830,7 @@ impl Server {
             refused,
             commands: state.core.procs.len(),
             connections: state.server.conns.len(),
+            state_bytes: 0,
         };
         let mut server = Server {
             core,
