@@ -97,6 +97,7 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         "pid": meta["pid"],
         "socket": meta["socket"],
         "uptime_ms": meta["uptimeMs"],
+        "upgrades": meta["upgrades"],
         "running": meta["running"],
         "clients": meta["clients"],
         "terminals": count("terminal", false),
@@ -129,8 +130,16 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
             .unwrap_or("?")
             .to_string(),
     };
+    let uptime = match meta["upgrades"].as_u64().unwrap_or(0) {
+        0 => output::human_duration(up),
+        n => format!(
+            "{} ({n} upgrade{} in place)",
+            output::human_duration(up),
+            if n == 1 { "" } else { "s" }
+        ),
+    };
     let rows = [
-        ("uptime", output::human_duration(up)),
+        ("uptime", uptime),
         (
             "running",
             format!(
