@@ -1026,3 +1026,35 @@ fn commands_in_cgroups_carry_over() {
     wait_until("its cgroup is removed", || cg.command_cgroups().is_empty());
     assert_no_panic(&d);
 }
+
+/// A new binary that answers the pre-flight but does not take the daemon's flags (a flag
+/// its release dropped): it cannot parse them, hands the state back, and the old image,
+/// taking its flags from the state it wrote, resumes with everything.
+#[test]
+fn a_new_image_that_does_not_take_the_flags_hands_the_state_back() {
+    let (d, _) = daemon(&[]);
+    let serving = Serving::start(&d);
+    let script = d.dir.path().join("picky");
+    let real = env!("CARGO_BIN_EXE_execd");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --upgrade-check) exec '{real}' --upgrade-check ;; esac\n\
+             exec '{real}' \"$@\" --no-such-flag\n"
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    refused(&d, &script, "the flags do not parse");
+    assert!(d.log().contains("--no-such-flag"), "{}", d.log());
+    // The old image still has its own flags: its policy asks, as before.
+    let mut c = d.client();
+    let (code, _, _) = err(
+        &mut c,
+        "bash/exec",
+        json!({"command": "rm -f /nonexistent"}),
+    );
+    assert_eq!(code, -32006, "no approver: the policy is still in force");
+    serving.goes_on(&d);
+}

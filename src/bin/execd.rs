@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use execd::config::{flags_to_keep, parse_args, started_as, Invocation, USAGE};
-use execd::server::{upgrade_check_line, Server};
+use execd::server::{handed_back_flags, refuse_unparsed, upgrade_check_line, Server};
 
 fn main() -> ExitCode {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
@@ -14,6 +14,15 @@ fn main() -> ExitCode {
     } else {
         argv.remove(0)
     };
+    let resume_from = argv
+        .iter()
+        .position(|a| a == "--resume-from")
+        .and_then(|i| argv.get(i + 1)?.to_str()?.parse::<i32>().ok());
+    // An image handed its own state back by a new one that refused it takes the flags it
+    // was started with from that state (PROTOCOL 13).
+    if let Some(flags) = resume_from.and_then(handed_back_flags) {
+        argv = flags;
+    }
     let args: Result<Vec<String>, _> = argv.iter().map(|a| a.clone().into_string()).collect();
     let Ok(args) = args else {
         eprintln!("execd: arguments must be UTF-8");
@@ -23,6 +32,13 @@ fn main() -> ExitCode {
         Ok(i) => i,
         Err(e) => {
             eprintln!("execd: {e}");
+            // A new image given an upgrade's state with flags it does not take hands the
+            // state back to the old one, which resumes.
+            if let Some(fd) = resume_from {
+                let e = refuse_unparsed(fd, &e);
+                eprintln!("execd: cannot resume after an upgrade: {e}");
+                return ExitCode::FAILURE;
+            }
             return ExitCode::from(2);
         }
     };

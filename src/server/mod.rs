@@ -45,6 +45,8 @@ use crate::sys::sinks::Sinks;
 use crate::sys::systemd;
 use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 
+pub use upgrade::{handed_back_flags, refuse_unparsed};
+
 /// What `execd --upgrade-check` prints: this build's version and the upgrade states it
 /// takes, one JSON line (PROTOCOL 13).
 pub fn upgrade_check_line() -> String {

@@ -679,22 +679,7 @@ impl Server {
                 format!("the state handed back cannot be taken either: {why}"),
             ));
         }
-        eprintln!("execd: upgrade: refusing the state, handing it back to the old image: {why}");
-        let mut args = cfg.args.clone();
-        args.push("--resume-from".into());
-        args.push(fd.to_string().into());
-        let arg0 = std::env::args_os().next().unwrap_or_default();
-        let e = match state::hand_back_fd(&bytes) {
-            Some(exe) => os::exec(Image::Fd(exe), &arg0, &args, Some((os::REFUSED_VAR, &why))),
-            None => io::Error::new(
-                io::ErrorKind::NotFound,
-                "no descriptor of the old executable",
-            ),
-        };
-        Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("the new image refused the state ({why}) and could not hand it back: {e}"),
-        ))
+        Err(hand_back(fd, &bytes, &why))
     }
 
     /// Rebuilds every room from `bytes` on duplicates of the descriptors it names. The
@@ -882,6 +867,56 @@ impl Server {
             );
         }
     }
+}
+
+/// Hands the state at `fd` (`bytes`) back to the image that wrote it, with
+/// `EXECD_UPGRADE_REFUSED` saying `why`, and `--resume-from FD` its only flag: it takes
+/// its own flags from the state it wrote (`handed_back_flags`), whatever this image was
+/// given. Returns only when that cannot be done, with the error.
+fn hand_back(fd: RawFd, bytes: &[u8], why: &str) -> io::Error {
+    eprintln!("execd: upgrade: refusing the state, handing it back to the old image: {why}");
+    let arg0 = std::env::args_os().next().unwrap_or_default();
+    let args: [OsString; 2] = ["--resume-from".into(), fd.to_string().into()];
+    let e = match state::hand_back_fd(bytes) {
+        Some(exe) => os::exec(Image::Fd(exe), &arg0, &args, Some((os::REFUSED_VAR, why))),
+        None => io::Error::new(
+            io::ErrorKind::NotFound,
+            "no descriptor of the old executable",
+        ),
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the new image refused the state ({why}) and could not hand it back: {e}"),
+    )
+}
+
+/// A new image whose flags do not parse (a flag this release no longer has) cannot take
+/// the state at `fd`: it is handed back. Returns only when that cannot be done, with the
+/// error.
+pub fn refuse_unparsed(fd: RawFd, why: &str) -> io::Error {
+    if std::env::var_os(os::REFUSED_VAR).is_some() {
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the state handed back cannot be taken either: {why}"),
+        );
+    }
+    match os::read_whole(fd) {
+        Ok(bytes) => hand_back(fd, &bytes, &format!("the flags do not parse: {why}")),
+        Err(e) => e,
+    }
+}
+
+/// The flags of the image that is handed its own state back (`EXECD_UPGRADE_REFUSED`
+/// set, state at `fd`): those it was started with, as the state it wrote says. `None`
+/// when this is not a hand-back, or the state does not read.
+pub fn handed_back_flags(fd: RawFd) -> Option<Vec<OsString>> {
+    std::env::var_os(os::REFUSED_VAR)?;
+    let bytes = os::read_whole(fd).ok()?;
+    let (state, _) = state::decode(&bytes).ok()?;
+    let mut flags: Vec<OsString> = state.upgrade.args.iter().map(Bytes::to_os).collect();
+    flags.push("--resume-from".into());
+    flags.push(fd.to_string().into());
+    Some(flags)
 }
 
 /// An error of step `what` of a resume, as the reason it is refused.
