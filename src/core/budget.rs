@@ -43,6 +43,8 @@ impl Core {
             return;
         };
         let owner = p.owner;
+        let shell = p.family.is_shell();
+        let offset = s.ring.end();
         let want = s.ring.growth_for(data.len());
         let granted = if want > 0 {
             self.grant(owner, key, want)
@@ -76,6 +78,9 @@ impl Core {
             .and_then(|t| t.screen.as_mut())
         {
             screen.feed(data);
+        }
+        if shell {
+            self.shell_output(key, offset, data);
         }
     }
 

@@ -234,6 +234,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         subscribe,
         limits,
         admitted: None,
+        origin: None,
         after: After::Terminal,
     })))
 }

@@ -262,6 +262,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         subscribe,
         limits,
         admitted: None,
+        origin: None,
         after: After::BashExec {
             async_mode,
             timeout,

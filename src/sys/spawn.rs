@@ -57,6 +57,9 @@ pub struct ParentEnds {
     pub out: OwnedFd,
     pub err: Option<OwnedFd>,
     pub stdin: Option<OwnedFd>,
+    /// A shell session's command pipe (`Stdio3::Shell`): what the shell reads its
+    /// command lines from.
+    pub commands: Option<OwnedFd>,
 }
 
 /// A command's stdio before the spawn: the child's ends (to become 0, 1 and 2) and the
@@ -65,6 +68,8 @@ struct Wired {
     child: [Option<OwnedFd>; 3],
     /// The child's ends are one PTY slave, to become its controlling terminal.
     tty: bool,
+    /// The child's stdout is a PTY slave, to become its controlling terminal.
+    ctty: bool,
     parent: ParentEnds,
 }
 
@@ -97,10 +102,12 @@ impl Wired {
         Ok(Wired {
             child: [in_r, Some(out_w), err_w],
             tty: false,
+            ctty: false,
             parent: ParentEnds {
                 out: out_r,
                 err: err_r,
                 stdin: stdin_w,
+                commands: None,
             },
         })
     }
@@ -115,10 +122,35 @@ impl Wired {
         Ok(Wired {
             child: [Some(slave), None, None],
             tty: true,
+            ctty: true,
             parent: ParentEnds {
                 out: master,
                 err: None,
                 stdin: Some(input),
+                commands: None,
+            },
+        })
+    }
+
+    /// A shell session's bash (`Stdio3::Shell`): a pseudo-terminal of `size` whose slave
+    /// is the child's stdout, stderr and controlling terminal, as for `pty`, and a pipe
+    /// as its stdin, which the parent writes command lines to. The shell reads commands
+    /// only from the pipe, so nothing typed into the terminal reaches it as a command.
+    fn shell(size: WinSize) -> io::Result<Wired> {
+        let (master, slave) = crate::sys::pty::open(size)?;
+        set_nonblocking(master.as_raw_fd())?;
+        let input = master.try_clone()?;
+        let (cmd_r, cmd_w) = pipe()?;
+        set_nonblocking(cmd_w.as_raw_fd())?;
+        Ok(Wired {
+            child: [Some(cmd_r), Some(slave), None],
+            tty: false,
+            ctty: true,
+            parent: ParentEnds {
+                out: master,
+                err: None,
+                stdin: Some(input),
+                commands: Some(cmd_w),
             },
         })
     }
@@ -280,6 +312,8 @@ struct Job {
     stdio: [Option<OwnedFd>; 3],
     /// `stdio[0]` is a PTY slave, to be 0, 1 and 2 and the controlling terminal.
     tty: bool,
+    /// Descriptor 1 is a PTY slave, to become the controlling terminal.
+    ctty: bool,
     null: RawFd,
     user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     cgroup_procs: RawFd,
@@ -305,8 +339,8 @@ struct ChildPlan {
     ngroups: usize,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
-    /// Its stdin is a PTY slave, to become its controlling terminal.
-    tty: bool,
+    /// Its stdout is a PTY slave, to become its controlling terminal.
+    ctty: bool,
     /// The guard the thread took for this clone, and as whom.
     guard: *const CloneGuard,
     holder: u32,
@@ -364,8 +398,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setsid() < 0 {
             return fail(plan, FAILED_SETUP);
         }
-        // A new session has no controlling terminal: its PTY becomes it.
-        if plan.tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+        // A new session has no controlling terminal: its PTY becomes it (descriptor 1
+        // is the slave for a PTY command and for a shell, whose stdin is a pipe).
+        if plan.ctty && libc::ioctl(1, libc::TIOCSCTTY, 0) < 0 {
             return fail(plan, FAILED_SETUP);
         }
         for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
@@ -540,7 +575,7 @@ fn run(
         groups: job.user.as_ref().map_or(std::ptr::null(), |u| u.2.as_ptr()),
         ngroups: job.user.as_ref().map_or(0, |u| u.2.len()),
         cgroup_procs: job.cgroup_procs,
-        tty: job.tty,
+        ctty: job.ctty,
         guard: &shared.guard,
         holder,
         failed: 0,
@@ -818,6 +853,7 @@ impl Spawner {
             .collect();
         let wired = match spec.stdio {
             Stdio3::Pty(size) => Wired::pty(size)?,
+            Stdio3::Shell(size) => Wired::shell(size)?,
             stdio => Wired::pipes(stdio)?,
         };
         let id = self.next_job;
@@ -831,6 +867,7 @@ impl Spawner {
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
             stdio: wired.child,
             tty: wired.tty,
+            ctty: wired.ctty,
             null: self.null.as_raw_fd(),
             user: spec.user.map(|u| (u.uid, u.gid, u.groups.clone())),
             cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
