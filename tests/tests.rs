@@ -33,6 +33,7 @@ mod pty;
 mod readme;
 mod robustness;
 mod scale;
+mod shell;
 mod sinks;
 mod slow_cwd;
 mod streams;

@@ -471,6 +471,8 @@ pub struct ShellSession {
     pub idle_timer: Option<TimerId>,
     /// Requests parked on it.
     pub waiters: Vec<super::table::ParkId>,
+    /// Its shells that died, kept while a record's output is in their rings.
+    pub old: Vec<Key>,
 }
 
 impl ShellSession {
@@ -664,6 +666,7 @@ impl Core {
                 origin: None,
                 idle_timer: Some(t),
                 waiters: Vec::new(),
+                old: Vec::new(),
             },
         );
         self.log
@@ -997,6 +1000,7 @@ impl Core {
         }
         let was_starting = s.phase == Phase::Starting;
         s.shell = None;
+        s.old.push(key);
         s.phase = Phase::Spawning;
         if was_starting {
             s.failed_starts += 1;
@@ -1046,6 +1050,10 @@ impl Core {
                 "its shell {how} before its first prompt {STARTS_BEFORE_FAILING} times in a row"
             ));
         }
+        self.drop_unreferenced_shells(&sk);
+        let Some(s) = self.shells.map.get_mut(&sk) else {
+            return;
+        };
         if restart {
             s.restarts += 1;
             if let Some(launch) = self.shell_launch(&sk, ShellThen::Restart { fallback: false }) {
@@ -1228,27 +1236,18 @@ impl Core {
         self.drop_unreferenced_shells(key);
     }
 
-    /// Exited shells of session `key` that neither its shell nor a record refers to are
-    /// dropped.
+    /// Dead shells of session `key` that no record refers to any more are dropped.
     fn drop_unreferenced_shells(&mut self, key: &SessionKey) {
-        let Some(s) = self.shells.map.get(key) else {
+        let Some(s) = self.shells.map.get_mut(key) else {
             return;
         };
-        let keep: Vec<Key> = s
-            .records
+        let records = &s.records;
+        let (keep, gone): (Vec<Key>, Vec<Key>) = s
+            .old
             .iter()
-            .filter_map(|r| r.shell)
-            .chain(s.shell)
-            .collect();
-        let old: Vec<Key> = self
-            .table
-            .procs
-            .values()
-            .filter(|p| !p.released && !p.running())
-            .filter(|p| session_of(p).as_ref() == Some(key) && !keep.contains(&p.key))
-            .map(|p| p.key)
-            .collect();
-        for k in old {
+            .partition(|k| records.iter().any(|r| r.shell == Some(**k)));
+        s.old = keep;
+        for k in gone {
             self.drop_finished(k);
         }
     }
@@ -1261,12 +1260,7 @@ impl Core {
             return;
         };
         let current = s.current().map(|r| r.seq);
-        let shells: Vec<Key> = s
-            .records
-            .iter()
-            .filter_map(|r| r.shell)
-            .chain(s.shell)
-            .collect();
+        let shells: Vec<Key> = s.old.iter().copied().chain(s.shell).collect();
         if let Some(seq) = current {
             if let Some(r) = self.shells.map.get_mut(key).and_then(|s| s.record_mut(seq)) {
                 r.kill.get_or_insert(Ending::Terminated);
@@ -1290,12 +1284,7 @@ impl Core {
                 self.timers.cancel(*t);
             }
         }
-        let mut seen = Vec::new();
         for k in shells {
-            if seen.contains(&k) {
-                continue;
-            }
-            seen.push(k);
             if self.table.get(k).is_some_and(Proc::running) {
                 self.release(k, KillReason::SessionClose);
             } else {
