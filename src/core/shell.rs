@@ -1350,8 +1350,276 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::testkit::{self, later, C1};
+    use crate::core::Wait;
+    use crate::types::{Stdio3, Usage, WinSize};
+    use crate::wire::rpc::ReqNo;
 
     const N: &str = "abc123";
+
+    const PEER: Peer = Peer {
+        uid: 1000,
+        gid: 1000,
+        pid: 42,
+    };
+
+    /// A core with shell session `s` whose (fake) shell is started: its key.
+    fn with_shell(c: &mut Core) -> (SessionKey, Key) {
+        let key = c
+            .open_shell(1000, "s", "/".into(), PEER, (None, false))
+            .expect("open");
+        let key2 = start_shell(c, &key);
+        (key, key2)
+    }
+
+    /// Starts a fake shell for session `key` (as the loop would after a spawn).
+    fn start_shell(c: &mut Core, key: &SessionKey) -> Key {
+        let mut req = testkit::request(
+            crate::core::table::Family::Shell {
+                session_id: key.1.clone(),
+            },
+            Stdio3::Shell(WinSize::DEFAULT),
+        );
+        req.ring_capacity = 1 << 16;
+        let (k, id) = c.table.next_ids("sh");
+        c.started(&req, k, id, k.0 as i32 + 1000, 1000);
+        c.shell_started(key, k, None);
+        k
+    }
+
+    fn nonce_of(c: &Core, key: &SessionKey) -> String {
+        c.shells.map[key].nonce.clone()
+    }
+
+    /// Feeds the shell `k` what it would print.
+    fn print(c: &mut Core, k: Key, text: &str) {
+        c.output(k, 0, text.as_bytes());
+    }
+
+    fn mark(c: &Core, key: &SessionKey, body: &str) -> String {
+        let (kind, rest) = body.split_at(1);
+        format!("\x1b]6973;{kind};{}{rest}\x07", nonce_of(c, key))
+    }
+
+    /// Feeds the shell `k` the marker `body` (kind first, nonce inserted).
+    fn say(c: &mut Core, key: &SessionKey, k: Key, body: &str) {
+        let m = mark(c, key, body);
+        print(c, k, &m);
+    }
+
+    /// What waits for the shell's command pipe, as text.
+    fn piped(c: &mut Core, k: Key) -> String {
+        let buf = &mut c.table.get_mut(k).unwrap().commands.as_mut().unwrap().buf;
+        String::from_utf8(buf.drain(..).collect()).unwrap()
+    }
+
+    fn record<'a>(c: &'a Core, key: &SessionKey, seq: u64) -> &'a Record {
+        c.shells.map[key].record(seq).unwrap()
+    }
+
+    fn queue(c: &mut Core, key: &SessionKey, command: &str) -> u64 {
+        c.shell_queue(
+            key,
+            ("shcmd_1".into(), PEER, ("allow", "default".into())),
+            command,
+            LineOpts::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_line_waits_for_the_prompt_runs_and_ends_at_its_markers() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        assert!(piped(&mut c, k).starts_with(" set +o history +H; unset HISTFILE;"));
+        let seq = queue(&mut c, &key, "echo hi");
+        assert_eq!(record(&c, &key, seq).step, Step::Queued, "no prompt yet");
+        assert!(piped(&mut c, k).is_empty());
+        let (e, p) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
+        print(&mut c, k, &format!("bash-5.2$ {e}u@h:/tmp$ {p}"));
+        assert_eq!(c.shells.map[&key].ps1, "u@h:/tmp$ ");
+        assert_eq!(c.shells.map[&key].workdir, PathBuf::from("/tmp"));
+        assert_eq!(record(&c, &key, seq).step, Step::Sent);
+        assert!(piped(&mut c, k).starts_with(&format!(" __execd_pre {seq} '\\x65")));
+        assert_eq!(record(&c, &key, seq).ps1, "u@h:/tmp$ ");
+        // A marker with another nonce is output like any other: it ends nothing.
+        let s = mark(&c, &key, &format!("s;{seq}"));
+        print(&mut c, k, &format!("{s}hi\r\n\x1b]6973;e;forged;0;2f\x07"));
+        assert_eq!(record(&c, &key, seq).step, Step::Running);
+        let e = mark(&c, &key, "e;3;2f");
+        print(&mut c, k, &format!("{e}u@h:/$ {p}"));
+        let r = record(&c, &key, seq);
+        assert_eq!(
+            (r.step, r.exit_code),
+            (Step::Done(Ending::Completed), Some(3))
+        );
+        let (from, to) = (r.from.unwrap(), r.to.unwrap());
+        let text = c.table.get(k).unwrap().streams[0].text(from, to);
+        assert_eq!(text, "hi\n");
+        assert_eq!(c.shells.map[&key].phase, Phase::Prompt);
+    }
+
+    #[test]
+    fn no_output_for_no_change_timeout_answers_a_waiting_exec() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        let p = mark(&c, &key, "p");
+        print(&mut c, k, &p);
+        let seq = queue(&mut c, &key, "sleep 9");
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        c.shell_watch_quiet(&key, seq, Duration::from_secs(5));
+        let wait = Wait::Shell {
+            session: key.clone(),
+            seq,
+            what: ShellWait::Exec { truncate: true },
+        };
+        c.park(C1, ReqNo(1), wait, None);
+        later(&mut c, Duration::from_secs(3));
+        print(&mut c, k, "tick\r\n");
+        later(&mut c, Duration::from_secs(3));
+        assert!(testkit::replies(&mut c).is_empty(), "output 3 s ago");
+        later(&mut c, Duration::from_secs(2));
+        let r = testkit::replies(&mut c);
+        assert_eq!(r.len(), 1);
+        let v = r[0].2.as_ref().unwrap();
+        assert_eq!(v["status"], "no_change_timeout", "{v}");
+        assert_eq!(v["output"], "tick\n");
+        assert_eq!(record(&c, &key, seq).step, Step::Running, "it goes on");
+    }
+
+    #[test]
+    fn waiting_for_input_answers_a_waiting_exec_at_once() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "read x");
+        c.input_wanted(k, true); // not started yet: nothing to say
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        c.shell_watch_quiet(&key, seq, Duration::from_secs(30));
+        let wait = Wait::Shell {
+            session: key.clone(),
+            seq,
+            what: ShellWait::Exec { truncate: true },
+        };
+        c.park(C1, ReqNo(1), wait, None);
+        assert!(testkit::replies(&mut c).is_empty());
+        c.input_wanted(k, true);
+        let r = testkit::replies(&mut c);
+        let v = r[0].2.as_ref().unwrap();
+        assert_eq!(v["status"], "no_change_timeout", "{v}");
+        assert_eq!(v["waiting_for_input"], true, "{v}");
+        // Input written clears it.
+        c.shell_write(&key, b"x\r").unwrap();
+        assert!(!record(&c, &key, seq).waiting_for_input);
+    }
+
+    #[test]
+    fn input_waits_for_the_start_marker_and_is_dropped_at_the_end() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        let err = c.shell_write(&key, b"ls\r").unwrap_err();
+        assert_eq!(err.code, crate::wire::rpc::INVALID_STATE, "nothing runs");
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "cat");
+        c.out.clear();
+        c.shell_write(&key, b"early\r").unwrap();
+        assert!(
+            !c.out.iter().any(|e| matches!(e, Effect::FlushStdin(_))),
+            "the shell may still be reading the line"
+        );
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::FlushStdin(x) if *x == k)));
+        c.shell_write(&key, b"late").unwrap();
+        say(&mut c, &key, k, "e;0;2f");
+        let stdin = c.table.get(k).unwrap().stdin.as_ref().unwrap();
+        assert!(stdin.buf.is_empty(), "not left for the next program");
+    }
+
+    #[test]
+    fn a_kill_interrupts_then_ends_the_shell_which_starts_again() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "trap '' INT; sleep 60");
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        c.out.clear();
+        assert_eq!(c.shell_kill(&key, Ending::Terminated), Some(seq));
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::Interrupt(x) if *x == k)));
+        c.out.clear();
+        later(&mut c, Duration::from_secs(2)); // the grace: it did not stop
+        let effects = std::mem::take(&mut c.out);
+        assert!(effects.iter().any(
+            |e| matches!(e, Effect::Signal { key: x, sig } if *x == k && *sig == libc::SIGHUP)
+        ));
+        assert!(effects
+            .iter()
+            .any(|e| matches!(e, Effect::End { key: x, .. } if *x == k)));
+        c.exited(k, Ended::Signal(libc::SIGHUP), Usage::default(), None);
+        let r = record(&c, &key, seq);
+        assert_eq!(r.step, Step::Done(Ending::Terminated));
+        assert!(r.note.as_deref().unwrap().contains("SIGHUP"));
+        let spawn = c.out.iter().find_map(|e| match e {
+            Effect::Spawn(l) => Some(l.clone()),
+            _ => None,
+        });
+        let spawn = spawn.expect("a new shell is started");
+        assert_eq!(spawn.cwd, PathBuf::from("/"));
+        assert_eq!(c.shells.map[&key].restarts, 1);
+        // The old shell is kept while a record's output is in it.
+        assert!(c.shells.map[&key].old.contains(&k));
+    }
+
+    #[test]
+    fn a_shell_that_dies_before_its_first_prompt_twice_fails_the_session() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        let seq = queue(&mut c, &key, "true");
+        c.exited(k, Ended::Code(1), Usage::default(), None);
+        assert_eq!(
+            record(&c, &key, seq).step,
+            Step::Queued,
+            "it waits for the next"
+        );
+        let k2 = start_shell(&mut c, &key);
+        c.out.clear();
+        c.exited(k2, Ended::Code(1), Usage::default(), None);
+        assert!(matches!(c.shells.map[&key].phase, Phase::Failed(_)));
+        assert!(!c.out.iter().any(|e| matches!(e, Effect::Spawn(_))));
+        assert_eq!(record(&c, &key, seq).step, Step::Done(Ending::Terminated));
+    }
+
+    #[test]
+    fn an_idle_session_closes_and_a_busy_one_stays() {
+        let mut c = testkit::core(); // --session-idle 60 s
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        queue(&mut c, &key, "sleep 600");
+        later(&mut c, Duration::from_secs(61));
+        assert!(
+            c.shells.map.contains_key(&key),
+            "a running command keeps it"
+        );
+        say(&mut c, &key, k, "e;0;2f");
+        c.touch_shell(&key);
+        later(&mut c, Duration::from_secs(59));
+        assert!(c.shells.map.contains_key(&key));
+        later(&mut c, Duration::from_secs(62));
+        assert!(!c.shells.map.contains_key(&key));
+        assert!(
+            c.table.get(k).is_some_and(|p| p.released),
+            "its shell is ended"
+        );
+        // What its records held is given back; its shell's own record and output remain
+        // until it is reaped.
+        let p = c.table.get(k).unwrap();
+        assert_eq!(c.table.memory.of(1000), p.meta + p.committed());
+    }
 
     fn scan_all(chunks: &[&[u8]]) -> Vec<(Marker, u64, u64)> {
         let mut s = Scanner::default();
