@@ -6,7 +6,7 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! policy, http, parallel, ingest, stream, memory, scale, hold, pty).
+//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty, tunnel).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -82,6 +82,28 @@ fn client(d: &Daemon) -> Client {
 fn call(c: &mut Client, method: &str, params: Value) -> Value {
     c.call(method, params.clone())
         .unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+}
+
+/// Sends every request before reading any answer (pipelined); the answers in order.
+fn pipelined(c: &mut Client, method: &str, params: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    let sent: Vec<u64> = params
+        .into_iter()
+        .map(|p| c.send(method, p).expect("send"))
+        .collect();
+    sent.into_iter()
+        .map(|id| {
+            c.wait_response(id)
+                .unwrap_or_else(|e| panic!("{method}: {e}"))
+        })
+        .collect()
+}
+
+/// The terminal ids of `terminal/create` answers.
+fn terminal_ids(answers: Vec<Value>) -> Vec<String> {
+    answers
+        .iter()
+        .map(|r| r["terminalId"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// CPU seconds (user + system) a process has used, from /proc.
@@ -188,6 +210,134 @@ fn bench_cgroup(rows: &mut Vec<Row>) {
         format!("{ma:.0} us"),
         format!("{mb:.0} us"),
         format!("{:.2}", mb / ma),
+        "-".into(),
+    );
+}
+
+/// What a kill costs now that it sweeps /proc for the command's `EXECD_TREE` cookie
+/// (PROTOCOL 14): `terminal/kill` of a tree whose child left its process group
+/// (`setsid`), with 1,000 unrelated processes on the host against none. Three figures per
+/// side: the sweep's own duration (from the daemon's log line for the escapee it killed:
+/// the whole pass over /proc, chunked between the loop's other work), the time from the
+/// kill until the escapee is dead (a pidfd of it polled; it depends on where its pid falls
+/// in /proc's order), and the daemon's CPU per kill. The ratio is of the sweep durations.
+/// The daemon runs with the default flags and `--kill-grace 0s`, so the final SIGKILL and
+/// the sweep come at once.
+fn bench_kill(rows: &mut Vec<Row>) {
+    const ROUNDS: usize = 15;
+    let d = Daemon::start(&["--kill-grace", "0s"]);
+    let mut c = client(&d);
+    // One kill: the time until the escapee is dead, in ms.
+    let round = |c: &mut Client| -> f64 {
+        let id = call(
+            c,
+            "terminal/create",
+            json!({"sessionId": "k", "command": "sh",
+                   "args": ["-c", "setsid sleep 60 & echo $!; sleep 60; true"]}),
+        )["terminalId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ids = json!({"sessionId": "k", "terminalId": id});
+        let escapee: i32 = loop {
+            let out = call(c, "terminal/output", ids.clone());
+            if let Some(pid) = out["output"]
+                .as_str()
+                .and_then(|o| o.lines().next())
+                .and_then(|l| l.trim().parse().ok())
+            {
+                break pid;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // SAFETY: pidfd_open takes a pid and flags; the descriptor is closed below.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, escapee, 0) } as i32;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let t = Instant::now();
+        call(c, "terminal/kill", ids.clone());
+        let mut p = libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; bounded wait.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        let gone = t.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(pidfd) };
+        assert_eq!(ready, 1, "the escapee outlived its kill");
+        call(c, "terminal/release", ids);
+        gone
+    };
+    // The sweeps' durations the daemon logged after byte `from` of its log.
+    let sweeps = |from: usize| -> Vec<f64> {
+        let log = d.log();
+        log.get(from..)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let at = l.find("pass(es), ")? + "pass(es), ".len();
+                l[at..].split(" ms").next()?.parse().ok()
+            })
+            .collect()
+    };
+    for _ in 0..5 {
+        round(&mut c);
+    }
+    // (sweep ms, escapee gone ms, daemon CPU seconds) per side.
+    let mut none = (Vec::new(), Vec::new(), 0.0);
+    let mut busy = (Vec::new(), Vec::new(), 0.0);
+    // Two blocks of each, alternating, so both see the same machine.
+    for _ in 0..2 {
+        for with in [false, true] {
+            let mut others: Vec<std::process::Child> = Vec::new();
+            if with {
+                for _ in 0..1000 {
+                    others.push(
+                        Command::new("sleep")
+                            .arg("600")
+                            .stdin(Stdio::null())
+                            .spawn()
+                            .expect("spawn sleep"),
+                    );
+                }
+            }
+            let side = if with { &mut busy } else { &mut none };
+            // Let the last block's sweeps be logged before counting from here.
+            std::thread::sleep(Duration::from_millis(100));
+            let from = d.log().len();
+            let cpu0 = cpu_secs(d.pid());
+            for _ in 0..ROUNDS {
+                side.1.push(round(&mut c));
+            }
+            side.2 += cpu_secs(d.pid()) - cpu0;
+            std::thread::sleep(Duration::from_millis(100));
+            side.0.extend(sweeps(from));
+            for mut o in others {
+                let _ = o.kill();
+                let _ = o.wait();
+            }
+        }
+    }
+    let per_kill = |cpu: f64| cpu * 1e3 / (2 * ROUNDS) as f64;
+    let (ns, ng) = (median(&mut none.0), median(&mut none.1));
+    let (bs, bg) = (median(&mut busy.0), median(&mut busy.1));
+    report(
+        rows,
+        "1f kill of a tree with a setsid escapee, 1,000 unrelated processes vs none".into(),
+        format!(
+            "none: sweep {ns:.2} ms, escapee gone {ng:.2} ms, {:.1} ms CPU/kill",
+            per_kill(none.2)
+        ),
+        format!(
+            "1,000: sweep {bs:.2} ms, escapee gone {bg:.2} ms, {:.1} ms CPU/kill",
+            per_kill(busy.2)
+        ),
+        format!("{:.2}", bs / ns),
         "-".into(),
     );
 }
@@ -443,6 +593,60 @@ fn direct_read(argv: &[&str]) -> u64 {
             Ok(n) => total += n as u64,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => panic!("read: {e}"),
+        }
+    }
+    child.wait().expect("wait");
+    total
+}
+
+/// Runs a command on a pseudo-terminal the bench opens (the command's controlling
+/// terminal, in a new session) and reads the master to its end, as a terminal emulator
+/// would; returns the bytes read.
+fn direct_pty_read(argv: &[&str]) -> u64 {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: posix_openpt returns a new descriptor or -1.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(master >= 0, "posix_openpt");
+    // SAFETY: a descriptor we just opened.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: grantpt, unlockpt and TIOCGPTPEER take the master descriptor.
+    let slave = unsafe {
+        libc::grantpt(master.as_raw_fd());
+        libc::unlockpt(master.as_raw_fd());
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY,
+        )
+    };
+    assert!(slave >= 0, "TIOCGPTPEER");
+    // SAFETY: the descriptor the ioctl opened.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    // SAFETY: setsid and TIOCSCTTY are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    drop(slave);
+    let mut m = std::fs::File::from(master);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        match m.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break, // EIO: every holder of the slave closed it
         }
     }
     child.wait().expect("wait");
@@ -726,37 +930,18 @@ fn bench_scale(rows: &mut Vec<Row>) {
     let via_execd = |c: &mut Client| {
         let t = Instant::now();
         // Pipelined: every create goes out before any answer is read.
-        let sent: Vec<u64> = (0..N)
-            .map(|_| {
-                c.send(
-                    "terminal/create",
-                    json!({"sessionId": "x", "command": "sleep", "args": ["0.5"]}),
-                )
-                .expect("send")
-            })
-            .collect();
-        let ids: Vec<String> = sent
-            .into_iter()
-            .map(|id| {
-                c.wait_response(id).expect("create")["terminalId"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect();
-        let waits: Vec<u64> = ids
-            .iter()
-            .map(|id| {
-                c.send(
-                    "terminal/wait_for_exit",
-                    json!({"sessionId": "x", "terminalId": id}),
-                )
-                .expect("send")
-            })
-            .collect();
-        for w in waits {
-            c.wait_response(w).expect("wait");
-        }
+        let create = json!({"sessionId": "x", "command": "sleep", "args": ["0.5"]});
+        let ids = terminal_ids(pipelined(
+            c,
+            "terminal/create",
+            (0..N).map(|_| create.clone()),
+        ));
+        pipelined(
+            c,
+            "terminal/wait_for_exit",
+            ids.iter()
+                .map(|id| json!({"sessionId": "x", "terminalId": id})),
+        );
         let elapsed = t.elapsed().as_secs_f64();
         for id in ids {
             call(
@@ -845,23 +1030,12 @@ fn bench_scale(rows: &mut Vec<Row>) {
 fn start_sleepers(socket: &std::path::Path, n: usize) -> Vec<String> {
     let mut c = Client::connect(socket).expect("connect");
     c.timeout = Some(Duration::from_secs(600));
-    let sent: Vec<u64> = (0..n)
-        .map(|_| {
-            c.send(
-                "terminal/create",
-                json!({"sessionId": "h", "command": "sleep", "args": ["60"]}),
-            )
-            .expect("send")
-        })
-        .collect();
-    sent.into_iter()
-        .map(|id| {
-            c.wait_response(id).expect("create")["terminalId"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .collect()
+    let create = json!({"sessionId": "h", "command": "sleep", "args": ["60"]});
+    terminal_ids(pipelined(
+        &mut c,
+        "terminal/create",
+        (0..n).map(|_| create.clone()),
+    ))
 }
 
 /// 10,000 `sleep 60` started through 8 connections: the time until all run (against
@@ -927,19 +1101,12 @@ fn bench_hold(rows: &mut Vec<Row>) {
     let rss_kb = status_kb(d.pid(), "VmRSS");
     // Release them all (pipelined), then wait for the last reap.
     let t = Instant::now();
-    let sent: Vec<u64> = ids
-        .iter()
-        .map(|id| {
-            c.send(
-                "terminal/release",
-                json!({"sessionId": "h", "terminalId": id}),
-            )
-            .expect("send")
-        })
-        .collect();
-    for id in sent {
-        c.wait_response(id).expect("release");
-    }
+    pipelined(
+        &mut c,
+        "terminal/release",
+        ids.iter()
+            .map(|id| json!({"sessionId": "h", "terminalId": id})),
+    );
     loop {
         let running = call(&mut c, "initialize", json!({"protocolVersion": 1}))["_meta"]["execd"]
             ["running"]
@@ -993,18 +1160,11 @@ fn bench_hold(rows: &mut Vec<Row>) {
     };
     let via_execd = |c: &mut Client| {
         let t = Instant::now();
-        let sent: Vec<u64> = (0..BURST)
-            .map(|i| {
-                c.send(
-                    "bash/exec",
-                    json!({"command": format!("echo {i}"), "session_id": "burst"}),
-                )
-                .expect("send")
-            })
-            .collect();
-        for id in sent {
-            c.wait_response(id).expect("exec");
-        }
+        pipelined(
+            c,
+            "bash/exec",
+            (0..BURST).map(|i| json!({"command": format!("echo {i}"), "session_id": "burst"})),
+        );
         t.elapsed().as_secs_f64()
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -1074,25 +1234,161 @@ fn bench_pty(rows: &mut Vec<Row>) {
         "-c",
         "yes 'the quick brown fox jumps over the lazy dog' | head -c 268435456",
     ];
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
+    // Three sides: on pipes through execd, on a PTY the bench reads itself, and on a PTY
+    // through execd. The kernel's terminal moves output 4 KiB a wakeup, so the PTY is
+    // measured against a PTY too.
+    let (mut a, mut b, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
         let t = Instant::now();
         let exit = execd_run_tty(&mut c, &text, false);
         a.push(t.elapsed().as_secs_f64());
         assert_eq!(exit["exitCode"], 0, "{exit}");
         let t = Instant::now();
+        assert!(direct_pty_read(&text) >= 256 << 20);
+        p.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
         let exit = execd_run_tty(&mut c, &text, true);
         b.push(t.elapsed().as_secs_f64());
         assert_eq!(exit["exitCode"], 0, "{exit}");
     }
+    let (ma, mb, mp) = (median(&mut a), median(&mut b), median(&mut p));
+    report(
+        rows,
+        "8 PTY ingest 256 MiB text vs a PTY read directly (wall)".into(),
+        format!("{mp:.3} s direct PTY ({ma:.3} s execd pipes)"),
+        format!("{mb:.3} s execd PTY"),
+        format!("{:.2} ({:.2} vs pipes)", mb / mp, mb / ma),
+        "<= 1.30".into(),
+    );
+}
+
+/// `execctl run -- true` through `-H ssh://` against the same `execctl run -- true` on the
+/// socket, interleaved: what the tunnel adds per command. The ssh is a stand-in that
+/// execs the remote command here (as the tests' does, without its log), so the figure is
+/// the tunnel's own cost, a process for ssh, one for `execctl dial-stdio` and the relay
+/// through them, without a network or a handshake; a real ssh adds its own.
+fn bench_tunnel(rows: &mut Vec<Row>) {
+    const ROUNDS: usize = 200;
+    let d = Daemon::start(&[]);
+    let dir = common::TempDir::new();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+    )
+    .expect("write ssh");
+    std::fs::set_permissions(&ssh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_execctl"), bin.join("execctl"))
+        .expect("link execctl");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let url = format!("ssh://bench{}", d.socket.display());
+    let socket = d.socket.display().to_string();
+    let run = |target: &[&str]| {
+        let st = Command::new(env!("CARGO_BIN_EXE_execctl"))
+            .args(target)
+            .args(["run", "--", "true"])
+            .env("PATH", &path)
+            .env_remove("EXECD_HOST")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run execctl");
+        assert!(st.success(), "execctl {target:?} run -- true: {st}");
+    };
+    // The floor under the tunnel: the same two processes started and ended, relaying
+    // nothing (the stand-in ssh running `execctl --version`).
+    let spawn_only = || {
+        let st = Command::new(&ssh)
+            .args(["bench", "--", "execctl", "--version"])
+            .env("PATH", &path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run the stand-in ssh");
+        assert!(st.success());
+    };
+    let direct = ["--socket", socket.as_str()];
+    let tunnel = ["-H", url.as_str()];
+    for _ in 0..10 {
+        run(&direct);
+        run(&tunnel);
+        spawn_only();
+    }
+    let (mut a, mut b, mut f) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        run(&direct);
+        a.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        run(&tunnel);
+        b.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        spawn_only();
+        f.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut f));
+    report(
+        rows,
+        "9 execctl run -- true, -H ssh:// (stand-in ssh) vs --socket".into(),
+        format!("{ma:.2} ms"),
+        format!("{mb:.2} ms (+{:.2} ms)", mb - ma),
+        format!("{:.2}", mb / ma),
+        "< 1 ms added".into(),
+    );
+    report(
+        rows,
+        "9b of which starting ssh and dial-stdio (no relay)".into(),
+        "-".into(),
+        format!("{mf:.2} ms; the rest +{:.2} ms", mb - ma - mf),
+        "-".into(),
+        "-".into(),
+    );
+    // The relay alone: one request's round trip on an open connection, straight to the
+    // socket and through a dial-stdio at the other end of a socket pair.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_execctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("dial-stdio")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(
+            theirs.try_clone().expect("dup"),
+        )))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .spawn()
+        .expect("spawn dial-stdio");
+    let mut relayed = Client::from_stream(ours).expect("client");
+    relayed.timeout = Some(Duration::from_secs(300));
+    let mut straight = client(&d);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..2000 {
+        let t = Instant::now();
+        call(&mut straight, "bash/sessions", json!({}));
+        let direct_us = t.elapsed().as_secs_f64() * 1e6;
+        let t = Instant::now();
+        call(&mut relayed, "bash/sessions", json!({}));
+        let relayed_us = t.elapsed().as_secs_f64() * 1e6;
+        if i >= 100 {
+            a.push(direct_us);
+            b.push(relayed_us);
+        }
+    }
+    drop(relayed);
+    let _ = relay.wait();
     let (ma, mb) = (median(&mut a), median(&mut b));
     report(
         rows,
-        "8 PTY ingest 256 MiB text vs pipes (wall)".into(),
-        format!("{ma:.3} s pipes"),
-        format!("{mb:.3} s PTY"),
+        "9c one request's round trip, through dial-stdio vs straight".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us (+{:.0} us)", mb - ma),
         format!("{:.2}", mb / ma),
-        "<= 1.30".into(),
+        "-".into(),
     );
 }
 
@@ -1103,9 +1399,10 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 11] = [
+    let benches: [(&str, Bench); 13] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
+        ("kill", bench_kill),
         ("policy", bench_policy),
         ("http", bench_http),
         ("parallel", bench_parallel),
@@ -1115,6 +1412,7 @@ fn main() {
         ("scale", bench_scale),
         ("hold", bench_hold),
         ("pty", bench_pty),
+        ("tunnel", bench_tunnel),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();

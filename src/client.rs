@@ -1,5 +1,12 @@
 //! A small blocking client: connect, send requests, read responses and notifications with a
 //! timeout. Used by `execctl`, the integration tests and the benches.
+//!
+//! A connection is a Unix stream: the daemon's socket, or one end of a socket pair whose
+//! other end is a relay's stdin and stdout (`ssh HOST execctl dial-stdio`). A relay knows
+//! more than the stream about why a connection ended (ssh's exit status and stderr), so a
+//! client may carry a `Transport` that is asked when the stream ends; its words travel in
+//! the `io::Error` as a `Closed`. The transport is dropped after the stream, so a relay
+//! sees the end before whoever owns it waits for it.
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Write};
@@ -47,11 +54,45 @@ impl From<io::Error> for CallError {
     }
 }
 
+/// Why a connection ended, said by its transport for a person (an ssh that failed, a
+/// daemon that refused the peer). It is the inner error of the `io::Error` a read or
+/// write returns once the stream has ended.
+#[derive(Debug)]
+pub struct Closed(pub String);
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Closed {}
+
+/// The words of a `Closed` inside an error, if it carries one.
+pub fn closed_reason(e: &io::Error) -> Option<&str> {
+    e.get_ref()?.downcast_ref::<Closed>().map(|c| c.0.as_str())
+}
+
+/// What carries a connection besides its stream.
+pub trait Transport: Send {
+    /// Why the connection ended, once its stream has: `fresh` when nothing at all was
+    /// received on it. `None` when there is nothing to add to "the connection closed".
+    fn why_closed(&mut self, fresh: bool) -> Option<String>;
+}
+
 /// Whether an error is a read timeout.
 pub fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Whether a read or write failed because the other end is gone.
+fn is_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
     )
 }
 
@@ -78,6 +119,10 @@ pub struct Client {
     pub timeout: Option<Duration>,
     /// The start of a line whose end has not arrived yet (kept across read timeouts).
     partial: Vec<u8>,
+    /// A whole message has been received on this connection.
+    received: bool,
+    /// What relays the stream, if anything does; last, so it drops after the stream.
+    transport: Option<Box<dyn Transport>>,
 }
 
 impl Client {
@@ -97,7 +142,24 @@ impl Client {
             responses: Vec::new(),
             timeout: Some(Duration::from_secs(60)),
             partial: Vec::new(),
+            received: false,
+            transport: None,
         })
+    }
+
+    /// The same client, with `t` asked why the connection ended when it does.
+    pub fn with_transport(mut self, t: Box<dyn Transport>) -> Client {
+        self.transport = Some(t);
+        self
+    }
+
+    /// `e`, the error the stream ended with, or the transport's account of it.
+    fn ended(&mut self, e: io::Error) -> io::Error {
+        let fresh = !self.received && self.partial.is_empty();
+        match self.transport.as_mut().and_then(|t| t.why_closed(fresh)) {
+            Some(why) => io::Error::new(io::ErrorKind::ConnectionAborted, Closed(why)),
+            None => e,
+        }
     }
 
     /// Sends one raw line (a newline is added).
@@ -105,7 +167,10 @@ impl Client {
         let mut buf = Vec::with_capacity(line.len() + 1);
         buf.extend_from_slice(line);
         buf.push(b'\n');
-        self.writer.write_all(&buf)
+        match self.writer.write_all(&buf) {
+            Err(e) if is_gone(&e) => Err(self.ended(e)),
+            done => done,
+        }
     }
 
     /// Sends a request and returns its id without waiting.
@@ -121,19 +186,22 @@ impl Client {
     /// `WouldBlock` or `TimedOut`; a line cut by it is kept for the next call.
     pub fn read_message(&mut self, timeout: Option<Duration>) -> io::Result<Value> {
         self.reader.get_ref().set_read_timeout(timeout)?;
-        let n = self.reader.read_until(b'\n', &mut self.partial)?;
+        let n = match self.reader.read_until(b'\n', &mut self.partial) {
+            Err(e) if is_gone(&e) => return Err(self.ended(e)),
+            read => read?,
+        };
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "execd closed the connection",
-            ));
+            let e = io::Error::new(io::ErrorKind::UnexpectedEof, "execd closed the connection");
+            return Err(self.ended(e));
         }
         if self.partial.last() != Some(&b'\n') {
-            return Err(io::Error::new(
+            let e = io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "execd closed the connection mid-line",
-            ));
+            );
+            return Err(self.ended(e));
         }
+        self.received = true;
         let line = std::mem::take(&mut self.partial);
         serde_json::from_slice(&line).map_err(|e| {
             io::Error::new(

@@ -215,7 +215,8 @@ options:
   --check-policy FILE      validate a policy file (with its examples) and exit
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
-                           only (off)
+                           (off); either way every command carries EXECD_TREE, by
+                           which what leaves its group is found and killed
   --memory-max BYTES       memory limit of every command (needs the memory controller)
   --pids-max N             process limit of every command (needs the pids controller)
   --cpu-max PERCENT        CPU limit of every command, in percent of one CPU
@@ -299,6 +300,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// A size flag's value; a bad one is refused naming the flag.
+fn size(flag: &str, v: &str) -> Result<usize, String> {
+    parse_size(v).map_err(|e| format!("{flag}: {e}; give bytes or a K, M or G suffix"))
+}
+
+/// A duration flag's value; a bad one is refused naming the flag.
+fn duration(flag: &str, v: &str) -> Result<Duration, String> {
+    parse_duration(v)
+        .map_err(|e| format!("{flag}: {e}; give seconds (2, 1.5) or an ms, s, m or h suffix"))
+}
+
 fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
     v.parse()
         .map_err(|_| format!("{flag}: invalid number {v:?}"))
@@ -350,15 +362,15 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--max-processes" => cfg.max_processes = parse_num(&flag, &value()?)?,
             "--max-retained" => cfg.max_retained = parse_num(&flag, &value()?)?,
             "--max-sessions" => cfg.max_sessions = parse_num(&flag, &value()?)?,
-            "--max-message" => cfg.max_message = parse_size(&value()?)?,
+            "--max-message" => cfg.max_message = size(&flag, &value()?)?,
             "--max-batch" => cfg.max_batch = parse_num(&flag, &value()?)?,
-            "--client-buffer" => cfg.client_buffer = parse_size(&value()?)?,
-            "--output-limit" => cfg.output_limit = parse_size(&value()?)?,
-            "--max-output-limit" => cfg.max_output_limit = parse_size(&value()?)?,
-            "--max-output-memory" => cfg.max_output_memory = parse_size(&value()?)?,
-            "--stdin-buffer" => cfg.stdin_buffer = parse_size(&value()?)?,
-            "--kill-grace" => cfg.kill_grace = parse_duration(&value()?)?,
-            "--session-idle" => cfg.session_idle = parse_duration(&value()?)?,
+            "--client-buffer" => cfg.client_buffer = size(&flag, &value()?)?,
+            "--output-limit" => cfg.output_limit = size(&flag, &value()?)?,
+            "--max-output-limit" => cfg.max_output_limit = size(&flag, &value()?)?,
+            "--max-output-memory" => cfg.max_output_memory = size(&flag, &value()?)?,
+            "--stdin-buffer" => cfg.stdin_buffer = size(&flag, &value()?)?,
+            "--kill-grace" => cfg.kill_grace = duration(&flag, &value()?)?,
+            "--session-idle" => cfg.session_idle = duration(&flag, &value()?)?,
             "--shell" => cfg.shell = PathBuf::from(value()?),
             "--clean-env" => cfg.clean_env = true,
             "--workdir" => cfg.workdir = PathBuf::from(value()?),
@@ -373,7 +385,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
                     AuditTarget::File(PathBuf::from(v))
                 });
             }
-            "--approval-timeout" => cfg.approval_timeout = parse_duration(&value()?)?,
+            "--approval-timeout" => cfg.approval_timeout = duration(&flag, &value()?)?,
             "--cgroup" => cfg.cgroup = Mode::parse(&value()?)?,
             "--http-listen" => {
                 let v = value()?;
@@ -385,8 +397,8 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--http-token-file" => cfg.http_token_file = Some(PathBuf::from(value()?)),
             "--http-no-auth" => cfg.http_no_auth = true,
             "--http-run-as" => cfg.http_run_as = Some(value()?),
-            "--http-idle" => cfg.http_idle = parse_duration(&value()?)?,
-            "--memory-max" => cfg.limits.memory_max = Some(parse_size(&value()?)? as u64),
+            "--http-idle" => cfg.http_idle = duration(&flag, &value()?)?,
+            "--memory-max" => cfg.limits.memory_max = Some(size(&flag, &value()?)? as u64),
             "--pids-max" => cfg.limits.pids_max = Some(parse_num(&flag, &value()?)?),
             "--cpu-max" => {
                 let v = value()?;
@@ -494,6 +506,55 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn every_bad_flag_value_names_its_flag() {
+        // Every flag of the usage that takes a value, given one nothing accepts.
+        let valued: Vec<&str> = USAGE
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .filter_map(|l| {
+                let mut words = l.split_whitespace();
+                let name = words.next()?;
+                let value = words.next()?;
+                value
+                    .chars()
+                    .next()
+                    .filter(|c| c.is_ascii_uppercase() || *c == 'a')
+                    .map(|_| name)
+            })
+            .collect();
+        assert!(
+            valued.contains(&"kill-grace") && valued.contains(&"cgroup"),
+            "{valued:?}"
+        );
+        for name in valued {
+            let flag = format!("--{name}");
+            if [
+                "--socket",
+                "--shell",
+                "--policy",
+                "--audit",
+                "--http-token-file",
+                "--run-as",
+                "--http-run-as",
+                "--check-policy",
+            ]
+            .contains(&flag.as_str())
+            {
+                continue; // any text is a path or a name; checked when used
+            }
+            let e = parse_args([flag.clone(), "2x".to_string()])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} 2x was accepted"));
+            assert!(e.starts_with(&flag), "{flag} 2x: {e}");
+        }
+        let e = parse_args(["--kill-grace".to_string(), "2x".to_string()]).unwrap_err();
+        assert!(
+            e.starts_with("--kill-grace: invalid duration \"2x\""),
+            "{e}"
+        );
     }
 
     #[test]

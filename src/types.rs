@@ -243,6 +243,38 @@ pub struct Leftovers {
     pub kept: usize,
 }
 
+/// Which processes a cookie sweep (PROTOCOL 14) looks for: those whose `EXECD_TREE` names
+/// one of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SweepScope {
+    /// These commands of this instance: they were killed or released.
+    Commands(Vec<String>),
+    /// Every command of this instance: the daemon is stopping.
+    Every,
+    /// Any command of an earlier instance on the same socket path whose daemon is gone:
+    /// what it left, swept at start.
+    Earlier,
+}
+
+/// What one cookie sweep did, for the log and the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub scope: SweepScope,
+    /// Processes found carrying a cookie in scope, and SIGKILLed.
+    pub killed: usize,
+    /// The first few of them, as pid and command name.
+    pub sample: Vec<(i32, String)>,
+    /// Processes of an earlier instance left alone because its daemon still runs (its
+    /// socket file was replaced under it).
+    pub spared: usize,
+    /// Environments read, over every pass.
+    pub read: usize,
+    /// Passes over /proc: another follows each one that killed something.
+    pub passes: usize,
+    /// From the first read to the last (chunks of a sweep run between other work).
+    pub elapsed: Duration,
+}
+
 /// How execd chooses its ROOT: `--cgroup auto|off|PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {

@@ -15,8 +15,17 @@ use std::time::{Duration, Instant};
 /// The published OpenAPI components of the bash pipe API.
 const COMPONENTS: &str = include_str!("data/bash-openapi-components.json");
 
-/// Fields section 5 adds to the published objects.
-const EXTRA_FIELDS: [&str; 4] = ["signal", "stdout_skipped", "stderr_skipped", "written"];
+/// Fields sections 5 and 12 add to the published objects.
+const EXTRA_FIELDS: [&str; 7] = [
+    "signal",
+    "stdout_skipped",
+    "stderr_skipped",
+    "written",
+    // Section 12: a command in a terminal, its screen, and waiting for input.
+    "tty",
+    "screen",
+    "waiting_for_input",
+];
 
 /// The result objects the tests check, by schema name.
 const RESULT_SCHEMAS: [&str; 4] = [

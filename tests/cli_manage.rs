@@ -337,6 +337,14 @@ fn ps_rows_fit_the_terminal_width() {
             text.contains('\u{2026}'),
             "a cut line ends with an ellipsis: {text:?}"
         );
+        // The command stays, cut, on a narrow terminal too: other columns give way.
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("COMMAND"), "{cols} columns: {text:?}");
+        assert!(
+            lines.iter().any(|l| l.contains("echo xxx"))
+                && lines.iter().any(|l| l.contains("sleep 30")),
+            "{cols} columns: {text:?}"
+        );
     }
     // Not a terminal: nothing is cut, and arguments are quoted.
     let o = ctl_code(&d, &["ps"], 0);

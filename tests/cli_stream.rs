@@ -304,6 +304,89 @@ fn detach_leaves_the_command_running_and_prints_its_id() {
 }
 
 #[test]
+fn a_sigkilled_execctl_takes_its_foreground_command_along_but_not_a_detached_one() {
+    let dir = TempDir::new();
+    let audit = dir.path().join("audit.jsonl");
+    let socket = dir.path().join("execd.sock");
+    let d = Daemon::start_at(dir, socket, &["--audit", audit.to_str().expect("utf-8")]);
+    let cases: [&[&str]; 2] = [
+        &["run", "--", "sh", "-c", "echo $$; exec sleep 30"],
+        &["exec", "echo $$; exec sleep 30"],
+    ];
+    for args in cases {
+        let (mut ctl, pid) = start_printing_pid(&d, args);
+        // execctl has no chance to ask for anything: its connection's end is the word.
+        unsafe_kill(ctl.pid(), libc::SIGKILL);
+        ctl.wait();
+        wait_until("the command of a SIGKILLed execctl is gone", || {
+            !pid_alive(pid) && !group_alive(pid)
+        });
+    }
+    let kills: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["event"] == "kill")
+        .collect();
+    assert_eq!(kills.len(), 2, "{kills:?}");
+    assert!(
+        kills.iter().all(|k| k["reason"] == "disconnect"),
+        "{kills:?}"
+    );
+    // A detached command outlives the execctl that started it, and its connection.
+    let mut c = d.client();
+    let t = ctl_code(&d, &["run", "--detach", "--", "sleep", "30"], 0)
+        .stdout
+        .trim()
+        .to_string();
+    let b = exec_detached(&d, "sleep 30");
+    // Two round trips on another connection: the daemon has seen the first ones close.
+    for _ in 0..2 {
+        ok(&mut c, "bash/sessions", json!({}));
+    }
+    let pid = pid_of(&mut c, &t);
+    assert!(pid_alive(pid), "a detached run runs on");
+    assert_eq!(bash_command(&mut c, &b)["status"], "running");
+    ctl_code(&d, &["kill", &t, &b], 0);
+}
+
+#[test]
+fn a_daemon_shutting_down_under_run_or_exec_says_so() {
+    for args in [
+        &["run", "--", "sh", "-c", "echo started; exec sleep 30"][..],
+        &["exec", "echo started; exec sleep 30"],
+    ] {
+        let mut d = Daemon::start(&[]);
+        let mut cmd = command(Some(&d.socket), args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut ctl = Ctl {
+            child: cmd.spawn().expect("spawn execctl"),
+        };
+        let stdout = ctl.child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let err = drain(ctl.child.stderr.take().expect("stderr"));
+        assert_eq!(next_line(&lines), "started");
+        d.terminate();
+        assert_eq!(ctl.wait().code(), Some(143), "{args:?}");
+        let err = err.join().expect("stderr");
+        let said = format!(
+            "execctl: execd at {} shut down and killed ",
+            d.socket.display()
+        );
+        assert!(err.starts_with(&said), "{args:?}: {err:?}");
+        assert!(err.trim_end().ends_with("(SIGTERM)"), "{args:?}: {err:?}");
+    }
+}
+
+#[test]
 fn timeout_means_kill_and_124_for_run_and_exec_and_zero_means_none() {
     let d = Daemon::start(&[]);
     let mut c = d.client();
@@ -513,4 +596,33 @@ fn both_run_in_execctls_directory_with_the_variables_asked_for() {
         assert_eq!(o.code, Some(0), "{o:?}");
         assert_eq!(o.stdout, "file value|flag|from execctl|a=b\n", "{args:?}");
     }
+}
+
+#[test]
+fn e_path_hands_the_callers_path_to_the_command() {
+    // Commands get the daemon's environment; a tool on the caller's PATH only is found
+    // once -e PATH hands that PATH over.
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start(&[]);
+    let tools = TempDir::new();
+    let tool = tools.path().join("execd-test-tool");
+    std::fs::write(&tool, "#!/bin/sh\necho mine\n").expect("write");
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = format!("{}:/usr/bin:/bin", tools.path().display());
+    let mut cmd = command(Some(&d.socket), &["run", "--", "execd-test-tool"]);
+    cmd.env("PATH", &path);
+    let o = run_cmd(cmd);
+    assert_eq!(
+        o.code,
+        Some(127),
+        "the daemon's PATH does not have it: {o:?}"
+    );
+    assert!(o.stderr.contains("command not found"), "{o:?}");
+    let mut cmd = command(
+        Some(&d.socket),
+        &["run", "-e", "PATH", "--", "execd-test-tool"],
+    );
+    cmd.env("PATH", &path);
+    let o = run_cmd(cmd);
+    assert_eq!((o.code, o.stdout.as_str()), (Some(0), "mine\n"), "{o:?}");
 }

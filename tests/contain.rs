@@ -3,9 +3,7 @@
 //! root against the machine's real cgroup2 mount (found in /proc/self/mountinfo), each
 //! in a parent cgroup of its own that is removed afterwards, even when a test fails.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
+use crate::util::trees::*;
 use crate::util::*;
 
 /// A private parent cgroup for one test, or `None` (skipped: `skip` fails it in CI).
@@ -20,84 +18,14 @@ fn test_cgroup() -> Option<TestCgroup> {
     }
 }
 
-/// Pids of live processes whose command line holds `marker`.
-fn with_marker(marker: &str) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-        .filter(|&pid| pid_alive(pid))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                String::from_utf8_lossy(&c)
-                    .replace('\0', " ")
-                    .contains(marker)
-            })
-        })
-        .collect()
-}
-
-/// A unique `sleep` duration: its command line marks the processes of one test tree.
-fn marker() -> String {
-    static N: AtomicUsize = AtomicUsize::new(1);
-    format!(
-        "999.{}{:04}",
-        std::process::id() % 100_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-/// The ways a command's descendants leave its process group, as shell scripts that
-/// start one (marked by `m`), print `ready`, and keep the leader running.
-fn escapes(m: &str) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "setsid escapee",
-            format!("setsid sleep {m} & echo ready; sleep {m}"),
-        ),
-        (
-            "double-forked daemon",
-            format!("(setsid sh -c 'sleep {m} & exit' &); echo ready; sleep {m}"),
-        ),
-        (
-            "nohup child",
-            format!("nohup setsid sleep {m} >/dev/null 2>&1 & echo ready; sleep {m}"),
-        ),
-        (
-            "TERM ignorer",
-            format!("(trap '' TERM; exec sleep {m}) & echo ready; sleep {m}"),
-        ),
-    ]
-}
-
-/// Waits until every marked process is gone; panics naming the shape and the ending.
-#[track_caller]
-fn all_gone(m: &str, what: &str) {
-    let deadline = Instant::now() + WAIT;
-    while !with_marker(m).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: processes survived: {:?}",
-            with_marker(m)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Every escape shape, each with a marker of its own: (shape, marker, script).
-fn marked_escapes() -> Vec<(&'static str, String, String)> {
-    let shapes: Vec<&'static str> = escapes("x").into_iter().map(|(s, _)| s).collect();
-    shapes
+fn marked_escapes(marks: &mut Marks) -> Vec<(&'static str, String, String)> {
+    SHAPES
         .into_iter()
         .map(|shape| {
-            let m = marker();
-            let script = escapes(&m)
-                .into_iter()
-                .find(|(s, _)| *s == shape)
-                .expect("shape")
-                .1;
-            (shape, m, script)
+            let m = marks.next();
+            let s = script(shape, &m);
+            (shape, m, s)
         })
         .collect()
 }
@@ -108,7 +36,7 @@ fn marked_escapes() -> Vec<(&'static str, String, String)> {
 fn start_tree(c: &mut Client, script: &str, m: &str) -> String {
     let id = create(c, "sh", &["-c", script]);
     wait_until("the tree is up", || {
-        output(c, &id)["output"] == "ready\n" && with_marker(m).len() >= 2
+        output(c, &id)["output"] == "ready\n" && with_marker(m).len() >= 3
     });
     id
 }
@@ -126,8 +54,9 @@ fn terminal_release_kill_and_shutdown_leave_nothing_alive() {
     for ending in ["terminal/release", "terminal/kill", "shutdown"] {
         let mut d = cgroup_daemon(&cg, &[]);
         let mut c = d.client();
+        let mut guard = Marks::default();
         let mut marks = Vec::new();
-        for (shape, m, script) in marked_escapes() {
+        for (shape, m, script) in marked_escapes(&mut guard) {
             let id = start_tree(&mut c, &script, &m);
             marks.push((shape, m, id));
         }
@@ -155,15 +84,16 @@ fn bash_kill_hard_timeout_and_session_close_leave_nothing_alive() {
     let Some(cg) = test_cgroup() else { return };
     let d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
+    let mut guard = Marks::default();
     for ending in ["bash/kill", "hard_timeout", "bash/sessions/close"] {
-        for (shape, m, script) in marked_escapes() {
+        for (shape, m, script) in marked_escapes(&mut guard) {
             let session = format!("{}-{}", ending.replace('/', "-"), m);
             let mut params = json!({"command": script, "async_mode": true, "session_id": session});
             if ending == "hard_timeout" {
                 params["hard_timeout"] = json!(3);
             }
             ok(&mut c, "bash/exec", params);
-            wait_until("the tree is up", || with_marker(&m).len() >= 2);
+            wait_until("the tree is up", || with_marker(&m).len() >= 3);
             match ending {
                 "bash/kill" => {
                     ok(
@@ -189,8 +119,9 @@ fn leftovers_of_a_killed_daemon_are_gone_at_the_next_start() {
     let Some(cg) = test_cgroup() else { return };
     let mut d = cgroup_daemon(&cg, &[]);
     let mut c = d.client();
+    let mut guard = Marks::default();
     let mut marks = Vec::new();
-    for (_, m, script) in marked_escapes() {
+    for (_, m, script) in marked_escapes(&mut guard) {
         start_tree(&mut c, &script, &m);
         marks.push(m);
     }
@@ -227,8 +158,13 @@ fn a_second_daemon_on_the_same_cgroup_kills_nothing_of_the_first() {
     let Some(cg) = test_cgroup() else { return };
     let first = cgroup_daemon(&cg, &[]);
     let mut c = first.client();
-    let m = marker();
-    let id = start_tree(&mut c, &format!("echo ready; sleep {m}"), &m);
+    let mut guard = Marks::default();
+    let m = guard.next();
+    let id = start_tree(
+        &mut c,
+        &format!("sleep {m} & echo ready; sleep {m}; true"),
+        &m,
+    );
     let held = cg.command_cgroups();
     assert_eq!(held.len(), 1, "{held:?}");
 
@@ -421,6 +357,40 @@ fn fallbacks_to_process_groups_say_why() {
     let id = create(&mut c, "echo", &["fine"]);
     wait_exit(&mut c, &id);
     assert_eq!(output(&mut c, &id)["output"], "fine\n");
+}
+
+/// A `--cgroup PATH` the daemon may not write (it runs as `nobody`, the cgroup is
+/// root's) falls back to process groups with the promised log line saying why and how to
+/// delegate one, even though the daemon may not open its stderr (a root-owned file) again.
+#[test]
+fn a_cgroup_the_daemon_may_not_write_falls_back_saying_why_in_the_log() {
+    use std::os::unix::process::CommandExt;
+    if !running_as_root() {
+        skip("needs root, to start execd as nobody");
+        return;
+    }
+    let Some(cg) = test_cgroup() else { return };
+    let dir = TempDir::new();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("let nobody make its socket");
+    let socket = dir.path().join("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &["--cgroup", cg.path()]);
+    cmd.uid(65534).gid(65534);
+    let child = cmd.spawn().expect("spawn execd as nobody");
+    let d = Daemon::adopt(Some(child), socket, dir);
+    wait_until("the start is logged", || d.log().contains("listening on"));
+    let log = d.log();
+    assert!(
+        log.contains(&format!("{} is not writable by execd", cg.path())),
+        "{log}"
+    );
+    assert!(log.contains("falling back to process groups"), "{log}");
+    assert!(log.contains("Delegate=yes"), "{log}");
+    assert!(cg.command_cgroups().is_empty());
+    drop(d);
 }
 
 /// Where the machine has a controller, its limit really holds: a fork bomb stays within

@@ -39,17 +39,6 @@ fn subscribe(c: &mut Client) {
     ok(c, "approvals/subscribe", json!({}));
 }
 
-/// The next approval request an approver gets.
-#[track_caller]
-fn next_request(a: &mut Client) -> Value {
-    loop {
-        let m = a.read_message(Some(WAIT)).expect("an approval request");
-        if m.get("method").is_some() && m.get("id").is_some() {
-            return m;
-        }
-    }
-}
-
 /// Answers an approval request.
 fn answer(a: &mut Client, request: &Value, response: &str) {
     let id = &request["id"];

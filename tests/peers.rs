@@ -104,3 +104,34 @@ fn a_peer_s_held_groups_admit_it_judge_it_and_are_what_its_commands_get() {
         d.log()
     );
 }
+
+#[test]
+fn a_user_the_daemon_keeps_out_is_told_it_runs_and_who_may_connect() {
+    if !running_as_root() {
+        return skip("needs root to connect as another uid");
+    }
+    use crate::util::cli::{command, run_cmd};
+    // The socket's mode keeps nobody out (EACCES), or the daemon, reached, closes the
+    // connection at once (SO_PEERCRED): either way the daemon runs, and nobody is told
+    // who may come in, not to start one.
+    for (extra, said) in [
+        (&[][..], "execd's socket at "),
+        (
+            &["--socket-mode", "0666"][..],
+            "closed the connection before answering: it runs, but does not let uid 65534 in",
+        ),
+    ] {
+        let d = Daemon::start(extra);
+        d.let_others_in();
+        for args in [&["status"][..], &["run", "true"], &["approve"]] {
+            let mut cmd = command(Some(&d.socket), args);
+            as_nobody(&mut cmd);
+            let o = run_cmd(cmd);
+            assert_eq!(o.code, Some(125), "{extra:?} {args:?}: {o:?}");
+            assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
+            assert!(o.stderr.contains(said), "{extra:?} {args:?}: {o:?}");
+            assert!(o.stderr.contains("--allow-uid 65534"), "{o:?}");
+            assert!(!o.stderr.contains("start it with"), "{o:?}");
+        }
+    }
+}

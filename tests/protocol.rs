@@ -244,6 +244,28 @@ fn invalid_params_name_the_field() {
     assert_eq!(m["result"]["terminals"], json!([]), "{m}");
 }
 
+/// Params that do not read because they nest past the limit are reported as exactly
+/// that (`-32602` naming `params`), never as the fields they hold being missing; and the
+/// connection goes on.
+#[test]
+fn params_nested_too_deeply_are_reported_as_such() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"terminal/create","params":{{"sessionId":"s","command":"true","env":{deep}}}}}"#
+    );
+    send_raw(&mut c, &line);
+    let m = next(&mut c);
+    let data = expect_error(&m, -32602, json!(1));
+    assert_eq!(data["field"], "params", "{m}");
+    let message = m["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nested too deeply"), "{m}");
+    assert!(!message.contains("sessionId"), "{m}");
+    still_works(&mut c, 2);
+    assert_no_panic(&d);
+}
+
 #[test]
 fn ids_are_echoed_with_their_type() {
     let d = Daemon::start(&[]);

@@ -214,6 +214,17 @@ fn json_rpc_shell_methods_answer_with_the_sdk_s_objects() {
         t.elapsed()
     );
     ok(&mut c, "shell/wait", json!({"id": "j1", "seconds": 10}));
+    // Waiting for input: answered within a second or so, not after 30 s (PROTOCOL 12.3).
+    let t = Instant::now();
+    let r = exec(&mut c, json!({"id": "j1", "command": "read -r v"}));
+    assert_eq!(
+        (r["status"].clone(), r["waiting_for_input"].clone()),
+        (json!("no_change_timeout"), json!(true)),
+        "{r}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    ok(&mut c, "shell/write", json!({"id": "j1", "input": "v\n"}));
+    ok(&mut c, "shell/wait", json!({"id": "j1", "seconds": 10}));
     let r = exec(
         &mut c,
         json!({"id": "j1", "command": "sleep 30", "hard_timeout": 0.5}),

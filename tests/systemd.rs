@@ -138,6 +138,36 @@ fn readiness_status_watchdog_and_stopping_reach_notify_socket() {
     assert_eq!(d.terminate(), Some(0));
 }
 
+/// `STATUS=` goes with `READY=1` and then only when the counts change: the first turns
+/// of the loop send no second copy of the same status (it was sent twice in the same
+/// second at start).
+#[test]
+fn status_is_not_repeated_at_start() {
+    let dir = TempDir::new();
+    let path = dir.path().join("notify");
+    let rx = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    let d = notified_daemon(dir, path.to_str().unwrap(), Some("400000"));
+    let mut seen = notifications_until(&rx, |m| m.contains("READY=1"));
+    // Two watchdog pings: the loop has turned, and its status would have gone out.
+    seen.extend(notifications_until(&rx, |m| m == "WATCHDOG=1"));
+    seen.extend(notifications_until(&rx, |m| m == "WATCHDOG=1"));
+    let statuses: Vec<&str> = seen
+        .iter()
+        .filter_map(|m| m.lines().find_map(|l| l.strip_prefix("STATUS=")))
+        .collect();
+    assert!(!statuses.is_empty(), "{seen:?}");
+    assert!(
+        seen.iter()
+            .find(|m| m.contains("STATUS="))
+            .is_some_and(|m| m.contains("READY=1")),
+        "the first status rides with READY=1: {seen:?}"
+    );
+    for pair in statuses.windows(2) {
+        assert_ne!(pair[0], pair[1], "the same status twice: {seen:?}");
+    }
+    drop(d);
+}
+
 /// An abstract (`@name`) notification socket works too.
 #[test]
 fn readiness_reaches_an_abstract_notify_socket() {

@@ -6,8 +6,8 @@
 //! - For subcommands that run a command (`run`, `exec`, `policy check`), options stop at the
 //!   first operand: `execctl run echo --cwd / x` runs `echo --cwd / x`. Elsewhere options
 //!   and operands may mix (`logs ID -f`). `--` ends options everywhere.
-//! - The global options (`--socket`, `--json`, `--verbose`, `--help`) are accepted before
-//!   the subcommand and among its own options.
+//! - The global options (`-H`, `--socket`, `--json`, `--verbose`, `--help`) are accepted
+//!   before the subcommand and among its own options.
 //! - An unknown option or subcommand is a usage error with a "did you mean" when a known
 //!   name is close.
 
@@ -48,10 +48,16 @@ pub struct Spec {
 /// Flags every subcommand accepts.
 pub const GLOBAL: &[Flag] = &[
     Flag {
+        long: "--host",
+        short: Some("-H"),
+        value: Some("URL"),
+        help: "ssh://[USER@]HOST[:PORT][/SOCKET] or unix:///PATH (default: $EXECD_HOST)",
+    },
+    Flag {
         long: "--socket",
         short: None,
         value: Some("PATH"),
-        help: "the daemon's socket (default: $EXECD_SOCKET, $XDG_RUNTIME_DIR/execd.sock, ...)",
+        help: "a socket here (default: $EXECD_SOCKET, else as execd picks; execctl -h)",
     },
     Flag {
         long: "--json",

@@ -1,49 +1,206 @@
-//! Reaching the daemon: the global options (`Ctx`), connecting, reading paged listings to
-//! their end, and finding which family and session an id belongs to.
+//! Reaching the daemon: where it is (`Host`: a local socket, or `ssh://` another host),
+//! the global options (`Ctx`), the one way every subcommand opens a connection (`open`),
+//! reading paged listings to their end, and finding which family and session an id
+//! belongs to.
+//!
+//! Where, in order: `-H URL`; else `--socket PATH`; else `$EXECD_HOST`; else
+//! `$EXECD_SOCKET`, `$XDG_RUNTIME_DIR/execd.sock`, `/run/execd.sock` (root) or
+//! `/tmp/execd-$UID.sock`. A flag on the command line beats the environment, as docker's
+//! `--context` beats `DOCKER_HOST`: a `--socket` typed now is not overridden by an
+//! `EXECD_HOST` exported long ago. `dial-stdio` never reads `EXECD_HOST`: it is what an
+//! ssh login runs on the host itself, and must reach that host's daemon.
 
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
 use super::errors::{daemon_error, Fail, Res};
-use crate::client::Client;
+use super::ssh::Remote;
+use crate::client::{Client, Transport};
+
+/// Where the daemon is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Host {
+    /// A Unix socket on this host.
+    Local(PathBuf),
+    /// The execd on another host, through ssh.
+    Ssh(Remote),
+}
+
+impl Host {
+    /// Parses `-H`/`EXECD_HOST`: `ssh://[USER@]HOST[:PORT][/SOCKET]` or `unix:///PATH`.
+    pub fn parse(url: &str) -> Res<Host> {
+        let bad = |why: String| {
+            Fail::usage(format!(
+                "-H {url:?}: {why}; give ssh://[USER@]HOST[:PORT][/SOCKET] or unix:///PATH"
+            ))
+        };
+        if let Some(rest) = url.strip_prefix("ssh://") {
+            return Remote::parse(rest).map(Host::Ssh).map_err(bad);
+        }
+        if let Some(path) = url.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a unix:// socket path is absolute (three slashes)".into()
+                ));
+            }
+            return Ok(Host::Local(PathBuf::from(path)));
+        }
+        Err(bad(match url.split_once("://") {
+            Some(("tcp" | "http" | "https", _)) => "execd is not reached over TCP by execctl: \
+                 use ssh:// (or its HTTP listener from programs that speak HTTP)"
+                .into(),
+            Some((scheme, _)) => format!("unknown scheme {scheme}://"),
+            None => "not a URL".into(),
+        }))
+    }
+
+    /// Picks the daemon as the module header says. `env` reads an environment variable;
+    /// `host_env` is false for `dial-stdio`.
+    pub fn resolve(
+        flag_host: Option<&str>,
+        flag_socket: Option<&str>,
+        env: &dyn Fn(&str) -> Option<String>,
+        host_env: bool,
+    ) -> Res<Host> {
+        match (flag_host, flag_socket) {
+            (Some(_), Some(_)) => {
+                return Err(Fail::usage(
+                    "-H and --socket both name the daemon; give one (a remote socket goes in the URL: ssh://HOST/PATH)",
+                ))
+            }
+            (Some(h), None) => return Host::parse(h),
+            (None, Some(s)) => return Ok(Host::Local(PathBuf::from(s))),
+            (None, None) => {}
+        }
+        if host_env {
+            if let Some(h) = env("EXECD_HOST").filter(|h| !h.is_empty()) {
+                return Host::parse(&h)
+                    .map_err(|f| Fail::usage(format!("$EXECD_HOST: {}", f.message)));
+            }
+        }
+        Ok(Host::Local(crate::config::default_socket(None)))
+    }
+
+    /// How messages name the daemon: `execd at PATH` or `execd on ssh://HOST`.
+    pub fn describe(&self) -> String {
+        match self {
+            Host::Local(p) => format!("execd at {}", p.display()),
+            Host::Ssh(r) => format!("execd on {}", r.url()),
+        }
+    }
+}
 
 /// The global options every subcommand sees.
 #[derive(Debug, Clone)]
 pub struct Ctx {
-    /// The daemon's socket, resolved as execd resolves it.
-    pub socket: PathBuf,
+    /// Where the daemon is.
+    pub host: Host,
     /// `--json`: results and errors as JSON.
     pub json: bool,
     /// `--verbose`: errors carry the daemon's code and data.
     pub verbose: bool,
 }
 
+/// An open connection before it becomes a `Client`: the stream, and what relays it.
+pub struct Link {
+    pub stream: UnixStream,
+    pub transport: Box<dyn Transport>,
+}
+
+/// A local socket's transport: nothing relays it, but a daemon that accepts and closes
+/// at once is one refusing the peer by its credentials, and says nothing itself.
+struct LocalSocket(PathBuf);
+
+impl Transport for LocalSocket {
+    fn why_closed(&mut self, fresh: bool) -> Option<String> {
+        // A daemon that stopped closes too; one that closes a new connection at once,
+        // unasked, is refusing this peer.
+        (fresh && refuses(&self.0)).then(|| refused_peer(&self.0))
+    }
+}
+
+/// How long a probe waits for a daemon to close a new connection at once.
+const PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the daemon at `socket` accepts a connection and closes it before a word. The
+/// probe sends nothing, so a refusal reads as a plain end; a reset is a connection still
+/// waiting to be accepted when the listener closed (a daemon stopping), not a refusal.
+fn refuses(socket: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = UnixStream::connect(socket) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(PROBE));
+    let mut byte = [0u8; 1];
+    loop {
+        match s.read(&mut byte) {
+            Ok(0) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return false,
+        }
+    }
+}
+
+/// What a person is told when the daemon accepted the connection and closed it before
+/// answering anything: it runs, and refuses this uid (`SO_PEERCRED`).
+fn refused_peer(socket: &Path) -> String {
+    let uid = crate::sys::ids::current_uid();
+    format!(
+        "execd at {} closed the connection before answering: it runs, but does not let uid \
+         {uid} in (it takes its own uid, root, and those --allow-uid and --allow-gid name); \
+         its owner can allow it: execd --allow-uid {uid}, or --allow-gid GROUP",
+        socket.display()
+    )
+}
+
 impl Ctx {
-    /// A connection with no read timeout (execctl waits as long as its command runs).
-    pub fn connect(&self) -> Res<Client> {
-        match Client::connect(&self.socket) {
-            Ok(mut c) => {
-                c.timeout = None;
-                Ok(c)
+    /// Opens a connection to the daemon, wherever it is: the one place that knows a
+    /// local socket from an ssh link.
+    pub fn open(&self) -> Res<Link> {
+        match &self.host {
+            Host::Local(path) => match UnixStream::connect(path) {
+                Ok(stream) => Ok(Link {
+                    stream,
+                    transport: Box::new(LocalSocket(path.clone())),
+                }),
+                Err(e) => Err(self.unreachable(path, &e)),
+            },
+            Host::Ssh(remote) => {
+                let (stream, link) = remote.dial()?;
+                Ok(Link {
+                    stream,
+                    transport: Box::new(link),
+                })
             }
-            Err(e) => Err(self.unreachable(&e)),
         }
     }
 
-    /// Why connecting to the socket failed, said so a person knows what to do: no daemon
-    /// there (start one), or a daemon that does not let this user in (who may).
-    pub fn unreachable(&self, e: &std::io::Error) -> Fail {
-        let path = self.socket.display();
+    /// A connection with no read timeout (execctl waits as long as its command runs).
+    pub fn connect(&self) -> Res<Client> {
+        let link = self.open()?;
+        let mut c = Client::from_stream(link.stream)
+            .map_err(Fail::from)?
+            .with_transport(link.transport);
+        c.timeout = None;
+        Ok(c)
+    }
+
+    /// Why connecting to the local socket `path` failed, said so a person knows what to
+    /// do: no daemon there (start one), or a daemon that does not let this user in (who
+    /// may).
+    pub fn unreachable(&self, path: &Path, e: &std::io::Error) -> Fail {
+        let shown = path.display();
         let why = crate::wire::rpc::os_error_text(e);
         if e.kind() != std::io::ErrorKind::PermissionDenied {
             return Fail::new(format!(
-                "cannot connect to execd at {path} ({why}); start it with: execd --socket {path}"
+                "cannot connect to execd at {shown} ({why}); start it with: execd --socket {shown}"
             ));
         }
         use std::os::unix::fs::MetadataExt;
         let uid = crate::sys::ids::current_uid();
-        let owner = std::fs::metadata(&self.socket)
+        let owner = std::fs::metadata(path)
             .map(|m| {
                 format!(
                     " (mode {:04o}, owner uid {}, group {})",
@@ -54,7 +211,7 @@ impl Ctx {
             })
             .unwrap_or_default();
         Fail::new(format!(
-            "execd's socket at {path}{owner} does not let uid {uid} in ({why}); its owner can \
+            "execd's socket at {shown}{owner} does not let uid {uid} in ({why}); its owner can \
              allow it: execd --allow-uid {uid}, or --socket-mode 0660 with --socket-group GROUP"
         ))
     }
@@ -154,4 +311,53 @@ pub fn not_found(id: &str) -> Fail {
 /// A daemon error about `id`, in one sentence.
 pub fn about(id: &str) -> impl Fn(crate::client::CallError) -> Fail + '_ {
     move |e| daemon_error(e, Some(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemon_is_picked_flags_first_then_the_environment() {
+        let env = |k: &str| match k {
+            "EXECD_HOST" => Some("ssh://box/run/execd.sock".to_string()),
+            _ => None,
+        };
+        let none = |_: &str| None;
+        let box_host = Host::Ssh(Remote {
+            user: None,
+            host: "box".into(),
+            port: None,
+            socket: Some("/run/execd.sock".into()),
+        });
+        assert_eq!(Host::resolve(None, None, &env, true).ok(), Some(box_host));
+        assert_eq!(
+            Host::resolve(None, Some("/s"), &env, true).ok(),
+            Some(Host::Local("/s".into())),
+            "--socket beats EXECD_HOST"
+        );
+        assert_eq!(
+            Host::resolve(Some("unix:///u"), None, &env, true).ok(),
+            Some(Host::Local("/u".into())),
+            "-H beats EXECD_HOST"
+        );
+        // dial-stdio never follows EXECD_HOST: it is what ssh runs on the daemon's host.
+        assert!(matches!(
+            Host::resolve(None, None, &env, false),
+            Ok(Host::Local(_))
+        ));
+        assert!(matches!(
+            Host::resolve(None, None, &none, true),
+            Ok(Host::Local(_))
+        ));
+        assert!(Host::resolve(Some("ssh://box"), Some("/s"), &none, true).is_err());
+        for bad in ["tcp://box:1", "unix://relative", "box", "ssh://"] {
+            assert!(Host::parse(bad).is_err(), "{bad}");
+        }
+        let empty = |k: &str| (k == "EXECD_HOST").then(String::new);
+        assert!(matches!(
+            Host::resolve(None, None, &empty, true),
+            Ok(Host::Local(_))
+        ));
+    }
 }

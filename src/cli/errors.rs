@@ -94,6 +94,11 @@ impl Fail {
 
 impl From<io::Error> for Fail {
     fn from(e: io::Error) -> Self {
+        // The transport said why the connection ended (an ssh link that failed, a daemon
+        // that refused the peer): its words are the message.
+        if let Some(why) = crate::client::closed_reason(&e) {
+            return Fail::new(why);
+        }
         Fail::new(format!(
             "{}; check that execd is still running (execctl status)",
             crate::wire::rpc::os_error_text(&e)
@@ -135,6 +140,7 @@ pub fn daemon_error(e: CallError, what: Option<&str>) -> Fail {
     let (code, message, data) = match e {
         CallError::Io(e) => {
             return match e.kind() {
+                _ if crate::client::closed_reason(&e).is_some() => Fail::from(e),
                 io::ErrorKind::UnexpectedEof => Fail::new(
                     "execd closed the connection (it may have stopped or restarted); check it with: execctl status",
                 ),

@@ -20,9 +20,9 @@ const fn flag(
 
 const CWD: Flag = flag(
     "--cwd",
-    None,
+    Some("-w"),
     Some("DIR"),
-    "working directory (default: execctl's own)",
+    "working directory (default: execctl's own; with -H ssh://, the remote daemon's)",
 );
 const ENV: Flag = flag(
     "--env",
@@ -69,7 +69,9 @@ plain word is run by the daemon's shell (`execctl run 'ls | wc -l'`).
 stdin is forwarded to the command when it is not a terminal (or with -i), and closed at
 its end; otherwise the command's stdin is empty. A --detach'ed command's stdin is closed,
 or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM kills the
-command (SIGTERM, then SIGKILL after the daemon's grace). Exit status: the command's
+command (SIGTERM, then SIGKILL after the daemon's grace), and so does execctl's own end,
+even by SIGKILL; a --detach'ed one runs on. The command gets the daemon's environment
+with -e and --env-file on top (-e PATH hands over yours). Exit status: the command's
 (128+N for signal N); 124 after --timeout; 127 command not found; 126 not executable;
 125 execctl's or the daemon's error, or output lost (a warning says how much).",
     flags: &[
@@ -309,24 +311,59 @@ printed with its code and data (exit 125).",
 /// `execctl dial-stdio`.
 pub const DIAL_STDIO: Spec = Spec {
     name: "dial-stdio",
-    usage: "",
+    usage: "[--socket PATH]",
     about: "relay stdin and stdout to the daemon's socket (a transport for ssh)",
     details: "\
 Copies standard input to the daemon's socket and the socket to standard output, as it
-comes, closing each direction when its side ends, and exits when both have: any JSON-RPC
-or HTTP client can reach a daemon through it, e.g. over ssh HOST execctl dial-stdio.
-Exits 0 once both directions closed normally, 125 when the daemon cannot be reached.",
+comes. stdin's end half-closes the socket (the daemon answers what it got, then closes);
+the daemon's end ends dial-stdio. Any JSON-RPC or HTTP client can reach a daemon through
+it, e.g. over ssh HOST execctl dial-stdio, which is what execctl -H ssh://HOST runs.
+It never follows $EXECD_HOST. Exits 0 once the daemon closed normally, 125 when it
+cannot be reached or does not let this user in.",
     flags: &[],
     stop_at_operand: false,
 };
 
-/// `execctl policy`.
+/// The flags of `policy check`, which `policy --help` shows too.
+const POLICY_CHECK_FLAGS: &[Flag] = &[
+    flag(
+        "--policy",
+        None,
+        Some("FILE"),
+        "judge with this policy file instead of the daemon's",
+    ),
+    flag(
+        "--uid",
+        None,
+        Some("N"),
+        "judge as this user (default: yours)",
+    ),
+    flag(
+        "--gid",
+        None,
+        Some("N"),
+        "with --policy: a group of that user (repeatable; default: yours)",
+    ),
+];
+
+/// `execctl policy`: the group's help is its one action's, with what the policy is.
 pub const POLICY: Spec = Spec {
     name: "policy",
     usage: "check [OPTIONS] [--] COMMAND... | 'SHELL LINE'",
     about: "check what the policy decides (policy check)",
-    details: "See: execctl help policy check",
-    flags: &[],
+    details: "\
+execd's policy (execd --policy FILE; rules in execd-protocol(7)) allows, asks about or
+denies each command before it starts. An ask waits for an approver: execctl approve.
+
+  execctl policy check [OPTIONS] [--] COMMAND... | 'SHELL LINE'
+
+judges a command as execd would before starting it: several operands are one argv (a
+direct command), a single operand is a shell line. It prints the decision (allow, ask
+or deny), the deciding rule and every rule that matched. With --policy FILE it reads the
+file (offline; the file is checked as execd checks it); without, it asks the running
+daemon. Options stop at the first operand. Example:
+  execctl policy check --policy ./policy.json -- git push -f origin main",
+    flags: POLICY_CHECK_FLAGS,
     stop_at_operand: true,
 };
 
@@ -341,26 +378,7 @@ Judges a command as execd would before starting it: several operands are one arg
 or deny), the deciding rule and every rule that matched. With --policy FILE it reads
 the file (offline; the file is checked as execd checks it); without, it asks the
 running daemon. Options stop at the first operand.",
-    flags: &[
-        flag(
-            "--policy",
-            None,
-            Some("FILE"),
-            "judge with this policy file instead of the daemon's",
-        ),
-        flag(
-            "--uid",
-            None,
-            Some("N"),
-            "judge as this user (default: yours)",
-        ),
-        flag(
-            "--gid",
-            None,
-            Some("N"),
-            "with --policy: a group of that user (repeatable; default: yours)",
-        ),
-    ],
+    flags: POLICY_CHECK_FLAGS,
     stop_at_operand: true,
 };
 
@@ -455,9 +473,15 @@ pub fn spec(name: &str) -> Option<&'static Spec> {
 /// The top-level help.
 pub fn usage() -> String {
     let mut s = String::from(
-        "usage: execctl [--socket PATH] [--json] [--verbose] COMMAND [ARGS...]\n\n\
-         Runs and manages commands through a running execd, over its Unix socket\n\
-         (--socket, else $EXECD_SOCKET, else the daemon's default path). See execctl(1).\n\n\
+        "usage: execctl [-H URL | --socket PATH] [--json] [--verbose] COMMAND [ARGS...]\n\n\
+         Runs and manages commands through a running execd. The daemon is, in order:\n\
+         \x20 -H ssh://[USER@]HOST[:PORT][/SOCKET]  on another host, through your ssh\n\
+         \x20 -H unix:///PATH or --socket PATH       a socket here\n\
+         \x20 $EXECD_HOST                            a URL as -H takes\n\
+         \x20 $EXECD_SOCKET                          a socket here\n\
+         \x20 $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for root,\n\
+         \x20 else /tmp/execd-$UID.sock              as execd picks its own\n\
+         Commands run in the daemon's environment with -e/--env-file on top. See execctl(1).\n\n\
          commands:\n",
     );
     for c in COMMANDS {

@@ -6,8 +6,10 @@
 //! - `help`: the command table every subcommand, `--help` and `completions` come from.
 //! - `errors`: `Fail`, the messages for daemon errors and the exit statuses.
 //! - `output`: stdout/stderr, JSON, tables, the shared formats.
-//! - `connect`: the client's connection context (`Ctx`), paged listings, finding an
-//!   id's family.
+//! - `connect`: where the daemon is (`Host`, `-H`), the client's connection context
+//!   (`Ctx`) and the one way to open a connection, paged listings, finding an id's family.
+//! - `ssh`: `-H ssh://...`, a connection through the user's ssh to `execctl dial-stdio`
+//!   on another host; `dial`: `dial-stdio` itself.
 //! - `events`: the one reader of a command's output events (`run`, `exec`, `logs`).
 //! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output);
 //!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout).
@@ -29,16 +31,16 @@ mod policy;
 mod ps;
 mod run;
 mod sessions;
+mod ssh;
 mod status;
 mod wait;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 
 use serde_json::json;
 
 use args::{Args, Spec};
-use connect::Ctx;
+use connect::{Ctx, Host};
 use errors::{Fail, Res};
 
 /// Runs execctl with its arguments (without the program name); returns the exit status.
@@ -94,16 +96,26 @@ fn dispatch(argv: impl IntoIterator<Item = OsString>) -> Result<u8, Failed> {
     };
     let mut p = args::parse(spec, &rest).map_err(fail)?;
     p.absorb(globals);
-    let ctx = Ctx {
-        socket: crate::config::default_socket(p.value("--socket").map(PathBuf::from)),
-        json: p.has("--json"),
-        verbose: p.has("--verbose"),
-    };
-    let failed = |f: Fail| (f, ctx.json, ctx.verbose);
+    let (json, verbose) = (p.has("--json"), p.has("--verbose"));
+    let failed = |f: Fail| (f, json, verbose);
     if p.has("--help") {
         output::print(&help::help_of(spec)).map_err(failed)?;
         return Ok(0);
     }
+    // dial-stdio is what an ssh login runs on the daemon's own host: it never follows
+    // EXECD_HOST elsewhere.
+    let host = Host::resolve(
+        p.value("--host"),
+        p.value("--socket"),
+        &|k| std::env::var(k).ok(),
+        spec.name != "dial-stdio",
+    )
+    .map_err(failed)?;
+    let ctx = Ctx {
+        host,
+        json,
+        verbose,
+    };
     run(spec, &ctx, &p, shorthand).map_err(failed)
 }
 
@@ -121,17 +133,23 @@ fn leading_globals(argv: &[String]) -> Res<(Args, &[String])> {
             "-V" | "--version" => p.set("--version", None),
             "--json" => p.set("--json", None),
             "-v" | "--verbose" => p.set("--verbose", None),
-            "--socket" => {
+            "--socket" | "--host" | "-H" => {
+                let long = if name == "--socket" {
+                    "--socket"
+                } else {
+                    "--host"
+                };
                 let v = match inline {
                     Some(v) => v,
                     None => {
                         i += 1;
-                        argv.get(i)
-                            .cloned()
-                            .ok_or_else(|| Fail::usage("--socket needs a value (PATH)"))?
+                        argv.get(i).cloned().ok_or_else(|| {
+                            let meta = if long == "--socket" { "PATH" } else { "URL" };
+                            Fail::usage(format!("{name} needs a value ({meta})"))
+                        })?
                     }
                 };
-                p.set("--socket", Some(v));
+                p.set(long, Some(v));
             }
             n if n.starts_with('-') && n != "-" => {
                 let known = args::GLOBAL

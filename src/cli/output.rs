@@ -111,9 +111,48 @@ pub fn cut(text: &str, room: usize) -> String {
     t
 }
 
+/// The room the last column keeps on a narrow terminal before it is cut, as docker's
+/// `ps` keeps for its COMMAND.
+const LAST_COLUMN_ROOM: usize = 20;
+
+/// Which columns to show at `width`: all, unless the last would get less than its room
+/// (`LAST_COLUMN_ROOM`, or its widest cell when narrower); then the columns of
+/// `give_way` are left out, in that order, until it has it.
+fn shown_columns(
+    widths: &[usize],
+    last_widest: usize,
+    width: usize,
+    give_way: &[usize],
+) -> Vec<bool> {
+    let mut shown = vec![true; widths.len()];
+    let want = LAST_COLUMN_ROOM.min(last_widest);
+    let before = |shown: &[bool]| -> usize {
+        widths[..widths.len() - 1]
+            .iter()
+            .zip(shown)
+            .filter(|(_, s)| **s)
+            .map(|(w, _)| w + 2)
+            .sum()
+    };
+    for &col in give_way {
+        if width.saturating_sub(before(&shown)) >= want {
+            break;
+        }
+        shown[col] = false;
+    }
+    shown
+}
+
 /// Prints rows as aligned columns, two spaces apart. Each row is cut to the terminal's
-/// width; the last column gives way first. `color_col` is painted by state.
-pub fn table(headers: &[&str], rows: &[Vec<String>], color_col: Option<usize>) -> Res<()> {
+/// width; the last column gives way first, but keeps some room: on a narrow terminal the
+/// columns of `give_way` are left out, in order, so that it does (a `ps` row with no
+/// command says little). `color_col` is painted by state.
+pub fn table(
+    headers: &[&str],
+    rows: &[Vec<String>],
+    color_col: Option<usize>,
+    give_way: &[usize],
+) -> Res<()> {
     let last = headers.len() - 1;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for r in rows {
@@ -123,11 +162,23 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], color_col: Option<usize>) -
     }
     let color = use_color();
     let width = terminal_width();
+    let last_widest = rows
+        .iter()
+        .filter_map(|r| r.get(last))
+        .map(|c| c.chars().count())
+        .fold(headers[last].chars().count(), usize::max);
+    let shown = match width {
+        Some(w) => shown_columns(&widths, last_widest, w, give_way),
+        None => vec![true; headers.len()],
+    };
     let mut out = String::new();
     let mut line = |cells: &[String], is_header: bool| {
         let mut plain = String::new();
         let mut spans = Vec::new(); // (start char, end char) of the cell to paint
         for (i, cell) in cells.iter().enumerate() {
+            if !shown[i] {
+                continue;
+            }
             if i == last {
                 plain.push_str(cell);
             } else {
@@ -168,6 +219,7 @@ fn paint(line: &str, spans: &[(usize, usize, String)]) -> String {
         }
         let code = match word.as_str() {
             "running" => "32",
+            "input" => "33",
             "killed" | "timed_out" => "31",
             _ => continue,
         };
@@ -420,6 +472,26 @@ mod tests {
         let pretty = json_escaped(serde_json::to_string_pretty(&v).unwrap_or_default());
         assert!(pretty.contains('\n') && !pretty.contains(['\u{202e}', '\u{9b}']));
         assert_eq!(serde_json::from_str::<Value>(&pretty).ok(), Some(v));
+    }
+
+    #[test]
+    fn narrow_tables_leave_out_columns_before_the_last_is_lost() {
+        // ID SESSION PID STATE EXIT AGE DURATION COMMAND, as ps has them.
+        let widths = [7, 16, 6, 7, 4, 4, 8, 7];
+        let all = shown_columns(&widths, 40, 200, &[1, 6, 5, 2]);
+        assert!(all.iter().all(|s| *s));
+        let narrow = shown_columns(&widths, 40, 60, &[1, 6, 5, 2]);
+        assert_eq!(narrow, [true, false, true, true, true, true, false, true]);
+        let before: usize = widths[..7]
+            .iter()
+            .zip(&narrow)
+            .filter(|(_, s)| **s)
+            .map(|(w, _)| w + 2)
+            .sum();
+        assert!(60 - before >= LAST_COLUMN_ROOM);
+        // A short last column needs no more room than it has.
+        let short = shown_columns(&widths, 4, 80, &[1, 6, 5, 2]);
+        assert!(short.iter().all(|s| *s));
     }
 
     #[test]

@@ -21,9 +21,10 @@ use std::sync::mpsc;
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::connect::Ctx;
+use super::connect::{Ctx, Host};
 use super::errors::{Fail, Res};
 use super::output::{self, warn};
+use crate::client::Transport;
 use crate::policy::{Judged, Policy, Subject};
 
 /// This process's groups (primary and supplementary), from `/proc/self/status`.
@@ -102,7 +103,13 @@ fn check_daemon(ctx: &Ctx, operands: &[String], uid: Option<u32>) -> Res<Value> 
         "justification": r["justification"],
         "unparsed": r["unparsed"],
         "hits": r["hits"],
-        "uid": uid.unwrap_or_else(crate::sys::ids::current_uid),
+        // Judged as the peer the daemon sees: on another host that is the ssh user,
+        // whose uid only that host knows.
+        "uid": match (uid, &ctx.host) {
+            (Some(u), _) => json!(u),
+            (None, Host::Local(_)) => json!(crate::sys::ids::current_uid()),
+            (None, Host::Ssh(_)) => Value::Null,
+        },
         "source": if loaded { "daemon" } else { "daemon (no policy file)" },
     }))
 }
@@ -210,14 +217,35 @@ struct ApprovalAsk {
     payload: Value,
 }
 
-/// The connection's writing half.
-struct Wire(UnixStream);
+/// The connection's writing half, and what relays it.
+struct Wire<'a> {
+    out: UnixStream,
+    transport: &'a mut dyn Transport,
+    /// The daemon has answered the subscription.
+    answered: bool,
+}
 
-impl Wire {
+impl Wire<'_> {
     fn send(&mut self, v: &Value) -> Res<()> {
         let mut line = v.to_string();
         line.push('\n');
-        self.0.write_all(line.as_bytes()).map_err(Fail::from)
+        match self.out.write_all(line.as_bytes()) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(self.gone().unwrap_or_else(|| Fail::from(e)))
+            }
+            done => done.map_err(Fail::from),
+        }
+    }
+
+    /// Why the connection ended, when its transport knows (an ssh link that failed, a
+    /// daemon that refused this peer).
+    fn gone(&mut self) -> Option<Fail> {
+        self.transport.why_closed(!self.answered).map(Fail::new)
     }
 
     fn answer(&mut self, r: &ApprovalAsk, response: &str, feedback: Option<&str>) -> Res<()> {
@@ -227,10 +255,6 @@ impl Wire {
         }
         self.send(&json!({"jsonrpc": "2.0", "id": r.rpc_id, "result": result}))
     }
-}
-
-fn connect_raw(ctx: &Ctx) -> Res<UnixStream> {
-    UnixStream::connect(&ctx.socket).map_err(|e| ctx.unreachable(&e))
 }
 
 /// Starts the two reader threads.
@@ -374,14 +398,32 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
     if let Some(a) = p.operands.first() {
         return Err(Fail::usage(format!("approve takes no operand, got {a:?}")));
     }
-    let stream = connect_raw(ctx)?;
-    let mut wire = Wire(stream.try_clone()?);
-    let heard = listen(&stream)?;
+    let link = ctx.open()?;
+    let (stream, mut transport) = (link.stream, link.transport);
+    let done = approve_on(ctx, &stream, transport.as_mut());
+    // The reader thread holds a copy of the stream: the end must reach the daemon (or
+    // the ssh relaying it) before the transport waits for it.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    drop(transport);
+    done
+}
+
+/// `approve` over an open connection.
+fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> Res<u8> {
+    let mut wire = Wire {
+        out: stream.try_clone()?,
+        transport,
+        answered: false,
+    };
+    let heard = listen(stream)?;
     wire.send(&json!({"jsonrpc": "2.0", "id": "subscribe", "method": "approvals/subscribe", "params": {}}))?;
     let mut queue: VecDeque<ApprovalAsk> = VecDeque::new();
     // The request whose answer is `n` and whose feedback is being typed.
     let mut feedback_for: Option<ApprovalAsk> = None;
     let mut subscribed = false;
+    // stdin ended before the daemon answered the subscription: its answer (or its
+    // close) still says how this ends.
+    let mut input_gone = false;
     let show = |queue: &VecDeque<ApprovalAsk>, json: bool| -> Res<()> {
         if json {
             return Ok(());
@@ -395,11 +437,15 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
         let Ok(msg) = heard.recv() else { break };
         match msg {
             Heard::DaemonGone => {
+                if let Some(f) = wire.gone() {
+                    return Err(f);
+                }
                 return Err(Fail::new(
                     "execd closed the connection; pending requests are rejected. Start execctl approve again once execd runs",
-                ))
+                ));
             }
-            Heard::InputGone => break,
+            Heard::InputGone if subscribed => break,
+            Heard::InputGone => input_gone = true,
             Heard::Daemon(v) => {
                 if v["id"] == "subscribe" && v.get("method").is_none() {
                     if let Some(e) = v.get("error") {
@@ -411,11 +457,15 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
                         return Err(Fail::from(err));
                     }
                     subscribed = true;
+                    wire.answered = true;
                     // Scripts may start their agents once this line is out.
                     if ctx.json {
                         output::print_json_line(&json!({"type": "ready"}))?;
                     } else {
                         warn("approving requests of the policy; Ctrl-C to stop");
+                    }
+                    if input_gone {
+                        break;
                     }
                     continue;
                 }
@@ -478,10 +528,7 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
             Heard::Line(line) => {
                 if let Some(r) = feedback_for.take() {
                     wire.answer(&r, "reject", Some(line.trim()))?;
-                    output::print(&format!(
-                        "{}: rejected\n",
-                        output::visible(&r.request_id)
-                    ))?;
+                    output::print(&format!("{}: rejected\n", output::visible(&r.request_id)))?;
                     show(&queue, false)?;
                     continue;
                 }
@@ -511,10 +558,7 @@ pub fn approve(ctx: &Ctx, p: &Args) -> Res<u8> {
                     } else {
                         "approved for the rest of its session".to_string()
                     };
-                    output::print(&format!(
-                        "{}: {said}\n",
-                        output::visible(&r.request_id)
-                    ))?;
+                    output::print(&format!("{}: {said}\n", output::visible(&r.request_id)))?;
                 }
                 show(&queue, false)?;
             }

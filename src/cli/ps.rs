@@ -2,7 +2,8 @@
 //!
 //! One shape per thing, whatever family it comes from: a process is
 //! `{id, kind, session, pid, state, exit_code, signal, started_at, duration_ms, cwd,
-//! command, argv}` with `state` one of running, exited, killed, timed_out. `--json`
+//! command, argv}` with `state` one of running, input (running, and waiting for input
+//! nobody gave it: PROTOCOL 12.3), exited, killed, timed_out. `--json`
 //! output uses snake_case keys and puts lists under a named key (`processes`).
 
 use std::time::{Duration, SystemTime};
@@ -43,6 +44,15 @@ fn duration_ms(started_at: &Value, recorded: &Value) -> Value {
     }
 }
 
+/// `running`, or `input` when the command waits for input.
+fn live(state: &'static str, waiting: bool) -> &'static str {
+    if state == "running" && waiting {
+        "input"
+    } else {
+        state
+    }
+}
+
 /// A terminal as `ps` shows it.
 pub fn terminal_process(t: &Value) -> Value {
     let exit = &t["exitStatus"];
@@ -51,7 +61,10 @@ pub fn terminal_process(t: &Value) -> Value {
     let words: Vec<&str> = argv.iter().map(|a| a.as_str().unwrap_or("")).collect();
     json!({
         "id": t["terminalId"], "kind": "terminal", "session": t["sessionId"], "pid": t["pid"],
-        "state": state(exit.is_null(), None, &exit["signal"]),
+        "state": live(
+            state(exit.is_null(), None, &exit["signal"]),
+            t["_meta"]["execd"]["waitingForInput"] == true,
+        ),
         "exit_code": exit["exitCode"], "signal": exit["signal"],
         "started_at": t["startedAt"],
         "duration_ms": duration_ms(&t["startedAt"], &exit["_meta"]["execd"]["durationMs"]),
@@ -66,7 +79,10 @@ pub fn bash_process(b: &Value) -> Value {
     let signal = b.get("signal").cloned().unwrap_or(Value::Null);
     json!({
         "id": b["command_id"], "kind": "bash", "session": b["session_id"], "pid": b["pid"],
-        "state": state(b["status"] == "running", b["status"].as_str(), &signal),
+        "state": live(
+            state(b["status"] == "running", b["status"].as_str(), &signal),
+            b["waiting_for_input"] == true,
+        ),
         "exit_code": b["exit_code"], "signal": signal,
         "started_at": b["started_at"],
         "duration_ms": duration_ms(&b["started_at"], &b["_meta"]["execd"]["durationMs"]),
@@ -115,7 +131,7 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
     let mut c = ctx.connect()?;
     let mut all = processes(&mut c, p.value("--session"))?;
     if p.has("--running") {
-        all.retain(|x| x["state"] == "running");
+        all.retain(|x| x["state"] == "running" || x["state"] == "input");
     }
     if p.has("--quiet") {
         let ids: String = all
@@ -161,6 +177,9 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
         ],
         &rows,
         Some(3),
+        // On a narrow terminal the command stays, cut: SESSION, DURATION, AGE and PID
+        // give way first.
+        &[1, 6, 5, 2],
     )?;
     Ok(0)
 }

@@ -6,7 +6,14 @@
 //!   budget) is reported in one line and makes the exit status non-zero.
 //! - Input: execctl's stdin is forwarded when it is not a terminal (or with `-i`), in
 //!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
-//!   closed at its end; otherwise the command's stdin is closed from the start.
+//!   closed at its end; otherwise (and when it is `/dev/null`, which has nothing to
+//!   forward) the command's stdin is closed from the start.
+//! - Lifetime: a foreground command is created with `killOnDisconnect`, so it dies with
+//!   execctl's connection even when execctl cannot ask (SIGKILL, a broken ssh link);
+//!   `--detach` and `exec --wait` leave it running on purpose.
+//! - Where: execctl's directory and `-e NAME` values are this host's. On another host
+//!   (`-H ssh://`) the command runs in the remote daemon's default directory unless
+//!   `-w DIR` names one there: execctl's own directory means nothing on that host.
 //! - Ending (`foreground`): signals, `--timeout` or a closed stdout kill the command;
 //!   execctl still reads until the `Exit` event, so what the command wrote while dying
 //!   is printed, then releases what it made (the terminal, or the session it created).
@@ -20,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
-use super::connect::{self, Ctx, Target};
+use super::connect::{self, Ctx, Host, Target};
 use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EXIT_TIMEOUT};
 use super::events::{Decoded, Decoder};
 use super::foreground::{create, watch_signals, Killer, Reason};
@@ -53,7 +60,7 @@ fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
     Ok((!d.is_zero()).then_some(d))
 }
 
-fn common(p: &Args, timeout_flags: &[&str]) -> Res<Common> {
+fn common(ctx: &Ctx, p: &Args, timeout_flags: &[&str]) -> Res<Common> {
     let detach = p.has("--detach") || p.has("--async");
     let mut timeout = None;
     for f in timeout_flags {
@@ -62,15 +69,48 @@ fn common(p: &Args, timeout_flags: &[&str]) -> Res<Common> {
         }
     }
     let interactive = p.has("--interactive");
-    let forward_stdin = !detach && (interactive || !io::stdin().is_terminal());
+    let forward_stdin = !detach && !stdin_is_null() && (interactive || !io::stdin().is_terminal());
+    let cwd = match &ctx.host {
+        Host::Local(_) => work_dir(p.value("--cwd"))?,
+        Host::Ssh(remote) => remote_dir(p.value("--cwd"), &remote.host)?,
+    };
     Ok(Common {
         stdin_pipe: forward_stdin || (detach && interactive),
-        cwd: work_dir(p.value("--cwd"))?,
+        cwd,
         env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
         timeout,
         detach,
         forward_stdin,
     })
+}
+
+/// Whether execctl's stdin is `/dev/null`: nothing to forward, so no stdin pipe and no
+/// connection to feed it (a script's `execctl run ... </dev/null` costs one link, not two).
+fn stdin_is_null() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(fd) = io::stdin().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let (Ok(ours), Ok(null)) = (
+        std::fs::File::from(fd).metadata(),
+        std::fs::metadata("/dev/null"),
+    ) else {
+        return false;
+    };
+    ours.file_type().is_char_device() && ours.rdev() == null.rdev()
+}
+
+/// `-w DIR` on another host: absolute, since execctl's directory means nothing there;
+/// none means the remote daemon's default directory.
+fn remote_dir(flag: Option<&str>, host: &str) -> Res<Option<String>> {
+    match flag {
+        None => Ok(None),
+        Some(d) if d.starts_with('/') => Ok(Some(d.to_string())),
+        Some(d) => Err(Fail::usage(format!(
+            "-w/--cwd {d} is relative, and the command runs on {host}: give an absolute path there"
+        ))),
+    }
 }
 
 /// `--cwd` made absolute against execctl's directory; by default execctl's directory.
@@ -363,6 +403,23 @@ fn exit_state(payload: &Value) -> &'static str {
     }
 }
 
+/// What to say when execd ended the command and execctl did not ask: its `Exit` says
+/// why (`reason`). Without it, a daemon's shutdown looked like the command's own SIGTERM.
+fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
+    let daemon = ctx.host.describe();
+    let how = match &payload["signal"] {
+        Value::String(s) => format!(" ({s})"),
+        _ => String::new(),
+    };
+    Some(match payload["reason"].as_str()? {
+        "shutdown" => format!("{daemon} shut down and killed {id}{how}"),
+        "session close" => format!("{id} was killed{how}: its session was closed"),
+        "release" => format!("{id} was killed{how}: it was released"),
+        "request" => format!("{id} was killed{how} (execctl kill, from elsewhere)"),
+        other => format!("{id} was killed{how} by execd ({other})"),
+    })
+}
+
 /// The exit status, the messages around it, and the `--json` object.
 fn finish(
     ctx: &Ctx,
@@ -408,7 +465,12 @@ fn finish(
                     }
                     EXIT_TIMEOUT
                 }
-                None => exit_status(&payload["exitCode"], &payload["signal"]),
+                None => {
+                    if let (false, Some(why)) = (ctx.json, ended_by_daemon(ctx, id, payload)) {
+                        warn(&why);
+                    }
+                    exit_status(&payload["exitCode"], &payload["signal"])
+                }
             }
         }
     };
@@ -459,7 +521,7 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
             "run needs a command: execctl run [OPTIONS] COMMAND [ARGS...]",
         ));
     };
-    let o = common(p, &["--timeout"])?;
+    let o = common(ctx, p, &["--timeout"])?;
     if o.detach && o.timeout.is_some() {
         return Err(Fail::usage(
             "run --detach cannot enforce --timeout once execctl has gone; use exec --detach --timeout, which the daemon enforces",
@@ -492,7 +554,8 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     params["_meta"] = if o.detach {
         json!({"execd": {"stdin": o.stdin_pipe}})
     } else {
-        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe}})
+        json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe,
+                         "killOnDisconnect": true}})
     };
     let created = match create(&mut c, "terminal/create", params, &killer) {
         Ok(r) => r,
@@ -534,7 +597,7 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
             "exec needs a shell line: execctl exec [OPTIONS] 'LINE'",
         ));
     }
-    let o = common(p, &["--timeout", "--hard-timeout"])?;
+    let o = common(ctx, p, &["--timeout", "--hard-timeout"])?;
     let soft = match p.value("--wait") {
         Some(v) => seconds("--wait", v)?,
         None => None,
@@ -563,6 +626,11 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     if !o.detach {
         params["subscribe"] = subscription();
+    }
+    // `--wait` returns with the command still running, on purpose: only a command
+    // followed to its end dies with execctl.
+    if !o.detach && soft.is_none() {
+        params["kill_on_disconnect"] = json!(true);
     }
     let r = match create(&mut c, "bash/exec", params, &killer) {
         Ok(r) => r,
@@ -686,7 +754,7 @@ mod tests {
     #[test]
     fn sink_counts_gaps_and_skips_repeats() {
         let killer = Killer::new(&Ctx {
-            socket: "/nonexistent".into(),
+            host: super::super::connect::Host::Local("/nonexistent".into()),
             json: true,
             verbose: false,
         });

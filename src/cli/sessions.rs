@@ -60,6 +60,7 @@ pub fn list(ctx: &Ctx, p: &Args) -> Res<u8> {
         &["SESSION", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING"],
         &rows,
         None,
+        &[],
     )?;
     Ok(0)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::connect::Ctx;
+use super::connect::{Ctx, Host};
 use super::errors::Res;
 use super::output;
 use super::ps::{no_operands, processes};
@@ -67,9 +67,17 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
     no_operands(p, "status")?;
     let mut c = ctx.connect()?;
     if p.has("--path") {
-        // Asked once, so the path printed is one a daemon answers on.
-        c.call("initialize", json!({}))?;
-        output::print(&format!("{}\n", ctx.socket.display()))?;
+        // Asked once, so the path printed is one a daemon answers on; on another host,
+        // the path there, as that daemon names it.
+        let init = c.call("initialize", json!({}))?;
+        let path = match &ctx.host {
+            Host::Local(p) => p.display().to_string(),
+            Host::Ssh(_) => init["_meta"]["execd"]["socket"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        };
+        output::print(&format!("{path}\n"))?;
         return Ok(0);
     }
     let init = c.call(

@@ -71,13 +71,15 @@ impl Core {
         } else {
             ring.append(data);
         }
-        if let Some(screen) = self
-            .table
-            .get_mut(key)
-            .and_then(|p| p.tty.as_mut())
-            .and_then(|t| t.screen.as_mut())
-        {
+        let Some(p) = self.table.get_mut(key) else {
+            return;
+        };
+        p.quiet_since = self.now;
+        if let Some(screen) = p.tty.as_mut().and_then(|t| t.screen.as_mut()) {
             screen.feed(data);
+        }
+        if p.waiting_for_input {
+            self.set_waiting(key, false);
         }
         if shell {
             self.shell_output(key, offset, data);

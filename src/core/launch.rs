@@ -61,6 +61,9 @@ pub struct LaunchRequest {
     pub prefix: &'static str,
     /// Subscribe this connection from the first byte, as the command starts.
     pub subscribe: Option<(ConnId, SubOpts)>,
+    /// Kill the command when this connection (the creating one, which asked for
+    /// `killOnDisconnect`) closes.
+    pub kill_on_disconnect: Option<ConnId>,
     /// Its cgroup limits: the daemon's, or lower ones the request asked for.
     pub limits: CgroupLimits,
     pub after: After,
@@ -250,8 +253,18 @@ pub fn requested_tty(
     }
 }
 
+/// The size a resize asks for: its `rows` and `cols`, 1..1000 each (`-32602` naming
+/// `rows` otherwise).
+pub fn resize_to(p: &Params) -> Result<WinSize, RpcError> {
+    window_size(
+        p.opt_u64("rows")?.unwrap_or(0),
+        p.opt_u64("cols")?.unwrap_or(0),
+        "rows",
+    )
+}
+
 /// `rows` by `cols` as a window size: 1..1000 each, else `-32602` naming `field`.
-pub fn window_size(rows: u64, cols: u64, field: &str) -> Result<WinSize, RpcError> {
+fn window_size(rows: u64, cols: u64, field: &str) -> Result<WinSize, RpcError> {
     let side = 1..=u64::from(WinSize::MAX_SIDE);
     if !side.contains(&rows) || !side.contains(&cols) {
         return Err(RpcError::invalid_params(

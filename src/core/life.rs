@@ -79,6 +79,7 @@ impl Core {
             Stdio3::Shell(_) => Some(Stdin::new(crate::core::shell::COMMAND_PIPE_BUFFER)),
             _ => None,
         };
+        self.input_watch |= stdin.is_some();
         self.log.line(format_args!(
             "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
             req.peer.uid,
@@ -125,9 +126,12 @@ impl Core {
             runs_as,
             exit: None,
             kill: None,
+            tied_to: req.kill_on_disconnect,
             signalled: false,
             released: false,
             tty,
+            quiet_since: self.now,
+            waiting_for_input: false,
             waiters: Vec::new(),
             held: 0,
             subs: Vec::new(),
@@ -139,6 +143,12 @@ impl Core {
         // Subscribed from the first byte, unless its connection left while it started.
         if let Some((conn, opts)) = req.subscribe.filter(|(c, _)| self.clients.contains_key(c)) {
             self.table.subscribe(key, conn, [0, 0], opts);
+        }
+        // A command tied to a connection that is already gone has nobody to run for.
+        if let Some(conn) = req.kill_on_disconnect {
+            if !self.clients.contains_key(&conn) {
+                self.kill(key, KillReason::Disconnect);
+            }
         }
     }
 
@@ -266,12 +276,16 @@ impl Core {
 
     /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
     pub(super) fn end_tree(&mut self, key: Key) {
+        let Some(id) = self.table.get(key).map(|p| p.id.clone()) else {
+            return;
+        };
         self.out.push(Effect::End {
             key,
+            id: id.clone(),
             stage: Stage::Term,
         });
         self.timers
-            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key));
+            .add(self.now + self.cfg.kill_grace, Timer::Escalate(key, id));
     }
 
     /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
@@ -293,8 +307,10 @@ impl Core {
         // SIGKILL means the whole tree, escaped or not; other signals are requests the
         // process group gets.
         if sig == libc::SIGKILL {
+            let id = p.id.clone();
             self.out.push(Effect::End {
                 key,
+                id,
                 stage: Stage::Kill,
             });
         } else {
@@ -376,6 +392,8 @@ impl Core {
             .map_or(0, |s| s.capacity);
         if !waiting && queue_stdin(&mut self.table, key, &data, eof)?.is_some() {
             self.out.push(Effect::FlushStdin(key));
+            // Input given: whatever waited for it is not waiting any more.
+            self.set_waiting(key, false);
             return Ok(None);
         }
         if wait && !waiting && data.len() <= capacity {
@@ -571,7 +589,7 @@ mod tests {
             .any(|e| matches!(e, Effect::ClosePipes(x) if *x == k)));
         assert!(effects
             .iter()
-            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term } if *key == k)));
+            .any(|e| matches!(e, Effect::End { key, stage: Stage::Term, .. } if *key == k)));
         c.sweep();
         assert!(c.table.get(k).is_some(), "kept until reaped");
         c.exited(k, Ended::Signal(libc::SIGTERM), Usage::default(), None);
@@ -601,6 +619,33 @@ mod tests {
         assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
     }
 
+    /// The final stage names the command, whose cookie the loop sweeps for, even when the
+    /// command was forgotten during the grace.
+    #[test]
+    fn the_final_kill_names_the_command_even_once_forgotten() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        let id = c.table.get(k).unwrap().id.clone();
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        c.release(k, KillReason::Release);
+        c.sweep();
+        assert!(c.table.get(k).is_none(), "forgotten");
+        std::mem::take(&mut c.out);
+        later(&mut c, Duration::from_secs(2));
+        let kills: Vec<(Key, String)> = std::mem::take(&mut c.out)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::End {
+                    key,
+                    id,
+                    stage: Stage::Kill,
+                } => Some((key, id)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kills, vec![(k, id)]);
+    }
+
     #[test]
     fn a_released_command_an_answer_still_refers_to_is_kept_until_it_is_let_go() {
         let mut c = core();
@@ -620,6 +665,68 @@ mod tests {
             c.table.get(k).is_none(),
             "forgotten once the last is rendered"
         );
+    }
+
+    /// A terminal of uid 1000 created by connection `conn`, tied to it when `tied`.
+    fn tied_terminal(c: &mut Core, conn: ConnId, tied: bool) -> Key {
+        let mut req = request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        req.kill_on_disconnect = tied.then_some(conn);
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, key.0 as i32 + 1000, req.peer.uid);
+        key
+    }
+
+    #[test]
+    fn a_command_tied_to_its_connection_is_killed_when_it_closes_and_audited() {
+        let mut c = core();
+        c.cfg.audit = Some(crate::config::AuditTarget::Stderr);
+        let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
+        let peer = Peer {
+            uid: 1000,
+            gid: 1000,
+            pid: 42,
+        };
+        c.connected(C1, peer, vec![]);
+        c.connected(C2, peer, vec![]);
+        let tied = tied_terminal(&mut c, C1, true);
+        let free = tied_terminal(&mut c, C1, false);
+        let other = tied_terminal(&mut c, C2, true);
+        std::mem::take(&mut c.out);
+        c.disconnected(C1);
+        // Only the tied command of the closed connection: SIGTERM now, SIGKILL after
+        // the grace, as every kill.
+        assert_eq!(ends(&mut c), vec![(tied, Stage::Term)]);
+        later(&mut c, Duration::from_millis(1999));
+        assert!(ends(&mut c).is_empty());
+        later(&mut c, Duration::from_millis(1));
+        assert_eq!(ends(&mut c), vec![(tied, Stage::Kill)]);
+        c.exited(tied, Ended::Signal(libc::SIGKILL), Usage::default(), None);
+        assert_eq!(c.table.get(tied).unwrap().status(), "killed");
+        assert_eq!(
+            c.table.get(tied).unwrap().kill,
+            Some(KillReason::Disconnect)
+        );
+        assert!(c.table.get(free).unwrap().running(), "not tied: runs on");
+        assert!(
+            c.table.get(other).unwrap().running(),
+            "tied to another connection"
+        );
+        let exit = crate::core::view::exit_event(c.table.get(tied).unwrap());
+        assert_eq!(exit["reason"], "disconnect");
+        let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        let kill = log
+            .lines()
+            .find(|l| l.contains(r#""event":"kill""#))
+            .unwrap_or_else(|| panic!("no kill record in {log}"));
+        assert!(kill.contains(r#""reason":"disconnect""#), "{kill}");
+        // A command whose creating connection is gone before it started is killed at once.
+        let late = tied_terminal(&mut c, C1, true);
+        assert_eq!(ends(&mut c), vec![(late, Stage::Term)]);
     }
 
     #[test]

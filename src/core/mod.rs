@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod gate;
+pub mod input;
 pub mod launch;
 pub mod life;
 pub mod log;
@@ -44,13 +45,36 @@ use crate::core::table::{ConnId, Key, KillReason, ParkId, Peer, SessionKey, Tabl
 use crate::core::timers::{TimerId, Timers};
 use crate::policy::Policy;
 use crate::types::Leftovers;
-use crate::types::{Stage, WinSize};
+use crate::types::{Stage, SweepScope, Swept, WinSize};
 use crate::wire::rpc::{ReqNo, RpcError};
 pub use gate::Gated;
 use gate::{Answer, Approvals};
 use log::{Log, Queue};
 use park::Parked;
 pub use park::Wait;
+
+/// How commands are contained (PROTOCOL 9 and 14), as `initialize` and `execctl status`
+/// say it.
+#[derive(Debug, Clone)]
+pub struct Containment {
+    /// `cgroup` or `process-group`: what holds a command's tree besides its cookie.
+    pub kind: &'static str,
+    /// In words: the cgroup and its controllers, or why there is none, and what escapes.
+    pub detail: String,
+    /// This run's instance: every command's environment holds
+    /// `EXECD_TREE=<cookie>:<command id>`.
+    pub cookie: String,
+}
+
+impl Default for Containment {
+    fn default() -> Containment {
+        Containment {
+            kind: "process-group",
+            detail: "process groups".into(),
+            cookie: String::new(),
+        }
+    }
+}
 
 /// Who is calling: the connection and the peer's credentials.
 #[derive(Debug, Clone, Copy)]
@@ -103,8 +127,10 @@ pub enum Effect {
         req: ReqNo,
         wait: Wait,
     },
-    /// End a command's tree, one stage.
-    End { key: Key, stage: Stage },
+    /// End a command's tree, one stage. `id` is the command's public id, which its
+    /// `EXECD_TREE` cookie names (the command may be forgotten by the time the final
+    /// stage comes).
+    End { key: Key, id: String, stage: Stage },
     /// Send a signal to a command's tree (`bash/kill`).
     Signal { key: Key, sig: i32 },
     /// Stop reading a command's output (release, history trimming).
@@ -136,8 +162,8 @@ pub enum Effect {
 /// Everything the core waits for in time.
 #[derive(Debug, Clone, PartialEq)]
 enum Timer {
-    /// SIGKILL what is left of a tree after the grace.
-    Escalate(Key),
+    /// SIGKILL what is left of a tree (command `id`) after the grace.
+    Escalate(Key, String),
     /// A parked request's deadline (soft timeout, `wait_timeout`, kill answer).
     Deadline(ParkId),
     /// A bash command's `hard_timeout`.
@@ -189,12 +215,15 @@ pub struct Core {
     pub approvals: Approvals,
     /// The shell sessions (PROTOCOL 12.2).
     pub shells: shell::Shells,
-    /// How commands are contained (`cgroup` or `process-group`) and in words.
-    pub containment: (&'static str, String),
+    /// How commands are contained, as `initialize` says.
+    pub containment: Containment,
     /// The daemon's descriptor limit (`RLIMIT_NOFILE`, raised at start).
     pub nofile: u64,
     /// Shutdown has begun: no new work is taken.
     pub stopping: bool,
+    /// A command with its stdin open started since the loop last looked for commands
+    /// waiting for input (`input_watch`).
+    pub input_watch: bool,
     /// The uid the daemon runs as: with root, the one uid not held to fair shares.
     pub daemon_uid: u32,
     /// Effects for the loop, in the order they arose.
@@ -232,9 +261,10 @@ impl Core {
             policy: Policy::default(),
             approvals: Approvals::default(),
             shells: shell::Shells::default(),
-            containment: ("process-group", "process groups".into()),
+            containment: Containment::default(),
             nofile: 1024,
             stopping: false,
+            input_watch: false,
             daemon_uid: 0,
             out: Vec::new(),
         }
@@ -276,8 +306,89 @@ impl Core {
         self.record(
             "leftovers",
             None,
-            json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept }),
+            json!({ "cgroups": l.cgroups, "processes": l.processes, "kept": l.kept,
+                    "mode": "cgroup" }),
         );
+    }
+
+    /// A cookie sweep ended (PROTOCOL 14). What it killed is logged and audited: at start
+    /// as `leftovers {count, mode: "cookie"}`, after a kill or at shutdown as `swept {ids,
+    /// count}`. A sweep that found nothing says nothing.
+    pub fn swept(&mut self, s: &Swept) {
+        let named = if s.sample.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = s
+                .sample
+                .iter()
+                .map(|(pid, name)| format!("{pid} {name}"))
+                .collect();
+            let more = if s.killed > s.sample.len() {
+                ", ..."
+            } else {
+                ""
+            };
+            format!(": {}{more}", list.join(", "))
+        };
+        if s.spared > 0 {
+            self.log.line(format_args!(
+                "left {} process(es) of an earlier instance on this socket alone: the daemon \
+                 that started them still runs",
+                s.spared
+            ));
+        }
+        if s.killed == 0 {
+            return;
+        }
+        let read = format!(
+            "{} environments read in {} pass(es), {:.1} ms",
+            s.read,
+            s.passes,
+            s.elapsed.as_secs_f64() * 1e3
+        );
+        match &s.scope {
+            SweepScope::Earlier => {
+                self.log.line(format_args!(
+                    "killed {} process(es) an earlier instance on this socket left (found by \
+                     their EXECD_TREE cookie; {read}){named}",
+                    s.killed
+                ));
+                self.record(
+                    "leftovers",
+                    None,
+                    json!({ "count": s.killed, "mode": "cookie" }),
+                );
+            }
+            SweepScope::Commands(ids) => {
+                let shown = if ids.len() > 5 {
+                    format!("{} and {} more", ids[..5].join(", "), ids.len() - 5)
+                } else {
+                    ids.join(", ")
+                };
+                self.log.line(format_args!(
+                    "{shown}: killed {} process(es) that left the process group but carried \
+                     the EXECD_TREE cookie ({read}){named}",
+                    s.killed
+                ));
+                self.record(
+                    "swept",
+                    None,
+                    json!({ "ids": ids, "count": s.killed, "mode": "cookie" }),
+                );
+            }
+            SweepScope::Every => {
+                self.log.line(format_args!(
+                    "shutdown: killed {} process(es) that carried this instance's EXECD_TREE \
+                     cookie ({read}){named}",
+                    s.killed
+                ));
+                self.record(
+                    "swept",
+                    None,
+                    json!({ "ids": "every", "count": s.killed, "mode": "cookie" }),
+                );
+            }
+        }
     }
 
     /// The earliest time a timer of the core is due.
@@ -297,8 +408,9 @@ impl Core {
         let now = self.now;
         while let Some(t) = self.timers.pop_due(now) {
             match t {
-                Timer::Escalate(key) => self.out.push(Effect::End {
+                Timer::Escalate(key, id) => self.out.push(Effect::End {
                     key,
+                    id,
                     stage: Stage::Kill,
                 }),
                 Timer::Deadline(park) => {
@@ -356,10 +468,33 @@ impl Core {
         self.record("connect", Some(peer), json!({}));
     }
 
-    /// A connection closed: its parked requests have nobody to answer (the processes go
-    /// on), and its subscriptions end.
+    /// A connection closed: its parked requests have nobody to answer, its subscriptions
+    /// end, and the commands it created with `killOnDisconnect` are killed (the others go
+    /// on).
     pub fn disconnected(&mut self, conn: ConnId) {
         self.clients.remove(&conn);
+        // A scan rather than an index: a disconnect is rare next to the work it ends, and
+        // the table is bounded (`--max-processes` running, `--max-retained` kept).
+        let mut tied: Vec<Key> = self
+            .table
+            .procs
+            .values()
+            .filter(|p| p.tied_to == Some(conn))
+            .map(|p| p.key)
+            .collect();
+        tied.sort_unstable();
+        for key in tied {
+            if let Some(p) = self.table.get_mut(key) {
+                p.tied_to = None;
+                if p.running() && p.kill.is_none() {
+                    self.log.line(format_args!(
+                        "{} killed: the connection that started it closed",
+                        p.id
+                    ));
+                }
+            }
+            self.kill(key, KillReason::Disconnect);
+        }
         self.groups.remove(&conn);
         self.approvals.remove(conn);
         // Its commands waiting for approval are withdrawn: nothing is started for a

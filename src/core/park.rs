@@ -182,9 +182,10 @@ impl Core {
             Wait::BashOutput { from, .. } => {
                 expired || c.exit.is_some() || view::has_output_past(c, *from)
             }
-            Wait::BashExec { .. } | Wait::BashKill(_) | Wait::Signalled(_) => {
-                expired || c.exit.is_some()
-            }
+            // A synchronous exec whose command waits for input answers at once, running
+            // (PROTOCOL 12.3): nobody would give it input while the request waits.
+            Wait::BashExec { .. } => expired || c.exit.is_some() || c.waiting_for_input,
+            Wait::BashKill(_) | Wait::Signalled(_) => expired || c.exit.is_some(),
             Wait::StdinRoom { .. } | Wait::Shell { .. } => false, // handled above
         });
         if done == Some(false) {

@@ -172,15 +172,8 @@ impl Perform for Text {
 mod tests {
     use super::*;
 
-    fn ring_of(bytes: &[u8]) -> Ring {
-        let mut r = Ring::new(1 << 16);
-        r.grow(1 << 16);
-        r.append(bytes);
-        r
-    }
-
     fn plain(bytes: &[u8]) -> String {
-        let r = ring_of(bytes);
+        let r = Ring::filled(bytes);
         render(&r, 0, r.end(), true)
     }
 
@@ -209,7 +202,7 @@ mod tests {
     #[test]
     fn a_window_that_starts_inside_an_escape_sequence_starts_after_it() {
         let bytes = b"one\x1b[38;5;196mtwo";
-        let r = ring_of(bytes);
+        let r = Ring::filled(bytes);
         // From inside the colour sequence: its tail is not text.
         assert_eq!(render(&r, 6, r.end(), true), "two");
         // From after it, and from before it.
@@ -219,7 +212,7 @@ mod tests {
 
     #[test]
     fn an_incomplete_character_is_replaced_only_when_the_stream_ended() {
-        let r = ring_of(b"a\xc3");
+        let r = Ring::filled(b"a\xc3");
         assert_eq!(render(&r, 0, 2, true), "a\u{FFFD}");
         assert_eq!(render(&r, 0, 2, false), "a");
         assert_eq!(plain("é✓".as_bytes()), "é✓");

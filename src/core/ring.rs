@@ -177,6 +177,15 @@ impl Ring {
         }
     }
 
+    /// A ring of 64 KiB holding `bytes` (tests of what reads a ring).
+    #[cfg(test)]
+    pub fn filled(bytes: &[u8]) -> Ring {
+        let mut r = Ring::new(1 << 16);
+        r.grow(1 << 16);
+        r.append(bytes);
+        r
+    }
+
     /// The retained bytes in `[from, to)` as at most two slices, oldest first. The range is
     /// clamped to what is retained.
     pub fn slices(&self, from: u64, to: u64) -> (&[u8], &[u8]) {

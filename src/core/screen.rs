@@ -78,16 +78,9 @@ impl Screen {
 mod tests {
     use super::*;
 
-    fn ring_of(bytes: &[u8]) -> Ring {
-        let mut r = Ring::new(1 << 16);
-        r.grow(1 << 16);
-        r.append(bytes);
-        r
-    }
-
     #[test]
     fn a_cursor_move_puts_text_where_a_terminal_would() {
-        let s = Screen::new(WinSize::DEFAULT, &ring_of(b"\x1b[2J\x1b[5;10HXY"));
+        let s = Screen::new(WinSize::DEFAULT, &Ring::filled(b"\x1b[2J\x1b[5;10HXY"));
         let v = s.view();
         assert_eq!(v["rows"], 24);
         assert_eq!(v["cols"], 80);
@@ -100,7 +93,7 @@ mod tests {
 
     #[test]
     fn the_alternate_screen_is_reported_and_fed_bytes_land_on_it() {
-        let mut s = Screen::new(WinSize { rows: 3, cols: 10 }, &ring_of(b"main"));
+        let mut s = Screen::new(WinSize { rows: 3, cols: 10 }, &Ring::filled(b"main"));
         s.feed(b"\x1b[?1049h\x1b[Hfull");
         let v = s.view();
         assert_eq!(v["alternate"], true);

@@ -593,6 +593,7 @@ impl Core {
             ring_capacity: self.cfg.output_limit,
             prefix: "sh",
             subscribe: None,
+            kill_on_disconnect: None,
             limits: self.cfg.limits,
             after: super::launch::After::ShellStart(then),
             admitted: None,
@@ -859,6 +860,8 @@ impl Core {
                         // Input written while the line was being read goes now; a kill
                         // asked for meanwhile is carried out now.
                         let kill = r.kill.is_some();
+                        // Whatever read the terminal before belonged to an earlier command.
+                        self.set_waiting(shell, false);
                         self.out.push(Effect::FlushStdin(shell));
                         if kill {
                             self.out.push(Effect::Interrupt(shell));
@@ -954,6 +957,7 @@ impl Core {
                 stdin.undelivered += stdin.buf.len() as u64;
                 stdin.buf.clear();
             }
+            self.set_waiting(shell, false);
         }
         if sent {
             self.record(
@@ -1165,9 +1169,7 @@ impl Core {
     /// `waiting_for_input: true`) instead of sitting out its timeout; the command keeps
     /// running. A shell at its prompt never reads its terminal (it reads its command
     /// pipe), so only programs of a running command can set it.
-    // The 12.3 detector (`sys::waiting`, on its own branch) is what calls this once the
-    // loop is wired to it; until then only the tests do.
-    #[allow(dead_code)]
+    /// Called from `set_waiting`, with what the loop's look (`sys::waiting`) found.
     pub fn input_wanted(&mut self, key: Key, waiting: bool) {
         let Some(sk) = self.table.get(key).and_then(session_of) else {
             return;
@@ -1200,7 +1202,6 @@ impl Core {
                 key.1
             )));
         };
-        r.waiting_for_input = false;
         let running = r.step == Step::Running;
         let shell = shell.ok_or_else(|| RpcError::invalid_state("the shell is restarting"))?;
         match super::life::queue_stdin(&mut self.table, shell, data, false)? {
@@ -1216,6 +1217,11 @@ impl Core {
         }
         if running {
             self.out.push(Effect::FlushStdin(shell));
+        }
+        // Input given: whatever waited for it is not waiting any more.
+        self.set_waiting(shell, false);
+        if let Some(r) = self.shells.map.get_mut(key).and_then(|s| s.current_mut()) {
+            r.waiting_for_input = false;
         }
         Ok("running")
     }
@@ -1493,7 +1499,7 @@ mod tests {
         let (key, k) = with_shell(&mut c);
         say(&mut c, &key, k, "p");
         let seq = queue(&mut c, &key, "read x");
-        c.input_wanted(k, true); // not started yet: nothing to say
+        c.input_seen(k, true); // not started yet: nothing to say
         say(&mut c, &key, k, &format!("s;{seq}"));
         c.shell_watch_quiet(&key, seq, Duration::from_secs(30));
         let wait = Wait::Shell {
@@ -1503,7 +1509,8 @@ mod tests {
         };
         c.park(C1, ReqNo(1), wait, None);
         assert!(testkit::replies(&mut c).is_empty());
-        c.input_wanted(k, true);
+        // What the loop's look finds (`sys::waiting`), through the core's one entry.
+        c.input_seen(k, true);
         let r = testkit::replies(&mut c);
         let v = r[0].2.as_ref().unwrap();
         assert_eq!(v["status"], "no_change_timeout", "{v}");

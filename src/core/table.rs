@@ -85,6 +85,8 @@ pub enum KillReason {
     SessionClose,
     /// The daemon is stopping.
     Shutdown,
+    /// The connection that created it with `killOnDisconnect` closed.
+    Disconnect,
 }
 
 impl KillReason {
@@ -95,6 +97,7 @@ impl KillReason {
             KillReason::Timeout => "timeout",
             KillReason::SessionClose => "session close",
             KillReason::Shutdown => "shutdown",
+            KillReason::Disconnect => "disconnect",
         }
     }
 }
@@ -264,12 +267,20 @@ pub struct Proc {
     pub exit: Option<Exit>,
     /// Set when the daemon starts ending it; a later kill only waits for this one.
     pub kill: Option<KillReason>,
+    /// The connection that created it asking for `killOnDisconnect`: its close kills
+    /// the command (a foreground `execctl run` that dies takes its command with it).
+    pub tied_to: Option<ConnId>,
     /// `bash/kill` sent it a terminating signal: ending by a signal then means `killed`.
     pub signalled: bool,
     /// Hidden from lookups by release; kept until reaped and its waiters answered.
     pub released: bool,
     /// Its pseudo-terminal, when it runs in one.
     pub tty: Option<Tty>,
+    /// When it last wrote output (or started): a command quiet for a while with its
+    /// stdin open is looked at for waiting for input (PROTOCOL 12.3).
+    pub quiet_since: Instant,
+    /// A process of its tree is blocked reading its stdin or terminal, as last looked.
+    pub waiting_for_input: bool,
     /// Parked requests interested in this process.
     pub waiters: Vec<ParkId>,
     /// Answers about it that wait for room on their connection: it is not forgotten
@@ -806,9 +817,12 @@ mod tests {
             runs_as: owner,
             exit: None,
             kill: None,
+            tied_to: None,
             signalled: false,
             released: false,
             tty: None,
+            quiet_since: crate::types::test_clock().0,
+            waiting_for_input: false,
             waiters: vec![],
             held: 0,
             subs: vec![],

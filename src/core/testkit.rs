@@ -50,6 +50,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         ring_capacity: 64,
         prefix: "term",
         subscribe: None,
+        kill_on_disconnect: None,
         limits: Default::default(),
         after: After::Terminal,
         admitted: None,
@@ -104,7 +105,7 @@ pub fn ends(c: &mut Core) -> Vec<(Key, Stage)> {
     std::mem::take(&mut c.out)
         .into_iter()
         .filter_map(|e| match e {
-            Effect::End { key, stage } => Some((key, stage)),
+            Effect::End { key, stage, .. } => Some((key, stage)),
             _ => None,
         })
         .collect()

@@ -49,7 +49,10 @@ pub fn oom_killed(p: &Proc) -> bool {
     p.exit.and_then(|e| e.tree).is_some_and(|t| t.oom_killed)
 }
 
-/// The `Exit` event's payload.
+/// The `Exit` event's payload. `reason` says why execd ended the command when it did
+/// (`request`, `release`, `timeout`, `session close`, `shutdown`, `disconnect`), so a
+/// client can tell a command the daemon's shutdown killed from one that died of a
+/// SIGTERM of its own.
 pub fn exit_event(p: &Proc) -> Value {
     let (code, signal) = exit_fields(p);
     let mut v = Map::new();
@@ -57,6 +60,9 @@ pub fn exit_event(p: &Proc) -> Value {
     v.insert("exitCode".into(), code.into());
     v.insert("signal".into(), signal.into());
     v.insert("status".into(), p.status().into());
+    if let Some(reason) = p.kill {
+        v.insert("reason".into(), reason.as_str().into());
+    }
     if let Value::Object(usage) = usage_meta(p) {
         v.extend(usage);
     }

@@ -9,7 +9,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, plain_word, requested_tty, validate_dir, validate_env, window_size, After,
+    default_term, plain_word, requested_tty, resize_to, validate_dir, validate_env, After,
     LaunchRequest,
 };
 use crate::core::table::Proc;
@@ -113,7 +113,11 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
             },
             "approvers": approvers,
             "pendingApprovals": pending,
-            "containment": { "kind": core.containment.0, "detail": core.containment.1 },
+            "containment": {
+                "kind": core.containment.kind,
+                "detail": core.containment.detail,
+                "cookie": core.containment.cookie,
+            },
             "descriptors": {
                 "limit": core.nofile,
                 "terminals": command_descriptors(core.nofile, c.max_clients),
@@ -183,8 +187,8 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         Some(n) => n.min(core.cfg.max_output_limit as u64) as usize,
         None => core.cfg.output_limit,
     };
-    // execd's extensions under `_meta.execd`: a subscription from the first byte, and a
-    // stdin pipe the client feeds with `terminal/write`.
+    // execd's extensions under `_meta.execd`: a subscription from the first byte, a
+    // stdin pipe the client feeds with `terminal/write`, limits, `killOnDisconnect`.
     let meta = execd_meta(p)?;
     let m = Params(&meta);
     let subscribe = m
@@ -197,6 +201,12 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ["memoryMax", "pidsMax", "cpuMax"],
         &core.cfg.limits,
     )?;
+    // The creating connection's close kills the command: a client that dies takes its
+    // foreground command with it (ACP has no such notion; execctl run asks for it).
+    let kill_on_disconnect = m
+        .opt_bool("killOnDisconnect")?
+        .unwrap_or(false)
+        .then_some(caller.conn);
     let size = m.opt_object("size")?.map(Params);
     let stdio = match requested_tty(m.opt_bool("tty")?, size.as_ref())? {
         Some(size) => {
@@ -232,6 +242,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         ring_capacity,
         prefix: "term",
         subscribe,
+        kill_on_disconnect,
         limits,
         admitted: None,
         origin: None,
@@ -322,6 +333,9 @@ pub fn output(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         "end": ring.end(),
         "dropped": ring.start(),
     });
+    if t.running() {
+        execd["waitingForInput"] = t.waiting_for_input.into();
+    }
     if let Some(tty) = &t.tty {
         execd["tty"] = crate::methods::bash::tty_size(tty);
         if let Some(s) = tty.screen.as_ref().filter(|_| screen) {
@@ -376,11 +390,7 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
 /// size of the terminal's PTY; `-32602` naming `tty` for one without.
 pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = lookup(core, caller, p)?;
-    let size = window_size(
-        p.opt_u64("rows")?.unwrap_or(0),
-        p.opt_u64("cols")?.unwrap_or(0),
-        "rows",
-    )?;
+    let size = resize_to(p)?;
     core.resize(key, size)?;
     Ok(Step::Done(json!({})))
 }
@@ -410,7 +420,10 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             "outputBytes": t.output_bytes(),
         });
         if let Some(tty) = &t.tty {
-            v["_meta"] = json!({"execd": {"tty": crate::methods::bash::tty_size(tty)}});
+            v["_meta"]["execd"]["tty"] = crate::methods::bash::tty_size(tty);
+        }
+        if t.running() && t.waiting_for_input {
+            v["_meta"]["execd"]["waitingForInput"] = true.into();
         }
         if t.exit.is_some() {
             let mut status = exit_status(t);

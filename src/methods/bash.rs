@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, requested_tty, validate_dir, validate_env, window_size, After, LaunchRequest,
+    default_term, requested_tty, resize_to, validate_dir, validate_env, After, LaunchRequest,
 };
 use crate::core::ring::middle_cut;
 use crate::core::table::{BashSession, Family, Key, Proc, SessionKey, Tty};
@@ -50,6 +50,9 @@ pub fn command_info(p: &Proc) -> Value {
     v.insert("command".into(), p.command.clone().into());
     v.insert("status".into(), p.status().into());
     add_bash_exit(&mut v, p);
+    if p.running() {
+        v.insert("waiting_for_input".into(), p.waiting_for_input.into());
+    }
     if let Some(t) = &p.tty {
         v.insert("tty".into(), tty_size(t));
     }
@@ -75,6 +78,9 @@ pub fn exec_result(p: &Proc, max_len: usize) -> Value {
     v.insert("stdout".into(), middle_cut(stdout, max_len).into());
     v.insert("stderr".into(), middle_cut(stderr, max_len).into());
     add_bash_exit(&mut v, p);
+    if p.running() {
+        v.insert("waiting_for_input".into(), p.waiting_for_input.into());
+    }
     v.insert("offset".into(), offset.into());
     v.insert("stderr_offset".into(), stderr_offset.into());
     Value::Object(v)
@@ -113,6 +119,7 @@ pub fn output_result(p: &Proc, from: [u64; 2], screen: bool) -> Value {
         }
     }
     v.insert("command".into(), command_info(p));
+    v.insert("waiting_for_input".into(), p.waiting_for_input.into());
     if screen {
         if let Some(s) = p.tty.as_ref().and_then(|t| t.screen.as_ref()) {
             v.insert("screen".into(), s.view());
@@ -129,20 +136,20 @@ pub fn tty_size(t: &Tty) -> Value {
 /// `bash/resize {session_id, command_id?, rows, cols}`: sets the window size of the
 /// command's terminal (the newest running command by default).
 pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
-    let size = window_size(
-        p.opt_u64("rows")?.unwrap_or(0),
-        p.opt_u64("cols")?.unwrap_or(0),
-        "rows",
-    )?;
-    let session = existing_session(core, caller, p)?;
-    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
-        c.table.newest_running(&session)
-    })?
-    .ok_or_else(|| {
-        RpcError::invalid_state(format!("no running command in session {}", session.1))
-    })?;
+    let size = resize_to(p)?;
+    let key = running_target(core, caller, p)?;
     core.resize(key, size)?;
     Ok(Step::Done(json!({})))
+}
+
+/// The running command a write or a resize is for: `command_id`, else the session's
+/// newest running command.
+fn running_target(core: &mut Core, caller: &Caller, p: &Params) -> Result<Key, RpcError> {
+    let session = existing_session(core, caller, p)?;
+    target(core, caller, &session, p.opt_str("command_id")?, |c| {
+        c.table.newest_running(&session)
+    })?
+    .ok_or_else(|| RpcError::invalid_state(format!("no running command in session {}", session.1)))
 }
 
 fn seconds(s: f64) -> Duration {
@@ -150,20 +157,20 @@ fn seconds(s: f64) -> Duration {
 }
 
 fn session_info(core: &Core, sess: &BashSession) -> Value {
-    let current = sess
+    let running = sess
         .commands
         .iter()
         .rev()
         .filter_map(|k| core.table.get(*k))
-        .find(|p| p.running())
-        .map(|p| p.command.clone());
+        .find(|p| p.running());
     json!({
         "session_id": sess.id,
         "status": "ready",
         "working_dir": sess.workdir.display().to_string(),
         "created_at": rfc3339(sess.created_wall),
         "last_used_at": rfc3339(sess.last_used_wall),
-        "current_command": current,
+        "current_command": running.map(|p| p.command.clone()),
+        "waiting_for_input": running.is_some_and(|p| p.waiting_for_input),
         "command_count": sess.command_count,
     })
 }
@@ -226,6 +233,10 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .map(|o| crate::methods::events::sub_opts(&Params(o)))
         .transpose()?
         .map(|opts| (caller.conn, opts));
+    let kill_on_disconnect = p
+        .opt_bool("kill_on_disconnect")?
+        .unwrap_or(false)
+        .then_some(caller.conn);
     let limits = crate::core::launch::request_limits(
         p.opt_object("limits")?.map(Params).as_ref(),
         ["memory_max", "pids_max", "cpu_max"],
@@ -260,6 +271,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ring_capacity: core.cfg.output_limit,
         prefix: "cmd",
         subscribe,
+        kill_on_disconnect,
         limits,
         admitted: None,
         origin: None,
@@ -397,13 +409,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let data = write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    let session = existing_session(core, caller, p)?;
-    let key = target(core, caller, &session, p.opt_str("command_id")?, |c| {
-        c.table.newest_running(&session)
-    })?
-    .ok_or_else(|| {
-        RpcError::invalid_state(format!("no running command in session {}", session.1))
-    })?;
+    let key = running_target(core, caller, p)?;
     super::write_stdin(core, key, data, eof, wait)
 }
 

@@ -307,6 +307,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ring_capacity: core.cfg.output_limit,
         prefix: "shcmd",
         subscribe: None,
+        kill_on_disconnect: None,
         limits: core.cfg.limits,
         after: After::ShellLine(Box::new(exec)),
         admitted: None,

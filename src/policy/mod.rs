@@ -490,11 +490,23 @@ impl Iterator for Candidates<'_> {
 }
 
 /// Whether setting variable `name` changes what a shell or the dynamic loader runs
-/// (PROTOCOL 7.2): then a command's words say less than what will run.
+/// (PROTOCOL 7.2): then a command's words say less than what will run. `SSH_CLIENT`,
+/// `SSH2_CLIENT` and `SHLVL` too: with them Debian's bash reads `~/.bashrc` even for
+/// `bash -c`.
 pub fn changes_what_runs(name: &str) -> bool {
     matches!(
         name,
-        "BASH_ENV" | "ENV" | "SHELLOPTS" | "BASHOPTS" | "PS4" | "PROMPT_COMMAND" | "IFS" | "PATH"
+        "BASH_ENV"
+            | "ENV"
+            | "SHELLOPTS"
+            | "BASHOPTS"
+            | "PS4"
+            | "PROMPT_COMMAND"
+            | "IFS"
+            | "PATH"
+            | "SSH_CLIENT"
+            | "SSH2_CLIENT"
+            | "SHLVL"
     ) || name.starts_with("LD_")
         || name.starts_with("BASH_FUNC_")
 }
@@ -862,7 +874,8 @@ mod tests {
               {"name": "push-1", "pattern": ["git", "push"], "decision": "ask", "justification": "one"},
               {"name": "push-2", "pattern": ["git", "push"], "decision": "ask", "justification": "two"},
               {"name": "curl", "pattern": ["curl"], "decision": "deny", "justification": "network"},
-              {"name": "pipe-to-sh", "pattern": ["sh"], "decision": "deny"}
+              {"name": "pipe-to-sh", "pattern": ["sh"], "decision": "deny"},
+              {"name": "wget", "pattern": ["wget"], "decision": "deny"}
             ]}"#,
         );
         let v = line(&p, "git push");
@@ -879,7 +892,7 @@ mod tests {
         assert_eq!(v.hits[1].decision, Decision::Deny);
 
         // File order, not line order, names the decider.
-        decides(&line(&p, "sh x; curl y"), Decision::Deny, "curl");
+        decides(&line(&p, "wget x; curl y"), Decision::Deny, "curl");
     }
 
     #[test]
@@ -955,10 +968,14 @@ mod tests {
     #[test]
     fn direct_shell_c_is_judged_as_itself_and_as_its_line() {
         let p = policy(EXAMPLE);
-        let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
+        let v = direct(&p, &["bash", "-c", "git status && git push -f origin"]);
         decides(&v, Decision::Deny, "no-force-push");
         assert_eq!(hit_names(&v), ["read-only-git", "no-force-push", "push"]);
         assert_eq!(v.hits[1].argv, words(&["git", "push", "-f", "origin"]));
+        assert!(!v.unparsed);
+        // `bash -lc`, as agents wrap commands, is read the same way (PROTOCOL 7.2).
+        let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
+        decides(&v, Decision::Deny, "no-force-push");
         assert!(!v.unparsed);
         decides(
             &direct(&p, &["/bin/sh", "-c", "git push"]),
@@ -971,14 +988,23 @@ mod tests {
             "push",
         );
         decides(
-            &direct(&p, &["bash", "-l", "-c", "git push"]),
+            &direct(&p, &["bash", "-e", "-c", "git push"]),
             Decision::Ask,
             "push",
         );
+        // Unparsed shells (`--login`, zsh) still show what their script would run.
+        for argv in [
+            &["bash", "--login", "-c", "git push"][..],
+            &["zsh", "--login", "-c", "git push"][..],
+        ] {
+            let v = direct(&p, argv);
+            decides(&v, Decision::Ask, "push");
+            assert!(v.unparsed, "{argv:?}");
+        }
         decides(
-            &direct(&p, &["zsh", "--login", "-c", "git push"]),
+            &direct(&p, &["zsh", "-c", "git status"]),
             Decision::Ask,
-            "push",
+            "unparsed",
         );
         decides(
             &direct(&p, &["sh", "-o", "pipefail", "-c", "git push"]),
@@ -997,10 +1023,11 @@ mod tests {
             Decision::Allow,
             "default",
         );
+        // A shell running a script file runs what no rule read.
         decides(
             &direct(&p, &["bash", "git push"]),
-            Decision::Allow,
-            "default",
+            Decision::Ask,
+            "unparsed",
         );
         // The argv itself is judged too.
         let shells =

@@ -1,6 +1,93 @@
 //! The shell-line splitter (PROTOCOL 7.2): a line is read into simple commands only when
 //! it is a plain script; anything it cannot read exactly is flagged `unparsed`, never
 //! guessed. Total: any input returns in linear time without panicking.
+//!
+//! It reads by allowlist. Every byte of the line must be one of the few things below, read
+//! the way bash reads it and never so that dash would run more; anything else stops the
+//! reading and flags the line. A differential test (`split/differential.rs`) runs every
+//! line it calls plain under bash with `strace` (and its corpus again through `sh -c`,
+//! dash where that is `/bin/sh`) and checks that only the commands it reported run.
+//!
+//! What a plain script is made of:
+//! - Bare words of letters, digits and `_ . / + - , : @ % =` only. `{ } [ ] * ? ~ ! # $`,
+//!   backquote, `^`, parentheses and every other byte stop the reading (`{fd}>file` is never
+//!   a program named `{fd}`). Non-ASCII bytes in bare words too: bash gives them no meaning
+//!   in UTF-8, but in a multibyte locale (GBK, Big5) the last byte of a character may be a
+//!   `\` or `|` that the locale hides from bash and not from us.
+//! - `\` before a printable ASCII byte or a tab: that byte, literally. `\` before a line
+//!   break: nothing (line continuation, also between tokens). `\` before anything else or at
+//!   the end of the line stops the reading.
+//! - `'single'` quotes: anything up to the next `'`, literally, non-ASCII included (no
+//!   locale can hide a `'`: it is below every multibyte trail byte).
+//! - `"double"` quotes holding printable ASCII, tabs and line breaks, but no `$`, backquote or
+//!   `!` (history expansion, should anything turn it on) and no non-ASCII byte (a hidden
+//!   `\` would move the closing quote). Escapes are the ones bash and POSIX honour there:
+//!   `\$ \` \" \\` stand for the byte, `\` + line break is nothing, any other `\` is itself.
+//! - A control byte (other than tab and line break) or NUL anywhere makes the whole line
+//!   unparsed: no argv can hold NUL, and `\x01`/`\x7f` are bash's own quoting bytes.
+//! - Comments: a `#` where a token starts (after blanks, an operator or a line break) runs
+//!   to the line break, exactly as bash reads it (a `\` before that line break does not
+//!   continue a comment); `#` inside a word stops the reading.
+//! - Separators `&&`, `||`, `;`, `|`, `|&` (bash) and line breaks; blank lines; a line break after
+//!   `&&`, `||`, `|`. A lone `&`, `;;`, `;&`, parentheses, or a separator with no command
+//!   before it stop the reading (`a &&` at the end is a syntax error: bash runs none of it).
+//! - Redirections, ignored: `<`, `>`, `>>`, `>|`, `<>`, `&>`, `&>>` (bash) to a plain word; an fd
+//!   number of one bare digit before any of the first five (`2>x`, and `2\` + line break +
+//!   `>x`, which bash reads the same); `<&D`, `>&D`, `N<&D`, `N>&D` where D is one digit
+//!   or `-` written right after the `&` and ending the token. Here-documents and strings,
+//!   process substitution, `{var}>`, fd numbers of two or more digits, `>&word` (bash's
+//!   `&>word`), a target that is an fd number itself (`> 2>x`) and the targets bash opens
+//!   as sockets (`/dev/tcp/...`, `/dev/udp/...`) stop the reading.
+//! - The line is read as bash reads it (execd's default shell), and never so that dash,
+//!   should execd run lines with `/bin/sh`, would run more: bash's `|&` is a syntax error to
+//!   dash, and bash's `&>` must end its command, since dash reads `a &>f b` as `a &` then
+//!   `>f b`, which runs `b`. Inside `sh -c`, `dash -c`, `ash -c`, `busybox sh -c` neither
+//!   is plain.
+//! - Leading `NAME=value` and `NAME+=value` assignments with a bare name, before the program
+//!   and between redirections: skipped, their names reported in `assigned` (the policy
+//!   decides about `PATH`, `BASH_ENV`, `LD_*`, ...). Assignments to the variables bash
+//!   gives a meaning of its own beyond their value stop the reading: the integer and
+//!   dynamic ones (`RANDOM`, `SRANDOM`, `OPTIND`, `HISTCMD`, `SECONDS`, `LINENO`,
+//!   `EPOCH*`), whose value is evaluated as arithmetic (`x='a[$(rm -rf V)]'; RANDOM=x`
+//!   runs rm), every `BASH*` name but `BASH_ENV` and `BASHOPTS` (`BASH_CMDS=/bin/rm; 0 -rf V`
+//!   runs rm as `0`), `POSIXLY_CORRECT` (POSIX mode), and `SSH_CLIENT`, `SSH2_CLIENT` and
+//!   `SHLVL`: a bash started with one of the first two set and `SHLVL` below 1 reads
+//!   `~/.bashrc` (Debian builds bash so), which the line itself may have just written. A
+//!   command of assignments (and redirections) only is plain and runs nothing.
+//!
+//! What a simple command's first word (after quote removal) may be:
+//! - A reserved word (`if`, `for`, `!`, `{`, `[[`, `time`, `coproc`, `function`, ...), in
+//!   any spelling (bash ignores quoted ones, but nothing is lost by refusing them): unparsed.
+//! - A builtin of bash, dash or busybox ash: unparsed (its argv is still reported) unless
+//!   it is one that never reads its arguments as code, variable names or arithmetic:
+//!   `echo`, `true`, `false`, `:`, `pwd`, `cd`, `exit`, and `printf` when its first
+//!   argument is not an option (`printf -v 'a[$(..)]'` assigns through a subscript).
+//!   The rest (`eval`, `.`, `source`, `exec`, `command`, `builtin`, `let`, `declare`,
+//!   `read`, `test`, `[`, `hash`, `alias`, `shopt`, `set`, `trap`, `mapfile`, `kill`, ...)
+//!   either run code or change how later words are read, or simply are not worth the risk.
+//! - A word holding `=` that is no assignment (zsh runs `=rm` as `/bin/rm`; `1A=x`), or
+//!   starting with `%` (a job to resume): unparsed.
+//! - A shell (`sh`, `bash`, `rbash`, `dash`, `ash`, `busybox sh`/`busybox ash`, by basename)
+//!   given exactly `[-e|-u|-l|+e|+u|-o pipefail|errexit|nounset]... -c WORD [ARG...]`:
+//!   replaced by WORD's commands (one level deep; a shell inside WORD is reported and
+//!   unparsed). `-l` is there because the spec reads `bash -lc WORD` (agents wrap every
+//!   command so); the profile it reads could only have been written by an earlier command,
+//!   which is judged too. Any other invocation of a shell is unparsed: `bash script.sh`
+//!   and `echo .. | bash` run code nobody read, `--login` and `-i` run profile and rc
+//!   files, `-x` runs `PS4`,
+//!   `-k`, `-O` and `--posix` change how WORD is read. `ksh`, `mksh`, `zsh` and the other
+//!   shells with `-c` are always unparsed: their preset aliases (`integer`, `nameref`) and
+//!   expansions (`=cmd`, `<1-9>`) differ; what their WORD would run is still reported.
+//! - Anything else (bare, quoted, `./x`, `/usr/bin/x`, `-x`): a program, argv as read.
+//!
+//! When reading stops, `commands` holds what was read before, plus the argv of the command
+//! that stopped it when that is a whole command (an unparsed builtin or shell) or the words
+//! of the one being read (a true prefix of its argv), so rules may still judge them.
+//! Wrappers (`env`, `sudo`, `xargs`, `nohup`, `timeout`, `find -exec`) are programs: the
+//! policy judges their argv, as the policy module says.
+
+#[cfg(test)]
+mod differential;
 
 /// A shell line split into simple commands.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -9,10 +96,11 @@ pub struct Split {
     /// removed, `sh -c WORD` replaced by WORD's commands. Never an empty argv.
     pub commands: Vec<Vec<String>>,
     /// The line is not (entirely) a plain script. `commands` then holds what could be read
-    /// before the first construct that could not.
+    /// before the first construct that could not (see the module header).
     pub unparsed: bool,
     /// The names of the variables the line's leading assignments set (`PATH=/x ls`),
-    /// in order: the policy decides whether they change what runs.
+    /// in order, nested `sh -c` lines included: the policy decides whether they change
+    /// what runs.
     pub assigned: Vec<String>,
 }
 
@@ -25,83 +113,86 @@ pub(crate) fn basename(program: &str) -> &str {
 }
 
 /// What a direct argv `sh -c WORD` (or `bash -c`, ...) runs: WORD split as a line that is
-/// already one level deep, so its own nested shells are not read. Empty for other argvs.
+/// already one level deep, so its own nested shells are not read. Empty for an argv that
+/// is no shell; unparsed for a shell run any other way (`bash x.sh`, `bash -l -c WORD`).
 pub fn split_shell_c(argv: &[String]) -> Split {
-    shell_script(argv).map_or_else(Split::default, |line| split_at(line, 1))
+    let mut shells = Vec::new();
+    match shell_run(argv) {
+        None => Split::default(),
+        Some(ShellRun::Plain { word, posix }) => split_at(word, 1, posix, &mut shells),
+        Some(ShellRun::Opaque(word)) => {
+            let mut out = word.map_or_else(Split::default, |w| split_at(w, 1, true, &mut shells));
+            out.unparsed = true;
+            out
+        }
+    }
 }
 
 /// Splits a shell line into its simple commands, or says it is not a plain script.
 pub fn split_line(line: &str) -> Split {
-    split_at(line, 0)
+    split_at(line, 0, false, &mut Vec::new())
 }
 
-/// Shells whose `-c WORD` is read as a line (by basename). The brief's four plus the
-/// common `ash`/`ksh`/`mksh`, which take `-c` the same way.
-const SHELLS: [&str; 7] = ["sh", "bash", "dash", "zsh", "ash", "ksh", "mksh"];
-
-/// Words that open or close a compound command when they are the first word; a plain
-/// script has none (bash's reserved words).
-const RESERVED_WORDS: [&str; 22] = [
-    "if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for",
-    "select", "function", "in", "time", "coproc", "{", "}", "!", "[[", "]]",
-];
-
-/// Builtins whose arguments are shell code: their argv says nothing of what they run.
-const CODE_BUILTINS: [&str; 2] = ["eval", "trap"];
+/// `split_line`, and the argv of every `sh -c WORD` it replaced by WORD's commands: what
+/// the differential test lets run besides the commands.
+#[cfg(test)]
+fn split_line_traced(line: &str) -> (Split, Vec<Vec<String>>) {
+    let mut shells = Vec::new();
+    let split = split_at(line, 0, false, &mut shells);
+    (split, shells)
+}
 
 /// Splits `line`, `depth` levels of `sh -c` deep: at depth 0 a `sh -c WORD` is replaced by
-/// WORD's commands; deeper, it is kept as it is and the line counts as unparsed, since
-/// what it runs is not read.
-fn split_at(line: &str, depth: u8) -> Split {
+/// WORD's commands (and its argv added to `shells`); deeper, it is kept as it is and the
+/// line counts as unparsed, since what it runs is not read. `posix`: the line is read by a
+/// POSIX shell (dash, ash), not by bash: bash's `&>` and `|&` are not plain there.
+fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -> Split {
+    let mut out = Split::default();
+    if line
+        .bytes()
+        .any(|b| (b < b' ' && b != b'\t' && b != b'\n') || b == 0x7f)
+    {
+        out.unparsed = true;
+        return out;
+    }
     let mut lexer = Lexer {
         s: line.as_bytes(),
         i: 0,
+        posix,
     };
-    let mut out = Split::default();
-    let mut words: Vec<String> = Vec::new();
+    let mut argv: Vec<String> = Vec::new();
     // The current simple command has begun (a word, an assignment or a redirection).
     let mut started = false;
     // The last separator was `&&`, `||`, `|` or `|&`: a command must follow.
     let mut pending = false;
-    loop {
-        let token = match lexer.next() {
-            Ok(token) => token,
-            Err(NotPlain) => {
-                out.unparsed = true;
-                break;
-            }
+    // An `&>` was read in the current command: to dash it ends the command (`a &>f b` is
+    // `a &` then `>f b`, which runs b), so no word may follow.
+    let mut both_redirected = false;
+    let plain = loop {
+        let Ok(token) = lexer.next() else {
+            break false;
         };
         match token {
-            Token::End => {
-                // `a &&` at the end is a syntax error: bash runs none of it.
-                if pending && !started {
-                    out.unparsed = true;
+            // `a &&` at the end is a syntax error: bash runs none of it.
+            Token::End => break started || !pending,
+            Token::Word(_) if both_redirected => break false,
+            Token::Word(word) if argv.is_empty() && word.assignment => {
+                let name = word.text.split('=').next().unwrap_or_default();
+                let name = name.strip_suffix('+').unwrap_or(name);
+                out.assigned.push(name.to_owned());
+                started = true;
+                if !assignment_is_plain(name) {
+                    break false;
                 }
-                break;
             }
             Token::Word(word) => {
-                if words.is_empty() {
-                    if word.assignment {
-                        let name = word.text.split('=').next().unwrap_or_default();
-                        out.assigned.push(name.trim_end_matches('+').to_string());
-                        started = true;
-                        continue;
-                    }
-                    if opens_compound(&word) {
-                        out.unparsed = true;
-                        break;
-                    }
-                }
-                words.push(word.text);
+                argv.push(word.text);
                 started = true;
             }
-            Token::Redirect => match lexer.next() {
-                Ok(Token::Word(_)) => started = true,
-                _ => {
-                    out.unparsed = true;
-                    break;
-                }
-            },
+            Token::Redirect { both } => {
+                started = true;
+                both_redirected |= both;
+            }
             Token::Sep(sep) => {
                 if !started {
                     // Blank lines are fine, and so is a line break after `&&`, `||`, `|`;
@@ -109,90 +200,272 @@ fn split_at(line: &str, depth: u8) -> Split {
                     if sep == Sep::Newline {
                         continue;
                     }
-                    out.unparsed = true;
-                    break;
+                    break false;
                 }
-                emit(&mut out, std::mem::take(&mut words), depth);
+                if !finish(&mut out, std::mem::take(&mut argv), depth, shells) {
+                    return out;
+                }
                 started = false;
+                both_redirected = false;
                 pending = matches!(sep, Sep::AndOr | Sep::Pipe);
             }
         }
+    };
+    if plain {
+        finish(&mut out, argv, depth, shells);
+    } else {
+        out.unparsed = true;
+        // The words of the command being read when reading stopped: a true prefix of its
+        // argv, so rules may judge them. A reserved word starts no command.
+        if argv.first().is_some_and(|p| !is_reserved(p)) {
+            out.commands.push(argv);
+        }
     }
-    // The last command, or (when unparsed) the words of the command that was being read
-    // when reading stopped: they are a true prefix of its argv, so rules may judge them.
-    emit(&mut out, words, depth);
     out
 }
 
-/// Whether a command's first word makes it something other than a simple command.
-fn opens_compound(word: &Word) -> bool {
-    // Quoting stops a reserved word (`"if"` is a command named if) but not a builtin.
-    (!word.quoted && RESERVED_WORDS.contains(&word.text.as_str()))
-        || CODE_BUILTINS.contains(&word.text.as_str())
-        // `/bin/r? -rf x` runs whatever the glob finds; the program must be read exactly.
-        || word.glob
-}
-
-/// Adds one simple command to `out`, reading a `sh -c WORD` as WORD's commands.
-fn emit(out: &mut Split, argv: Vec<String>, depth: u8) {
-    if argv.is_empty() {
-        return;
+/// Adds the whole simple command `argv` to `out` (a `sh -c WORD` as WORD's commands).
+/// False when it is not plain: `out` is then flagged unparsed and reading stops.
+fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<String>>) -> bool {
+    let Some(program) = argv.first() else {
+        return true;
+    };
+    if is_reserved(program) {
+        out.unparsed = true;
+        return false;
     }
-    let nested = shell_script(&argv).map(|line| (depth == 0).then(|| split_at(line, depth + 1)));
-    match nested {
-        Some(Some(inner)) => {
-            out.commands.extend(inner.commands);
-            out.unparsed |= inner.unparsed;
-            out.assigned.extend(inner.assigned);
-        }
-        Some(None) => {
-            out.unparsed = true;
+    let plain = match builtin(program) {
+        Some(Builtin::Plain) => true,
+        Some(Builtin::PlainWithoutOptions) => argv
+            .get(1)
+            .is_none_or(|first| !first.starts_with('-') || first == "--"),
+        Some(Builtin::Code) => false,
+        // `=rm` is `/bin/rm` to zsh; `%1` resumes a job.
+        None => !program.contains('=') && !program.starts_with('%'),
+    };
+    if !plain {
+        out.commands.push(argv);
+        out.unparsed = true;
+        return false;
+    }
+    match shell_run(&argv) {
+        None => {
             out.commands.push(argv);
+            true
         }
-        None => out.commands.push(argv),
+        Some(ShellRun::Plain { word, posix }) if depth == 0 => {
+            let inner = split_at(word, depth + 1, posix, shells);
+            shells.push(argv);
+            out.commands.extend(inner.commands);
+            out.assigned.extend(inner.assigned);
+            out.unparsed |= inner.unparsed;
+            !inner.unparsed
+        }
+        // One level only: what a shell inside a shell runs is not read.
+        Some(ShellRun::Plain { .. }) => {
+            out.commands.push(argv);
+            out.unparsed = true;
+            false
+        }
+        Some(ShellRun::Opaque(word)) => {
+            // What it would run, read as best we can: a `deny` among it still counts.
+            let inner = word
+                .filter(|_| depth == 0)
+                .map(|w| split_at(w, depth + 1, true, &mut Vec::new()));
+            out.commands.push(argv);
+            if let Some(inner) = inner {
+                out.commands.extend(inner.commands);
+                out.assigned.extend(inner.assigned);
+            }
+            out.unparsed = true;
+            false
+        }
     }
 }
 
-/// The script a shell runs when `argv` is `SHELL [options] -c WORD [args]`: the options
-/// are short letters (`-c`, `-lc`, `-ec`, `-l -c`), long options (`--login`) or `-o NAME`.
-fn shell_script(argv: &[String]) -> Option<&str> {
-    let program = argv.first()?;
-    if !SHELLS.contains(&basename(program)) {
+/// Bash's reserved words (`compgen -k`): they open or close compound commands.
+fn is_reserved(word: &str) -> bool {
+    matches!(
+        word,
+        "if" | "then"
+            | "else"
+            | "elif"
+            | "fi"
+            | "case"
+            | "esac"
+            | "for"
+            | "select"
+            | "while"
+            | "until"
+            | "do"
+            | "done"
+            | "in"
+            | "function"
+            | "time"
+            | "{"
+            | "}"
+            | "!"
+            | "[["
+            | "]]"
+            | "coproc"
+    )
+}
+
+/// How a builtin treats its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Builtin {
+    /// Never as code, variable names or arithmetic: its argv says what it does.
+    Plain,
+    /// Like `Plain` unless its first argument is an option (`printf -v NAME`).
+    PlainWithoutOptions,
+    /// Runs code, assigns or evaluates through its arguments, or changes how later
+    /// commands are read or found: not plain, whatever its words.
+    Code,
+}
+
+/// The builtins of bash 5 (`enable -a`), dash (`chdir`) and busybox ash, by the word that
+/// runs them (a word with a `/` never does).
+fn builtin(word: &str) -> Option<Builtin> {
+    match word {
+        "echo" | "true" | "false" | ":" | "pwd" | "cd" | "exit" => Some(Builtin::Plain),
+        "printf" => Some(Builtin::PlainWithoutOptions),
+        "." | "[" | "alias" | "bg" | "bind" | "break" | "builtin" | "caller" | "chdir"
+        | "command" | "compgen" | "complete" | "compopt" | "continue" | "declare" | "dirs"
+        | "disown" | "enable" | "eval" | "exec" | "export" | "fc" | "fg" | "getopts" | "hash"
+        | "help" | "history" | "jobs" | "kill" | "let" | "local" | "logout" | "mapfile"
+        | "popd" | "pushd" | "read" | "readarray" | "readonly" | "return" | "set" | "shift"
+        | "shopt" | "source" | "suspend" | "test" | "times" | "trap" | "type" | "typeset"
+        | "ulimit" | "umask" | "unalias" | "unset" | "wait" => Some(Builtin::Code),
+        _ => None,
+    }
+}
+
+/// Whether assigning `name` only sets a value (see the module header for those that do
+/// more). The policy judges the names that change what a later program runs.
+fn assignment_is_plain(name: &str) -> bool {
+    let special = matches!(
+        name,
+        "RANDOM"
+            | "SRANDOM"
+            | "OPTIND"
+            | "HISTCMD"
+            | "SECONDS"
+            | "LINENO"
+            | "EPOCHSECONDS"
+            | "EPOCHREALTIME"
+            | "POSIXLY_CORRECT"
+            | "SSH_CLIENT"
+            | "SSH2_CLIENT"
+            | "SHLVL"
+    ) || (name.starts_with("BASH") && !matches!(name, "BASH_ENV" | "BASHOPTS"));
+    !special
+}
+
+/// How a shell argv runs code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShellRun<'a> {
+    /// `SHELL [plain options] -c WORD [ARG...]` of a shell whose reading of WORD we know;
+    /// `posix` unless that shell is bash.
+    Plain { word: &'a str, posix: bool },
+    /// Any other way of running a shell; the `-c` WORD if one could be made out.
+    Opaque(Option<&'a str>),
+}
+
+/// Shells whose `-c WORD` we read as we read a line: bash, and the POSIX shells that read
+/// our plain subset without `&>` and `|&` exactly as bash does (checked against bash and
+/// dash by the differential test).
+const SPLIT_SHELLS: [&str; 5] = ["sh", "bash", "rbash", "dash", "ash"];
+
+/// Other shells that take `-c`: never read, always unparsed.
+const OTHER_SHELLS: [&str; 13] = [
+    "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh", "posh", "yash", "hush", "fish", "csh",
+    "tcsh",
+];
+
+/// How `argv` runs a shell, if its program is one (by basename; `busybox sh` too).
+fn shell_run(argv: &[String]) -> Option<ShellRun<'_>> {
+    let (shell, args) = match (argv.first().map(|p| basename(p)), argv.get(1)) {
+        // `busybox sh`: the applet named by its basename, as busybox finds it.
+        (Some("busybox"), Some(applet)) => (basename(applet), argv.get(2..)?),
+        (Some(program), _) => (program, argv.get(1..)?),
+        (None, _) => return None,
+    };
+    let readable = SPLIT_SHELLS.contains(&shell);
+    if !readable && !OTHER_SHELLS.contains(&shell) {
         return None;
     }
+    let (plain_options, word) = shell_options(args);
+    Some(match word {
+        Some(word) if readable && plain_options => ShellRun::Plain {
+            word,
+            posix: !matches!(shell, "bash" | "rbash"),
+        },
+        word => ShellRun::Opaque(word),
+    })
+}
+
+/// Reads a shell's options: whether they are all plain ones (see the module header), and
+/// the script when `-c` is among them (the first operand).
+fn shell_options(args: &[String]) -> (bool, Option<&str>) {
+    let mut plain = true;
     let mut command_mode = false;
-    let mut i = 1;
-    while let Some(arg) = argv.get(i) {
+    let mut i = 0;
+    while let Some(arg) = args.get(i) {
         let arg = arg.as_str();
-        if arg == "--" || arg == "-" {
-            i += 1;
+        i += 1;
+        if arg == "--" {
             break;
         }
-        if let Some(long) = arg.strip_prefix("--") {
-            // The two long options that take a value: skip it too.
-            i += if matches!(long, "rcfile" | "init-file") {
-                2
-            } else {
-                1
-            };
+        if arg == "-o" || arg == "+o" {
+            let name = args.get(i).map(String::as_str);
+            plain &= matches!(name, Some("pipefail" | "errexit" | "nounset"));
+            i += 1;
             continue;
         }
-        let letters = match arg.strip_prefix('-').or_else(|| arg.strip_prefix('+')) {
-            Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphabetic()) => l,
-            // The first operand: the script when `-c` was given.
-            _ => break,
-        };
-        if arg.starts_with('-') && letters.contains('c') {
-            command_mode = true;
+        if let Some(long) = arg.strip_prefix("--") {
+            plain = false;
+            // The two long options that take a value: skip it too.
+            if matches!(long, "rcfile" | "init-file") {
+                i += 1;
+            }
+            continue;
         }
-        // `-o NAME` / `-O NAME` (and `+o`): the name is the option's, not the script.
-        i += if letters.contains(['o', 'O']) { 2 } else { 1 };
+        let (minus, letters) = match (arg.strip_prefix('-'), arg.strip_prefix('+')) {
+            (Some(l), _) => (true, l),
+            (_, Some(l)) => (false, l),
+            // The first operand: the script when `-c` was given.
+            _ => {
+                i -= 1;
+                break;
+            }
+        };
+        if letters.is_empty() {
+            // A lone `-` ends bash's options; dash reads it otherwise.
+            plain = false;
+            break;
+        }
+        for b in letters.bytes() {
+            match b {
+                b'c' if minus => command_mode = true,
+                // `bash -lc`, as agents wrap every command (PROTOCOL 7.2): a login shell
+                // reads the profile files, which only a command run before could have
+                // written, and that command is judged on its own.
+                b'l' if minus => {}
+                b'e' | b'u' => {}
+                _ => plain = false,
+            }
+        }
+        // `-o NAME` inside a cluster (`-eo pipefail`): the name is the option's.
+        if letters.contains(['o', 'O']) {
+            i += 1;
+        }
     }
-    if command_mode {
-        argv.get(i).map(String::as_str)
+    let word = if command_mode {
+        args.get(i).map(String::as_str)
     } else {
         None
-    }
+    };
+    (plain && word.is_some(), word)
 }
 
 /// The rest of the line is not a plain script.
@@ -215,28 +488,30 @@ enum Sep {
 enum Token {
     Word(Word),
     Sep(Sep),
-    /// A redirection operator (its fd number, if any, included); its target word follows.
-    Redirect,
+    /// A redirection, its operator and target read whole; `both` for bash's `&>`/`&>>`.
+    Redirect {
+        both: bool,
+    },
     End,
 }
 
-/// A word after quote removal, with what the parser needs to know of its spelling.
+/// A word after quote removal.
 struct Word {
     text: String,
-    /// Some part was quoted or backslash-escaped.
-    quoted: bool,
     /// A leading `NAME=value` (or `NAME+=value`) with a bare, valid name.
     assignment: bool,
-    /// Holds a bare glob (`*`, `?`, `[...]`): bash may replace it with file names.
-    glob: bool,
+    /// Bare digits only: an fd number when `<` or `>` follows at once.
+    digits: bool,
 }
 
-/// Bytes that end a bare word.
-fn is_meta(b: u8) -> bool {
-    matches!(
-        b,
-        b' ' | b'\t' | b'\n' | b';' | b'&' | b'|' | b'<' | b'>' | b'(' | b')'
-    )
+/// Bytes that may stand bare in a word: those no shell gives a meaning to.
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_./+-,:@%=".contains(&b)
+}
+
+/// Bytes that end a word, as bash splits tokens (the others that would are not plain).
+fn ends_word(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b';' | b'&' | b'|' | b'<' | b'>')
 }
 
 /// A valid shell variable name.
@@ -251,11 +526,13 @@ fn is_name(bytes: &[u8]) -> bool {
 }
 
 /// The tokenizer. It works on bytes: every byte it acts on is ASCII, so the words it cuts
-/// out are whole UTF-8. Every call consumes input or returns `End`/`NotPlain`, so reading
-/// a line is linear in its length.
+/// out are whole UTF-8. Every call consumes input or returns `End`/`NotPlain`, and none
+/// recurses, so reading a line is linear in its length.
 struct Lexer<'a> {
     s: &'a [u8],
     i: usize,
+    /// Read as dash reads it: bash's `&>` and `|&` are not plain.
+    posix: bool,
 }
 
 impl Lexer<'_> {
@@ -264,181 +541,188 @@ impl Lexer<'_> {
         self.s.get(self.i + k).copied()
     }
 
-    fn next(&mut self) -> Result<Token, NotPlain> {
+    /// Skips blanks and line continuations.
+    fn blanks(&mut self) {
         loop {
             match (self.at(0), self.at(1)) {
-                (None, _) => return Ok(Token::End),
                 (Some(b' ' | b'\t'), _) => self.i += 1,
-                // Line continuation: gone before bash tokenizes.
                 (Some(b'\\'), Some(b'\n')) => self.i += 2,
-                (Some(b'#'), _) => {
-                    // A comment runs to the line break, which still separates commands.
-                    let rest = self.s.get(self.i..).unwrap_or_default();
-                    self.i += rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
-                }
-                (Some(b'\n'), _) => {
-                    self.i += 1;
-                    return Ok(Token::Sep(Sep::Newline));
-                }
-                // `;;`, `;&`: case arms.
-                (Some(b';'), Some(b';' | b'&')) => return Err(NotPlain),
-                (Some(b';'), _) => {
-                    self.i += 1;
-                    return Ok(Token::Sep(Sep::Semi));
-                }
-                (Some(b'&'), Some(b'&')) => {
-                    self.i += 2;
-                    return Ok(Token::Sep(Sep::AndOr));
-                }
-                (Some(b'&'), Some(b'>')) => {
-                    // `&>` and `&>>`: stdout and stderr to a file.
-                    self.i += 2;
-                    if self.at(0) == Some(b'>') {
-                        self.i += 1;
-                    }
-                    return Ok(Token::Redirect);
-                }
-                // A lone `&` runs the command in the background.
-                (Some(b'&'), _) => return Err(NotPlain),
-                (Some(b'|'), Some(b'|')) => {
-                    self.i += 2;
-                    return Ok(Token::Sep(Sep::AndOr));
-                }
-                (Some(b'|'), Some(b'&')) => {
-                    self.i += 2;
-                    return Ok(Token::Sep(Sep::Pipe));
-                }
-                (Some(b'|'), _) => {
-                    self.i += 1;
-                    return Ok(Token::Sep(Sep::Pipe));
-                }
-                (Some(b'<' | b'>'), _) => return self.redirect(),
-                // Subshells, function definitions, arithmetic `((`.
-                (Some(b'(' | b')'), _) => return Err(NotPlain),
-                (Some(_), _) => {
-                    let word = self.word()?;
-                    // `2>&1`: a bare number right before `<`/`>` is the fd redirected.
-                    let fd_number = !word.quoted
-                        && !word.text.is_empty()
-                        && word.text.bytes().all(|b| b.is_ascii_digit());
-                    if fd_number && matches!(self.at(0), Some(b'<' | b'>')) {
-                        return self.redirect();
-                    }
-                    return Ok(Token::Word(word));
-                }
+                _ => return,
             }
         }
     }
 
-    /// A redirection operator at `<` or `>`: `<`, `>`, `>>`, `>|`, `<>`, `<&`, `>&`.
-    /// Here-documents, here-strings and process substitution are not plain.
+    fn next(&mut self) -> Result<Token, NotPlain> {
+        self.blanks();
+        let (sep, len) = match (self.at(0), self.at(1)) {
+            (None, _) => return Ok(Token::End),
+            (Some(b'#'), _) => {
+                // A comment runs to the line break, which still separates commands.
+                let rest = self.s.get(self.i..).unwrap_or_default();
+                self.i += rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+                return self.next_after_comment();
+            }
+            (Some(b'\n'), _) => (Sep::Newline, 1),
+            // `;;`, `;&`: case arms.
+            (Some(b';'), Some(b';' | b'&')) => return Err(NotPlain),
+            (Some(b';'), _) => (Sep::Semi, 1),
+            (Some(b'&'), Some(b'&')) | (Some(b'|'), Some(b'|')) => (Sep::AndOr, 2),
+            // `&>` and `&>>`: stdout and stderr to a file, to bash; to dash, `&` then `>`.
+            (Some(b'&'), Some(b'>')) if !self.posix => {
+                self.i += 2;
+                if self.at(0) == Some(b'>') {
+                    self.i += 1;
+                }
+                self.target()?;
+                return Ok(Token::Redirect { both: true });
+            }
+            // A lone `&` runs the command in the background.
+            (Some(b'&'), _) => return Err(NotPlain),
+            // `|&`: bash's `2>&1 |`; a syntax error to dash.
+            (Some(b'|'), Some(b'&')) if !self.posix => (Sep::Pipe, 2),
+            (Some(b'|'), Some(b'&')) => return Err(NotPlain),
+            (Some(b'|'), _) => (Sep::Pipe, 1),
+            (Some(b'<' | b'>'), _) => return self.redirect(),
+            (Some(_), _) => {
+                let word = self.word()?;
+                if word.digits && matches!(self.at(0), Some(b'<' | b'>')) {
+                    // `2>x`: a bare number right before `<`/`>` is the fd redirected.
+                    // One digit only: bash's reading of big numbers is not worth knowing.
+                    return if word.text.len() == 1 {
+                        self.redirect()
+                    } else {
+                        Err(NotPlain)
+                    };
+                }
+                return Ok(Token::Word(word));
+            }
+        };
+        self.i += len;
+        Ok(Token::Sep(sep))
+    }
+
+    /// `next` once a comment has been skipped: what follows is a line break or the end.
+    fn next_after_comment(&mut self) -> Result<Token, NotPlain> {
+        match self.at(0) {
+            None => Ok(Token::End),
+            _ => {
+                self.i += 1;
+                Ok(Token::Sep(Sep::Newline))
+            }
+        }
+    }
+
+    /// A redirection operator at `<` or `>`, with its target.
     fn redirect(&mut self) -> Result<Token, NotPlain> {
         match (self.at(0), self.at(1)) {
+            // Here-documents, here-strings, process substitution.
             (Some(b'<'), Some(b'<')) | (Some(b'<' | b'>'), Some(b'(')) => Err(NotPlain),
-            (Some(b'<'), Some(b'&' | b'>')) | (Some(b'>'), Some(b'>' | b'&' | b'|')) => {
+            (Some(b'<' | b'>'), Some(b'&')) => {
+                // `>&2`, `<&0`, `2>&-`: a digit or `-`, then the token ends. `>&file` is
+                // bash's `&>file`; `2>&1-` moves the fd: neither is read.
                 self.i += 2;
-                Ok(Token::Redirect)
+                match (self.at(0), self.at(1)) {
+                    (Some(b'0'..=b'9' | b'-'), next) if next.is_none_or(ends_word) => {
+                        self.i += 1;
+                        Ok(Token::Redirect { both: false })
+                    }
+                    _ => Err(NotPlain),
+                }
+            }
+            (Some(b'<'), Some(b'>')) | (Some(b'>'), Some(b'>' | b'|')) => {
+                self.i += 2;
+                self.target()
             }
             (Some(b'<' | b'>'), _) => {
                 self.i += 1;
-                Ok(Token::Redirect)
+                self.target()
             }
             _ => Err(NotPlain),
         }
     }
 
-    /// A word starting at a byte that is not a metacharacter: bare parts, `'single'` and
-    /// `"double"` quotes, backslash escapes. Any expansion is `NotPlain`.
+    /// The word a redirection opens: plain, not an fd number (`> 2>x` is a syntax error),
+    /// not one of the sockets bash opens itself.
+    fn target(&mut self) -> Result<Token, NotPlain> {
+        self.blanks();
+        match self.at(0) {
+            Some(b) if !ends_word(b) && b != b'#' => {}
+            // A comment (`> #x`), an operator or the end: no target.
+            _ => return Err(NotPlain),
+        }
+        let word = self.word()?;
+        let socket = word.text.starts_with("/dev/tcp/") || word.text.starts_with("/dev/udp/");
+        if socket || (word.digits && matches!(self.at(0), Some(b'<' | b'>'))) {
+            return Err(NotPlain);
+        }
+        Ok(Token::Redirect { both: false })
+    }
+
+    /// A word starting at a byte that does not end one: bare parts, `'single'` and
+    /// `"double"` quotes, backslash escapes. Anything else is `NotPlain`.
     fn word(&mut self) -> Result<Word, NotPlain> {
         let mut buf: Vec<u8> = Vec::new();
         // Length of `buf` when the first quoted or escaped byte was added.
         let mut first_quoted: Option<usize> = None;
         // Index in `buf` of the first bare `=`.
         let mut first_eq: Option<usize> = None;
-        let mut glob = false;
-        let mut open_bracket = false;
-        let mut open_brace = false;
+        let mut digits = true;
         while let Some(b) = self.at(0) {
             match b {
-                _ if is_meta(b) => break,
-                // NUL cannot reach a shell in an argument: the line is not what runs.
-                0 | b'`' => return Err(NotPlain),
+                _ if ends_word(b) => break,
                 b'\'' => {
                     first_quoted.get_or_insert(buf.len());
+                    digits = false;
                     let rest = self.s.get(self.i + 1..).unwrap_or_default();
                     let Some(end) = rest.iter().position(|&c| c == b'\'') else {
                         return Err(NotPlain);
                     };
-                    let quoted = &rest[..end];
-                    if quoted.contains(&0) {
-                        return Err(NotPlain);
-                    }
-                    buf.extend_from_slice(quoted);
+                    buf.extend_from_slice(rest.get(..end).unwrap_or_default());
                     self.i += end + 2;
                 }
                 b'"' => {
                     first_quoted.get_or_insert(buf.len());
+                    digits = false;
                     self.i += 1;
                     self.double_quoted(&mut buf)?;
                 }
                 b'\\' => match self.at(1) {
+                    // Line continuation: gone before bash tokenizes.
                     Some(b'\n') => self.i += 2,
-                    Some(0) => return Err(NotPlain),
-                    Some(c) => {
+                    Some(c @ (b'\t' | b' '..=b'~')) => {
                         first_quoted.get_or_insert(buf.len());
+                        digits = false;
                         buf.push(c);
                         self.i += 2;
                     }
-                    // A backslash ending the line stands for itself.
-                    None => {
-                        first_quoted.get_or_insert(buf.len());
-                        buf.push(b'\\');
-                        self.i += 1;
-                    }
+                    // Non-ASCII (locale-dependent), or the end of the line.
+                    _ => return Err(NotPlain),
                 },
-                b'$' => match self.at(1) {
-                    // A `$` that ends the word starts nothing: literal, as in `grep a$`.
-                    None | Some(b' ' | b'\t' | b'\n' | b';' | b'&' | b'|' | b'<' | b'>') => {
-                        buf.push(b);
-                        self.i += 1;
+                _ if is_word_byte(b) => {
+                    if b == b'=' {
+                        first_eq.get_or_insert(buf.len());
                     }
-                    // `$VAR`, `${..}`, `$(..)`, `$((..))`, `$'..'`, `$".."`.
-                    Some(_) => return Err(NotPlain),
-                },
-                _ => {
-                    match b {
-                        b'*' | b'?' => glob = true,
-                        b'[' => open_bracket = true,
-                        b']' if open_bracket => glob = true,
-                        b'{' => open_brace = true,
-                        // Brace expansion (`{a,b}`, `{1..3}`) makes several words of one.
-                        b',' if open_brace => return Err(NotPlain),
-                        b'.' if open_brace && self.at(1) == Some(b'.') => return Err(NotPlain),
-                        b'=' => {
-                            first_eq.get_or_insert(buf.len());
-                        }
-                        _ => {}
-                    }
+                    digits &= b.is_ascii_digit();
                     buf.push(b);
                     self.i += 1;
                 }
+                _ => return Err(NotPlain),
             }
         }
         let assignment = match first_eq {
             Some(eq) if first_quoted.is_none_or(|q| q > eq) => {
                 let name = buf.get(..eq).unwrap_or_default();
-                let name = name.strip_suffix(b"+").unwrap_or(name);
-                is_name(name)
+                is_name(name.strip_suffix(b"+").unwrap_or(name))
             }
             _ => false,
         };
+        let digits = digits && !buf.is_empty();
         let text = String::from_utf8(buf)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         Ok(Word {
             text,
-            quoted: first_quoted.is_some(),
             assignment,
-            glob,
+            digits,
         })
     }
 
@@ -446,7 +730,7 @@ impl Lexer<'_> {
     fn double_quoted(&mut self, buf: &mut Vec<u8>) -> Result<(), NotPlain> {
         loop {
             match (self.at(0), self.at(1)) {
-                (None, _) | (Some(0 | b'`'), _) => return Err(NotPlain),
+                (None, _) | (Some(b'$' | b'`' | b'!' | 0x80..), _) => return Err(NotPlain),
                 (Some(b'"'), _) => {
                     self.i += 1;
                     return Ok(());
@@ -456,17 +740,7 @@ impl Lexer<'_> {
                     buf.push(c);
                     self.i += 2;
                 }
-                // Before any other byte a backslash is literal.
-                (Some(b'\\'), _) => {
-                    buf.push(b'\\');
-                    self.i += 1;
-                }
-                // `"a$"`: a `$` right before the closing quote starts nothing.
-                (Some(b'$'), Some(b'"')) => {
-                    buf.push(b'$');
-                    self.i += 1;
-                }
-                (Some(b'$'), _) => return Err(NotPlain),
+                // Before any other byte a backslash is itself; that byte is read next.
                 (Some(c), _) => {
                     buf.push(c);
                     self.i += 1;
@@ -480,60 +754,183 @@ impl Lexer<'_> {
 mod tests {
     use super::*;
 
-    fn words(ws: &[&str]) -> Vec<String> {
-        ws.iter().map(|w| w.to_string()).collect()
-    }
+    /// A line and how it splits: its commands and whether it is unparsed.
+    pub(super) type Case = (&'static str, &'static [&'static [&'static str]], bool);
 
-    /// Asserts what `split_line(line)` reads.
-    #[track_caller]
-    fn splits(line: &str, commands: &[&[&str]], unparsed: bool) {
-        let got = split_line(line);
-        assert_eq!(
-            (&got.commands, got.unparsed),
-            (&commands.iter().map(|c| words(c)).collect(), unparsed),
-            "line {line:?}"
-        );
-    }
+    /// The lines a red team used against the splitter's first version, and how each must
+    /// split now: unparsed, or exactly right.
+    pub(super) const RED_TEAM: &[Case] = &[
+        ("{fd}>/dev/null rm -rf V", &[], true),
+        ("let 'a[$(rm -rf V)]'", &[&["let", "a[$(rm -rf V)]"]], true),
+        (
+            "printf -v 'a[$(rm -rf V)]' x",
+            &[&["printf", "-v", "a[$(rm -rf V)]", "x"]],
+            true,
+        ),
+        (
+            "declare 'a[$(rm -rf V)]=1'",
+            &[&["declare", "a[$(rm -rf V)]=1"]],
+            true,
+        ),
+        (
+            "test -v 'a[$(rm -rf V)]'",
+            &[&["test", "-v", "a[$(rm -rf V)]"]],
+            true,
+        ),
+        ("[ -v 'a[$(rm -rf V)]' ]", &[], true),
+        (
+            "declare -i n; n='a[$(rm -rf V)]'",
+            &[&["declare", "-i", "n"]],
+            true,
+        ),
+        (
+            "mapfile -C 'rm -rf V #' -c 1",
+            &[&["mapfile", "-C", "rm -rf V #", "-c", "1"]],
+            true,
+        ),
+        (
+            "compgen -C 'rm -rf V' x",
+            &[&["compgen", "-C", "rm -rf V", "x"]],
+            true,
+        ),
+        (
+            "hash -p /bin/rm ls; ls -rf V",
+            &[&["hash", "-p", "/bin/rm", "ls"]],
+            true,
+        ),
+        (
+            "shopt -s expand_aliases; alias x='rm -rf'; x V",
+            &[&["shopt", "-s", "expand_aliases"]],
+            true,
+        ),
+        (
+            "echo 'rm -rf V' > s.sh; . s.sh",
+            &[&["echo", "rm -rf V"], &[".", "s.sh"]],
+            true,
+        ),
+        (
+            "builtin eval 'rm -rf V'",
+            &[&["builtin", "eval", "rm -rf V"]],
+            true,
+        ),
+        (
+            "command eval 'rm -rf V'",
+            &[&["command", "eval", "rm -rf V"]],
+            true,
+        ),
+        ("PS4='$(rm -rf V)' ; set -x; true", &[&["set", "-x"]], true),
+        ("rbash -c 'rm -rf V'", &[&["rm", "-rf", "V"]], false),
+        ("x=$(rm -rf V)", &[], true),
+        ("true; rm -rf V", &[&["true"], &["rm", "-rf", "V"]], false),
+    ];
 
-    #[test]
-    fn splits_chains_and_pipelines() {
-        splits("ls -la", &[&["ls", "-la"]], false);
-        splits(
+    /// Ways around the first version found while rewriting it (each ran `rm` unseen).
+    pub(super) const FOUND: &[Case] = &[
+        // Assigning an integer variable evaluates the value as arithmetic, subscripts
+        // and all; through a variable too.
+        ("RANDOM='a[$(rm -rf V)]'", &[], true),
+        ("x='a[$(rm -rf V)]'; RANDOM=x", &[], true),
+        ("x='a[$(rm -rf V)]'; OPTIND=x", &[], true),
+        ("SRANDOM=x HISTCMD=y p1", &[], true),
+        // BASH_CMDS is the command hash table: `0` runs /bin/rm.
+        ("BASH_CMDS=/bin/rm; 0 -rf V", &[], true),
+        // A shell reading a script or its stdin runs what no rule saw.
+        (
+            "echo 'rm -rf V' | bash",
+            &[&["echo", "rm -rf V"], &["bash"]],
+            true,
+        ),
+        (
+            "echo 'rm -rf V' > s.sh; sh s.sh",
+            &[&["echo", "rm -rf V"], &["sh", "s.sh"]],
+            true,
+        ),
+        // An interactive shell runs its rc file first.
+        ("bash -ic 'ls'", &[&["bash", "-ic", "ls"], &["ls"]], true),
+        // zsh runs `=rm` as /bin/rm; ksh and mksh alias `integer` to `typeset -i`.
+        (
+            "zsh -c '=rm -rf V'",
+            &[&["zsh", "-c", "=rm -rf V"], &["=rm", "-rf", "V"]],
+            true,
+        ),
+        (
+            "mksh -c \"integer x='a[1]'\"",
+            &[&["mksh", "-c", "integer x='a[1]'"], &["integer", "x=a[1]"]],
+            true,
+        ),
+        ("=rm -rf V", &[&["=rm", "-rf", "V"]], true),
+        // Builtins that take variable names evaluate their subscripts.
+        (
+            "read 'a[$(rm -rf V)]'",
+            &[&["read", "a[$(rm -rf V)]"]],
+            true,
+        ),
+        (
+            "unset 'a[$(rm -rf V)]'",
+            &[&["unset", "a[$(rm -rf V)]"]],
+            true,
+        ),
+        // bash with SSH_CLIENT set and SHLVL low reads ~/.bashrc, written just before.
+        (
+            "cd; echo 'rm -rf V' > .bashrc; SSH_CLIENT=x SHLVL=0 bash -c true; true",
+            &[&["cd"], &["echo", "rm -rf V"]],
+            true,
+        ),
+        // A word bash reads as an fd number or a dup target, not an argument.
+        ("p1 >&rm", &[&["p1"]], true),
+        // dash reads `a &>f b` as `a &` then `>f b`: b runs.
+        ("true &>/dev/null rm -rf V", &[&["true"]], true),
+        ("sh -c 'true &>/dev/null rm -rf V'", &[&["true"]], true),
+        ("p1 12>x", &[&["p1"]], true),
+        // In a GBK locale the second byte of a character may be a `\`.
+        ("echo \u{20ac}\\; rm -rf V", &[&["echo"]], true),
+        (
+            "echo \"\u{20ac}\\\" ; rm -rf V ; \\\"\"",
+            &[&["echo"]],
+            true,
+        ),
+    ];
+
+    /// How the splitter reads lines: every one of them is also in the differential test's
+    /// corpus (`tests/data/splitter-corpus.txt`).
+    pub(super) const CASES: &[Case] = &[
+        // Chains and pipelines.
+        ("ls -la", &[&["ls", "-la"]], false),
+        (
             "ps aux | grep x | head",
             &[&["ps", "aux"], &["grep", "x"], &["head"]],
             false,
-        );
-        splits("cd x && make", &[&["cd", "x"], &["make"]], false);
-        splits(
+        ),
+        ("cd x && make", &[&["cd", "x"], &["make"]], false),
+        (
             "cargo build --release && cargo test -- --nocapture",
             &[
                 &["cargo", "build", "--release"],
                 &["cargo", "test", "--", "--nocapture"],
             ],
             false,
-        );
-        splits("a || b", &[&["a"], &["b"]], false);
-        splits("a ; b", &[&["a"], &["b"]], false);
-        splits("a;b;", &[&["a"], &["b"]], false);
-        splits("a |& b", &[&["a"], &["b"]], false);
-        splits(
+        ),
+        ("a || b", &[&["a"], &["b"]], false),
+        ("a ; b", &[&["a"], &["b"]], false),
+        ("a;b;", &[&["a"], &["b"]], false),
+        ("a |& b", &[&["a"], &["b"]], false),
+        (
             "make||echo failed",
             &[&["make"], &["echo", "failed"]],
             false,
-        );
-        splits(
+        ),
+        (
             "git status\ngit diff\n",
             &[&["git", "status"], &["git", "diff"]],
             false,
-        );
-        splits("\n\n  ls\n\n", &[&["ls"]], false);
-        // A line break may follow `&&`, `||` and `|`.
-        splits(
+        ),
+        ("\n\n  ls\n\n", &[&["ls"]], false),
+        (
             "cargo fmt &&\n  cargo clippy",
             &[&["cargo", "fmt"], &["cargo", "clippy"]],
             false,
-        );
-        splits(
+        ),
+        (
             "cd /repo && git fetch origin && git rebase origin/main",
             &[
                 &["cd", "/repo"],
@@ -541,208 +938,501 @@ mod tests {
                 &["git", "rebase", "origin/main"],
             ],
             false,
-        );
-    }
-
-    #[test]
-    fn splits_quotes_and_escapes() {
-        splits(
+        ),
+        (
+            "p1 2>&1 | p2 &&\n p3 || p4",
+            &[&["p1"], &["p2"], &["p3"], &["p4"]],
+            false,
+        ),
+        ("p1 |\n\n p2", &[&["p1"], &["p2"]], false),
+        // Quotes and escapes.
+        (
             r#"git commit -m "fix: a thing""#,
             &[&["git", "commit", "-m", "fix: a thing"]],
             false,
-        );
-        splits(
+        ),
+        (
             "python3 -c 'print(1)'",
             &[&["python3", "-c", "print(1)"]],
             false,
-        );
-        splits("echo 'a;b'", &[&["echo", "a;b"]], false);
-        splits(
+        ),
+        ("echo 'a;b'", &[&["echo", "a;b"]], false),
+        (
             r#"grep -r "foo|bar" ."#,
             &[&["grep", "-r", "foo|bar", "."]],
             false,
-        );
-        splits(
+        ),
+        (
             r#"echo "say \"hi\"" 'it''s'"#,
             &[&["echo", "say \"hi\"", "its"]],
             false,
-        );
-        splits(
+        ),
+        (
             r"echo a\ b \; c\\d",
             &[&["echo", "a b", ";", "c\\d"]],
             false,
-        );
-        splits(r#"echo 'a\nb' "c\d""#, &[&["echo", "a\\nb", "c\\d"]], false);
-        splits(
-            "echo '$HOME' \"\\$HOME\"",
-            &[&["echo", "$HOME", "$HOME"]],
+        ),
+        (r#"echo 'a\nb' "c\d""#, &[&["echo", "a\\nb", "c\\d"]], false),
+        (
+            "echo '$HOME' \"\\$HOME\" \\$HOME",
+            &[&["echo", "$HOME", "$HOME", "$HOME"]],
             false,
-        );
-        splits(
-            r#"echo "price: 5$" grep a$"#,
-            &[&["echo", "price: 5$", "grep", "a$"]],
-            false,
-        );
-        splits("echo '' \"\"", &[&["echo", "", ""]], false);
-        splits(
+        ),
+        ("echo '' \"\"", &[&["echo", "", ""]], false),
+        (
             "git log --format='%h %s' -n 5",
             &[&["git", "log", "--format=%h %s", "-n", "5"]],
             false,
-        );
-        splits(
-            "find . -name '*.rs' -exec grep -l foo {} +",
+        ),
+        (
+            "find . -name '*.rs' -exec grep -l foo '{}' +",
             &[&[
                 "find", ".", "-name", "*.rs", "-exec", "grep", "-l", "foo", "{}", "+",
             ]],
             false,
-        );
-        splits(
+        ),
+        (
             "cat file.txt | python3 -c \"import sys; print(sys.stdin.read())\"",
             &[
                 &["cat", "file.txt"],
                 &["python3", "-c", "import sys; print(sys.stdin.read())"],
             ],
             false,
-        );
-        splits("echo héllo 'wörld'", &[&["echo", "héllo", "wörld"]], false);
-        // Globs in arguments are left as written.
-        splits(
-            "grep -n TODO src/*.rs | wc -l",
-            &[&["grep", "-n", "TODO", "src/*.rs"], &["wc", "-l"]],
+        ),
+        ("echo 'héllo wörld'", &[&["echo", "héllo wörld"]], false),
+        ("echo '!' \\! \\*", &[&["echo", "!", "!", "*"]], false),
+        ("p1 \"a\tb\nc\" 'd\\'", &[&["p1", "a\tb\nc", "d\\"]], false),
+        ("p1 \"a\\\nb\"", &[&["p1", "ab"]], false),
+        ("'p1' \"p2\" p\\3", &[&["p1", "p2", "p3"]], false),
+        (
+            "./configure --prefix=/usr/local && make -j4 && /usr/bin/make install",
+            &[
+                &["./configure", "--prefix=/usr/local"],
+                &["make", "-j4"],
+                &["/usr/bin/make", "install"],
+            ],
             false,
-        );
-    }
-
-    #[test]
-    fn splits_assignments_redirections_comments_continuations() {
-        splits("FOO=1 cmd", &[&["cmd"]], false);
-        splits(
+        ),
+        (
+            "p1 a,b c:d e@f g%h +i -j k=l",
+            &[&["p1", "a,b", "c:d", "e@f", "g%h", "+i", "-j", "k=l"]],
+            false,
+        ),
+        // Assignments, redirections, comments, line continuations.
+        ("FOO=1 cmd", &[&["cmd"]], false),
+        (
             "RUST_LOG=debug CARGO_TERM_COLOR=never PATH+=:/x cargo test",
             &[&["cargo", "test"]],
             false,
-        );
-        // Only leading assignments; later ones are arguments.
-        splits(
+        ),
+        (
             "docker run -e FOO=bar img",
             &[&["docker", "run", "-e", "FOO=bar", "img"]],
             false,
-        );
-        // A quoted name is no assignment.
-        splits("\"FOO\"=1 x", &[&["FOO=1", "x"]], false);
-        splits("VAR=1", &[], false);
-        splits(
+        ),
+        ("VAR=1", &[], false),
+        ("A=1 B='x y' >out C=\"z\"", &[], false),
+        ("A=1 >out B=2 p1 C=3", &[&["p1", "C=3"]], false),
+        ("A\\\n=1 p1", &[&["p1"]], false),
+        ("BASH_ENV=x PATH=/tmp p1", &[&["p1"]], false),
+        (
             "cargo test 2>&1 | tail -n 20",
             &[&["cargo", "test"], &["tail", "-n", "20"]],
             false,
-        );
-        splits("ls > out.txt", &[&["ls"]], false);
-        splits("echo hi >> log.txt 2>/dev/null", &[&["echo", "hi"]], false);
-        splits("npm install &> /dev/null", &[&["npm", "install"]], false);
-        splits("sort < in.txt > 'out file.txt'", &[&["sort"]], false);
-        splits(
+        ),
+        ("ls > out.txt", &[&["ls"]], false),
+        ("echo hi >> log.txt 2>/dev/null", &[&["echo", "hi"]], false),
+        ("npm install &> /dev/null", &[&["npm", "install"]], false),
+        ("p1 <>rw >|clobber 0<in &>>log", &[&["p1"]], false),
+        (
+            "p1 a &>o1 2>&1; p2 &>o2 && p3",
+            &[&["p1", "a"], &["p2"], &["p3"]],
+            false,
+        ),
+        ("bash -c 'p1 &>o1 |& p2'", &[&["p1"], &["p2"]], false),
+        ("&>o1 p1", &[], true),
+        ("p1 &>o1 A=1", &[&["p1"]], true),
+        ("sh -c 'p1 |& p2'", &[&["p1"]], true),
+        ("dash -c 'p1 &>o1'", &[&["p1"]], true),
+        ("sort < in.txt > 'out file.txt'", &[&["sort"]], false),
+        (
             "cmd 1>&2; echo err >&2",
             &[&["cmd"], &["echo", "err"]],
             false,
-        );
-        splits("> out.txt echo hi", &[&["echo", "hi"]], false);
-        splits("> out.txt", &[], false);
-        // `a2>x` is a word then a redirection; `2>x` redirects fd 2.
-        splits("echo a2>x 2>y", &[&["echo", "a2"]], false);
-        splits("ls # list files", &[&["ls"]], false);
-        splits("# just a comment", &[], false);
-        splits(
-            "ls#no-comment a #c\nmake",
-            &[&["ls#no-comment", "a"], &["make"]],
+        ),
+        ("p1 >&- 2>&- <&0 2>&1>x", &[&["p1"]], false),
+        ("> out.txt echo hi", &[&["echo", "hi"]], false),
+        ("> out.txt", &[], false),
+        ("echo a2>x 2>y", &[&["echo", "a2"]], false),
+        ("p1 2\\\n>x", &[&["p1"]], false),
+        ("p1 2 >x \"2\">y", &[&["p1", "2", "2"]], false),
+        ("ls # list files", &[&["ls"]], false),
+        ("# just a comment", &[], false),
+        ("p1;# c\np2 |# d\n p3", &[&["p1"], &["p2"], &["p3"]], false),
+        (
+            "true # not continued \\\nrm -rf V",
+            &[&["true"], &["rm", "-rf", "V"]],
             false,
-        );
-        splits(
+        ),
+        (
             "make \\\n  -j4 \\\n  all",
             &[&["make", "-j4", "all"]],
             false,
-        );
-        splits("ec\\\nho hi", &[&["echo", "hi"]], false);
-        splits(
+        ),
+        ("ec\\\nho hi", &[&["echo", "hi"]], false),
+        (
             "pytest -k \"not slow\" -x -q 2>&1 | head -50",
             &[&["pytest", "-k", "not slow", "-x", "-q"], &["head", "-50"]],
             false,
-        );
-    }
-
-    #[test]
-    fn splits_shell_c_once() {
-        splits(
-            "bash -lc 'git status && git diff'",
-            &[&["git", "status"], &["git", "diff"]],
+        ),
+        // Builtins that read their words as words.
+        (
+            "cd build && pwd -P && echo done: && exit 3",
+            &[
+                &["cd", "build"],
+                &["pwd", "-P"],
+                &["echo", "done:"],
+                &["exit", "3"],
+            ],
             false,
-        );
-        splits("sh -c \"npm test\"", &[&["npm", "test"]], false);
-        splits("/bin/bash -c 'ls'", &[&["ls"]], false);
-        splits(
+        ),
+        (
+            "true x; false; : y",
+            &[&["true", "x"], &["false"], &[":", "y"]],
+            false,
+        ),
+        (
+            "printf '%s\\n' a; printf -- -v x; printf %d 'a[$(rm -rf V)]'",
+            &[
+                &["printf", "%s\\n", "a"],
+                &["printf", "--", "-v", "x"],
+                &["printf", "%d", "a[$(rm -rf V)]"],
+            ],
+            false,
+        ),
+        // Shells with -c.
+        ("sh -c \"npm test\"", &[&["npm", "test"]], false),
+        ("/bin/bash -c 'ls'", &[&["ls"]], false),
+        (
             "cd /repo && bash -c \"cargo fmt && cargo clippy\"",
             &[&["cd", "/repo"], &["cargo", "fmt"], &["cargo", "clippy"]],
             false,
-        );
+        ),
+        (
+            "bash -e -o pipefail -c 'p1 | p2' && dash -eu -c p3",
+            &[&["p1"], &["p2"], &["p3"]],
+            false,
+        ),
+        ("bash -c -e 'p1' name arg", &[&["p1"]], false),
+        ("bash -c -- 'p1'", &[&["p1"]], false),
+        ("busybox sh -c 'p1 x'", &[&["p1", "x"]], false),
+        ("busybox rm -rf V", &[&["busybox", "rm", "-rf", "V"]], false),
+        ("A=1 sh -c 'B=2 p1'", &[&["p1"]], false),
         // Not a plain script inside: the whole is unparsed, what was read is kept.
-        splits("bash -c 'echo $(id)'", &[&["echo"]], true);
+        ("bash -c 'echo $(id)'", &[&["echo"]], true),
+        (
+            "bash -c 'p1'; bash -c 'p2 &'; p3",
+            &[&["p1"], &["p2"]],
+            true,
+        ),
         // Deeper than one level is not read.
-        splits("bash -c \"sh -c 'ls'\"", &[&["sh", "-c", "ls"]], true);
+        ("bash -c \"sh -c 'ls'\"", &[&["sh", "-c", "ls"]], true),
         // `env` is an ordinary command.
-        splits(
+        (
             "/usr/bin/env bash -c 'ls'",
             &[&["/usr/bin/env", "bash", "-c", "ls"]],
             false,
+        ),
+        // A shell run any other way is unparsed; what its -c WORD runs is still read.
+        ("bash script.sh", &[&["bash", "script.sh"]], true),
+        ("p1 | sh", &[&["p1"], &["sh"]], true),
+        ("bash -c", &[&["bash", "-c"]], true),
+        // `bash -lc WORD`, as agents wrap commands, is read like `bash -c WORD`.
+        (
+            "bash -lc 'git status && git diff'",
+            &[&["git", "status"], &["git", "diff"]],
+            false,
+        ),
+        ("bash -lc 'rm -rf V'", &[&["rm", "-rf", "V"]], false),
+        (
+            "bash -x -c 'p1'",
+            &[&["bash", "-x", "-c", "p1"], &["p1"]],
+            true,
+        ),
+        (
+            "bash --norc -c 'p1'",
+            &[&["bash", "--norc", "-c", "p1"], &["p1"]],
+            true,
+        ),
+        (
+            "bash -O extglob -c 'p1'",
+            &[&["bash", "-O", "extglob", "-c", "p1"], &["p1"]],
+            true,
+        ),
+        (
+            "bash -o posix -c p1",
+            &[&["bash", "-o", "posix", "-c", "p1"], &["p1"]],
+            true,
+        ),
+        ("ksh -c p1", &[&["ksh", "-c", "p1"], &["p1"]], true),
+        // Expansions, substitutions, background, compound commands, syntax errors.
+        ("echo $(date)", &[&["echo"]], true),
+        ("echo `whoami`", &[&["echo"]], true),
+        ("echo $HOME", &[&["echo"]], true),
+        ("cat \"$HOME/x\"", &[&["cat"]], true),
+        ("echo ${PATH}", &[&["echo"]], true),
+        ("echo $((1+2))", &[&["echo"]], true),
+        ("echo $'\\x41'", &[&["echo"]], true),
+        ("echo a$ \"b$\"", &[&["echo"]], true),
+        ("export PATH=/x:$PATH", &[&["export"]], true),
+        ("export A=1", &[&["export", "A=1"]], true),
+        ("sleep 10 &", &[&["sleep", "10"]], true),
+        ("curl -s https://x.y/z?a=1&b=2", &[&["curl", "-s"]], true),
+        ("cat <<EOF\nhello\nEOF", &[&["cat"]], true),
+        ("cat <<< \"hi\"", &[&["cat"]], true),
+        ("diff <(ls a) <(ls b)", &[&["diff"]], true),
+        ("p1 >(p2)", &[&["p1"]], true),
+        ("for f in *; do echo $f; done", &[], true),
+        ("if true; then ls; fi", &[], true),
+        ("while true; do sleep 1; done", &[], true),
+        ("ls; case x in a) ;; esac", &[&["ls"]], true),
+        ("(cd x; make)", &[], true),
+        ("{ a; b; }", &[], true),
+        ("f() { echo hi; }", &[], true),
+        ("function f { echo hi; }", &[], true),
+        ("echo {a,b}", &[&["echo"]], true),
+        ("echo {1..3}", &[&["echo"]], true),
+        (
+            "find . -exec rm {} +",
+            &[&["find", ".", "-exec", "rm"]],
+            true,
+        ),
+        ("time make", &[], true),
+        ("\"time\" make", &[], true),
+        ("A=1 if true", &[], true),
+        ("! grep -q x f", &[], true),
+        ("eval \"rm -rf /\"", &[&["eval", "rm -rf /"]], true),
+        ("/bin/r? -rf x", &[], true),
+        ("ls -la /tmp/*.log", &[&["ls", "-la"]], true),
+        ("ls ~/x", &[&["ls"]], true),
+        ("ls && [[ -f x ]]", &[&["ls"]], true),
+        ("[ -f x ] && echo y", &[], true),
+        ("echo 'unterminated", &[&["echo"]], true),
+        ("ls; echo \"unterminated", &[&["ls"], &["echo"]], true),
+        ("a && ", &[&["a"]], true),
+        ("a |", &[&["a"]], true),
+        ("; ls", &[], true),
+        ("a && && b", &[&["a"]], true),
+        ("a ;; b", &[&["a"]], true),
+        ("ls >", &[&["ls"]], true),
+        ("ls\0; rm x", &[], true),
+        ("ls\r", &[], true),
+        ("echo 'a\u{1}b'", &[], true),
+        ("echo \\", &[&["echo"]], true),
+        ("ls#no-comment a", &[], true),
+        ("ls a#b", &[&["ls"]], true),
+        ("p1 > #x", &[&["p1"]], true),
+        ("p1 > 2>x", &[&["p1"]], true),
+        ("p1 2>&1- x", &[&["p1"]], true),
+        ("p1 > /dev/tcp/127.0.0.1/9", &[&["p1"]], true),
+        ("p1 < /dev/udp/host/53", &[&["p1"]], true),
+        ("echo héllo", &[&["echo"]], true),
+        ("echo \"héllo\"", &[&["echo"]], true),
+        ("echo \"hi!\"", &[&["echo"]], true),
+        ("p1 a^b", &[&["p1"]], true),
+        ("%1", &[&["%1"]], true),
+        ("\"FOO\"=1 x", &[&["FOO=1", "x"]], true),
+        ("kill -9 1", &[&["kill", "-9", "1"]], true),
+        ("POSIXLY_CORRECT=1 p1", &[], true),
+        ("BASH_XTRACEFD=1; p1", &[], true),
+    ];
+
+    /// Asserts what `split_line(line)` reads.
+    #[track_caller]
+    fn splits((line, commands, unparsed): &Case) {
+        let got = split_line(line);
+        let want: Vec<Vec<String>> = commands
+            .iter()
+            .map(|c| c.iter().map(|w| (*w).to_owned()).collect())
+            .collect();
+        assert_eq!(
+            (&got.commands, got.unparsed),
+            (&want, *unparsed),
+            "line {line:?}"
         );
-        splits("bash script.sh", &[&["bash", "script.sh"]], false);
     }
 
     #[test]
-    fn flags_what_is_not_a_plain_script() {
-        splits("echo $(date)", &[&["echo"]], true);
-        splits("echo `whoami`", &[&["echo"]], true);
-        splits("echo $HOME", &[&["echo"]], true);
-        splits("cat \"$HOME/x\"", &[&["cat"]], true);
-        splits("echo ${PATH}", &[&["echo"]], true);
-        splits("echo $((1+2))", &[&["echo"]], true);
-        splits("echo $'\\x41'", &[&["echo"]], true);
-        splits("export PATH=/x:$PATH", &[&["export"]], true);
-        splits("sleep 10 &", &[&["sleep", "10"]], true);
-        splits(
-            "curl -s https://x.y/z?a=1&b=2",
-            &[&["curl", "-s", "https://x.y/z?a=1"]],
-            true,
+    fn every_red_team_line_is_unparsed_or_exactly_right() {
+        RED_TEAM.iter().for_each(splits);
+    }
+
+    #[test]
+    fn every_way_around_found_since_is_closed() {
+        FOUND.iter().for_each(splits);
+    }
+
+    #[test]
+    fn lines_split_as_written() {
+        CASES.iter().for_each(splits);
+    }
+
+    #[test]
+    fn assignments_are_reported_by_name_even_when_skipped() {
+        let names = |line: &str| split_line(line).assigned;
+        assert_eq!(names("A=1 B+=2 p1 C=3"), ["A", "B"]);
+        assert_eq!(names("A=1; B=2 && p1"), ["A", "B"]);
+        assert_eq!(names("X=1 bash -c 'PATH=/x p1'"), ["X", "PATH"]);
+        assert_eq!(
+            names("LD_PRELOAD=x zsh -c 'BASH_ENV=y p1'"),
+            ["LD_PRELOAD", "BASH_ENV"]
         );
-        splits("cat <<EOF\nhello\nEOF", &[&["cat"]], true);
-        splits("cat <<< \"hi\"", &[&["cat"]], true);
-        splits("diff <(ls a) <(ls b)", &[&["diff"]], true);
-        splits("for f in *; do echo $f; done", &[], true);
-        splits("if true; then ls; fi", &[], true);
-        splits("while true; do sleep 1; done", &[], true);
-        splits("ls; case x in a) ;; esac", &[&["ls"]], true);
-        splits("(cd x; make)", &[], true);
-        splits("{ a; b; }", &[], true);
-        splits("f() { echo hi; }", &[&["f"]], true);
-        splits("function f { echo hi; }", &[], true);
-        splits("echo {a,b}", &[&["echo"]], true);
-        splits("echo {1..3}", &[&["echo"]], true);
-        splits("time make", &[], true);
-        splits("! grep -q x f", &[], true);
-        splits("eval \"rm -rf /\"", &[], true);
-        splits("/bin/r? -rf x", &[], true);
-        splits("ls && [[ -f x ]]", &[&["ls"]], true);
-        splits("echo 'unterminated", &[&["echo"]], true);
-        splits("ls; echo \"unterminated", &[&["ls"], &["echo"]], true);
-        splits("a && ", &[&["a"]], true);
-        splits("a |", &[&["a"]], true);
-        splits("; ls", &[], true);
-        splits("a && && b", &[&["a"]], true);
-        splits("ls >", &[&["ls"]], true);
-        splits("ls\0; rm x", &[], true);
-        // `[` alone is the test command, not a glob.
-        splits(
-            "[ -f x ] && echo y",
-            &[&["[", "-f", "x", "]"], &["echo", "y"]],
-            false,
+        // Reported before the reading stops.
+        let s = split_line("A=1 RANDOM=x p1");
+        assert_eq!(
+            (s.assigned, s.unparsed),
+            (vec!["A".into(), "RANDOM".into()], true)
         );
+        assert!(names("\"A\"=1 p1").is_empty());
+        assert!(names("p1 A=1").is_empty());
+    }
+
+    #[test]
+    fn a_direct_shell_argv_is_read_like_its_line_one_level_deep() {
+        let argv = |ws: &[&str]| ws.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+        let s = split_shell_c(&argv(&["bash", "-c", "p1 && p2"]));
+        assert_eq!(
+            (s.commands, s.unparsed),
+            (vec![argv(&["p1"]), argv(&["p2"])], false)
+        );
+        let s = split_shell_c(&argv(&["sh", "-c", "bash -c p1"]));
+        assert_eq!(
+            (s.commands, s.unparsed),
+            (vec![argv(&["bash", "-c", "p1"])], true)
+        );
+        let s = split_shell_c(&argv(&["bash", "-l", "-c", "p1"]));
+        assert_eq!((s.commands, s.unparsed), (vec![argv(&["p1"])], false));
+        let s = split_shell_c(&argv(&["bash", "--login", "-c", "p1"]));
+        assert_eq!((s.commands, s.unparsed), (vec![argv(&["p1"])], true));
+        assert!(split_shell_c(&argv(&["bash", "x.sh"])).unparsed);
+        assert!(split_shell_c(&argv(&["zsh"])).unparsed);
+        assert_eq!(
+            split_shell_c(&argv(&["python3", "-c", "p1"])),
+            Split::default()
+        );
+        assert_eq!(split_shell_c(&argv(&["busybox", "ls"])), Split::default());
+        assert_eq!(split_shell_c(&[]), Split::default());
+    }
+
+    /// Pieces of shell syntax, plain and not, for lines that reach every branch.
+    const FRAGMENTS: &[&str] = &[
+        "p1",
+        "a",
+        " ",
+        " ",
+        "'x y'",
+        "\"x\"",
+        "\\;",
+        "\\",
+        "A=1 ",
+        "RANDOM=",
+        "2>",
+        ">",
+        ">>",
+        "<",
+        "<>",
+        ">|",
+        "&>",
+        "2>&1",
+        ">&-",
+        "<<",
+        "|&",
+        "|",
+        "&&",
+        "||",
+        ";",
+        ";;",
+        "&",
+        "\n",
+        "#",
+        "\\\n",
+        "$",
+        "(",
+        ")",
+        "{",
+        "}",
+        "*",
+        "~",
+        "!",
+        "=",
+        "%",
+        "é",
+        "\u{1}",
+        "\r",
+        "bash -c ",
+        "sh -c ",
+        "bash -lc ",
+        "zsh -c ",
+        "'",
+        "\"",
+        "eval ",
+        "printf -v ",
+        "cd ",
+        "echo ",
+        "\"$\"",
+        "'$(p9)'",
+        "\"\\$\"",
+        "\\\"",
+        "\t",
+        "-",
+        "/dev/tcp/",
+    ];
+
+    fn fragments() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(FRAGMENTS), 0..40).prop_map(|v| v.concat())
+    }
+
+    /// `text` single-quoted for a shell.
+    pub(super) fn single_quoted(text: &str) -> String {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_line_splits_into_nonempty_argvs(line in fragments()) {
+            let (split, shells) = split_line_traced(&line);
+            prop_assert!(split.commands.iter().all(|c| !c.is_empty()));
+            prop_assert!(shells.iter().all(|c| c.len() >= 3));
+        }
+
+        /// A plain line reads the same through `bash -c`, quoted; through `sh -c` too, but
+        /// for bash's own `&>` and `|&`. A script that starts like an option is no script
+        /// to the shell: unparsed.
+        #[test]
+        fn a_plain_line_reads_the_same_through_a_shell(line in fragments()) {
+            let (split, shells) = split_line_traced(&line);
+            if !split.unparsed && shells.is_empty() {
+                let option = line.starts_with(['-', '+']);
+                let bash_only = line.contains("&>") || line.contains("|&");
+                let inner = split_line(&format!("bash -c {}", single_quoted(&line)));
+                prop_assert!(inner == split || (option && inner.unparsed), "{:?}", inner);
+                let inner = split_line(&format!("sh -c {}", single_quoted(&line)));
+                let may_differ = option || bash_only;
+                prop_assert!(inner == split || (may_differ && inner.unparsed), "{:?}", inner);
+            }
+        }
+
+        /// No input makes the splitter recurse or rescan: a line a hundred thousand bytes
+        /// long of any repeated piece splits (a quadratic reading would not finish).
+        #[test]
+        fn long_lines_split_in_one_pass(piece in fragments(), tail in fragments()) {
+            let times = 100_000 / piece.len().max(1);
+            let line = piece.repeat(times) + &tail;
+            let split = split_line(&line);
+            prop_assert!(split.commands.len() <= line.len());
+        }
     }
 
     #[test]
@@ -753,15 +1443,22 @@ mod tests {
         assert!(!s.unparsed);
         let quotes = "'".repeat(100_001);
         assert!(split_line(&quotes).unparsed);
-        let backslashes = "\\".repeat(100_001);
-        assert_eq!(split_line(&backslashes).commands.len(), 1);
+        let backslashes = "\\".repeat(100_000);
+        assert_eq!(split_line(&backslashes).commands, [["\\".repeat(50_000)]]);
+        assert!(split_line(&(backslashes + "\\")).unparsed);
         let word = "a".repeat(1 << 20);
         assert_eq!(split_line(&word).commands, [[word.clone()]]);
         assert!(split_line(&"(".repeat(10_000)).unparsed);
+        // Redirections read their targets without recursing.
+        let redirects = "p1".to_owned() + &" 2>x".repeat(50_000);
+        assert_eq!(split_line(&redirects).commands, [["p1"]]);
+        assert!(split_line(&"> 2".repeat(50_000)).unparsed);
+        assert!(split_line(&">".repeat(100_000)).unparsed);
+        assert!(split_line(&"bash -c ".repeat(10_000)).unparsed);
         assert_eq!(
             split_line("\t\r\n"),
             Split {
-                commands: vec![vec!["\r".to_owned()]],
+                unparsed: true,
                 ..Split::default()
             }
         );

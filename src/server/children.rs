@@ -25,12 +25,13 @@ use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
+use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
 use crate::sys::spawn::{Done, FailedAt, ParentEnds};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
-use crate::types::{Ended, Usage};
+use crate::types::{Ended, Swept, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
 
 /// Spawner threads at start: spawns run side by side on two cores while the loop serves
@@ -77,6 +78,9 @@ pub struct Children {
     orphans: bool,
     /// Pipes left readable after their per-turn budget.
     hot: Hot,
+    /// The file each running command reads its input from, while its stdin is open (for
+    /// telling when it waits for input).
+    inputs: HashMap<Key, crate::sys::waiting::InputFile>,
     /// Spawns handed to a spawner thread, by job.
     starting: HashMap<u64, Starting>,
     /// Exits reaped before their spawn was reported.
@@ -137,6 +141,7 @@ impl Children {
             abandoned: HashMap::new(),
             orphans: false,
             hot: Hot::default(),
+            inputs: HashMap::new(),
             starting: HashMap::new(),
             unclaimed: Unclaimed::default(),
             scratch: vec![0; SCRATCH],
@@ -144,10 +149,12 @@ impl Children {
     }
 
     /// Chooses containment as `--cgroup` says, before anything is spawned: it may move the
-    /// daemon into its cgroup's leaf and end what a previous instance left behind (which
-    /// it returns). A daemon-wide limit it cannot enforce stops the start.
-    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<Option<Leftovers>> {
-        let (contain, leftovers) = Contain::choose(&cfg.cgroup);
+    /// daemon into its cgroup's leaf and end what a previous instance left behind in
+    /// command cgroups; then it ends what earlier instances on this socket left carrying
+    /// their cookies (it returns both). A daemon-wide limit it cannot enforce stops the
+    /// start (before any sweep). `cfg.socket` is the socket the daemon holds.
+    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<(Option<Leftovers>, Swept)> {
+        let (mut contain, leftovers) = Contain::choose(&cfg.cgroup, Instance::of_self(&cfg.socket));
         if let Err(u) = contain.check(&cfg.limits) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -159,8 +166,9 @@ impl Children {
                 ),
             ));
         }
+        let swept = contain.sweep_earlier();
         self.contain = contain;
-        Ok(leftovers)
+        Ok((leftovers, swept))
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -214,6 +222,7 @@ impl Children {
             }
         };
         let user = self.identity(launch.peer, origin);
+        let cookie = self.contain.cookie(&id);
         let spec = crate::sys::spawn::SpawnSpec {
             program: &launch.program,
             env: &launch.env,
@@ -221,6 +230,7 @@ impl Children {
             stdio: launch.stdio,
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
+            cookie: &cookie,
         };
         let (job, ends) = match self.spawner.submit(&spec) {
             Ok(submitted) => submitted,
@@ -306,6 +316,9 @@ impl Children {
         let key = s.key;
         // From here the tree is held: whatever fails next, it can be ended.
         self.contain.started(key, pid, s.place);
+        if let Some(input) = s.ends.input {
+            self.inputs.insert(key, input);
+        }
         let outs: Vec<_> = std::iter::once(s.ends.out).chain(s.ends.err).collect();
         let inputs = (s.ends.stdin, s.ends.commands);
         let added = self.pipes.add(registry, key, outs, inputs, || {
@@ -316,7 +329,7 @@ impl Children {
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
-            self.contain.end(key, Stage::Kill);
+            self.contain.end(key, &s.id, Stage::Kill);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
             if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
                 let _ = exit; // already reaped: only its hold is left to let go
@@ -540,6 +553,7 @@ impl Children {
 
     /// Closes every pipe of a command (it was released or forgotten).
     pub fn close_pipes(&mut self, registry: &Registry, key: Key) {
+        self.inputs.remove(&key);
         self.pipes.close_all(registry, key);
         for s in 0..2 {
             self.hot.set.remove(&(key, s));
@@ -554,9 +568,22 @@ impl Children {
         }
     }
 
+    /// Looks at the commands the core names (running, stdin open, quiet) for one whose
+    /// tree is blocked reading its input (PROTOCOL 12.3), and tells the core what it saw.
+    pub fn look_for_input_waits(&mut self, core: &mut Core) {
+        for (key, pid) in core.input_candidates() {
+            let waiting = self
+                .inputs
+                .get(&key)
+                .is_some_and(|input| crate::sys::waiting::waiting_for_input(pid, *input));
+            core.input_seen(key, waiting);
+        }
+    }
+
     /// Closes a command's stdin (its input was drained after an `eof`, it exited or was
     /// released), and a shell's command pipe with it.
     pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
+        self.inputs.remove(&key);
         self.pipes.close_stdin(registry, key);
         self.pipes.close_commands(registry, key);
     }
@@ -611,6 +638,7 @@ impl Children {
         for s in 0..streams(core, key) {
             self.read_pipe(core, clients, registry, (key, s), EXIT_DRAIN_BYTES, true);
         }
+        self.inputs.remove(&key);
         let tree = self.contain.leader_exited(key);
         core.exited(key, ended, usage, tree);
     }

@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::core::launch::{After, LaunchRequest, Origin};
 use crate::core::log::Log;
 use crate::core::timers::Timers;
-use crate::core::{Caller, Core, Effect, Gated, Step, Wait};
+use crate::core::{Caller, Containment, Core, Effect, Gated, Step, Wait};
 use crate::methods as dispatch;
 use crate::server::children::{Children, ReapOutcome};
 use crate::server::clients::{conn_id, token_of, Admission, Clients};
@@ -88,6 +88,8 @@ enum LoopTimer {
     Watchdog,
     /// A status change waits for its turn (at most one `STATUS=` a second).
     Status,
+    /// Look for commands waiting for input (PROTOCOL 12.3).
+    InputCheck,
 }
 
 /// Where shutdown is.
@@ -115,6 +117,8 @@ pub struct Server {
     accept_paused: bool,
     /// A `TcpIdleSweep` is due.
     tcp_sweep_armed: bool,
+    /// An `InputCheck` timer is set.
+    input_check_armed: bool,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
     /// systemd's notification socket, when it gave one.
@@ -163,17 +167,21 @@ impl Server {
         // touching any cgroup), and before anything is spawned: the daemon may move itself
         // into its cgroup's leaf and sweep what a previous instance left. A refusal here
         // leaves no socket file behind.
-        let contained = children.choose_containment(&cfg).and_then(|leftovers| {
+        let contained = children.choose_containment(&cfg).and_then(|found| {
             if let Some(fd) = children.contain.events_fd() {
                 poll.registry()
                     .register(&mut SourceFd(&fd), CGROUPS, Interest::READABLE)?;
             }
-            Ok(leftovers)
+            Ok(found)
         });
-        let leftovers = contained.inspect_err(|_| listeners.remove_socket_file())?;
+        let (leftovers, swept) = contained.inspect_err(|_| listeners.remove_socket_file())?;
         let mut core = Core::new(cfg, Instant::now(), SystemTime::now(), log);
         core.policy = policy;
-        core.containment = (children.contain.kind(), children.contain.describe());
+        core.containment = Containment {
+            kind: children.contain.kind(),
+            detail: children.contain.describe(),
+            cookie: children.contain.instance(),
+        };
         core.daemon_uid = crate::sys::ids::current_uid();
         core.shells.secret = crate::sys::host::random_secret()?;
         core.nofile = children.nofile.limit;
@@ -187,6 +195,7 @@ impl Server {
         if let Some(l) = &leftovers {
             core.found_leftovers(l);
         }
+        core.swept(&swept);
         Ok(Server {
             core,
             poll,
@@ -200,6 +209,7 @@ impl Server {
             shutdown: None,
             accept_paused: false,
             tcp_sweep_armed: false,
+            input_check_armed: false,
             sinks,
             memory_peak: 0,
             notifier,
@@ -220,8 +230,14 @@ impl Server {
             std::process::id(),
             self.children.contain.describe()
         ));
-        if let Some(n) = &self.notifier {
-            n.send(&format!("READY=1\nSTATUS={}", self.status_text()));
+        let (counts, text) = (
+            (self.clients.count(), self.core.table.running()),
+            self.status_text(),
+        );
+        if let Some(n) = self.notifier.as_mut() {
+            // The first status rides with READY=1 and counts as sent (at most one a
+            // second).
+            n.ready(counts, &text, Instant::now());
             if let Some(every) = n.watchdog {
                 n.send("WATCHDOG=1");
                 self.timers.add(Instant::now() + every, LoopTimer::Watchdog);
@@ -234,10 +250,14 @@ impl Server {
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
             let timeout = if !self.children.busy() && self.clients.dirty.is_empty() {
-                let next = match (self.core.next_deadline(), self.timers.next_deadline()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                let next = [
+                    self.core.next_deadline(),
+                    self.timers.next_deadline(),
+                    self.children.contain.sweep_due(),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
                 next.map(|d| d.saturating_duration_since(Instant::now()))
             } else {
                 Some(Duration::ZERO)
@@ -265,8 +285,19 @@ impl Server {
             let (core, clients) = (&mut self.core, &mut self.clients);
             self.children
                 .service_hot(core, clients, self.poll.registry());
+            // One bounded chunk of a cookie sweep per turn, between the other work.
+            if let Some(swept) = self.children.contain.sweep_step(Instant::now()) {
+                self.core.swept(&swept);
+            }
             self.fire_timers();
             self.apply();
+            // While a running command has its stdin open, look every so often whether it
+            // waits for input (only the quiet ones are looked at).
+            if !self.input_check_armed && self.core.input_watch() {
+                self.input_check_armed = true;
+                let at = Instant::now() + crate::core::input::EVERY;
+                self.timers.add(at, LoopTimer::InputCheck);
+            }
             self.flush_dirty();
             if self.shutdown_done() {
                 break;
@@ -590,7 +621,7 @@ impl Server {
                     Effect::Answer { conn, req, wait } => {
                         self.answer_parked(token_of(conn), req, wait)
                     }
-                    Effect::End { key, stage } => self.children.contain.end(key, stage),
+                    Effect::End { key, id, stage } => self.children.contain.end(key, &id, stage),
                     Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
                     Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),
                     Effect::FlushStdin(key) => {
@@ -749,8 +780,12 @@ impl Server {
                     }
                 }
                 LoopTimer::ShutdownDeadline => {
-                    // The grace is over: end whatever is left and stop waiting for it.
+                    // The grace is over: end whatever is left (the cookie sweeps to their
+                    // end, now) and stop waiting for it.
                     self.children.contain.kill_all();
+                    for swept in self.children.contain.finish_sweeps() {
+                        self.core.swept(&swept);
+                    }
                     self.finish_shutdown();
                 }
                 LoopTimer::ShutdownRecheck => {}
@@ -764,6 +799,10 @@ impl Server {
                 }
                 LoopTimer::Status => self.status_pending = false,
                 LoopTimer::TcpIdleSweep => self.close_idle_tcp(),
+                LoopTimer::InputCheck => {
+                    self.input_check_armed = false;
+                    self.children.look_for_input_waits(&mut self.core);
+                }
             }
         }
     }
@@ -810,8 +849,9 @@ impl Server {
             None => false,
             Some(Shutdown::Killing) => {
                 // Every killed command was reaped: what their trees still hold goes now
-                // (the leaders had their grace), and the daemon finishes once it is gone.
-                // Spawns still on their way are waited for: they end with the rest.
+                // (the leaders had their grace), with one sweep of every command's
+                // cookie, and the daemon finishes once it is gone. Spawns still on their
+                // way are waited for: they end with the rest.
                 if self.core.table.running() == 0 && self.children.spawning() == 0 {
                     self.children.contain.kill_all();
                     if self.children.contain.any_left() {

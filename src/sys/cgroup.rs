@@ -203,10 +203,8 @@ impl fmt::Display for Fallback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Fallback::Off => {
-                return f.write_str(
-                    "cgroup containment is off (--cgroup off), so commands are held by their \
-                     process groups only",
-                )
+                // The operator chose this: no advice on delegation.
+                return f.write_str("cgroup containment is off (--cgroup off)");
             }
             Fallback::NoCgroup2 => f.write_str(
                 "no cgroup v2 hierarchy holding execd is mounted (see /proc/self/mountinfo and \

@@ -1,5 +1,7 @@
-//! How a command's process tree is held and ended (PROTOCOL.md sections 3 and 9): in a
-//! cgroup of its own where the kernel and the host allow it, else by its process group.
+//! How a command's process tree is held and ended (PROTOCOL.md sections 3, 9 and 14): in a
+//! cgroup of its own where the kernel and the host allow it, else by its process group;
+//! and, either way, by the `EXECD_TREE` cookie in its environment (`sys::cookie`), which
+//! finds what left the group, and what a SIGKILLed daemon left, again.
 //!
 //! The core decides *when* a tree is signalled (`Effect::End`); this module decides
 //! *what* that reaches and makes sure it never reaches anything else.
@@ -15,6 +17,12 @@
 //! - A command cgroup is created (with its limits) before the spawn and joined by the
 //!   child before `execve`; it is removed once its tree is empty, as `cgroup.events`
 //!   (watched with inotify) reports, and the leader has been reaped.
+//! - The final SIGKILL of a command (the end of a kill's grace, `bash/kill` SIGKILL, the
+//!   end of a release) also asks for a cookie sweep of that command, whether or not its
+//!   group or cgroup is still held: what left both is found by its cookie alone. With
+//!   cgroups the sweep runs too (a cheap second net: a root command may move itself out
+//!   of its cgroup). Shutdown sweeps every command of this instance once; start sweeps
+//!   what earlier instances on the same socket left.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -23,9 +31,11 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use crate::core::table::Key;
 use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Tree};
+use crate::sys::cookie::{Instance, Sweeper};
 use crate::types::CgroupLimits;
 use crate::types::Leftovers;
 use crate::types::Mode;
+use crate::types::Swept;
 use crate::types::TreeUsage;
 
 /// A command cgroup made for a spawn: the child joins it through `procs`.
@@ -74,6 +84,8 @@ pub struct Contain {
     cgroups: Option<Cgroups>,
     /// Why cgroups are not used, when they are not.
     fallback: Option<Fallback>,
+    /// This run's cookie and its sweeps.
+    cookies: Sweeper,
 }
 
 /// A limit the request or the flags ask for that containment cannot enforce.
@@ -81,23 +93,25 @@ pub struct Contain {
 pub struct Unavailable(pub &'static str);
 
 impl Contain {
-    /// Process groups only, for the reason given.
-    pub fn groups(why: Fallback) -> Contain {
+    /// Process groups only (and the cookie), for the reason given.
+    fn groups(why: Fallback, instance: Instance) -> Contain {
         Contain {
             fallback: Some(why),
+            cookies: Sweeper::new(instance),
             ..Contain::default()
         }
     }
 
     /// Chooses containment as `--cgroup` says (section 9): a delegated cgroup v2 tree, set
-    /// up with the daemon moved into its `daemon` leaf, or process groups with the reason.
-    /// Also returns what a previous instance left in that tree, killed and removed now.
-    pub fn choose(mode: &Mode) -> (Contain, Option<Leftovers>) {
+    /// up with the daemon moved into its `daemon` leaf, or process groups with the reason;
+    /// the cookie names `instance` either way. Also returns what a previous instance left
+    /// in that tree, killed and removed now.
+    pub fn choose(mode: &Mode, instance: Instance) -> (Contain, Option<Leftovers>) {
         let (mount, own) = cgroup::locate_self();
         let me = std::process::id();
         let root = match cgroup::choose_root(mode, mount.as_deref(), own.as_deref(), me) {
             Ok(root) => root,
-            Err(why) => return (Contain::groups(why), None),
+            Err(why) => return (Contain::groups(why, instance), None),
         };
         let setup = Tree::setup(&root, me).and_then(|tree| {
             let inotify = crate::sys::inotify::inotify_init()?;
@@ -112,25 +126,42 @@ impl Contain {
                         inotify,
                         watches: HashMap::new(),
                     }),
+                    cookies: Sweeper::new(instance),
                     ..Contain::default()
                 };
                 (c, Some(leftovers))
             }
-            Err(e) => (Contain::groups(Fallback::Setup(e.to_string())), None),
+            Err(e) => (
+                Contain::groups(Fallback::Setup(e.to_string()), instance),
+                None,
+            ),
         }
     }
 
     /// What is in use, for logs, `initialize` and `execctl status`.
     pub fn describe(&self) -> String {
+        const COOKIE: &str = "process groups + the EXECD_TREE cookie (a process that clears \
+                              its environment, or changes to a uid execd may not signal, \
+                              still escapes)";
         match (&self.cgroups, &self.fallback) {
             (Some(c), _) => format!(
-                "cgroup {} (controllers: {})",
+                "cgroup {} (controllers: {}) + the EXECD_TREE cookie",
                 c.tree.root().display(),
                 c.tree.controllers()
             ),
-            (None, Some(why)) => format!("process groups: {why}"),
-            (None, None) => "process groups".into(),
+            (None, Some(why)) => format!("{COOKIE}: {why}"),
+            (None, None) => COOKIE.into(),
         }
+    }
+
+    /// This run's instance, as every command's cookie names it.
+    pub fn instance(&self) -> String {
+        self.cookies.instance().to_string()
+    }
+
+    /// The `EXECD_TREE` value of command `id`.
+    pub fn cookie(&self, id: &str) -> String {
+        self.cookies.instance().cookie(id)
     }
 
     /// The kind in use: `cgroup` or `process-group`.
@@ -297,18 +328,16 @@ impl Contain {
         }
     }
 
-    /// Ends `key`'s tree, one stage: SIGTERM to its group, or SIGKILL to all that is left
-    /// of it (its cgroup, else its group). Nothing when it is gone.
-    pub fn end(&mut self, key: Key, stage: Stage) {
-        let Some(h) = self.holds.get(&key) else {
-            return;
-        };
-        match (stage, &h.cgroup) {
-            (Stage::Kill, Some(cg)) => {
-                let _ = cg.kill();
+    /// Ends `key`'s tree (command `id`), one stage: SIGTERM to its group, or SIGKILL to
+    /// all that is left of it (its cgroup, else its group, and at the next sweep whatever
+    /// carries its cookie, held or not).
+    pub fn end(&mut self, key: Key, id: &str, stage: Stage) {
+        match stage {
+            Stage::Term => self.signal(key, libc::SIGTERM),
+            Stage::Kill => {
+                self.kill_held(key);
+                self.cookies.ask(id);
             }
-            (Stage::Term, _) => self.signal(key, libc::SIGTERM),
-            (Stage::Kill, None) => self.signal(key, libc::SIGKILL),
         }
     }
 
@@ -322,18 +351,58 @@ impl Contain {
         }
     }
 
-    /// Whether any tree still has members (the leader counts until reaped).
+    /// Whether any tree still has members (the leader counts until reaped), or a cookie
+    /// sweep runs or waits to.
     pub fn any_left(&mut self) -> bool {
         self.orphan_reaped();
-        !self.holds.is_empty()
+        !self.holds.is_empty() || self.cookies.busy()
     }
 
-    /// SIGKILL to everything still held (the last step of a shutdown).
+    /// SIGKILL to everything still held, and one sweep of every command's cookie (the
+    /// last step of a shutdown).
     pub fn kill_all(&mut self) {
         let keys: Vec<Key> = self.holds.keys().copied().collect();
         for key in keys {
-            self.end(key, Stage::Kill);
+            self.kill_held(key);
         }
+        self.cookies.ask_every();
+    }
+
+    /// The final SIGKILL to what is held of `key`'s tree: its cgroup, else its group.
+    fn kill_held(&mut self, key: Key) {
+        let Some(h) = self.holds.get(&key) else {
+            return;
+        };
+        match &h.cgroup {
+            Some(cg) => {
+                let _ = cg.kill();
+            }
+            None => self.signal(key, libc::SIGKILL),
+        }
+    }
+
+    // ---- cookie sweeps -------------------------------------------------------------------
+
+    /// When the loop should run `sweep_step` next (None: no sweep asked for).
+    pub fn sweep_due(&self) -> Option<std::time::Instant> {
+        self.cookies.due()
+    }
+
+    /// One bounded chunk of the current sweep; the report of one that ended.
+    pub fn sweep_step(&mut self, now: std::time::Instant) -> Option<Swept> {
+        self.cookies.due()?;
+        self.cookies.step(now)
+    }
+
+    /// Every sweep asked for, run to its end now (the daemon is about to exit).
+    pub fn finish_sweeps(&mut self) -> Vec<Swept> {
+        self.cookies.finish()
+    }
+
+    /// At start: kills what earlier instances on this socket path left (by their
+    /// cookies), before anything is spawned.
+    pub fn sweep_earlier(&mut self) -> Swept {
+        self.cookies.sweep_earlier()
     }
 }
 

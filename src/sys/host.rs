@@ -1,6 +1,6 @@
 //! The daemon's own process: inherited descriptors, its descriptor limit, its signal mask,
 //! the allocator, the subreaper role, and a few file-system questions about paths it
-//! owns.
+//! owns. For execctl: the terminal's width, and children that outlive a Ctrl-C.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -143,6 +143,24 @@ pub fn writable(path: &Path) -> io::Result<bool> {
     match err.raw_os_error() {
         Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(false),
         _ => Err(err),
+    }
+}
+
+/// Has `cmd`'s child ignore SIGINT. A Ctrl-C at a terminal goes to its whole foreground
+/// process group: execctl's own ssh links (`execctl -H ssh://...`) are in it and must
+/// survive it, since execctl turns the Ctrl-C into a kill of the remote command sent over
+/// them. OpenSSH leaves an ignored SIGINT ignored, and so does a shell script standing in
+/// for ssh; unlike a process group of its own, this keeps ssh in the foreground, where it
+/// may still ask for a password or a host key on the terminal.
+pub fn ignore_sigint_in_child(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; signal(2) is async-signal-safe and
+    // touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
     }
 }
 

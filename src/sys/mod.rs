@@ -1,12 +1,14 @@
 //! Every system call and every `unsafe` block of the daemon, one room per concern:
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
-//! parts of containment (`contain`, `cgroup`), systemd, and the log and audit sinks.
+//! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
+//! sinks, and whether a command waits for input (`waiting`).
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
 pub mod cgroup;
 pub mod contain;
+pub mod cookie;
 pub mod host;
 pub mod ids;
 pub mod inotify;
@@ -16,6 +18,7 @@ pub mod sinks;
 pub mod socket;
 pub mod spawn;
 pub mod systemd;
+pub mod waiting;
 
 use std::ffi::CString;
 use std::io;

@@ -37,6 +37,13 @@
 //!   records again and hears what it missed with the next thing the daemon does.
 //! - An audit file that starts failing says so once in the log (and once more when it
 //!   takes records again); the log cannot say that about itself.
+//! - A stderr execd may not open again (another user's file or pipe: a daemon started as
+//!   `nobody` from a root shell) is still written, through the inherited descriptor left
+//!   in its own mode: a regular file as it is (it never blocks), a pipe or terminal only
+//!   when `poll` says it has room, at most `PIPE_BUF` (a pipe) or `TTY_CHUNK` bytes (a
+//!   terminal) at a time, which then fit. (Another writer filling the same pipe between
+//!   the poll and the write is the one way such a write can wait.) The log is never
+//!   dropped for want of permission to reopen it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -60,6 +67,10 @@ enum Target {
     Socket,
 }
 
+/// At most this much goes to a terminal shared with whoever started execd in one write:
+/// a terminal that polls writable has room for that much.
+const TTY_CHUNK: usize = 256;
+
 /// Where a queue's bytes go: a descriptor of our own, written without ever blocking.
 #[derive(Debug)]
 pub struct Out {
@@ -67,6 +78,9 @@ pub struct Out {
     target: Target,
     /// Partial lines taken back from a regular file after a failed write.
     taken_back: u64,
+    /// The inherited description, left blocking (its mode is shared with other
+    /// processes): written only when `poll` says it takes this many bytes.
+    shared: Option<usize>,
 }
 
 /// How a `drain` ended.
@@ -95,17 +109,21 @@ impl Out {
             file,
             target,
             taken_back: 0,
+            shared: None,
         })
     }
 
     /// The daemon's stderr, reopened so that its own descriptor is non-blocking. Falls
-    /// back to a duplicate of fd 2 when stderr cannot be reopened (a socket).
+    /// back to a duplicate of fd 2 when stderr cannot be reopened: a socket, or a file or
+    /// pipe execd has no permission to open (see the module's invariants).
     pub fn stderr() -> io::Result<Out> {
+        use std::os::fd::AsFd;
         let target = Path::new("/proc/self/fd/2");
         let meta = std::fs::metadata(target)?;
+        let inherited =
+            || -> io::Result<File> { Ok(File::from(io::stderr().as_fd().try_clone_to_owned()?)) };
         if meta.file_type().is_socket() {
-            use std::os::fd::AsFd;
-            return Out::new(File::from(io::stderr().as_fd().try_clone_to_owned()?));
+            return Out::new(inherited()?);
         }
         let mut opts = OpenOptions::new();
         opts.write(true)
@@ -114,7 +132,27 @@ impl Out {
         if meta.is_file() {
             opts.append(true);
         }
-        Out::new(opts.open(target)?)
+        match opts.open(target) {
+            Ok(file) => Out::new(file),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES | libc::EPERM | libc::ENXIO)
+                ) =>
+            {
+                let chunk = if meta.is_file() {
+                    usize::MAX
+                } else if meta.file_type().is_fifo() {
+                    libc::PIPE_BUF
+                } else {
+                    TTY_CHUNK
+                };
+                let mut out = Out::new(inherited()?)?;
+                out.shared = Some(chunk);
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// An audit file: appended to, created mode 0640. A FIFO is opened read-write, which
@@ -148,10 +186,19 @@ impl Out {
             if q.pending().is_empty() && !q.report_drops(SystemTime::now()) {
                 return Drained::Empty;
             }
-            let r = if self.target == Target::Socket {
-                crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
-            } else {
-                self.file.write(q.pending())
+            let r = match (self.target, self.shared) {
+                (Target::Socket, _) => {
+                    crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
+                }
+                (_, Some(chunk)) => {
+                    if has_room(self.file.as_raw_fd()) {
+                        let n = q.pending().len().min(chunk);
+                        self.file.write(&q.pending()[..n])
+                    } else {
+                        Err(io::ErrorKind::WouldBlock.into())
+                    }
+                }
+                _ => self.file.write(q.pending()),
             };
             let error = match r {
                 Ok(0) => io::Error::new(io::ErrorKind::WriteZero, "the target took nothing"),
@@ -183,6 +230,19 @@ impl Out {
         let size = self.file.metadata()?.len();
         self.file.set_len(size.saturating_sub(partial as u64))
     }
+}
+
+/// Whether a write to `fd` would find room now (`poll` for POLLOUT, without waiting).
+fn has_room(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, and a zero timeout: poll returns at once.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    // An error or hang-up lets the write say what is wrong (EPIPE drops the bytes).
+    n != 0 && (n < 0 || p.revents != 0)
 }
 
 /// One queue's target and its standing with the loop.
@@ -733,5 +793,34 @@ mod tests {
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines[0].starts_with("execd: audit file: No space left on device"));
         assert_eq!(lines[1], "execd: audit file takes records again");
+    }
+
+    /// A stderr execd may not reopen is written through the inherited, blocking
+    /// descriptor: in pieces that fit, and not at all while the pipe is full.
+    #[test]
+    fn a_shared_blocking_pipe_is_written_only_when_it_has_room() {
+        let (r, w) = crate::sys::spawn::pipe().unwrap();
+        let mut out = Out::new(File::from(w)).unwrap();
+        out.shared = Some(libc::PIPE_BUF);
+        let mut q = Queue::new(QUEUE_BYTES, Kind::Log);
+        let mut line = vec![b'y'; 1023];
+        line.push(b'\n');
+        for _ in 0..200 {
+            q.push(&line);
+        }
+        // This would hang on a blocking write of the whole queue.
+        assert_eq!(
+            out.drain(&mut q),
+            Drained::Blocked,
+            "a 64 KiB pipe cannot take 200 KiB"
+        );
+        let mut reader = File::from(r);
+        let mut got = vec![0u8; 1 << 20];
+        let n = std::io::Read::read(&mut reader, &mut got).unwrap();
+        assert!(n > 0 && got[..n].iter().all(|&b| b == b'y' || b == b'\n'));
+        // Room made: the rest goes on.
+        let before = q.pending().len();
+        out.drain(&mut q);
+        assert!(q.pending().len() < before);
     }
 }

@@ -20,6 +20,8 @@
 //!   follows the thread that cloned it.
 //! - A child's own ends of its pipes stay open until it has them (the spawner thread drops
 //!   them after the clone); the loop holds the parent's ends from the start.
+//! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
+//!   base environment and the request's variables: it holds exactly one, its own.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -31,8 +33,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
+use super::cookie;
 use super::cstring;
 use super::ids::Identity;
+use super::waiting::InputFile;
 use crate::types::{Program, Rlimit, Stdio3, WinSize};
 
 /// What one command needs; the daemon-wide rest is in `Spawner`.
@@ -47,6 +51,8 @@ pub struct SpawnSpec<'a> {
     /// The `cgroup.procs` of the command's cgroup, opened by the parent. It must stay
     /// open until the spawn is done.
     pub cgroup_procs: Option<RawFd>,
+    /// The command's `EXECD_TREE` value (`sys::cookie`), set after every other variable.
+    pub cookie: &'a str,
 }
 
 /// The parent's ends of a command's stdio, all non-blocking and close-on-exec; the loop
@@ -57,6 +63,9 @@ pub struct ParentEnds {
     pub out: OwnedFd,
     pub err: Option<OwnedFd>,
     pub stdin: Option<OwnedFd>,
+    /// The file the command reads its input from (its stdin pipe or PTY slave), for
+    /// telling when it waits for input (`sys::waiting`).
+    pub input: Option<InputFile>,
     /// A shell session's command pipe (`Stdio3::Shell`): what the shell reads its
     /// command lines from.
     pub commands: Option<OwnedFd>,
@@ -99,6 +108,10 @@ impl Wired {
         {
             set_nonblocking(fd.as_raw_fd())?;
         }
+        // Both ends of a pipe are one inode: ours names the command's stdin.
+        let input = stdin_w
+            .as_ref()
+            .and_then(|w| InputFile::of_fd(w.as_raw_fd()).ok());
         Ok(Wired {
             child: [in_r, Some(out_w), err_w],
             tty: false,
@@ -107,6 +120,7 @@ impl Wired {
                 out: out_r,
                 err: err_r,
                 stdin: stdin_w,
+                input,
                 commands: None,
             },
         })
@@ -118,7 +132,8 @@ impl Wired {
     fn pty(size: WinSize) -> io::Result<Wired> {
         let (master, slave) = crate::sys::pty::open(size)?;
         set_nonblocking(master.as_raw_fd())?;
-        let input = master.try_clone()?;
+        let writer = master.try_clone()?;
+        let input = InputFile::of_fd(slave.as_raw_fd()).ok();
         Ok(Wired {
             child: [Some(slave), None, None],
             tty: true,
@@ -126,7 +141,8 @@ impl Wired {
             parent: ParentEnds {
                 out: master,
                 err: None,
-                stdin: Some(input),
+                stdin: Some(writer),
+                input,
                 commands: None,
             },
         })
@@ -139,7 +155,10 @@ impl Wired {
     fn shell(size: WinSize) -> io::Result<Wired> {
         let (master, slave) = crate::sys::pty::open(size)?;
         set_nonblocking(master.as_raw_fd())?;
-        let input = master.try_clone()?;
+        let writer = master.try_clone()?;
+        // Programs read the terminal; the shell itself reads only the pipe, so it never
+        // counts as waiting for input at its prompt.
+        let input = InputFile::of_fd(slave.as_raw_fd()).ok();
         let (cmd_r, cmd_w) = pipe()?;
         set_nonblocking(cmd_w.as_raw_fd())?;
         Ok(Wired {
@@ -149,7 +168,8 @@ impl Wired {
             parent: ParentEnds {
                 out: master,
                 err: None,
-                stdin: Some(input),
+                stdin: Some(writer),
+                input,
                 commands: Some(cmd_w),
             },
         })
@@ -727,11 +747,13 @@ impl Spawner {
         waker: mio::Waker,
         threads: usize,
     ) -> io::Result<Spawner> {
+        // The daemon's own cookie (when an execd command started it) is never passed on:
+        // each command gets its own, last.
         let vars: Vec<(OsString, OsString)> = if clean_env {
             Vec::new()
         } else {
             std::env::vars_os()
-                .filter(|(k, _)| !withheld.iter().any(|w| k == *w))
+                .filter(|(k, _)| !withheld.iter().any(|w| k == *w) && k != cookie::VAR)
                 .collect()
         };
         let path_var = vars
@@ -817,7 +839,8 @@ impl Spawner {
         };
         // The request's variables override the base environment's of the same name; a
         // name the request gives twice takes its last value. Indexed by name, so a request
-        // with many variables costs linear time on the loop.
+        // with many variables costs linear time on the loop. The cookie comes last, and a
+        // request that names it is overridden: no request removes or changes it.
         let last: HashMap<&[u8], usize> = spec
             .env
             .iter()
@@ -828,8 +851,12 @@ impl Spawner {
             .env
             .iter()
             .enumerate()
-            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i))
+            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i) && k != cookie::VAR)
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
+            .chain(std::iter::once(env_entry(
+                cookie::VAR.as_bytes(),
+                spec.cookie.as_bytes(),
+            )))
             .collect::<io::Result<_>>()?;
         let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
         let envp: Vec<CString> = self

@@ -103,6 +103,13 @@ impl Notifier {
         }))
     }
 
+    /// `READY=1` with the first `STATUS=` in the same datagram; the status counts as sent,
+    /// so the next one waits for a change and for `STATUS_EVERY`.
+    pub fn ready(&mut self, counts: (usize, usize), text: &str, now: Instant) {
+        self.send(&format!("READY=1\nSTATUS={text}"));
+        self.status_sent = Some((counts, now));
+    }
+
     /// Sends `STATUS=` with `text` when the `counts` it describes changed, at most once
     /// per `STATUS_EVERY`.
     pub fn status(&mut self, counts: (usize, usize), text: &str, now: Instant) -> Status {
@@ -170,6 +177,36 @@ mod tests {
         n.send("STOPPING=1");
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"STOPPING=1");
+    }
+
+    /// The status READY carries is the first: the same counts are not sent again, and
+    /// changed ones wait for their second.
+    #[test]
+    fn ready_carries_the_first_status() {
+        let name = format!("execd-sd-ready-{}", std::process::id());
+        use std::os::linux::net::SocketAddrExt;
+        let rx = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let mut n = Notifier::from_env(Some(format!("@{name}").into()), None, None)
+            .unwrap()
+            .unwrap();
+        let t0 = Instant::now();
+        n.ready((0, 0), "0 client(s)", t0);
+        assert_eq!(n.status((0, 0), "0 client(s)", t0), Status::Done);
+        assert_eq!(
+            n.status((1, 0), "1 client(s)", t0 + Duration::from_millis(10)),
+            Status::Later(t0 + STATUS_EVERY)
+        );
+        let mut buf = [0u8; 128];
+        let len = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"READY=1\nSTATUS=0 client(s)");
+        assert!(rx.recv(&mut buf).is_err(), "nothing else was sent");
+        assert_eq!(
+            n.status((1, 0), "1 client(s)", t0 + STATUS_EVERY),
+            Status::Done
+        );
+        let len = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"STATUS=1 client(s)");
     }
 
     #[test]

@@ -8,7 +8,8 @@ Run by tests/shell.rs inside the virtualenv tests/http.rs makes for the pinned S
 
 Every method of the client: sessions (create, update, list, stats, cleanup one and all),
 exec (sync with cd and export persisting, exit codes, async then wait_for_process, soft,
-hard and no-change timeouts, exec_dir with and without strict, truncate), view,
+hard and no-change timeouts, no_change_timeout at once for a command reading its input,
+exec_dir with and without strict, truncate), view,
 write_to_process feeding `read` and an interactive `python3 -q`, kill_process of
 `sleep 30` leaving the session usable, colour codes stripped. An error must raise
 `ApiError` (or its `UnprocessableEntityError` for a 422).
@@ -146,6 +147,17 @@ def drive(client, tag):
     check(f"{tag} read then wait", shell.wait_for_process(id=sid, seconds=15).data.status, "completed")
     v = shell.view(id=sid).data
     check_true(f"{tag} read got the line", v.output.endswith("got hello there\n"), repr(v.output))
+
+    # A command waiting for input answers no_change_timeout at once (PROTOCOL 12.3), not
+    # after the default 30 s; it goes on, and takes what is written.
+    started = time.monotonic()
+    r = shell.exec_command(id=sid, command='read -r x; echo "x=$x"').data
+    check(f"{tag} read at once status", r.status, "no_change_timeout")
+    check_true(f"{tag} read at once in time", time.monotonic() - started < 5, f"{time.monotonic() - started:.2f} s")
+    check(f"{tag} read at once waiting_for_input", getattr(r, "waiting_for_input", None), True)
+    shell.write_to_process(id=sid, input="given", press_enter=True)
+    check(f"{tag} read at once then wait", shell.wait_for_process(id=sid, seconds=15).data.status, "completed")
+    check_true(f"{tag} read at once output", shell.view(id=sid).data.output.endswith("x=given\n"), "")
 
     # Nothing running: write is refused (commands go through exec and the gate).
     expect_error(

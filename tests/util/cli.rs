@@ -63,10 +63,12 @@ impl Drop for Ctl {
 }
 
 /// An execctl command with a clean environment for what it reads: no `EXECD_SOCKET`,
-/// no `NO_COLOR`; stdin is /dev/null unless the caller sets it.
+/// `EXECD_HOST` or `NO_COLOR`; stdin is /dev/null unless the caller sets it.
 pub fn command(socket: Option<&Path>, args: &[&str]) -> Command {
     let mut cmd = Command::new(CTL);
-    cmd.env_remove("EXECD_SOCKET").env_remove("NO_COLOR");
+    cmd.env_remove("EXECD_SOCKET")
+        .env_remove("EXECD_HOST")
+        .env_remove("NO_COLOR");
     if let Some(s) = socket {
         cmd.arg("--socket").arg(s);
     }

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod fuse;
+pub mod trees;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -397,6 +398,26 @@ pub fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Has `cmd` run as uid and gid 65534 (nobody), with no other group; the test process
+/// must be root (`running_as_root`).
+pub fn as_nobody(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch nothing of the
+    // parent's; the groups go first, while the child may still set them.
+    unsafe {
+        cmd.pre_exec(|| {
+            let groups = [65534 as libc::gid_t];
+            if libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Polls `cond` every 10 ms until it holds; panics after `WAIT`.
 #[track_caller]
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -535,6 +556,18 @@ pub fn read_some(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<
         match r.read(buf) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             done => return done,
+        }
+    }
+}
+
+/// The next message sent to an approver that is a server request (has `method` and
+/// `id`): an approval request.
+#[track_caller]
+pub fn next_request(a: &mut Client) -> Value {
+    loop {
+        let m = a.read_message(Some(WAIT)).expect("an approval request");
+        if m.get("method").is_some() && m.get("id").is_some() {
+            return m;
         }
     }
 }

@@ -209,7 +209,7 @@ impl HttpSession {
 }
 
 /// A body as a method's params: empty is `{}`, a JSON object is itself; anything else is
-/// the error it maps to (`-32700` not JSON, `-32602` not an object).
+/// the error it maps to (`-32700` not JSON, `-32602` not an object or nested too deeply).
 fn body_params(body: &[u8]) -> Result<Map<String, Value>, (i64, String, Option<Value>)> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
@@ -217,6 +217,10 @@ fn body_params(body: &[u8]) -> Result<Map<String, Value>, (i64, String, Option<V
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err((-32602, "the body must be a JSON object".into(), None)),
+        Err(e) if crate::wire::rpc::message::nested_too_deep(&e) => {
+            let err = crate::wire::rpc::message::unreadable_params(&e);
+            Err((err.code, err.message, err.data))
+        }
         Err(e) => Err((-32700, format!("the body is not JSON: {e}"), None)),
     }
 }
@@ -225,6 +229,20 @@ fn body_params(body: &[u8]) -> Result<Map<String, Value>, (i64, String, Option<V
 mod tests {
     use super::super::codec::tests::*;
     use super::*;
+
+    #[test]
+    fn a_body_nested_too_deeply_is_said_to_be() {
+        let deep = format!(
+            r#"{{"command":"true","env":{}{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let (code, message, data) = body_params(deep.as_bytes()).unwrap_err();
+        assert_eq!(code, -32602);
+        assert!(message.contains("nested too deeply"), "{message}");
+        assert_eq!(data.unwrap()["field"], "params");
+        assert_eq!(body_params(b"{nope").unwrap_err().0, -32700);
+    }
 
     const SESSIONS: &[u8] = b"GET /v1/bash/sessions HTTP/1.1\r\nHost: x\r\n\r\n";
     fn room(cap: usize) -> Room {

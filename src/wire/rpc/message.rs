@@ -158,6 +158,30 @@ pub fn parse_line(line: &[u8], max_batch: usize) -> ParsedLine {
     }
 }
 
+/// How deep JSON may nest in a value execd reads (serde_json's own limit, which keeps a
+/// recursive parse off the end of the stack).
+pub const MAX_DEPTH: usize = 128;
+
+/// Whether a JSON error is the nesting limit: the text was JSON (a raw value already
+/// read it), only deeper than `MAX_DEPTH`.
+pub fn nested_too_deep(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("recursion limit exceeded")
+}
+
+/// What a params object that does not read as a value is answered: `-32602` naming
+/// `params`, and why (never "a field is missing", which would be a lie about a request
+/// that sent it).
+pub fn unreadable_params(e: &serde_json::Error) -> RpcError {
+    if nested_too_deep(e) {
+        RpcError::invalid_params(
+            "params",
+            format!("nested too deeply: execd reads JSON at most {MAX_DEPTH} levels deep"),
+        )
+    } else {
+        RpcError::invalid_params("params", format!("unreadable: {e}"))
+    }
+}
+
 fn parse_message(raw: &RawValue) -> Message {
     use std::collections::BTreeMap;
     let Ok(mut obj) = serde_json::from_str::<BTreeMap<String, &RawValue>>(raw.get()) else {
@@ -182,10 +206,19 @@ fn parse_message(raw: &RawValue) -> Message {
     }
     match obj.remove("method").map(value) {
         Some(Value::String(method)) => {
-            let params = match obj.remove("params").map(value) {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::Object(m)) => m,
-                Some(Value::Array(_)) => {
+            let params = obj
+                .remove("params")
+                .map(|r| serde_json::from_str::<Value>(r.get()));
+            let params = match params {
+                None | Some(Ok(Value::Null)) => Map::new(),
+                Some(Ok(Value::Object(m))) => m,
+                Some(Err(e)) => {
+                    return Message::Invalid {
+                        id: echo_id,
+                        error: unreadable_params(&e),
+                    };
+                }
+                Some(Ok(Value::Array(_))) => {
                     return Message::Invalid {
                         id: echo_id,
                         error: RpcError::invalid_params(
@@ -194,7 +227,7 @@ fn parse_message(raw: &RawValue) -> Message {
                         ),
                     };
                 }
-                Some(_) => return invalid("\"params\" must be an object"),
+                Some(Ok(_)) => return invalid("\"params\" must be an object"),
             };
             Message::Request(RpcRequest {
                 id: usable_id,
@@ -377,6 +410,30 @@ mod tests {
         assert_eq!(id.as_json(), "4");
         assert_eq!(error.code, INVALID_PARAMS);
         assert_eq!(error.data.unwrap()["field"], "params");
+    }
+    /// Params nested past the limit are said to be that, under the request's id: never
+    /// taken for an empty object whose fields are missing.
+    #[test]
+    fn params_nested_too_deeply_are_said_to_be() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"terminal/create","params":{{"sessionId":"s","command":"true","env":{deep}}}}}"#
+        );
+        let ParsedLine::Single(Message::Invalid { id, error }) = parse_line(line.as_bytes(), 10)
+        else {
+            panic!()
+        };
+        assert_eq!(id.as_json(), "7");
+        assert_eq!(error.code, INVALID_PARAMS);
+        assert!(error.message.contains("nested too deeply"), "{error:?}");
+        assert_eq!(error.data.unwrap()["field"], "params");
+        // At the limit it still reads.
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH - 2), "]".repeat(MAX_DEPTH - 2));
+        let line = format!(r#"{{"jsonrpc":"2.0","id":8,"method":"m","params":{{"a":{ok}}}}}"#);
+        assert!(matches!(
+            parse_line(line.as_bytes(), 10),
+            ParsedLine::Single(Message::Request(_))
+        ));
     }
     #[test]
     fn a_batch_over_the_limit_is_refused_whole() {

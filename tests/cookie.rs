@@ -1,0 +1,493 @@
+//! Containment without cgroups (PROTOCOL.md section 14): every command's environment
+//! carries `EXECD_TREE=<instance>:<command id>`, and wherever a command is ended, what
+//! still carries its cookie is killed too, however it left the process group; what a
+//! SIGKILLed daemon left is killed by the next start on the same socket.
+//!
+//! Every ending runs every escape shape (`util::trees`), from `terminal/create` and from
+//! `bash/exec`, twice: with `--cgroup off`, and with the default flags (which fall back
+//! to process groups on a host that delegates no cgroup to the test, and would use
+//! cgroups where one is delegated: 0 survivors either way). Each row prints its table of
+//! survivors, then asserts it is empty.
+
+use std::process::{Child, Command, Stdio};
+
+use crate::util::trees::*;
+use crate::util::*;
+
+/// Short, so that the TERM ignorers do not make every row wait long.
+const GRACE: &str = "300ms";
+
+/// The daemons each row runs against.
+const MODES: [(&str, &[&str]); 2] = [
+    ("--cgroup off", &["--cgroup", "off"]),
+    ("default flags", &[]),
+];
+
+/// One tree of one shape, started by one method.
+struct Tree {
+    shape: &'static str,
+    /// `terminal` or `bash`.
+    method: &'static str,
+    marker: String,
+    /// The terminal id, or the bash session the command runs in.
+    handle: String,
+}
+
+/// A daemon on `socket` with `flags` and the short grace.
+#[track_caller]
+fn daemon_at(socket: &std::path::Path, flags: &[&str]) -> Daemon {
+    let mut all = flags.to_vec();
+    all.extend_from_slice(&["--kill-grace", GRACE]);
+    Daemon::start_at(TempDir::new(), socket.to_path_buf(), &all)
+}
+
+/// Starts every shape as a terminal and/or as a bash command (with `bash_extra` merged
+/// into its params), and waits until each tree is up.
+#[track_caller]
+fn start_trees(
+    c: &mut Client,
+    marks: &mut Marks,
+    terminals: bool,
+    bash: bool,
+    bash_extra: Value,
+) -> Vec<Tree> {
+    let mut trees = Vec::new();
+    for shape in SHAPES {
+        if terminals {
+            let m = marks.next();
+            let id = create(c, "sh", &["-c", &script(shape, &m)]);
+            trees.push(Tree {
+                shape,
+                method: "terminal",
+                marker: m,
+                handle: id,
+            });
+        }
+        if bash {
+            let m = marks.next();
+            let session = format!("s-{}", m.replace('.', "-"));
+            let mut params = json!({"command": script(shape, &m), "async_mode": true,
+                                    "session_id": session});
+            if let (Some(p), Some(extra)) = (params.as_object_mut(), bash_extra.as_object()) {
+                p.extend(extra.clone());
+            }
+            ok(c, "bash/exec", params);
+            trees.push(Tree {
+                shape,
+                method: "bash",
+                marker: m,
+                handle: session,
+            });
+        }
+    }
+    for t in &trees {
+        wait_until(
+            &format!("the {} tree ({}) is up", t.shape, t.method),
+            || with_marker(&t.marker).len() >= 3,
+        );
+    }
+    trees
+}
+
+/// Ends one tree the way `ending` says (a per-command ending).
+#[track_caller]
+fn end_tree(c: &mut Client, t: &Tree, ending: &str) {
+    let term = json!({"sessionId": "s", "terminalId": t.handle});
+    match ending {
+        "terminal/release" | "terminal/kill" => {
+            ok(c, ending, term);
+        }
+        "bash/kill" => {
+            ok(
+                c,
+                "bash/kill",
+                json!({"session_id": t.handle, "signal": "SIGKILL"}),
+            );
+        }
+        "bash/sessions/close" => {
+            ok(c, ending, json!({"session_id": t.handle}));
+        }
+        "hard_timeout" => {} // armed at the start
+        other => panic!("no such ending {other:?}"),
+    }
+}
+
+/// The trees that still have a live process once everything had the time to end (a
+/// tree that is gone is never waited for longer than it takes).
+fn survivors(trees: &[Tree]) -> Vec<&Tree> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let left: Vec<&Tree> = trees
+            .iter()
+            .filter(|t| !with_marker(&t.marker).is_empty())
+            .collect();
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Says how many of `trees` survived `what`; returns that count.
+fn report(what: &str, trees: &[Tree], left: &[&Tree]) -> usize {
+    let named: Vec<String> = left
+        .iter()
+        .map(|t| format!("{} ({})", t.shape, t.method))
+        .collect();
+    eprintln!(
+        "ESCAPES {what}: {}/{} trees survived{}{}",
+        left.len(),
+        trees.len(),
+        if named.is_empty() { "" } else { ": " },
+        named.join(", ")
+    );
+    left.len()
+}
+
+/// One row of the escape table: every shape from terminals ended by `terminal_ending`
+/// and from bash commands ended by `bash_ending` (either may be absent), per mode.
+fn per_command_row(row: &str, terminal_ending: Option<&str>, bash_ending: Option<&str>) {
+    let mut failed = Vec::new();
+    for (mode, flags) in MODES {
+        let mut marks = Marks::default();
+        let home = TempDir::new();
+        let d = daemon_at(&home.path().join("execd.sock"), flags);
+        let mut c = d.client();
+        // Long enough that every tree is up before it fires, even on a loaded host.
+        let extra = if bash_ending == Some("hard_timeout") {
+            json!({"hard_timeout": 8})
+        } else {
+            json!({})
+        };
+        let trees = start_trees(
+            &mut c,
+            &mut marks,
+            terminal_ending.is_some(),
+            bash_ending.is_some(),
+            extra,
+        );
+        for t in &trees {
+            let ending = if t.method == "terminal" {
+                terminal_ending
+            } else {
+                bash_ending
+            };
+            end_tree(&mut c, t, ending.expect("an ending"));
+        }
+        let left = survivors(&trees);
+        if report(&format!("{row} [{mode}]"), &trees, &left) > 0 {
+            failed.push(mode);
+        }
+        assert_no_panic(&d);
+    }
+    assert!(failed.is_empty(), "{row}: survivors with {failed:?}");
+}
+
+#[test]
+fn release_and_bash_kill_leave_no_survivors() {
+    per_command_row(
+        "release + bash/kill SIGKILL",
+        Some("terminal/release"),
+        Some("bash/kill"),
+    );
+}
+
+#[test]
+fn terminal_kill_and_session_close_leave_no_survivors() {
+    per_command_row(
+        "terminal/kill + session close",
+        Some("terminal/kill"),
+        Some("bash/sessions/close"),
+    );
+}
+
+#[test]
+fn a_hard_timeout_leaves_no_survivors() {
+    per_command_row("hard timeout", None, Some("hard_timeout"));
+}
+
+/// A process this test starts itself, outside execd; killed and reaped on drop.
+struct Outside(Child);
+
+impl Outside {
+    /// `sleep MARKER` in a session of its own, with `env` added to its environment.
+    fn start(marker: &str, env: &[(&str, &str)]) -> Outside {
+        let child = Command::new("setsid")
+            .args(["sleep", marker])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        wait_until("the outside process runs", || {
+            !with_marker(marker).is_empty()
+        });
+        Outside(child)
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A daemon's SIGTERM ends every tree; a process started outside execd lives on.
+#[test]
+fn daemon_sigterm_leaves_no_survivors() {
+    let mut failed = Vec::new();
+    for (mode, flags) in MODES {
+        let mut marks = Marks::default();
+        let mut outside = Outside::start(&marks.next(), &[]);
+        let home = TempDir::new();
+        let mut d = daemon_at(&home.path().join("execd.sock"), flags);
+        let mut c = d.client();
+        let trees = start_trees(&mut c, &mut marks, true, true, json!({}));
+        assert_eq!(d.terminate(), Some(0));
+        let left = survivors(&trees);
+        if report(&format!("daemon SIGTERM [{mode}]"), &trees, &left) > 0 {
+            failed.push(mode);
+        }
+        assert!(
+            outside.alive(),
+            "a process started outside execd was killed"
+        );
+    }
+    assert!(failed.is_empty(), "survivors with {failed:?}");
+}
+
+/// The daemon SIGKILLed while every tree runs, then started again on the same socket:
+/// what it left is killed at start, logged, and audited as `leftovers {count, mode:
+/// "cookie"}`; a process started outside execd lives on.
+#[test]
+fn daemon_sigkill_then_restart_leaves_no_survivors() {
+    let mut failed = Vec::new();
+    for (mode, flags) in MODES {
+        let mut marks = Marks::default();
+        let mut outside = Outside::start(&marks.next(), &[]);
+        let home = TempDir::new();
+        let socket = home.path().join("execd.sock");
+        let mut d = daemon_at(&socket, flags);
+        let mut c = d.client();
+        let trees = start_trees(&mut c, &mut marks, true, true, json!({}));
+        if let Some(mut child) = d.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // The parent-death signal reaches only each command's leader: the rest outlives
+        // a SIGKILLed daemon until the next start.
+        let orphaned = trees
+            .iter()
+            .filter(|t| !with_marker(&t.marker).is_empty())
+            .count();
+        eprintln!(
+            "ESCAPES daemon SIGKILL [{mode}]: {orphaned}/{} trees alive right after it",
+            trees.len()
+        );
+        assert!(orphaned > 0, "something outlived the daemon");
+        let audit = home.path().join("audit.jsonl");
+        let mut again = flags.to_vec();
+        again.extend_from_slice(&["--audit", audit.to_str().expect("utf-8")]);
+        let restarted = daemon_at(&socket, &again);
+        let left = survivors(&trees);
+        if report(&format!("daemon SIGKILL + restart [{mode}]"), &trees, &left) > 0 {
+            failed.push(mode);
+            continue;
+        }
+        wait_until("the restart logs what it killed", || {
+            restarted.log().contains("an earlier instance")
+        });
+        let records = std::fs::read_to_string(&audit).unwrap_or_default();
+        let leftovers: Vec<Value> = records
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["event"] == "leftovers")
+            .collect();
+        assert_eq!(leftovers.len(), 1, "{records}");
+        assert_eq!(leftovers[0]["mode"], "cookie", "{records}");
+        assert!(
+            leftovers[0]["count"].as_u64() >= Some(orphaned as u64),
+            "{records}"
+        );
+        assert!(
+            outside.alive(),
+            "a process started outside execd was killed"
+        );
+    }
+    assert!(failed.is_empty(), "survivors with {failed:?}");
+}
+
+/// The `EXECD_TREE` value a command of `d` sees, read through a terminal running `env`.
+#[track_caller]
+fn cookie_of(c: &mut Client) -> (String, String) {
+    let id = create(c, "env", &[]);
+    wait_exit(c, &id);
+    let env = output(c, &id)["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let value = env
+        .lines()
+        .find_map(|l| l.strip_prefix("EXECD_TREE="))
+        .unwrap_or_else(|| panic!("no EXECD_TREE in {env}"))
+        .to_string();
+    (id, value)
+}
+
+/// A daemon started on another socket after the first was SIGKILLed kills nothing the
+/// first left, nor a process with another socket's cookie, nor one without a cookie; the
+/// first's own socket then does.
+#[test]
+fn a_restart_on_another_socket_kills_nothing_of_the_first() {
+    let mut marks = Marks::default();
+    let home = TempDir::new();
+    let socket = home.path().join("first.sock");
+    let mut first = daemon_at(&socket, &["--cgroup", "off"]);
+    let mut c = first.client();
+    let (_, cookie) = cookie_of(&mut c);
+    let trees = start_trees(&mut c, &mut marks, true, false, json!({}));
+    // Another socket's cookie: the same instance text under another path's hash.
+    let (_, rest) = cookie.split_once('-').expect("hash-...");
+    let foreign = format!("0123456789abcdef-{rest}");
+    let mut plain = Outside::start(&marks.next(), &[]);
+    let mut forged = Outside::start(&marks.next(), &[("EXECD_TREE", &foreign)]);
+    if let Some(mut child) = first.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let escaped: Vec<&Tree> = trees
+        .iter()
+        .filter(|t| !with_marker(&t.marker).is_empty())
+        .collect();
+    assert!(!escaped.is_empty(), "something outlived the first daemon");
+
+    // Another socket: its start-up sweep runs before it listens, and finds nothing.
+    let second = daemon_at(&home.path().join("second.sock"), &["--cgroup", "off"]);
+    let mut c2 = second.client();
+    ok(&mut c2, "initialize", json!({}));
+    assert!(
+        !second.log().contains("an earlier instance"),
+        "{}",
+        second.log()
+    );
+    for t in &escaped {
+        assert!(
+            !with_marker(&t.marker).is_empty(),
+            "{} ({}) was killed by a daemon on another socket",
+            t.shape,
+            t.method
+        );
+    }
+    drop(c2);
+    drop(second);
+
+    // The first's socket again: its leftovers go, and only those.
+    let again = daemon_at(&socket, &["--cgroup", "off"]);
+    let left = survivors(&trees);
+    assert_eq!(report("restart on the same socket", &trees, &left), 0);
+    wait_until("the count is logged", || {
+        again.log().contains("an earlier instance")
+    });
+    assert!(plain.alive(), "a process without a cookie was killed");
+    assert!(
+        forged.alive(),
+        "a process with another socket's cookie was killed"
+    );
+}
+
+/// What still escapes, as the README and execd(8) say: a process that clears its
+/// environment carries no cookie, and outlives its command's kill, while its sibling that
+/// kept the environment is killed by the same sweep.
+#[test]
+fn an_escapee_that_clears_its_environment_is_the_documented_exception() {
+    let mut marks = Marks::default();
+    let d = Daemon::start(&["--cgroup", "off", "--kill-grace", GRACE]);
+    let mut c = d.client();
+    let (bare, kept) = (marks.next(), marks.next());
+    let id = create(
+        &mut c,
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "env -i setsid sleep {bare} & setsid sleep {kept} & echo ready; sleep {kept}; true"
+            ),
+        ],
+    );
+    // Its own sleep, and two that kept the environment: the escapee and the leader's.
+    wait_until("the tree is up", || {
+        sleeps(&bare).len() == 1 && sleeps(&kept).len() == 2
+    });
+    ok(
+        &mut c,
+        "terminal/release",
+        json!({"sessionId": "s", "terminalId": id}),
+    );
+    all_gone(&kept, "the escapee that kept its environment");
+    let left = sleeps(&bare);
+    assert_eq!(
+        left.len(),
+        1,
+        "the escapee without a cookie lives on: {left:?}"
+    );
+    let env = std::fs::read(format!("/proc/{}/environ", left[0])).unwrap_or_default();
+    assert!(env.is_empty(), "it has no environment at all");
+}
+
+/// The cookie is set last: neither a request's variables nor `--clean-env` remove or
+/// change it; it names this daemon's instance (as `initialize` reports it) and the
+/// command's own id.
+#[test]
+fn the_cookie_is_set_last_and_names_the_command() {
+    for flags in [&["--cgroup", "off"][..], &["--clean-env"][..]] {
+        let d = Daemon::start(flags);
+        let mut c = d.client();
+        let init = ok(&mut c, "initialize", json!({}));
+        let containment = &init["_meta"]["execd"]["containment"];
+        let instance = containment["cookie"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no cookie in {containment}"))
+            .to_string();
+        assert!(
+            containment["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("EXECD_TREE"),
+            "{containment}"
+        );
+        let id = create_with(
+            &mut c,
+            json!({"sessionId": "s", "command": "env",
+                   "env": [{"name": "EXECD_TREE", "value": "forged:term_0"}]}),
+        );
+        wait_exit(&mut c, &id);
+        let env = output(&mut c, &id)["output"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let cookies: Vec<&str> = env
+            .lines()
+            .filter_map(|l| l.strip_prefix("EXECD_TREE="))
+            .collect();
+        assert_eq!(cookies, vec![format!("{instance}:{id}")], "{env}");
+
+        let r = ok(
+            &mut c,
+            "bash/exec",
+            json!({"command": "env", "env": {"EXECD_TREE": "forged"}}),
+        );
+        let out = r["stdout"].as_str().unwrap_or_default();
+        let cookies: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("EXECD_TREE="))
+            .collect();
+        let cmd = r["command_id"].as_str().unwrap_or_default();
+        assert_eq!(cookies, vec![format!("{instance}:{cmd}")], "{out}");
+    }
+}
