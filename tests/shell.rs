@@ -776,3 +776,127 @@ fn a_session_s_shell_can_be_watched_through_events() {
     assert_eq!(l["terminals"], json!([]), "{l}");
     assert_no_panic(&d);
 }
+
+// ---- execctl ---------------------------------------------------------------------------
+
+#[test]
+fn execctl_shell_runs_a_script_line_by_line_and_lists_the_session() {
+    use crate::util::cli::{command, ctl_code, run_with_input};
+    let d = Daemon::start(&[]);
+    let script = b"cd /tmp\npwd\nexport KEEP=1\necho $((6 * 7))\n(exit 4)\n";
+    let o = run_with_input(command(Some(&d.socket), &["shell", "scripted"]), script);
+    assert_eq!(o.code, Some(4), "the last line's exit code: {o:?}");
+    assert!(o.stdout.contains("/tmp\n"), "{o:?}");
+    assert!(o.stdout.contains("42\n"), "{o:?}");
+    assert!(!o.stdout.contains("6973"), "no marker shows: {o:?}");
+    // The session goes on: its state is there for the next execctl.
+    let o = run_with_input(
+        command(Some(&d.socket), &["shell", "scripted"]),
+        b"echo \"keep=$KEEP\"; pwd\n",
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(o.stdout.contains("keep=1\n/tmp\n"), "{o:?}");
+
+    // ps and sessions list it beside bash ones.
+    ctl_code(&d, &["exec", "--session", "b1", "true"], 0);
+    let o = ctl_code(&d, &["--json", "sessions"], 0);
+    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
+    let kinds: Vec<(String, String)> = v["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap_or("").to_string(),
+                s["kind"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        kinds.contains(&("scripted".into(), "shell".into())),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&("b1".into(), "bash".into())), "{kinds:?}");
+    let o = ctl_code(&d, &["sessions"], 0);
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["scripted", "shell"])),
+        "{}",
+        o.stdout
+    );
+    let o = ctl_code(&d, &["--json", "ps"], 0);
+    let v: Value = serde_json::from_str(&o.stdout).expect("JSON");
+    let shell = v["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["kind"] == "shell")
+        .unwrap_or_else(|| panic!("a shell row: {v}"))
+        .clone();
+    assert_eq!(shell["session"], "scripted");
+    assert_eq!(shell["state"], "running");
+    assert_eq!(shell["cwd"], "/tmp");
+    // sessions close finds it by name, and prune closes the idle rest.
+    let o = ctl_code(&d, &["sessions", "close", "scripted"], 0);
+    assert_eq!(o.stdout, "scripted\n");
+    let mut c = d.client();
+    assert_eq!(
+        ok(&mut c, "shell/sessions", json!({}))["sessions"],
+        json!({})
+    );
+    assert_no_panic(&d);
+}
+
+#[test]
+fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_interrupts_it() {
+    use crate::util::cli::{command, open_pty, Screen};
+    use std::os::fd::AsFd;
+    let d = Daemon::start(&[]);
+    let (master, slave) = open_pty();
+    let mut cmd = command(Some(&d.socket), &["shell", "typed", "--cwd", "/tmp"]);
+    cmd.stdin(std::process::Stdio::from(
+        slave.as_fd().try_clone_to_owned().expect("dup"),
+    ))
+    .stdout(std::process::Stdio::from(
+        slave.as_fd().try_clone_to_owned().expect("dup"),
+    ))
+    .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().expect("spawn execctl shell");
+    drop(slave);
+    let mut keys = master.try_clone().expect("dup master");
+    let screen = Screen::watch(master);
+    screen.wait_for(":/tmp", 1);
+    keys.write_all(b"read -r x; echo \"got $x\"\n")
+        .expect("type");
+    std::thread::sleep(Duration::from_millis(300));
+    keys.write_all(b"typed in\n").expect("type");
+    screen.wait_for("got typed in", 1);
+    keys.write_all(b"sleep 30\n").expect("type");
+    let mut c = d.client();
+    wait_until("sleep runs", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "running"
+    });
+    let t = Instant::now();
+    unsafe_kill(child.id() as i32, libc::SIGINT);
+    wait_until("the command is interrupted", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "terminated"
+    });
+    assert!(t.elapsed() < Duration::from_secs(5));
+    keys.write_all(b"echo after\n").expect("type");
+    screen.wait_for("\r\nafter\r\n", 1);
+    // Ctrl-D at the prompt leaves; the session stays.
+    keys.write_all(b"\x04").expect("type");
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "execctl shell did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", screen.text());
+    let v = ok(&mut c, "shell/view", json!({"id": "typed"}));
+    assert_eq!(v["command"], "echo after");
+    assert_no_panic(&d);
+}

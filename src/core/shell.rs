@@ -213,7 +213,7 @@ pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Ve
     let physical = if keep_symlinks { "+P" } else { "-P" };
     let dir = escaped(dir.as_os_str().as_bytes());
     format!(
-        " set +o history +H; unset HISTFILE; \
+        " set +o history +H; unset HISTFILE; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
 __execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; \
 __execd_hex() {{ local LC_ALL=C __i __h=; for ((__i=0; __i<${{#PWD}}; __i++)); do \
 builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; }}; \
@@ -573,7 +573,12 @@ impl Core {
         let s = self.shells.map.get(key)?;
         let program = self.shell_program();
         let args: Vec<String> = SHELL_ARGS.iter().map(|a| a.to_string()).collect();
-        let mut env = Vec::new();
+        // No prompt before the setup (so the terminal shows only the session's own), and
+        // nothing of the daemon's environment runs before it.
+        let mut env = vec![
+            ("PS1".to_string(), String::new()),
+            ("PROMPT_COMMAND".to_string(), String::new()),
+        ];
         super::launch::default_term(&mut env);
         Some(LaunchRequest {
             family: super::table::Family::Shell {

@@ -190,6 +190,7 @@ fn session_info(core: &Core, s: &ShellSession) -> Value {
         "current_command": s.current().map(|r| r.command.clone()),
         "command_count": s.records.len(),
         "process_id": shell.map(|p| p.id.clone()),
+        "output_bytes": shell.map_or(0, |p| p.streams[0].ring.end()),
         "pid": shell.map(|p| p.pid),
         "restarts": s.restarts,
         "failed": match &s.phase { Phase::Failed(why) => Value::from(why.clone()), _ => Value::Null },
