@@ -143,14 +143,20 @@ fn json_rpc_shell_methods_answer_with_the_sdk_s_objects() {
     );
     let r = exec(&mut c, json!({"id": "j1", "command": "(exit 3)"}));
     assert_eq!(r["exit_code"], 3, "{r}");
+    // No program sees the markers' nonce: it is in no environment.
+    let r = exec(&mut c, json!({"id": "j1", "command": "env | grep -c 6973"}));
+    assert_eq!(
+        (r["output"].clone(), r["exit_code"].clone()),
+        (json!("0\n"), json!(1))
+    );
 
     // view: the last command, the console, and where the shell is.
     let v = ok(&mut c, "shell/view", json!({"id": "j1"}));
     assert_eq!(v["status"], "completed");
-    assert_eq!(v["command"], "(exit 3)");
-    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["command"], "env | grep -c 6973");
+    assert_eq!(v["exit_code"], 1);
     assert_eq!(v["working_dir"], "/usr");
-    assert_eq!(v["console"].as_array().map(Vec::len), Some(3));
+    assert_eq!(v["console"].as_array().map(Vec::len), Some(4));
 
     // async, write, wait: `{status}`.
     let r = exec(
@@ -159,11 +165,16 @@ fn json_rpc_shell_methods_answer_with_the_sdk_s_objects() {
     );
     assert_eq!(r["status"], "running", "{r}");
     assert_eq!(r["exit_code"], Value::Null, "{r}");
-    let w = ok(
-        &mut c,
+    let w = match c.call(
         "shell/write",
         json!({"id": "j1", "input": "typed", "press_enter": true}),
-    );
+    ) {
+        Ok(w) => w,
+        Err(e) => panic!(
+            "write: {e}; view: {}",
+            ok(&mut c, "shell/view", json!({"id": "j1"}))
+        ),
+    };
     assert_eq!(w["status"], "running", "{w}");
     let w = ok(&mut c, "shell/wait", json!({"id": "j1", "seconds": 15}));
     assert_eq!(w["status"], "completed", "{w}");
@@ -884,7 +895,17 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
     });
     assert!(t.elapsed() < Duration::from_secs(5));
     keys.write_all(b"echo after\n").expect("type");
-    screen.wait_for("\r\nafter\r\n", 1);
+    let deadline = Instant::now() + WAIT;
+    // Its echo (cooked, maybe before the prompt comes back) and its output.
+    while screen.text().matches("after\r\n").count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no output of the next command: {:?}\n{}",
+            screen.text(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Ctrl-D at the prompt leaves; the session stays.
     keys.write_all(b"\x04").expect("type");
     let deadline = Instant::now() + WAIT;

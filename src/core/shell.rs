@@ -417,6 +417,9 @@ pub struct Record {
     pub no_dir: bool,
     /// What execd adds to its output (the shell died under it).
     pub note: Option<String>,
+    /// Input written before it started (`shell/write`): its terminal gets it at the start
+    /// marker. At most `--stdin-buffer`.
+    pub input: Vec<u8>,
     /// Its timers (hard timeout, quiet, kill escalation), cancelled when it ends.
     pub timers: Vec<TimerId>,
     /// Bytes counted against the output memory budget.
@@ -762,6 +765,7 @@ impl Core {
             waiting_for_input: false,
             no_dir: false,
             note: None,
+            input: Vec::new(),
             timers: Vec::new(),
             bytes,
         });
@@ -865,6 +869,12 @@ impl Core {
                         // Input written while the line was being read goes now; a kill
                         // asked for meanwhile is carried out now.
                         let kill = r.kill.is_some();
+                        let input = std::mem::take(&mut r.input);
+                        if !input.is_empty() {
+                            // It fitted the buffer when it was taken, which is empty now
+                            // (cleared at the last command's end).
+                            let _ = super::life::queue_stdin(&mut self.table, shell, &input, false);
+                        }
                         // Whatever read the terminal before belonged to an earlier command.
                         self.set_waiting(shell, false);
                         self.out.push(Effect::FlushStdin(shell));
@@ -885,9 +895,11 @@ impl Core {
                 if !dir.is_empty() {
                     s.workdir = PathBuf::from(std::ffi::OsString::from_vec(dir));
                 }
+                // Only a command that started (or was refused its exec_dir) ends here: a
+                // prompt cycle before a line sent was read (a repeated prompt) is not its.
                 let seq = s
                     .current()
-                    .filter(|r| r.step != Step::Queued)
+                    .filter(|r| r.step == Step::Running || (r.step == Step::Sent && r.no_dir))
                     .map(|r| r.seq);
                 if let Some(seq) = seq {
                     self.finish(sk, seq, Some(status), Some(start), None);
@@ -911,11 +923,11 @@ impl Core {
                 if s.phase == Phase::Starting {
                     s.failed_starts = 0;
                 }
-                // A command still not done at a prompt lost its end marker (a Ctrl-C
-                // that cut PROMPT_COMMAND short): it is over all the same.
+                // A command that started and is still not done at a prompt lost its end
+                // marker (a Ctrl-C that cut PROMPT_COMMAND short): it is over all the same.
                 let seq = s
                     .current()
-                    .filter(|r| r.step != Step::Queued)
+                    .filter(|r| r.step == Step::Running)
                     .map(|r| r.seq);
                 s.phase = Phase::Prompt;
                 if let Some(seq) = seq {
@@ -1191,42 +1203,42 @@ impl Core {
         }
     }
 
-    /// Input for the running program of session `key` (`shell/write`): queued for its
-    /// terminal, and written once the command has started. `-32000` with nothing running:
-    /// at the prompt the shell takes commands only from `exec`.
+    /// Input for the running program of session `key` (`shell/write`): written to its
+    /// terminal once the command has started, held in its record until then (the shell
+    /// may still be reading the line, or be starting). `-32000` with nothing running: at
+    /// the prompt the shell takes commands only from `exec`. `-32003` past
+    /// `--stdin-buffer`.
     pub fn shell_write(&mut self, key: &SessionKey, data: &[u8]) -> Result<&'static str, RpcError> {
+        let cap = self.cfg.stdin_buffer;
         let s = self
             .shells
             .map
             .get_mut(key)
             .ok_or_else(|| RpcError::not_found("shell session", &key.1))?;
         let shell = s.shell;
-        let Some(r) = s.current_mut().filter(|r| r.step != Step::Queued) else {
+        let Some(r) = s.current_mut() else {
             return Err(RpcError::invalid_state(format!(
                 "no running command in shell session {}; use exec",
                 key.1
             )));
         };
+        r.waiting_for_input = false;
         let running = r.step == Step::Running;
-        let shell = shell.ok_or_else(|| RpcError::invalid_state("the shell is restarting"))?;
-        match super::life::queue_stdin(&mut self.table, shell, data, false)? {
-            Some(_) => {}
-            None => {
-                let cap = self
-                    .table
-                    .get(shell)
-                    .and_then(|p| p.stdin.as_ref())
-                    .map_or(0, |s| s.capacity);
-                return Err(RpcError::limit("stdin-buffer", cap));
+        match shell.filter(|_| running) {
+            Some(shell) => {
+                if super::life::queue_stdin(&mut self.table, shell, data, false)?.is_none() {
+                    return Err(RpcError::limit("stdin-buffer", cap));
+                }
+                self.out.push(Effect::FlushStdin(shell));
+                // Input given: whatever waited for it is not waiting any more.
+                self.set_waiting(shell, false);
             }
-        }
-        if running {
-            self.out.push(Effect::FlushStdin(shell));
-        }
-        // Input given: whatever waited for it is not waiting any more.
-        self.set_waiting(shell, false);
-        if let Some(r) = self.shells.map.get_mut(key).and_then(|s| s.current_mut()) {
-            r.waiting_for_input = false;
+            None => {
+                if r.input.len() + data.len() > cap {
+                    return Err(RpcError::limit("stdin-buffer", cap));
+                }
+                r.input.extend_from_slice(data);
+            }
         }
         Ok("running")
     }
@@ -1453,6 +1465,11 @@ mod tests {
         assert_eq!(record(&c, &key, seq).step, Step::Sent);
         assert!(piped(&mut c, k).starts_with(&format!(" __execd_pre {seq} '\\x65")));
         assert_eq!(record(&c, &key, seq).ps1, "u@h:/tmp$ ");
+        // A prompt cycle before the line is read (a repeated prompt) ends nothing.
+        let (e0, p0) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
+        print(&mut c, k, &format!("{e0}u@h:/tmp$ {p0}"));
+        assert_eq!(record(&c, &key, seq).step, Step::Sent);
+        assert!(piped(&mut c, k).is_empty(), "sent once");
         // A marker with another nonce is output like any other: it ends nothing.
         let s = mark(&c, &key, &format!("s;{seq}"));
         print(&mut c, k, &format!("{s}hi\r\n\x1b]6973;e;forged;0;2f\x07"));
@@ -1531,19 +1548,28 @@ mod tests {
         let (key, k) = with_shell(&mut c);
         let err = c.shell_write(&key, b"ls\r").unwrap_err();
         assert_eq!(err.code, crate::wire::rpc::INVALID_STATE, "nothing runs");
-        say(&mut c, &key, k, "p");
+        // Queued before the first prompt: its input is taken, and held.
         let seq = queue(&mut c, &key, "cat");
+        c.shell_write(&key, b"queued ").unwrap();
+        say(&mut c, &key, k, "p");
+        assert_eq!(record(&c, &key, seq).step, Step::Sent);
         c.out.clear();
         c.shell_write(&key, b"early\r").unwrap();
         assert!(
             !c.out.iter().any(|e| matches!(e, Effect::FlushStdin(_))),
             "the shell may still be reading the line"
         );
+        let stdin = |c: &Core| -> Vec<u8> {
+            let p = c.table.get(k).unwrap();
+            p.stdin.as_ref().unwrap().buf.iter().copied().collect()
+        };
+        assert!(stdin(&c).is_empty());
         say(&mut c, &key, k, &format!("s;{seq}"));
         assert!(c
             .out
             .iter()
             .any(|e| matches!(e, Effect::FlushStdin(x) if *x == k)));
+        assert_eq!(stdin(&c), b"queued early\r");
         c.shell_write(&key, b"late").unwrap();
         say(&mut c, &key, k, "e;0;2f");
         let stdin = c.table.get(k).unwrap().stdin.as_ref().unwrap();
@@ -1611,7 +1637,8 @@ mod tests {
         let mut c = testkit::core(); // --session-idle 60 s
         let (key, k) = with_shell(&mut c);
         say(&mut c, &key, k, "p");
-        queue(&mut c, &key, "sleep 600");
+        let seq = queue(&mut c, &key, "sleep 600");
+        say(&mut c, &key, k, &format!("s;{seq}"));
         later(&mut c, Duration::from_secs(61));
         assert!(
             c.shells.map.contains_key(&key),
