@@ -657,6 +657,22 @@ fn a_shell_that_dies_is_restarted_at_a_prompt_and_says_so() {
         ok(&mut c, "shell/sessions", json!({}))["sessions"]["r"]["restarts"],
         2
     );
+
+    // Its last directory is gone when it dies: the next shell starts in --workdir.
+    let gone = d.dir.path().join("gone");
+    std::fs::create_dir(&gone).expect("mkdir");
+    exec(
+        &mut c,
+        json!({"id": "r", "command": format!("cd {}", gone.display())}),
+    );
+    let r = exec(
+        &mut c,
+        json!({"id": "r", "command": "rmdir \"$PWD\" && exit"}),
+    );
+    assert_eq!(r["status"], "terminated", "{r}");
+    let r = exec(&mut c, json!({"id": "r", "command": "pwd"}));
+    let here = std::env::current_dir().expect("cwd");
+    assert_eq!(r["output"], format!("{}\n", here.display()), "{r}");
     assert_no_panic(&d);
 }
 

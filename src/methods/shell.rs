@@ -458,8 +458,11 @@ fn start_failed(
     e: RpcError,
 ) -> Result<Step, RpcError> {
     match then {
-        // The last directory is gone: the shell starts again in `--workdir`.
-        ShellThen::Restart { fallback: false } if req.cwd != core.cfg.workdir => {
+        // The last directory is gone (or is no directory now): the shell starts again in
+        // `--workdir`.
+        ShellThen::Restart { fallback: false }
+            if e.code == crate::wire::rpc::INVALID_PARAMS && req.cwd != core.cfg.workdir =>
+        {
             core.log.line(format_args!(
                 "the shell of session {:?} cannot start in {}: {}; starting it in {}",
                 key.1,
