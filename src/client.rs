@@ -147,6 +147,12 @@ impl Client {
         })
     }
 
+    /// A second handle on the connection, for another thread to hang it up with
+    /// `shutdown` (a read blocked on it then returns at once).
+    pub fn handle(&self) -> io::Result<UnixStream> {
+        self.writer.try_clone()
+    }
+
     /// The same client, with `t` asked why the connection ended when it does.
     pub fn with_transport(mut self, t: Box<dyn Transport>) -> Client {
         self.transport = Some(t);

@@ -104,7 +104,7 @@ fn run_ctrl_c_exits_130_and_kills_the_command() {
         .find(|t| t["sessionId"] == session.as_str())
         .unwrap_or_else(|| panic!("no terminal in session {session}"));
     let pid = term["pid"].as_i64().expect("pid") as i32;
-    assert!(group_alive(pid));
+    wait_until("sleep runs", || group_runs(pid, "sleep"));
     unsafe_kill(ctl.pid(), libc::SIGINT);
     let st = ctl.wait();
     assert_eq!(st.code(), Some(130), "{st:?}");

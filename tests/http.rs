@@ -1587,12 +1587,13 @@ fn http_no_auth_is_for_loopback_only_and_warned_about() {
             "/tmp".into(),
         ]
     });
-    let log = daemon.log();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("warning") && l.contains("--http-no-auth")),
-        "{log}"
-    );
+    // The socket takes connections before the loop's first turn writes the log.
+    wait_until("the --http-no-auth warning is logged", || {
+        daemon
+            .log()
+            .lines()
+            .any(|l| l.contains("warning") && l.contains("--http-no-auth"))
+    });
     let r = parse_curl_i(
         &curl_raw(&[
             "-i".into(),

@@ -23,7 +23,7 @@ fn readme() -> String {
 }
 
 /// The fenced block of `README.md` whose first line is `first`.
-fn block(first: &str) -> String {
+pub(crate) fn block(first: &str) -> String {
     let text = readme();
     let mut lines = text.lines();
     while let Some(l) = lines.next() {

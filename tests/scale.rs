@@ -24,8 +24,8 @@ fn running(c: &mut Client) -> u64 {
 fn spawn_failures_answer_as_before_and_leave_nothing_behind() {
     let d = Daemon::start(&["--socket-mode", "0666", "--allow-uid", "65534"]);
     let mut c = d.client();
-    // One command first, so that whatever the daemon opens once (spawner threads,
-    // `/dev/null`) is in the baseline.
+    // One command first, so that whatever the daemon opens once (`/dev/null`) is in the
+    // baseline.
     let id = create(&mut c, "true", &[]);
     wait_exit(&mut c, &id);
     ok(

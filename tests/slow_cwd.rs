@@ -1,13 +1,13 @@
 //! A command's working directory on a file system that hangs must not freeze the daemon.
 //!
-//! The daemon never touches a request's `cwd` on its loop: a spawner thread's child
-//! `chdir`s into it just before `execve`. These tests hold that `chdir` inside the kernel,
+//! The daemon never touches a request's `cwd` on its loop: the child it clones `chdir`s
+//! into it just before `execve`, and nothing waits for that child. These tests hold that `chdir` inside the kernel,
 //! with `cwd` in a FUSE file system this process serves (`util::fuse`) whose lookup of the
 //! directory answers only when the test says so, the way a dead NFS server or a stuck
 //! FUSE daemon makes a path hang. A FUSE mount is the one way to make a lookup block for
 //! exactly as long as a test wants, with no network and no timing guesses. While it is
 //! held, another connection's `initialize` is answered and another connection's command
-//! starts and exits (through the other spawner thread); once released, the held request is
+//! starts and exits; once released, the held request is
 //! answered: its terminal, when the lookup finds a directory, or the same invalid-params
 //! error on `cwd` a missing directory gets, when it finds nothing. Were the daemon to look
 //! at `cwd` on its loop (a `stat` to check it), the loop would hang in that lookup and the
@@ -130,10 +130,10 @@ fn a_hung_cwd_that_is_then_missing_is_refused_as_a_missing_one() {
     assert_no_panic(&d);
 }
 
-/// More spawns hung than there are spawner threads to start with: another thread takes
-/// the next spawn, so a few clients with hung directories do not stop everyone's.
+/// Two spawns hung at once (as many as once held every spawner thread): nothing waits for
+/// them, so clients with hung directories never stop everyone else's.
 #[test]
-fn spawns_hung_on_every_first_thread_still_leave_others_starting() {
+fn spawns_hung_at_once_still_leave_others_starting() {
     let d = Daemon::start(&[]);
     let Some(fs) = mount() else { return };
     let (_first, _) = stuck_create(&d, &fs);

@@ -22,6 +22,7 @@ mod bounds;
 mod cli_manage;
 mod cli_policy;
 mod cli_stream;
+mod cli_tty;
 mod contain;
 mod cookie;
 mod events;

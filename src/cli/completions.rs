@@ -5,7 +5,7 @@ use super::args::{Flag, Spec, GLOBAL};
 use super::help::COMMANDS;
 
 /// Subcommands that take a process id as their operand (completed from `execctl ps -q`).
-const TAKES_IDS: &[&str] = &["write", "logs", "wait", "kill", "release"];
+const TAKES_IDS: &[&str] = &["write", "attach", "logs", "wait", "kill", "release"];
 
 /// A completion script for `shell`.
 pub fn script(shell: &str) -> Option<String> {

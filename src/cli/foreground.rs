@@ -1,12 +1,17 @@
-//! Ending a foreground command as a shell would: Ctrl-C, a hang-up, SIGTERM, a
-//! `--timeout` or a closed stdout kill it (SIGTERM, then SIGKILL after the daemon's
-//! grace; a second signal: SIGKILL at once), and execctl's exit status says why.
+//! Ending a foreground command as a shell would. A signal execctl gets is passed on to
+//! the command, as docker passes it to its container: Ctrl-C is SIGINT, so a program that
+//! handles it (a REPL, a script's cleanup) goes on or cleans up as it would in a shell;
+//! SIGTERM and SIGHUP mean execctl is asked to go, so a command that outlives them by
+//! the daemon's kill grace gets SIGKILL. A second signal while the first one's grace runs
+//! is SIGKILL at once (a second Ctrl-C means now). A `--timeout` or a closed stdout end
+//! the command (SIGTERM, then SIGKILL after the grace). execctl's exit status is the
+//! command's own, except after a timeout (124) or a closed stdout (141).
 //!
-//! The `Killer` acts once, from whichever thread first has a reason: the signal thread,
-//! or the main thread (timeout, closed output). Each kill runs on a thread of its own
-//! with its own connection, so a main thread blocked writing to a stuck stdout never
-//! delays it. A reason that comes before the command exists (its create may be held for
-//! approval) withdraws the create instead.
+//! The `Killer` acts from whichever thread has a reason: the signal thread, or the main
+//! thread (timeout, closed output). Each kill runs on a thread of its own with its own
+//! connection, so a main thread blocked writing to a stuck stdout never delays it. A
+//! reason that comes before the command exists (its create may be held for approval)
+//! withdraws the create instead.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,10 +28,10 @@ const CREATE_TICK: Duration = Duration::from_millis(100);
 /// How long an interrupted create may still be answered before execctl hangs up on it.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
-/// Why execctl ended the command.
+/// Why execctl acted on the command.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Reason {
-    /// execctl got this signal.
+    /// execctl got this signal (and passed it on).
     Signal(i32),
     /// `--timeout` passed.
     Timeout,
@@ -35,6 +40,8 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// execctl's exit status when the command never started: as if the reason had
+    /// ended execctl itself.
     pub fn exit_code(self) -> u8 {
         match self {
             Reason::Signal(n) => (128 + n).clamp(0, 255) as u8,
@@ -44,14 +51,33 @@ impl Reason {
     }
 }
 
+/// What one kill thread does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum How {
+    /// Sends this signal; SIGKILL after the grace unless it is SIGINT.
+    Pass(i32),
+    /// SIGTERM, then SIGKILL after the grace.
+    End,
+    /// SIGKILL at once.
+    Now,
+}
+
 #[derive(Default)]
 struct KillState {
     target: Option<Target>,
+    /// What decides the exit status: the first reason, or a timeout or closed output
+    /// that came after a signal.
     reason: Option<Reason>,
-    started: bool,
+    /// The first reason that came before the command existed, acted on once it does.
+    early: Option<Reason>,
+    /// A signal was sent and its grace has not passed, or the command is being ended: a
+    /// signal now means SIGKILL.
+    busy: bool,
+    /// The command is being ended (`How::End`); nothing but SIGKILL is left to do.
+    ending: bool,
 }
 
-/// Kills the foreground command once, from whichever thread first has a reason.
+/// Acts on the foreground command for each reason, from whichever thread has it.
 #[derive(Clone)]
 pub struct Killer {
     ctx: Ctx,
@@ -70,26 +96,28 @@ impl Killer {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The reason that decides the exit status, if any came.
     pub fn reason(&self) -> Option<Reason> {
         self.lock().reason
     }
 
-    /// Asks for the command's end. The first reason starts SIGTERM-then-SIGKILL; a later
-    /// signal sends SIGKILL at once (a second Ctrl-C means now).
+    /// A reason to act: a signal is passed on (SIGKILL if one is still in its grace);
+    /// a timeout or a closed output ends the command.
     pub fn trigger(&self, reason: Reason) {
         let mut s = self.lock();
-        let again = s.reason.is_some();
-        if !again {
+        let decides = match s.reason {
+            None => true,
+            Some(Reason::Signal(_)) => !matches!(reason, Reason::Signal(_)),
+            Some(_) => false,
+        };
+        if decides {
             s.reason = Some(reason);
         }
-        let Some(target) = s.target.clone() else {
-            return;
-        };
-        if !s.started {
-            s.started = true;
-            self.spawn_kill(target, false);
-        } else if again && matches!(reason, Reason::Signal(_)) {
-            self.spawn_kill(target, true);
+        match s.target.clone() {
+            Some(target) => self.act(&mut s, target, reason),
+            None => {
+                s.early.get_or_insert(reason);
+            }
         }
     }
 
@@ -97,21 +125,33 @@ impl Killer {
     pub fn set_target(&self, target: Target) {
         let mut s = self.lock();
         s.target = Some(target.clone());
-        if s.reason.is_some() && !s.started {
-            s.started = true;
-            self.spawn_kill(target, false);
+        if let Some(reason) = s.early.take() {
+            self.act(&mut s, target, reason);
         }
     }
 
-    fn spawn_kill(&self, target: Target, now: bool) {
-        let ctx = self.ctx.clone();
+    fn act(&self, s: &mut KillState, target: Target, reason: Reason) {
+        let how = match reason {
+            Reason::Signal(_) if s.busy => How::Now,
+            Reason::Signal(sig) => How::Pass(sig),
+            _ if s.ending => return,
+            _ => How::End,
+        };
+        s.ending |= how == How::End;
+        s.busy = true;
+        let killer = self.clone();
         std::thread::spawn(move || {
-            if let Err(f) = kill_target(&ctx, &target, now) {
+            let done = kill_target(&killer.ctx, &target, how);
+            if let How::Pass(_) = how {
+                // Its grace is over: the next signal is passed on again.
+                killer.lock().busy = false;
+            }
+            if let Err(f) = done {
                 if f.rpc.as_ref().is_none_or(|r| r.code != -32002) {
                     warn(&format!(
-                        "could not kill {}: {}",
+                        "could not signal {}: {}",
                         target.id(),
-                        f.text(ctx.verbose)
+                        f.text(killer.ctx.verbose)
                     ));
                 }
             }
@@ -119,35 +159,47 @@ impl Killer {
     }
 }
 
-/// SIGTERM, then SIGKILL once the daemon's grace has passed (or SIGKILL at once).
-fn kill_target(ctx: &Ctx, target: &Target, now: bool) -> Res<()> {
+/// Signals the command as `how` says. A call that sends one signal is answered when the
+/// command exits or when the daemon's kill grace has passed, whichever is first.
+fn kill_target(ctx: &Ctx, target: &Target, how: How) -> Res<()> {
     let mut c = ctx.connect()?;
+    let (first, then_kill) = match how {
+        How::Now => ("SIGKILL".to_string(), false),
+        How::End => ("SIGTERM".to_string(), true),
+        How::Pass(sig) => (crate::types::signal_name(sig), sig != libc::SIGINT),
+    };
     match target {
         Target::Terminal { id, session } => {
-            let mut params = json!({"sessionId": session, "terminalId": id});
-            if now {
-                params["_meta"] = json!({"execd": {"signal": "SIGKILL"}});
+            let params = |signal: Option<&str>| {
+                let mut p = json!({"sessionId": session, "terminalId": id});
+                if let Some(s) = signal {
+                    p["_meta"] = json!({"execd": {"signal": s}});
+                }
+                p
+            };
+            if how == How::End {
+                // ACP's own kill: SIGTERM, SIGKILL after the grace, answered at the exit.
+                c.call("terminal/kill", params(None))?;
+                return Ok(());
             }
-            c.call("terminal/kill", params)?;
+            let r = c.call("terminal/kill", params(Some(&first)))?;
+            if then_kill && r["_meta"]["execd"]["exited"] == false {
+                c.call("terminal/kill", params(Some("SIGKILL")))?;
+            }
         }
         Target::Bash { id, session } => {
-            let signal = if now { "SIGKILL" } else { "SIGTERM" };
-            let r = c.call(
-                "bash/kill",
-                json!({"session_id": session, "command_id": id, "signal": signal}),
-            )?;
-            if r["status"] == "running" {
-                c.call(
-                    "bash/kill",
-                    json!({"session_id": session, "command_id": id, "signal": "SIGKILL"}),
-                )?;
+            let params =
+                |signal: &str| json!({"session_id": session, "command_id": id, "signal": signal});
+            let r = c.call("bash/kill", params(&first))?;
+            if then_kill && r["status"] == "running" {
+                c.call("bash/kill", params("SIGKILL"))?;
             }
         }
     }
     Ok(())
 }
 
-/// Turns SIGINT, SIGHUP and SIGTERM into kills of the foreground command.
+/// Passes SIGINT, SIGHUP and SIGTERM on to the foreground command.
 pub fn watch_signals(killer: &Killer) {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     match signal_hook::iterator::Signals::new([SIGINT, SIGHUP, SIGTERM]) {

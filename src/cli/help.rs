@@ -55,6 +55,19 @@ const INTERACTIVE: Flag = flag(
     "forward stdin even from a terminal; with -d, keep it open for execctl write",
 );
 
+const TTY: Flag = flag(
+    "--tty",
+    Some("-t"),
+    None,
+    "give the command a PTY and your terminal (raw mode) until it ends or you detach",
+);
+const DETACH_KEYS: Flag = flag(
+    "--detach-keys",
+    None,
+    Some("KEYS"),
+    "keys that detach from a -t command (default ctrl-p,ctrl-q; \"\": none)",
+);
+
 /// `execctl run`.
 pub const RUN: Spec = Spec {
     name: "run",
@@ -68,12 +81,20 @@ plain word is run by the daemon's shell (`execctl run 'ls | wc -l'`).
 
 stdin is forwarded to the command when it is not a terminal (or with -i), and closed at
 its end; otherwise the command's stdin is empty. A --detach'ed command's stdin is closed,
-or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM kills the
-command (SIGTERM, then SIGKILL after the daemon's grace), and so does execctl's own end,
-even by SIGKILL; a --detach'ed one runs on. The command gets the daemon's environment
-with -e and --env-file on top (-e PATH hands over yours). Exit status: the command's
+or with -d -i left open for execctl write. Ctrl-C, a hang-up or SIGTERM is passed on to
+the command (SIGINT, SIGHUP, SIGTERM), which may handle it; one that outlives a hang-up
+or SIGTERM by the daemon's grace gets SIGKILL, and so does one still in the grace of a
+first signal when a second comes. execctl's own end, even by SIGKILL, kills it; a
+--detach'ed one runs on. The command gets the daemon's environment with -e and
+--env-file on top (-e PATH hands over yours).
+
+-t runs it on a PTY sized like your terminal, which goes to raw mode: every key goes to
+the program (Ctrl-C too), its output comes back as written, and resizes follow. The
+detach keys (Ctrl-P Ctrl-Q) leave it running: execctl attach ID comes back (and so
+does a -t command outlive an execctl killed with SIGKILL). Exit status: the command's
 (128+N for signal N); 124 after --timeout; 127 command not found; 126 not executable;
-125 execctl's or the daemon's error, or output lost (a warning says how much).",
+125 execctl's or the daemon's error (-t without a terminal included), or output lost
+(a warning says how much).",
     flags: &[
         CWD,
         ENV,
@@ -81,6 +102,8 @@ with -e and --env-file on top (-e PATH hands over yours). Exit status: the comma
         TIMEOUT,
         DETACH,
         INTERACTIVE,
+        TTY,
+        DETACH_KEYS,
         flag(
             "--limit",
             None,
@@ -102,7 +125,7 @@ to execctl's, byte for byte, as they come. Several operands are joined with spac
 into one line. Options stop at the first operand.
 
 Without --session, a session is made for the one command and closed when it is done.
-stdin, signals, --timeout, --detach and the exit status work as for run. --wait SECS
+stdin, signals, -t, --timeout, --detach and the exit status work as for run. --wait SECS
 returns after SECS with the command still running (its id on stderr, exit 0).",
     flags: &[
         flag(
@@ -130,6 +153,8 @@ returns after SECS with the command still running (its id on stderr, exit 0).",
         DETACH,
         flag("--async", None, None, "the same as --detach"),
         INTERACTIVE,
+        TTY,
+        DETACH_KEYS,
     ],
     stop_at_operand: true,
 };
@@ -150,6 +175,22 @@ piped stdin).",
         None,
         "close the command's stdin after writing",
     )],
+    stop_at_operand: false,
+};
+
+/// `execctl attach`.
+pub const ATTACH: Spec = Spec {
+    name: "attach",
+    usage: "[--detach-keys KEYS] ID",
+    about: "put a command started with -t back on your terminal",
+    details: "\
+Shows the current screen of terminal or bash command ID (started with run -t or exec
+-t), then its live output; your keys go to it and your terminal's size becomes its
+size. The detach keys (Ctrl-P Ctrl-Q) leave again with the command running, and so do
+SIGINT, SIGHUP and SIGTERM sent to execctl (exit 128+N): attach never ends what it did
+not start. When the command exits, so does attach, with its status. A command without
+a terminal is an error (125): follow it with execctl logs -f ID.",
+    flags: &[DETACH_KEYS],
     stop_at_operand: false,
 };
 
@@ -445,6 +486,7 @@ pub const COMMANDS: &[&Spec] = &[
     &RUN,
     &EXEC,
     &WRITE,
+    &ATTACH,
     &PS,
     &LOGS,
     &WAIT,
@@ -466,6 +508,7 @@ pub const ALL: &[&Spec] = &[
     &RUN,
     &EXEC,
     &WRITE,
+    &ATTACH,
     &PS,
     &LOGS,
     &WAIT,

@@ -12,7 +12,8 @@
 //!   on another host; `dial`: `dial-stdio` itself.
 //! - `events`: the one reader of a command's output events (`run`, `exec`, `logs`).
 //! - `run`: `run`, `exec`, `write` (a command in the foreground, its input and output);
-//!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout).
+//!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout);
+//!   `tty`: `run -t`, `exec -t` and `attach` (a PTY command on execctl's own terminal).
 //! - One room per subcommand group: `ps`, `logs`, `wait`, `status`, `kill` (`kill`,
 //!   `release`), `sessions`, `shell` (a shell session at the terminal), `policy`
 //!   (`policy check`, `approve`).
@@ -35,6 +36,7 @@ mod sessions;
 mod shell;
 mod ssh;
 mod status;
+mod tty;
 mod wait;
 
 use std::ffi::OsString;
@@ -210,6 +212,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "run" => run::run(ctx, p),
         "exec" => run::exec(ctx, p),
         "write" => run::write(ctx, p),
+        "attach" => tty::attach(ctx, p),
         "ps" => ps::ps(ctx, p),
         "logs" => logs::logs(ctx, p),
         "wait" => wait::wait(ctx, p),

@@ -10,7 +10,8 @@
 //!   forward) the command's stdin is closed from the start.
 //! - Lifetime: a foreground command is created with `killOnDisconnect`, so it dies with
 //!   execctl's connection even when execctl cannot ask (SIGKILL, a broken ssh link);
-//!   `--detach` and `exec --wait` leave it running on purpose.
+//!   `--detach`, `exec --wait` and `-t` (whose detach keys leave it running, and which
+//!   `attach` comes back to) leave it running on purpose.
 //! - Where: execctl's directory and `-e NAME` values are this host's. On another host
 //!   (`-H ssh://`) the command runs in the remote daemon's default directory unless
 //!   `-w DIR` names one there: execctl's own directory means nothing on that host.
@@ -22,6 +23,7 @@
 //! and the killers (`foreground`) use connections of their own.
 
 use std::io::{self, IsTerminal, Read};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -32,6 +34,8 @@ use super::errors::{self, daemon_error, exit_status, Fail, Res, EXIT_FAILURE, EX
 use super::events::{Decoded, Decoder};
 use super::foreground::{create, watch_signals, Killer, Reason};
 use super::output::{self, warn};
+use super::tty;
+use super::tty::{Session, TtyOpts};
 use crate::client::{is_timeout, CallError, Client};
 use crate::config::{parse_duration, parse_size};
 use crate::wire::encode::base64_encode;
@@ -49,6 +53,55 @@ struct Common {
     forward_stdin: bool,
     /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`.
     stdin_pipe: bool,
+    /// `-t`: a PTY, and (unless detached) execctl's terminal in raw mode for it.
+    tty: Option<TtyOpts>,
+}
+
+/// Says once that the command has no terminal when execctl sits on one and `-t` was not
+/// given: an interactive program would otherwise wait on an empty stdin, or see no prompt.
+fn hint_terminal(ctx: &Ctx, o: &Common, command: &str) {
+    if o.tty.is_some()
+        || o.detach
+        || ctx.json
+        || !io::stdin().is_terminal()
+        || !io::stdout().is_terminal()
+    {
+        return;
+    }
+    let program = command.split_whitespace().next().unwrap_or(command);
+    let stdin = if o.forward_stdin {
+        "stdin is a pipe from execctl"
+    } else {
+        "stdin is empty"
+    };
+    warn(&format!(
+        "{program} has no terminal ({stdin}); use -t for an interactive program"
+    ));
+}
+
+/// The PTY session of a foreground `-t` command: it watches signals from now on, in
+/// place of `watch_signals`.
+fn foreground_signals(ctx: &Ctx, o: &Common, killer: &Killer) -> Option<Arc<Session>> {
+    if o.detach {
+        return None;
+    }
+    match &o.tty {
+        Some(t) => Some(Session::watch(ctx, t, Some(killer))),
+        None => {
+            watch_signals(killer);
+            None
+        }
+    }
+}
+
+/// `--json` collects output into one object; a terminal session has nowhere to put it.
+fn tty_json(ctx: &Ctx, o: &Common) -> Res<()> {
+    if ctx.json && o.tty.is_some() && !o.detach {
+        return Err(Fail::usage(
+            "-t puts the command on your terminal; --json goes only with -d -t",
+        ));
+    }
+    Ok(())
 }
 
 fn seconds(flag: &str, v: &str) -> Res<Option<Duration>> {
@@ -69,13 +122,17 @@ fn common(ctx: &Ctx, p: &Args, timeout_flags: &[&str]) -> Res<Common> {
         }
     }
     let interactive = p.has("--interactive");
-    let forward_stdin = !detach && !stdin_is_null() && (interactive || !io::stdin().is_terminal());
+    let tty = tty::options(p, detach)?;
+    // With -t the keys go to the PTY (`tty::Session`), not through a pipe.
+    let forward_stdin =
+        tty.is_none() && !detach && !stdin_is_null() && (interactive || !io::stdin().is_terminal());
     let cwd = match &ctx.host {
         Host::Local(_) => work_dir(p.value("--cwd"))?,
         Host::Ssh(remote) => remote_dir(p.value("--cwd"), &remote.host)?,
     };
     Ok(Common {
-        stdin_pipe: forward_stdin || (detach && interactive),
+        stdin_pipe: forward_stdin || (detach && interactive) || tty.is_some(),
+        tty,
         cwd,
         env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
         timeout,
@@ -196,7 +253,7 @@ fn subscription() -> Value {
 // ---- input -----------------------------------------------------------------------------
 
 /// The stdin chunk the daemon takes in one write: its stdin buffer, at most 32 KiB.
-fn stdin_chunk(c: &mut Client) -> usize {
+pub(super) fn stdin_chunk(c: &mut Client) -> usize {
     c.call("initialize", json!({"protocolVersion": 1}))
         .ok()
         .and_then(|r| r["limits"]["stdinBuffer"].as_u64())
@@ -204,7 +261,12 @@ fn stdin_chunk(c: &mut Client) -> usize {
 }
 
 /// Writes one chunk to the command's stdin, waiting for room.
-fn write_chunk(c: &mut Client, target: &Target, data: &[u8], eof: bool) -> Result<u64, CallError> {
+pub(super) fn write_chunk(
+    c: &mut Client,
+    target: &Target,
+    data: &[u8],
+    eof: bool,
+) -> Result<u64, CallError> {
     let mut input = Vec::new();
     base64_encode(&mut input, data);
     let input = String::from_utf8(input).unwrap_or_default();
@@ -274,7 +336,7 @@ fn forward_stdin(ctx: &Ctx, target: &Target) {
 // ---- output ----------------------------------------------------------------------------
 
 /// Where a foreground command's output goes, and what was seen of it.
-struct Sink {
+pub(super) struct OutputSink {
     id: String,
     /// `--json`: output is collected for the final object instead of printed.
     collect: bool,
@@ -286,9 +348,9 @@ struct Sink {
     stdout_closed: bool,
 }
 
-impl Sink {
-    fn new(id: &str, collect: bool) -> Sink {
-        Sink {
+impl OutputSink {
+    pub(super) fn new(id: &str, collect: bool) -> OutputSink {
+        OutputSink {
             id: id.to_string(),
             collect,
             kept: [Vec::new(), Vec::new()],
@@ -296,6 +358,12 @@ impl Sink {
             lost: 0,
             stdout_closed: false,
         }
+    }
+
+    /// Follows output from these offsets on (what came before was shown otherwise).
+    pub(super) fn starting_at(mut self, next: [u64; 2]) -> OutputSink {
+        self.decoder.next = next;
+        self
     }
 
     fn put(&mut self, stream: usize, bytes: &[u8], killer: &Killer) {
@@ -352,7 +420,7 @@ impl Sink {
 }
 
 /// How a foreground command ended, as execctl saw it.
-enum RunEnd {
+pub(super) enum RunEnd {
     Exit {
         payload: Value,
         reason: Option<Reason>,
@@ -363,9 +431,9 @@ enum RunEnd {
 
 /// Reads events until the command's `Exit`. At `deadline`, a `--timeout` kills the
 /// command (and reading goes on); a `--wait` returns with it still running.
-fn follow(
+pub(super) fn follow(
     c: &mut Client,
-    sink: &mut Sink,
+    sink: &mut OutputSink,
     killer: &Killer,
     mut deadline: Option<(Instant, bool)>,
 ) -> Res<RunEnd> {
@@ -421,13 +489,8 @@ fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
 }
 
 /// The exit status, the messages around it, and the `--json` object.
-fn finish(
-    ctx: &Ctx,
-    target: &Target,
-    sink: &Sink,
-    ended: &RunEnd,
-    timeout: Option<Duration>,
-) -> Res<u8> {
+fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Common) -> Res<u8> {
+    let timeout = o.timeout;
     let (kind, session) = match target {
         Target::Terminal { session, .. } => ("terminal", session),
         Target::Bash { session, .. } => ("bash", session),
@@ -438,8 +501,9 @@ fn finish(
         RunEnd::StillRunning => {
             obj["status"] = json!("running");
             if !ctx.json {
+                let how = if o.tty.is_some() { "attach" } else { "logs -f" };
                 warn(&format!(
-                    "{id} is still running in session {session}; follow it with: execctl logs -f {id}"
+                    "{id} is still running in session {session}; follow it with: execctl {how} {id}"
                 ));
             }
             0
@@ -458,13 +522,15 @@ fn finish(
                     }
                     EXIT_TIMEOUT
                 }
-                Some(r) => r.exit_code(),
-                None if payload["status"] == "timed_out" => {
+                Some(r @ Reason::OutputClosed) => r.exit_code(),
+                // A signal execctl passed on: the command's status says what it did.
+                Some(Reason::Signal(_)) | None if payload["status"] == "timed_out" => {
                     if !ctx.json {
                         warn(&format!("{id} timed out after {after} and was killed"));
                     }
                     EXIT_TIMEOUT
                 }
+                Some(Reason::Signal(_)) => exit_status(&payload["exitCode"], &payload["signal"]),
                 None => {
                     if let (false, Some(why)) = (ctx.json, ended_by_daemon(ctx, id, payload)) {
                         warn(&why);
@@ -533,10 +599,10 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
             parse_size(v).map_err(|e| Fail::usage(format!("--limit: {e}; give bytes or 64K, 4M")))
         })
         .transpose()?;
+    tty_json(ctx, &o)?;
+    hint_terminal(ctx, &o, command);
     let killer = Killer::new(ctx);
-    if !o.detach {
-        watch_signals(&killer);
-    }
+    let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
     let session = format!("execctl-{}", std::process::id());
     let env: Vec<Value> = o
@@ -557,6 +623,12 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe,
                          "killOnDisconnect": true}})
     };
+    if let Some(t) = &o.tty {
+        t.request(&mut params["_meta"]["execd"]);
+        // A -t command outlives execctl: a detach leaves it running, and so does a lost
+        // execctl (SIGKILL, a broken link), for attach to come back to.
+        params["_meta"]["execd"]["killOnDisconnect"] = json!(false);
+    }
     let created = match create(&mut c, "terminal/create", params, &killer) {
         Ok(r) => r,
         Err(e) if e.code() == Some(-32800) => {
@@ -576,17 +648,35 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         return detached(ctx, &target);
     }
     killer.set_target(target.clone());
+    let release = |c: &mut Client| {
+        let _ = c.call(
+            "terminal/release",
+            json!({"sessionId": session, "terminalId": id}),
+        );
+    };
+    let raw = match &on_tty {
+        Some(s) => match s.begin(&target, &c) {
+            Ok(raw) => Some(raw),
+            Err(f) => {
+                release(&mut c);
+                return Err(f);
+            }
+        },
+        None => None,
+    };
     if o.forward_stdin {
         forward_stdin(ctx, &target);
     }
-    let mut sink = Sink::new(&id, ctx.json);
+    let mut sink = OutputSink::new(&id, ctx.json);
     let deadline = o.timeout.map(|t| (Instant::now() + t, true));
-    let ended = follow(&mut c, &mut sink, &killer, deadline)?;
-    let _ = c.call(
-        "terminal/release",
-        json!({"sessionId": session, "terminalId": id}),
-    );
-    finish(ctx, &target, &sink, &ended, o.timeout)
+    let ended = follow(&mut c, &mut sink, &killer, deadline);
+    drop(raw);
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+        return Ok(code);
+    }
+    let ended = ended?;
+    release(&mut c);
+    finish(ctx, &target, &sink, &ended, &o)
 }
 
 /// `execctl exec [OPTIONS] [--] 'SHELL LINE'`.
@@ -607,10 +697,10 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
             "--wait and --detach do not go together: --detach returns at once",
         ));
     }
+    tty_json(ctx, &o)?;
+    hint_terminal(ctx, &o, &line);
     let killer = Killer::new(ctx);
-    if !o.detach {
-        watch_signals(&killer);
-    }
+    let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
     let env: Map<String, Value> = o.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     let mut params = json!({"command": line, "env": env, "async_mode": true});
@@ -627,9 +717,13 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     if !o.detach {
         params["subscribe"] = subscription();
     }
+    if let Some(t) = &o.tty {
+        t.request(&mut params);
+    }
     // `--wait` returns with the command still running, on purpose: only a command
-    // followed to its end dies with execctl.
-    if !o.detach && soft.is_none() {
+    // followed to its end dies with execctl. A -t command outlives execctl too: a
+    // detach leaves it running, and so does a lost terminal (attach comes back).
+    if !o.detach && soft.is_none() && o.tty.is_none() {
         params["kill_on_disconnect"] = json!(true);
     }
     let r = match create(&mut c, "bash/exec", params, &killer) {
@@ -646,6 +740,10 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         session: session.clone(),
     };
     let close_stdin = |c: &mut Client| {
+        // On a PTY, EOF is a Ctrl-D typed: never sent for the user.
+        if o.tty.is_some() {
+            return;
+        }
         // Answered or refused (already exited): either way nothing waits on it.
         let _ = c.send(
             "bash/write",
@@ -659,14 +757,32 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         return detached(ctx, &target);
     }
     killer.set_target(target.clone());
+    let raw = match &on_tty {
+        Some(s) => match s.begin(&target, &c) {
+            Ok(raw) => Some(raw),
+            Err(f) => {
+                let _ = c.call(
+                    "bash/kill",
+                    json!({"session_id": session, "command_id": id, "signal": "SIGKILL"}),
+                );
+                return Err(f);
+            }
+        },
+        None => None,
+    };
     if o.forward_stdin {
         forward_stdin(ctx, &target);
     } else {
         close_stdin(&mut c);
     }
-    let mut sink = Sink::new(&id, ctx.json);
+    let mut sink = OutputSink::new(&id, ctx.json);
     let deadline = soft.map(|t| (Instant::now() + t, false));
-    let ended = follow(&mut c, &mut sink, &killer, deadline)?;
+    let ended = follow(&mut c, &mut sink, &killer, deadline);
+    drop(raw);
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+        return Ok(code);
+    }
+    let ended = ended?;
     match ended {
         RunEnd::StillRunning => close_stdin(&mut c),
         // A session made for this one command goes with it.
@@ -675,7 +791,7 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         }
         RunEnd::Exit { .. } => {}
     }
-    finish(ctx, &target, &sink, &ended, o.timeout)
+    finish(ctx, &target, &sink, &ended, &o)
 }
 
 /// `execctl write [--eof] ID [TEXT]`.
@@ -758,7 +874,7 @@ mod tests {
             json: true,
             verbose: false,
         });
-        let mut sink = Sink::new("cmd_1", true);
+        let mut sink = OutputSink::new("cmd_1", true);
         let ev = |kind: &str, payload: Value| json!({"jsonrpc": "2.0", "method": "event", "params": {"type": kind, "payload": payload}});
         let out = |offset: u64, text: &[u8]| {
             let mut b = Vec::new();

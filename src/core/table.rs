@@ -418,7 +418,7 @@ pub struct Table {
     running: usize,
     /// Running processes per owner (fair shares, and what a non-root peer is shown).
     running_by: HashMap<u32, usize>,
-    /// Commands being started (handed to a spawner, not reported yet), per owner: they
+    /// Commands being started (cloned, not exec'd yet), per owner: they
     /// count against the limits on running commands.
     starting: HashMap<u32, usize>,
     /// Exited, unreleased terminals per owner, oldest first.

@@ -12,9 +12,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::time::Instant;
+use std::os::fd::{AsRawFd, OwnedFd};
 
-use mio::{Registry, Token};
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
 use serde_json::json;
 
 use crate::config::Config;
@@ -27,16 +28,13 @@ use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
-use crate::sys::spawn::{Done, FailedAt, ParentEnds};
+use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, Spawned};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
 use crate::types::{Ended, Swept, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
 
-/// Spawner threads at start: spawns run side by side on two cores while the loop serves
-/// on (more start when all are busy).
-const SPAWNER_THREADS: usize = 2;
 /// Size of the buffer pipes are read into.
 const SCRATCH: usize = 256 << 10;
 /// Bytes read from one pipe per turn before other sources get a go.
@@ -81,10 +79,13 @@ pub struct Children {
     /// The file each running command reads its input from, while its stdin is open (for
     /// telling when it waits for input).
     inputs: HashMap<Key, crate::sys::waiting::InputFile>,
-    /// Spawns handed to a spawner thread, by job.
-    starting: HashMap<u64, Starting>,
-    /// Exits reaped before their spawn was reported.
-    unclaimed: Unclaimed,
+    /// Spawns whose child has not reported yet (exec'd or failed), by pid.
+    starting: HashMap<i32, Starting>,
+    /// The report pipe of each spawn under way: its token, and the child's pid.
+    reports: HashMap<Token, i32>,
+    /// Children whose spawn failed, not reaped yet: the memory they read is kept until
+    /// they are (they may still be on their way to `_exit`).
+    failed: HashMap<i32, InFlight>,
     scratch: Vec<u8>,
 }
 
@@ -110,7 +111,7 @@ impl Children {
     /// Resolves `--run-as` and prepares the spawner (after the signal handlers are in
     /// place: they are what children must reset). Containment is chosen later, by
     /// `choose_containment`, once the daemon holds its socket.
-    pub fn new(cfg: &Config, waker: mio::Waker) -> io::Result<Children> {
+    pub fn new(cfg: &Config) -> io::Result<Children> {
         let uid = crate::sys::ids::current_uid();
         let run_as = match &cfg.run_as {
             Some(user) if uid != 0 => {
@@ -128,8 +129,6 @@ impl Children {
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
             nofile.raised_from,
-            waker,
-            SPAWNER_THREADS,
         )?;
         Ok(Children {
             nofile,
@@ -143,7 +142,8 @@ impl Children {
             hot: Hot::default(),
             inputs: HashMap::new(),
             starting: HashMap::new(),
-            unclaimed: Unclaimed::default(),
+            reports: HashMap::new(),
+            failed: HashMap::new(),
             scratch: vec![0; SCRATCH],
         })
     }
@@ -192,13 +192,16 @@ impl Children {
     }
 
     /// Starts a command: its place (a cgroup with its limits, made before the spawn), and
-    /// the spawn handed to a spawner thread with the parent's ends of its pipes kept here.
-    /// `Ok` means it is on its way (`complete` finishes it); an error means nothing was
-    /// left behind and the request is answered with it.
+    /// its child cloned, with the parent's ends of its pipes kept here and its report pipe
+    /// watched. `Ok` means it is on its way (`spawn_reported` finishes it when the child
+    /// execs or fails); an error means nothing was left behind and the request is
+    /// answered with it.
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
         core: &mut Core,
+        registry: &Registry,
+        next_token: &mut usize,
         launch: Box<LaunchRequest>,
         origin: Origin,
         token: Token,
@@ -232,18 +235,36 @@ impl Children {
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
         };
-        let (job, ends) = match self.spawner.submit(&spec) {
-            Ok(submitted) => submitted,
+        let spawned = match self.spawner.spawn(&spec) {
+            Ok(spawned) => spawned,
             Err(e) => {
                 self.contain.abandon(place);
                 let e = spawn_error(core, &launch, &e);
                 return Err((launch, e));
             }
         };
+        let Spawned {
+            pid,
+            ends,
+            report,
+            memory,
+        } = spawned;
+        let report_token = Token(*next_token);
+        *next_token += 1;
+        let fd = report.as_raw_fd();
+        if let Err(e) = registry.register(&mut SourceFd(&fd), report_token, Interest::READABLE) {
+            // Nobody would hear how it went: end it, and keep what it reads until reaped.
+            let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
+            self.contain.abandon(place);
+            self.failed.insert(pid, memory);
+            let e = RpcError::internal(format!("watching a spawn: {e}"));
+            return Err((launch, e));
+        }
+        self.reports.insert(report_token, pid);
         core.table.reserve_start(launch.peer.uid, true);
         let runs_as = user.as_ref().map_or(self.uid, |u| u.uid);
         self.starting.insert(
-            job,
+            pid,
             Starting {
                 token,
                 req,
@@ -253,6 +274,10 @@ impl Children {
                 place,
                 ends,
                 runs_as,
+                report,
+                report_token,
+                memory,
+                exit: None,
             },
         );
         Ok(())
@@ -264,55 +289,76 @@ impl Children {
     }
 
     /// Gives up on the spawns still in flight (the daemon is stopping and one hangs, on a
-    /// working directory that never answers, say): the requests they answer, to be told
-    /// so. A child that gets as far as its exec is killed by its parent-death signal.
-    pub fn give_up_spawns(&mut self) -> Vec<(Token, Option<ReqNo>)> {
-        self.starting
-            .drain()
-            .map(|(_, s)| {
+    /// working directory that never answers, say): each child is killed (a child asleep in
+    /// a hung file system dies when it wakes), and the requests they answer are returned,
+    /// to be told so.
+    pub fn give_up_spawns(&mut self, registry: &Registry) -> Vec<(Token, Option<ReqNo>)> {
+        let starting: Vec<(i32, Starting)> = self.starting.drain().collect();
+        starting
+            .into_iter()
+            .map(|(pid, s)| {
+                let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
+                self.forget_report(registry, &s);
                 self.contain.abandon(s.place);
+                self.failed.insert(pid, s.memory);
                 (s.token, s.req)
             })
             .collect()
     }
 
-    /// The spawns the spawner threads finished since the last look.
-    pub fn finished(&mut self) -> Vec<Done> {
-        self.spawner.finished()
+    /// Whether `token` is a spawn's report pipe.
+    pub fn is_report(&self, token: Token) -> bool {
+        self.reports.contains_key(&token)
     }
 
-    /// Finishes a spawn: on success the command is recorded in the core with its pipes
-    /// watched (and its exit published if it was reaped already); on failure nothing is
-    /// left behind. Returns the request it answers and the launch's outcome, for the
-    /// family's tail.
-    pub fn complete(
+    fn forget_report(&mut self, registry: &Registry, s: &Starting) {
+        let _ = registry.deregister(&mut SourceFd(&s.report.as_raw_fd()));
+        self.reports.remove(&s.report_token);
+    }
+
+    /// A spawn's report pipe is readable: the child exec'd (the command is recorded in the
+    /// core with its pipes watched, and its exit published if it was reaped already) or a
+    /// step failed (nothing is left behind). Returns the request it answers and the
+    /// launch's outcome, for the family's tail; `None` while nothing is said yet.
+    pub fn spawn_reported(
         &mut self,
         core: &mut Core,
         clients: &mut Clients,
         registry: &Registry,
         next_token: &mut usize,
-        done: Done,
+        token: Token,
     ) -> Option<Launched> {
-        let s = self.starting.remove(&done.job)?;
-        core.table.reserve_start(s.launch.peer.uid, false);
-        let pid = match done.result {
-            Ok(pid) => pid,
-            Err((at, e)) => {
-                self.contain.abandon(s.place);
-                // A directory that does not exist, or is not one, is the request's mistake
-                // (`-32602` naming the field, PROTOCOL 3); anything else the child met
-                // entering it (permission after the user switch, I/O) is a spawn failure.
-                let not_a_dir = matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR));
-                let err = match at {
-                    FailedAt::Cwd if not_a_dir => RpcError::invalid_params(
-                        s.launch.cwd_field,
-                        format!("{:?}: {}", s.launch.cwd, rpc::os_error_text(&e)),
-                    ),
-                    _ => spawn_error(core, &s.launch, &e),
-                };
-                return Some(Launched::of((s.token, s.req, s.launch), Err(err)));
-            }
+        let pid = *self.reports.get(&token)?;
+        let fd = self.starting.get(&pid)?.report.as_raw_fd();
+        let outcome = match crate::sys::spawn::read_report(fd) {
+            Report::Pending => return None,
+            Report::Execd => Ok(()),
+            Report::Failed(at, e) => Err((at, e)),
         };
+        let s = self.starting.remove(&pid)?;
+        self.forget_report(registry, &s);
+        core.table.reserve_start(s.launch.peer.uid, false);
+        if let Err((at, e)) = outcome {
+            self.contain.abandon(s.place);
+            // The child exits after its report: keep what it reads until it is reaped.
+            if s.exit.is_none() {
+                self.failed.insert(pid, s.memory);
+            }
+            // A directory that does not exist, or is not one, is the request's mistake
+            // (`-32602` naming the field, PROTOCOL 3); anything else the child met
+            // entering it (permission after the user switch, I/O) is a spawn failure.
+            let not_a_dir = matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR));
+            let err = match at {
+                FailedAt::Cwd if not_a_dir => RpcError::invalid_params(
+                    s.launch.cwd_field,
+                    format!("{:?}: {}", s.launch.cwd, rpc::os_error_text(&e)),
+                ),
+                _ => spawn_error(core, &s.launch, &e),
+            };
+            return Some(Launched::of((s.token, s.req, s.launch), Err(err)));
+        }
+        // It exec'd: its memory is its own now, and ours to free.
+        drop(s.memory);
         let key = s.key;
         // From here the tree is held: whatever fails next, it can be ended.
         self.contain.started(key, pid, s.place);
@@ -331,9 +377,8 @@ impl Children {
             // go when the leader is reaped.
             self.contain.end(key, &s.id, Stage::Kill);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
-            if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
-                let _ = exit; // already reaped: only its hold is left to let go
-                self.contain.leader_exited(key);
+            if s.exit.is_some() {
+                self.contain.leader_exited(key); // already reaped: only its hold is left
             } else {
                 self.abandoned.insert(pid, key);
             }
@@ -345,8 +390,8 @@ impl Children {
         if core.stopping {
             core.kill(key, KillReason::Shutdown);
         }
-        // It may have exited, and been reaped as a stranger, before this spawn was reported.
-        if let Some(exit) = self.unclaimed.take(pid, done.cloned_at) {
+        // It may have exited, and been reaped, before its report was read.
+        if let Some(exit) = s.exit {
             self.publish_exit(core, clients, registry, key, exit);
         }
         Some(Launched::of((s.token, s.req, s.launch), Ok(key)))
@@ -608,16 +653,11 @@ impl Children {
         let Some(key) = core.table.by_pid(r.pid) else {
             if let Some(key) = self.abandoned.remove(&r.pid) {
                 self.contain.leader_exited(key); // killed as it started
-            } else {
-                // A re-parented descendant, or a command whose spawn is not reported yet
-                // (its thread has not been heard from): kept for `complete` to claim.
-                // The time of the reap itself, not of the turn: a spawn cloned during this
-                // turn must find its exit newer than its clone.
-                if !self.starting.is_empty() {
-                    self.unclaimed
-                        .put(r.pid, (r.ended, r.usage), Instant::now());
-                }
-                self.orphans = true;
+            } else if let Some(s) = self.starting.get_mut(&r.pid) {
+                // It exec'd and exited before its report was read: kept for it.
+                s.exit = Some((r.ended, r.usage));
+            } else if self.failed.remove(&r.pid).is_none() {
+                self.orphans = true; // a re-parented descendant
             }
             return ReapOutcome::Other;
         };
@@ -703,7 +743,7 @@ impl Launched {
     }
 }
 
-/// A spawn handed to a spawner thread, waiting for its outcome.
+/// A spawn whose child has not reported yet.
 struct Starting {
     /// The connection and request it answers.
     token: Token,
@@ -714,34 +754,11 @@ struct Starting {
     place: Option<Place>,
     ends: ParentEnds,
     runs_as: u32,
-}
-
-/// Exits of children nobody knew when they were reaped: a command's leader can exit (and
-/// be reaped on SIGCHLD) before its spawner thread has reported it. Kept a little while,
-/// so that `complete` can claim one, and no longer (most are re-parented descendants).
-#[derive(Debug, Default)]
-struct Unclaimed {
-    by_pid: HashMap<i32, (Instant, (Ended, Usage))>,
-}
-
-/// How long an unknown exit is kept for a spawn that may claim it.
-const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl Unclaimed {
-    fn put(&mut self, pid: i32, exit: (Ended, Usage), now: Instant) {
-        if self.by_pid.len() >= 4096 {
-            self.by_pid
-                .retain(|_, (at, _)| now.saturating_duration_since(*at) < UNCLAIMED_FOR);
-        }
-        self.by_pid.insert(pid, (now, exit));
-    }
-
-    /// The exit of `pid` reaped after `cloned_at` (one reaped before is an older process
-    /// that had the same pid).
-    fn take(&mut self, pid: i32, cloned_at: Instant) -> Option<(Ended, Usage)> {
-        match self.by_pid.remove(&pid) {
-            Some((at, exit)) if at >= cloned_at => Some(exit),
-            _ => None,
-        }
-    }
+    /// Its report pipe and the token it is watched under.
+    report: OwnedFd,
+    report_token: Token,
+    /// What the child reads until it execs.
+    memory: InFlight,
+    /// It was reaped before its report was read (a command that ran and ended at once).
+    exit: Option<(Ended, Usage)>,
 }

@@ -122,7 +122,7 @@ pub struct Conn {
     /// rendered once there is room (PROTOCOL 8). Until then it is a reference to the
     /// process, which the core keeps (`Core::hold`), not bytes.
     pub deferred: VecDeque<(ReqNo, Wait)>,
-    /// Commands this connection asked for that a spawner thread is starting: requests
+    /// Commands this connection asked for whose child has not exec'd yet: requests
     /// after them wait, so what a client sends next sees them started (or failed), as if
     /// the spawn had been instant.
     pub launching: usize,

@@ -52,9 +52,7 @@ const SIGNALS: Token = Token(1);
 const LOG: Token = Token(2);
 const AUDIT: Token = Token(3);
 const CGROUPS: Token = Token(4);
-/// A spawner thread finished a spawn.
-const SPAWNED: Token = Token(5);
-const FIRST_DYNAMIC: usize = 6;
+const FIRST_DYNAMIC: usize = 5;
 /// Who a launch nobody asked for answers (a shell session's shell, restarted): no
 /// connection ever has this token, so its answer goes nowhere.
 const NOBODY: Token = Token(usize::MAX);
@@ -142,7 +140,7 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         crate::sys::host::become_subreaper()?;
-        let mut children = Children::new(&cfg, mio::Waker::new(poll.registry(), SPAWNED)?)?;
+        let mut children = Children::new(&cfg)?;
         let policy = match &cfg.policy {
             Some(path) => crate::policy::Policy::load(path)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
@@ -274,7 +272,6 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
-                    SPAWNED => self.on_spawned(),
                     t => self.on_ready(
                         t,
                         ev.is_readable() || ev.is_read_closed(),
@@ -420,6 +417,9 @@ impl Server {
             self.clients.dirty.push(token);
             return;
         }
+        if self.children.is_report(token) {
+            return self.on_spawn_report(token);
+        }
         let (core, clients) = (&mut self.core, &mut self.clients);
         if self
             .children
@@ -510,10 +510,11 @@ impl Server {
         }
     }
 
-    /// Starts an admitted command: handed to a spawner thread, it is finished in
-    /// `on_spawned`; one that cannot even be handed out settles the request at once. A
-    /// line for a shell session starts no process: its family types it into the
-    /// session's shell (`methods::shell`), which may need starting first.
+    /// Starts an admitted command: its child is cloned, and the launch is finished in
+    /// `on_spawn_report` when the child has exec'd or failed; one that cannot even be
+    /// cloned settles the request at once. A line for a shell session starts no process:
+    /// its family types it into the session's shell (`methods::shell`), which may need
+    /// starting first.
     fn start(&mut self, token: Token, req: Option<ReqNo>, mut launch: Box<LaunchRequest>) {
         if matches!(launch.after, After::ShellLine(_)) {
             let step = dispatch::shell::line_admitted(&mut self.core, &launch);
@@ -531,8 +532,11 @@ impl Server {
         });
         // Kept with the request: a shell session starts its later shells as it did this one.
         launch.origin = Some(origin.clone());
-        let core = &mut self.core;
-        match self.children.launch(core, launch, origin, token, req) {
+        let (core, registry, next) = (&mut self.core, self.poll.registry(), &mut self.next_token);
+        match self
+            .children
+            .launch(core, registry, next, launch, origin, token, req)
+        {
             Ok(()) => {
                 if let Some(c) = self.clients.get_mut(&token) {
                     c.launching += 1;
@@ -545,26 +549,27 @@ impl Server {
         }
     }
 
-    /// Spawner threads finished spawns: each command is recorded (or its failure known),
+    /// A spawn's report pipe is readable: the command is recorded (or its failure known),
     /// and its request goes on with the family's tail.
-    fn on_spawned(&mut self) {
-        for done in self.children.finished() {
-            let (core, clients) = (&mut self.core, &mut self.clients);
-            let registry = self.poll.registry();
-            let next = &mut self.next_token;
-            let Some(l) = self.children.complete(core, clients, registry, next, done) else {
-                continue;
-            };
-            if let Some(c) = self.clients.get_mut(&l.token) {
-                c.launching = c.launching.saturating_sub(1);
-                if c.launching == 0 && c.read_pending {
-                    self.clients.dirty.push(l.token); // its next requests are read again
-                }
+    fn on_spawn_report(&mut self, token: Token) {
+        let (core, clients) = (&mut self.core, &mut self.clients);
+        let registry = self.poll.registry();
+        let next = &mut self.next_token;
+        let Some(l) = self
+            .children
+            .spawn_reported(core, clients, registry, next, token)
+        else {
+            return;
+        };
+        if let Some(c) = self.clients.get_mut(&l.token) {
+            c.launching = c.launching.saturating_sub(1);
+            if c.launching == 0 && c.read_pending {
+                self.clients.dirty.push(l.token); // its next requests are read again
             }
-            let step = dispatch::after_launch(&mut self.core, &l.launch, l.started);
-            self.settle(l.token, l.req, step);
-            self.apply();
         }
+        let step = dispatch::after_launch(&mut self.core, &l.launch, l.started);
+        self.settle(l.token, l.req, step);
+        self.apply();
     }
 
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
@@ -836,7 +841,7 @@ impl Server {
         // Writability wakes the loop while answers go out; this bounds the wait.
         self.timers.add(until, LoopTimer::ShutdownRecheck);
         self.core.answer_all_parked();
-        for (token, req) in self.children.give_up_spawns() {
+        for (token, req) in self.children.give_up_spawns(self.poll.registry()) {
             self.answer(token, req, Err(RpcError::shutting_down()));
         }
         self.apply();

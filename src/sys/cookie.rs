@@ -156,25 +156,25 @@ pub fn parse_cookie(value: &[u8]) -> Option<(Instance, &[u8])> {
 
 /// What a sweep does with a process, from its cookie alone.
 #[derive(Debug, PartialEq)]
-enum Verdict {
+enum Fate {
     Kill,
     Leave,
     /// An earlier instance on this path: killed if its daemon is gone.
     Earlier(Instance),
 }
 
-fn judge(scope: &Scope, me: &Instance, value: &[u8]) -> Verdict {
+fn judge(scope: &Scope, me: &Instance, value: &[u8]) -> Fate {
     let Some((inst, id)) = parse_cookie(value) else {
-        return Verdict::Leave;
+        return Fate::Leave;
     };
     match scope {
         Scope::Commands(ids) if inst == *me => match std::str::from_utf8(id) {
-            Ok(id) if ids.contains(id) => Verdict::Kill,
-            _ => Verdict::Leave,
+            Ok(id) if ids.contains(id) => Fate::Kill,
+            _ => Fate::Leave,
         },
-        Scope::Every if inst == *me => Verdict::Kill,
-        Scope::Earlier if inst.path == me.path && inst != *me => Verdict::Earlier(inst),
-        _ => Verdict::Leave,
+        Scope::Every if inst == *me => Fate::Kill,
+        Scope::Earlier if inst.path == me.path && inst != *me => Fate::Earlier(inst),
+        _ => Fate::Leave,
     }
 }
 
@@ -422,9 +422,9 @@ impl Sweep {
             return false;
         };
         match judge(&self.scope, me, value) {
-            Verdict::Kill => true,
-            Verdict::Leave => false,
-            Verdict::Earlier(inst) => {
+            Fate::Kill => true,
+            Fate::Leave => false,
+            Fate::Earlier(inst) => {
                 let alive = *self
                     .alive
                     .entry(inst)
@@ -657,28 +657,25 @@ mod tests {
         };
         let other_socket = Instance { path: 1, ..me };
         let v = |s: &Scope, c: &str| judge(s, &me, c.as_bytes());
-        assert_eq!(v(&ids, &ours), Verdict::Kill);
-        assert_eq!(v(&ids, &other_cmd), Verdict::Leave);
-        assert_eq!(v(&ids, &restarted.cookie("term_3")), Verdict::Leave);
-        assert_eq!(v(&Scope::Every, &other_cmd), Verdict::Kill);
+        assert_eq!(v(&ids, &ours), Fate::Kill);
+        assert_eq!(v(&ids, &other_cmd), Fate::Leave);
+        assert_eq!(v(&ids, &restarted.cookie("term_3")), Fate::Leave);
+        assert_eq!(v(&Scope::Every, &other_cmd), Fate::Kill);
         assert_eq!(
             v(&Scope::Every, &other_socket.cookie("term_3")),
-            Verdict::Leave
+            Fate::Leave
         );
         // At start: earlier instances on this path, never this one, never another path.
         assert_eq!(
             v(&Scope::Earlier, &restarted.cookie("cmd_9")),
-            Verdict::Earlier(restarted)
+            Fate::Earlier(restarted)
         );
         assert_eq!(
             v(&Scope::Earlier, &same_pid_later.cookie("cmd_9")),
-            Verdict::Earlier(same_pid_later)
+            Fate::Earlier(same_pid_later)
         );
-        assert_eq!(v(&Scope::Earlier, &ours), Verdict::Leave);
-        assert_eq!(
-            v(&Scope::Earlier, &other_socket.cookie("x")),
-            Verdict::Leave
-        );
+        assert_eq!(v(&Scope::Earlier, &ours), Fate::Leave);
+        assert_eq!(v(&Scope::Earlier, &other_socket.cookie("x")), Fate::Leave);
         // Whatever does not read as a cookie is left alone.
         for junk in [
             "",
@@ -687,7 +684,7 @@ mod tests {
             &format!("{me}:"),
             &format!("{me}"),
         ] {
-            assert_eq!(v(&Scope::Every, junk), Verdict::Leave, "{junk:?}");
+            assert_eq!(v(&Scope::Every, junk), Fate::Leave, "{junk:?}");
         }
     }
 

@@ -2,7 +2,8 @@
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
-//! sinks, and whether a command waits for input (`waiting`).
+//! sinks, and whether a command waits for input (`waiting`). `term` is execctl's: its
+//! own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
@@ -18,6 +19,7 @@ pub mod sinks;
 pub mod socket;
 pub mod spawn;
 pub mod systemd;
+pub mod term;
 pub mod waiting;
 
 use std::ffi::CString;

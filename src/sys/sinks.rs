@@ -56,7 +56,7 @@ use crate::core::log::{Log, Queue};
 
 /// What kind of target a descriptor writes to, which decides how it fails and waits.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Target {
+enum TargetKind {
     /// A regular file: never blocks, cannot be polled, may fail part-way (a full disk).
     File,
     /// A pipe, FIFO, terminal or character device: may block; a partial write is
@@ -75,7 +75,7 @@ const TTY_CHUNK: usize = 256;
 #[derive(Debug)]
 pub struct Out {
     file: File,
-    target: Target,
+    target: TargetKind,
     /// Partial lines taken back from a regular file after a failed write.
     taken_back: u64,
     /// The inherited description, left blocking (its mode is shared with other
@@ -99,11 +99,11 @@ impl Out {
     fn new(file: File) -> io::Result<Out> {
         let kind = file.metadata()?.file_type();
         let target = if kind.is_file() {
-            Target::File
+            TargetKind::File
         } else if kind.is_socket() {
-            Target::Socket
+            TargetKind::Socket
         } else {
-            Target::Stream
+            TargetKind::Stream
         };
         Ok(Out {
             file,
@@ -187,7 +187,7 @@ impl Out {
                 return Drained::Empty;
             }
             let r = match (self.target, self.shared) {
-                (Target::Socket, _) => {
+                (TargetKind::Socket, _) => {
                     crate::sys::socket::send_nonblocking(self.file.as_raw_fd(), q.pending())
                 }
                 (_, Some(chunk)) => {
@@ -213,7 +213,7 @@ impl Out {
             // A target that fails (ENOSPC, EIO, EPIPE): what it would have taken is lost
             // either way; count it rather than retry for ever.
             let mut error = error.to_string();
-            if self.target == Target::File && q.front_written() > 0 {
+            if self.target == TargetKind::File && q.front_written() > 0 {
                 match self.take_back(q.front_written()) {
                     Ok(()) => self.taken_back += 1,
                     Err(e) => error = format!("{error}; a partial line stays: {e}"),
@@ -544,7 +544,7 @@ mod tests {
         let (r, w) = crate::sys::spawn::pipe().unwrap();
         crate::sys::spawn::set_nonblocking(w.as_raw_fd()).unwrap();
         let mut out = Out::new(File::from(w)).unwrap();
-        assert_eq!(out.target, Target::Stream);
+        assert_eq!(out.target, TargetKind::Stream);
         let mut q = Queue::new(QUEUE_BYTES, Kind::Log);
         let line = [b'x'; 1023];
         let mut last = Drained::Empty;
@@ -636,7 +636,7 @@ mod tests {
         // SAFETY: a valid NUL-terminated path for mkfifo(3).
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
         let out = Out::file(&fifo).unwrap();
-        assert_eq!(out.target, Target::Stream);
+        assert_eq!(out.target, TargetKind::Stream);
         let reader = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -716,7 +716,7 @@ mod tests {
         std::fs::write(fs.path().join("filler"), vec![0u8; 16 << 10]).unwrap();
         let path = fs.path().join("audit.jsonl");
         let mut sink = Sink::new(Out::file(&path).unwrap(), TOKEN);
-        assert_eq!(sink.out.target, Target::File);
+        assert_eq!(sink.out.target, TargetKind::File);
         let poll = mio::Poll::new().unwrap();
         let mut q = Queue::new(QUEUE_BYTES, Kind::Audit);
         let mut seq = 0;

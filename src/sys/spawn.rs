@@ -1,25 +1,27 @@
 //! Starting a command without holding the loop. The loop prepares everything a spawn needs
-//! without touching the file system (argv, environment, pipes) and hands it to a spawner
-//! thread, which looks the program up in `PATH` (a `stat` of a peer-chosen path may hang
-//! on a dead network mount: never on the loop) and starts it the way `posix_spawn` does:
-//! `clone(CLONE_VM | CLONE_VFORK)` into a child that only makes system calls (cgroup,
-//! session, limits, user, parent-death signal, stdio, directory, exec). The thread is
-//! suspended until the child has exec'd or failed; the child writes the step that failed
-//! and its errno into the plan they share, and the thread reports the outcome on a channel
-//! whose `Waker` wakes the loop. Meanwhile the loop serves everyone else, and with more
-//! than one thread, spawns run side by side on every core.
+//! without touching the file system (argv, environment, pipes, and the candidate paths of
+//! the program: `PATH` is searched by the child, never stat'ed here) and clones the child
+//! with `clone(CLONE_VM)`, sharing memory but not waiting for it (no `CLONE_VFORK`): the
+//! child only makes system calls (signals, stdio, cgroup, session, limits, user,
+//! parent-death signal, directory, exec) while the loop goes on. A step that fails writes
+//! `{step, errno}` on a close-on-exec report pipe and exits; an exec closes the pipe. The
+//! loop watches the pipe like any other: EOF alone says the command runs, a report says
+//! what failed. A working directory or `PATH` entry on a hung file system holds only that
+//! child; nothing waits for it.
 //!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
 //!   it), so a command inherits exactly its three stdio descriptors.
 //! - A spawned command leads its own session and process group (`setsid`), so signalling
 //!   `-pid` reaches it and everything it started that did not leave the group.
-//! - The child never allocates, locks or unwinds: everything it needs is prepared first,
-//!   and it shares memory only with a suspended spawner thread, whose errno it may clobber.
-//! - A spawner thread lives as long as the daemon: the parent-death signal a child sets
-//!   follows the thread that cloned it.
-//! - A child's own ends of its pipes stay open until it has them (the spawner thread drops
-//!   them after the clone); the loop holds the parent's ends from the start.
+//! - The child never allocates, locks or unwinds: everything it needs is prepared first
+//!   (`InFlight`), and it reads that memory and writes only its own stack. The loop keeps
+//!   the `InFlight` until the child has exec'd (its report pipe reached EOF) or was reaped.
+//! - Only the loop's thread clones, and it closes its copies of a child's ends right after
+//!   the clone: no other command's child ever holds them, so the drain at a command's exit
+//!   sees their EOF. The child closes every other descriptor it copied at once.
+//! - The parent-death signal follows the thread that cloned: the loop's, which lives as
+//!   long as the daemon.
 //! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
 //!   base environment and the request's variables: it holds exactly one, its own.
 
@@ -29,9 +31,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
 
 use super::cookie;
 use super::cstring;
@@ -187,15 +186,66 @@ pub enum FailedAt {
     Setup,
 }
 
-/// How a spawn ended.
+/// What a spawn's report pipe says.
 #[derive(Debug)]
-pub struct Done {
-    /// The number `submit` returned.
-    pub job: u64,
-    /// The command's pid (also its process group and session id), or what failed.
-    pub result: Result<i32, (FailedAt, io::Error)>,
-    /// Just before the clone: a child reaped before this cannot be this one.
-    pub cloned_at: Instant,
+pub enum Report {
+    /// Nothing yet: the child is between clone and exec.
+    Pending,
+    /// It exec'd: the command runs.
+    Execd,
+    /// A step before exec failed (the child has exited).
+    Failed(FailedAt, io::Error),
+}
+
+/// A spawn under way: the child's pid, the parent's ends of its stdio, its report pipe,
+/// and the memory the child reads until it execs.
+pub struct Spawned {
+    pub pid: i32,
+    pub ends: ParentEnds,
+    /// Non-blocking read end of the child's report pipe: watch it for `read_report`.
+    pub report: OwnedFd,
+    pub memory: InFlight,
+}
+
+/// What a child reads between clone and exec (its plan, the strings it points into, its
+/// stack). Dropping it while the child may still run would pull that memory from under
+/// it: keep it until the child exec'd or was reaped.
+pub struct InFlight {
+    _prepared: Box<Prepared>,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InFlight")
+    }
+}
+
+/// Reads a spawn's report pipe.
+pub fn read_report(fd: RawFd) -> Report {
+    let mut msg = [0u8; 8];
+    // SAFETY: reading into a buffer we own from a descriptor we own.
+    let n = unsafe { libc::read(fd, msg.as_mut_ptr().cast(), msg.len()) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Report::Pending,
+            _ => Report::Failed(FailedAt::Setup, e),
+        };
+    }
+    if n == 0 {
+        return Report::Execd;
+    }
+    if n != 8 {
+        return Report::Failed(FailedAt::Setup, io::Error::other("a torn spawn report"));
+    }
+    let step = i32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
+    let err = io::Error::from_raw_os_error(i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]));
+    let at = match step {
+        FAILED_CWD => FailedAt::Cwd,
+        FAILED_EXEC => FailedAt::Program,
+        _ => FailedAt::Setup,
+    };
+    Report::Failed(at, err)
 }
 
 /// Creates a pipe with both ends close-on-exec: `(read, write)`.
@@ -247,7 +297,7 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
 /// Size of the child's stack between clone and exec: it only makes system calls.
 const CHILD_STACK: usize = 64 << 10;
 
-/// What is the same for every spawn, prepared once and shared with the threads.
+/// What is the same for every spawn, prepared once.
 struct Shared {
     /// The base environment's `PATH`, where a program is looked up unless the request
     /// sets its own.
@@ -257,92 +307,33 @@ struct Shared {
     limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     /// The daemon's pid: a child whose parent is another has lost it.
     parent: libc::pid_t,
-    /// Held from a clone until its child has closed what it copied (see `CloneGuard`).
-    guard: CloneGuard,
 }
 
-/// Keeps the spawner threads' children from holding each other's pipes. A child gets a
-/// copy of every descriptor the daemon holds at its clone, among them the child ends of
-/// commands being started at the same time; one held until its exec (after a chdir that
-/// may be slow, or a wait for a busy CPU) would keep another command's output pipe open
-/// after that command exited, so the drain at its exit would miss the EOF. So a thread
-/// takes the guard before it clones and the child lets it go once it has closed every
-/// descriptor but its own stdio: no clone happens while another child still holds copies.
-/// The child cannot be relied on to let go (it may be killed first), so the thread lets
-/// go too once the clone returns; each lets go only if it is still its holder's. Before a
-/// thread reports a spawn it takes and lets go the guard once more, after closing the
-/// command's child ends: a child cloned meanwhile has closed its copies by then.
-struct CloneGuard(AtomicU32);
-
-impl CloneGuard {
-    /// Takes the guard for holder `me` (non-zero), waiting while another holds it.
-    fn take(&self, me: u32) {
-        loop {
-            match self
-                .0
-                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                // SAFETY: FUTEX_WAIT on a live aligned u32; returns at once if it changed.
-                Err(held) => unsafe {
-                    libc::syscall(
-                        libc::SYS_futex,
-                        self.0.as_ptr(),
-                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                        held,
-                        std::ptr::null::<libc::timespec>(),
-                    );
-                },
-            }
-        }
-    }
-
-    /// Lets the guard go if `me` still holds it. Async-signal-safe: the child calls it
-    /// (sharing the daemon's memory until it execs).
-    fn let_go(&self, me: u32) {
-        if self
-            .0
-            .compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed)
-            .is_ok()
-        {
-            // SAFETY: FUTEX_WAKE on a live aligned u32.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.0.as_ptr(),
-                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                    1,
-                );
-            }
-        }
-    }
-}
-
-/// One spawn as the loop prepared it: owned strings and the child's descriptors.
-struct Job {
-    id: u64,
-    /// The program as the request named it (looked up in `path` by the thread).
-    program: CString,
-    path: Option<OsString>,
+/// One spawn as the loop prepared it: what the child reads, in memory that stays put
+/// (`plan` points into the rest) until the child has exec'd.
+struct Prepared {
+    /// Where the program may be, in order: the program itself when it names a path, else
+    /// each `PATH` entry joined with it. The child tries each, as `execvp` does.
+    candidates: Vec<CString>,
+    candidate_ptrs: Vec<*const libc::c_char>,
     argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
     envp: Vec<CString>,
+    envp_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
-    /// The child's ends, to become 0, 1 and 2 (the merged pipe twice for 1 and 2, and
-    /// `/dev/null` for a stdin nobody writes).
-    stdio: [Option<OwnedFd>; 3],
-    /// `stdio[0]` is a PTY slave, to be 0, 1 and 2 and the controlling terminal.
-    tty: bool,
-    /// Descriptor 1 is a PTY slave, to become the controlling terminal.
-    ctty: bool,
-    null: RawFd,
-    user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
-    cgroup_procs: RawFd,
+    groups: Vec<libc::gid_t>,
+    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    reset: Vec<libc::c_int>,
+    stack: Vec<u8>,
+    plan: ChildPlan,
 }
 
 /// Everything the child needs between clone and exec, pointing into a `Job` that the
 /// suspended thread keeps alive: the child may not allocate, lock or unwind.
 struct ChildPlan {
-    path: *const libc::c_char,
+    /// Candidate paths of the program (see `Prepared`).
+    paths: *const *const libc::c_char,
+    npaths: usize,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     cwd: *const libc::c_char,
@@ -359,163 +350,300 @@ struct ChildPlan {
     ngroups: usize,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
-    /// Its stdout is a PTY slave, to become its controlling terminal.
-    ctty: bool,
-    /// The guard the thread took for this clone, and as whom.
-    guard: *const CloneGuard,
-    holder: u32,
-    /// Written by the child when a step fails: which one, and its errno.
-    failed: libc::c_int,
-    err: libc::c_int,
+    /// Its stdout is a PTY slave, to become its controlling terminal (a PTY command's, or
+    /// a shell session's bash).
+    tty: bool,
+    /// The write end of the report pipe: `{step, errno}` when a step fails.
+    report: RawFd,
 }
 
-/// `ChildPlan::failed` values.
+impl ChildPlan {
+    /// A plan that points nowhere, replaced before any clone.
+    const EMPTY: ChildPlan = ChildPlan {
+        paths: std::ptr::null(),
+        npaths: 0,
+        argv: std::ptr::null(),
+        envp: std::ptr::null(),
+        cwd: std::ptr::null(),
+        stdio: [-1; 3],
+        limits: std::ptr::null(),
+        nlimits: 0,
+        reset: std::ptr::null(),
+        nreset: 0,
+        parent: 0,
+        user: None,
+        groups: std::ptr::null(),
+        ngroups: 0,
+        cgroup_procs: -1,
+        tty: false,
+        report: -1,
+    };
+}
+
+/// The steps a report names.
 const FAILED_SETUP: libc::c_int = 1;
 const FAILED_CWD: libc::c_int = 2;
 const FAILED_EXEC: libc::c_int = 3;
 
-/// Runs in the cloned child, on its own stack, while the spawner thread is suspended
-/// (CLONE_VFORK): signals, stdio (and nothing else open), cgroup, session, limits, user,
-/// parent-death signal, directory, then exec. Only system calls.
+/// Raw system calls for the child between clone and exec. It shares the loop's memory,
+/// thread-local storage included, while the loop runs on: the libc wrappers would write
+/// `errno` into the loop's own (and glibc's `setuid` would signal the loop's threads), so
+/// the child calls the kernel directly and gets `-errno` back, as glibc's `posix_spawn`
+/// does. On an architecture without them here, the loop waits (`CLONE_VFORK`) instead.
+mod raw {
+    /// `nr(a...)`: the result, or `-errno`.
+    ///
+    /// # Safety
+    /// A system call with the given arguments: the caller vouches for them.
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn call(nr: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY: the x86_64 syscall convention; rcx and r11 are clobbered by the kernel.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") nr as isize => ret,
+                in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+                in("r10") a[3], in("r8") a[4], in("r9") a[5],
+                lateout("rcx") _, lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// `nr(a...)`: the result, or `-errno`.
+    ///
+    /// # Safety
+    /// A system call with the given arguments: the caller vouches for them.
+    #[cfg(target_arch = "aarch64")]
+    pub unsafe fn call(nr: libc::c_long, a: [usize; 6]) -> isize {
+        let ret: isize;
+        // SAFETY: the aarch64 syscall convention (x8 the number, x0..x5 the arguments).
+        unsafe {
+            std::arch::asm!(
+                "svc 0",
+                in("x8") nr,
+                inlateout("x0") a[0] as isize => ret,
+                in("x1") a[1], in("x2") a[2], in("x3") a[3], in("x4") a[4], in("x5") a[5],
+                options(nostack),
+            );
+        }
+        ret
+    }
+
+    /// `nr(a...)` through libc: the result, or `-errno`. Only where the parent waits for
+    /// the child (`CLONE_VFORK`), so the `errno` it writes is nobody's.
+    ///
+    /// # Safety
+    /// A system call with the given arguments: the caller vouches for them.
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub unsafe fn call(nr: libc::c_long, a: [usize; 6]) -> isize {
+        // SAFETY: as the caller vouches; errno read right after, on this task.
+        unsafe {
+            let r = libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+            if r < 0 {
+                -(*libc::__errno_location() as isize)
+            } else {
+                r as isize
+            }
+        }
+    }
+
+    /// The clone flags: the child shares memory and the loop goes on, where the child
+    /// can make raw system calls.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub const CLONE: libc::c_int = libc::CLONE_VM;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub const CLONE: libc::c_int = libc::CLONE_VM | libc::CLONE_VFORK;
+}
+
+/// A system call of the child with up to six arguments (see `raw`).
+macro_rules! sys {
+    ($nr:expr $(, $a:expr)* $(,)?) => {{
+        let mut args = [0usize; 6];
+        let given = [$($a as usize),*];
+        args[..given.len()].copy_from_slice(&given);
+        raw::call($nr, args)
+    }};
+}
+
+/// Runs in the cloned child, on its own stack, sharing the daemon's memory while the loop
+/// goes on: signals, stdio (and nothing else open but its report pipe), cgroup, session,
+/// limits, user, parent-death signal, directory, then exec of the first candidate path
+/// that runs. Only raw system calls (see `raw`); a failed step is reported and the child
+/// exits.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the thread's `ChildPlan`, alive and untouched while the thread is
-    // suspended until this child execs or exits.
-    let plan = unsafe { &mut *arg.cast::<ChildPlan>() };
-    // SAFETY: async-signal-safe system calls on memory prepared before the clone.
+    // SAFETY: `arg` is the `ChildPlan` of a `Prepared` the loop keeps, unmoved and
+    // untouched, until this child has exec'd or been reaped.
+    let plan = unsafe { &*arg.cast::<ChildPlan>() };
+    // SAFETY: raw system calls on memory prepared before the clone and this stack.
     unsafe {
-        let guard = &*plan.guard;
-        let fail = |plan: &mut ChildPlan, step: libc::c_int| -> libc::c_int {
-            plan.err = *libc::__errno_location();
-            plan.failed = step;
-            guard.let_go(plan.holder);
-            libc::_exit(127)
+        let fail = |step: libc::c_int, ret: isize| -> libc::c_int {
+            let err = (-ret) as i32;
+            let mut msg = [0u8; 8];
+            msg[..4].copy_from_slice(&step.to_ne_bytes());
+            msg[4..].copy_from_slice(&err.to_ne_bytes());
+            // Eight bytes into an empty pipe: whole, at once.
+            sys!(libc::SYS_write, plan.report, msg.as_ptr(), msg.len());
+            sys!(libc::SYS_exit_group, 127);
+            127
         };
         // No handler of the daemon may ever run here: every caught signal goes back to
         // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
+        // (The kernel's sigaction: handler, flags, [restorer,] mask: all zero is SIG_DFL.)
+        let dfl = [0usize; 4];
         for &sig in std::slice::from_raw_parts(plan.reset, plan.nreset) {
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            sys!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0, 8);
         }
         for (target, &fd) in plan.stdio.iter().enumerate() {
-            // dup2 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
+            // dup3 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
             // a pipe is never already at its target.
-            if libc::dup2(fd, target as RawFd) < 0 {
-                return fail(plan, FAILED_SETUP);
+            let r = sys!(libc::SYS_dup3, fd, target, 0);
+            if r < 0 {
+                return fail(FAILED_SETUP, r);
             }
         }
-        // Every other descriptor goes now, not at exec: this child got copies of whatever
-        // the daemon held when it was cloned, among them the pipes of commands another
-        // spawner thread is starting. Held until exec (after a chdir that may be slow),
-        // such a copy would hide that command's EOF from the drain at its exit.
-        close_from(3, plan.cgroup_procs);
-        guard.let_go(plan.holder);
+        // Every other descriptor goes now rather than at exec (all are close-on-exec):
+        // nothing of the daemon's stays open here while a slow step runs.
+        close_all_but(3, [plan.cgroup_procs, plan.report]);
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
-        if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
-            return fail(plan, FAILED_SETUP);
+        if plan.cgroup_procs >= 0 {
+            let r = sys!(libc::SYS_write, plan.cgroup_procs, b"0".as_ptr(), 1);
+            if r != 1 {
+                return fail(FAILED_SETUP, r.min(-libc::EIO as isize));
+            }
+            sys!(libc::SYS_close, plan.cgroup_procs);
         }
-        if libc::setsid() < 0 {
-            return fail(plan, FAILED_SETUP);
+        let r = sys!(libc::SYS_setsid);
+        if r < 0 {
+            return fail(FAILED_SETUP, r);
         }
         // A new session has no controlling terminal: its PTY becomes it (descriptor 1
         // is the slave for a PTY command and for a shell, whose stdin is a pipe).
-        if plan.ctty && libc::ioctl(1, libc::TIOCSCTTY, 0) < 0 {
-            return fail(plan, FAILED_SETUP);
+        if plan.tty {
+            let r = sys!(libc::SYS_ioctl, 1, libc::TIOCSCTTY, 0);
+            if r < 0 {
+                return fail(FAILED_SETUP, r);
+            }
         }
         for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
-            if libc::setrlimit(*res, lim) < 0 {
-                return fail(plan, FAILED_SETUP);
+            let r = sys!(libc::SYS_prlimit64, 0, *res, lim as *const libc::rlimit, 0);
+            if r < 0 {
+                return fail(FAILED_SETUP, r);
             }
         }
         if let Some((uid, gid)) = plan.user {
-            if libc::setgroups(plan.ngroups, plan.groups) < 0
-                || libc::setgid(gid) < 0
-                || libc::setuid(uid) < 0
-            {
-                return fail(plan, FAILED_SETUP);
+            for r in [
+                sys!(libc::SYS_setgroups, plan.ngroups, plan.groups),
+                sys!(libc::SYS_setgid, gid),
+                sys!(libc::SYS_setuid, uid),
+            ] {
+                if r < 0 {
+                    return fail(FAILED_SETUP, r);
+                }
             }
         }
         // After the user switch: the kernel clears the parent-death signal when
         // credentials change.
-        if libc::prctl(
+        let r = sys!(
+            libc::SYS_prctl,
             libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
+            libc::SIGKILL,
             0,
             0,
-            0,
-        ) < 0
-        {
-            return fail(plan, FAILED_SETUP);
+            0
+        );
+        if r < 0 {
+            return fail(FAILED_SETUP, r);
         }
         // The daemon may have died before prctl: then nobody would ever kill this child.
-        if libc::getppid() != plan.parent {
-            libc::_exit(137);
+        if sys!(libc::SYS_getppid) != plan.parent as isize {
+            sys!(libc::SYS_exit_group, 137);
         }
-        if libc::chdir(plan.cwd) < 0 {
-            return fail(plan, FAILED_CWD);
+        let r = sys!(libc::SYS_chdir, plan.cwd);
+        if r < 0 {
+            return fail(FAILED_CWD, r);
         }
         // Commands start with no signal blocked, whatever the daemon inherited.
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::execve(plan.path, plan.argv, plan.envp);
-        fail(plan, FAILED_EXEC)
+        let none = 0u64;
+        sys!(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none as *const u64,
+            0,
+            8
+        );
+        // As execvp searches PATH: a path that is not there (or not a directory) passes
+        // to the next; one that may not be run is remembered; anything else is the answer.
+        let mut denied = false;
+        for &path in std::slice::from_raw_parts(plan.paths, plan.npaths) {
+            let r = sys!(libc::SYS_execve, path, plan.argv, plan.envp);
+            match (-r) as i32 {
+                libc::ENOENT | libc::ENOTDIR => {}
+                libc::EACCES => denied = true,
+                _ => return fail(FAILED_EXEC, r),
+            }
+        }
+        let err = if denied { libc::EACCES } else { libc::ENOENT };
+        fail(FAILED_EXEC, -(err as isize))
     }
 }
 
-/// Closes every descriptor from `first` up except `keep` (`close_range(2)`, one system
-/// call; on a kernel without it they stay until exec closes them, being close-on-exec).
+/// Closes every descriptor from `first` up except the ones in `keep` (`-1` keeps nothing),
+/// with `close_range(2)`: a few system calls; on a kernel without it they stay until exec
+/// closes them, being close-on-exec.
 ///
 /// # Safety
-/// Async-signal-safe; for the child between clone and exec.
-unsafe fn close_from(first: RawFd, keep: RawFd) {
-    let close_range = |lo: RawFd, hi: libc::c_uint| {
-        // SAFETY: close_range takes plain integers; closing descriptors nobody here uses.
-        unsafe { libc::syscall(libc::SYS_close_range, lo as libc::c_uint, hi, 0) };
-    };
-    if keep >= first {
-        if keep > first {
-            close_range(first, (keep - 1) as libc::c_uint);
+/// Raw system calls only, allocation-free; for the child between clone and exec.
+unsafe fn close_all_but(first: RawFd, mut keep: [RawFd; 2]) {
+    let close_range = |lo: RawFd, hi: RawFd| {
+        if lo <= hi {
+            // SAFETY: close_range takes plain integers; closing descriptors nobody here uses.
+            unsafe {
+                sys!(
+                    libc::SYS_close_range,
+                    lo as libc::c_uint,
+                    hi as libc::c_uint,
+                    0
+                )
+            };
         }
-        close_range(keep + 1, libc::c_uint::MAX);
-    } else {
-        close_range(first, libc::c_uint::MAX);
+    };
+    keep.sort_unstable();
+    let mut lo = first;
+    for k in keep {
+        if k >= lo {
+            close_range(lo, k - 1);
+            lo = k + 1;
+        }
     }
+    close_range(lo, RawFd::MAX);
 }
 
-/// Finds `program` as execvp would: as given when it holds a `/`, else in `path_var`.
-fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> io::Result<CString> {
-    if program.as_bytes().contains(&b'/') {
-        return cstring(program.as_bytes());
+/// Where `program` may be, in the order `execvp` tries: itself when it holds a `/`, else
+/// each entry of `path_var` (or the default path) joined with it, an empty entry meaning
+/// the working directory. Nothing is looked at here: the child tries each.
+fn candidates(program: &[u8], path_var: Option<&OsStr>) -> io::Result<Vec<CString>> {
+    if program.contains(&b'/') {
+        return Ok(vec![cstring(program)?]);
     }
     let dirs = path_var.unwrap_or_else(|| OsStr::new("/usr/local/bin:/usr/bin:/bin"));
-    let mut denied = false;
-    for dir in std::env::split_paths(dirs) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        let candidate = dir.join(program);
-        let Ok(meta) = std::fs::metadata(&candidate) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
-        }
-        let c = cstring(candidate.into_os_string().into_vec())?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 {
-            return Ok(c);
-        }
-        denied = true;
-    }
-    Err(io::Error::from_raw_os_error(if denied {
-        libc::EACCES
-    } else {
-        libc::ENOENT
-    }))
+    std::env::split_paths(dirs)
+        .map(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            };
+            cstring(
+                dir.join(OsStr::from_bytes(program))
+                    .into_os_string()
+                    .into_vec(),
+            )
+        })
+        .collect()
 }
 
 /// Opens `/dev/null` close-on-exec.
@@ -545,207 +673,25 @@ fn signals_to_reset() -> Vec<libc::c_int> {
         .collect()
 }
 
-/// Starts a prepared job: looks the program up, clones the child and waits (suspended by
-/// CLONE_VFORK) until it has exec'd or failed. The job's descriptors are closed when it
-/// returns: the child has its copies.
-fn run(
-    shared: &Shared,
-    job: &Job,
-    stack: &mut [u8],
-    holder: u32,
-) -> Result<i32, (FailedAt, io::Error)> {
-    let program = OsStr::from_bytes(job.program.as_bytes());
-    let path = resolve_program(program, job.path.as_deref().or(shared.path_var.as_deref()))
-        .map_err(|e| (FailedAt::Program, e))?;
-    let argv: Vec<*const libc::c_char> = job
-        .argv
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> = job
-        .envp
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let fd = |i: usize| job.stdio[i].as_ref().map_or(job.null, |f| f.as_raw_fd());
-    // The merged pipe is both stdout and stderr; a PTY slave is all three.
-    let stdio = if job.tty {
-        [fd(0); 3]
-    } else {
-        [
-            fd(0),
-            fd(1),
-            job.stdio[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
-        ]
-    };
-    let mut plan = ChildPlan {
-        path: path.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
-        cwd: job.cwd.as_ptr(),
-        stdio,
-        limits: shared.limits.as_ptr(),
-        nlimits: shared.limits.len(),
-        reset: shared.reset.as_ptr(),
-        nreset: shared.reset.len(),
-        parent: shared.parent,
-        user: job.user.as_ref().map(|u| (u.0, u.1)),
-        groups: job.user.as_ref().map_or(std::ptr::null(), |u| u.2.as_ptr()),
-        ngroups: job.user.as_ref().map_or(0, |u| u.2.len()),
-        cgroup_procs: job.cgroup_procs,
-        ctty: job.ctty,
-        guard: &shared.guard,
-        holder,
-        failed: 0,
-        err: 0,
-    };
-    // The stack grows down: hand clone its 16-byte-aligned top.
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // SAFETY: signals are blocked around the clone so no handler runs in the child before
-    // it resets them; the child runs `child_main` on its own stack with `plan`, which
-    // stays alive and unmoved until clone returns (CLONE_VFORK suspends this thread until
-    // the child execs or exits).
-    shared.guard.take(holder);
-    let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut before: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
-        let pid = libc::clone(
-            child_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut plan as *mut ChildPlan).cast(),
-        );
-        let clone_err = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-        // The child has exec'd or exited: it holds no copies of the daemon's any more.
-        shared.guard.let_go(holder);
-        if pid < 0 {
-            return Err((FailedAt::Setup, clone_err));
-        }
-        pid
-    };
-    // SAFETY: the child wrote these before exiting; read them as memory another task wrote.
-    let (failed, err) = unsafe {
-        (
-            std::ptr::read_volatile(&plan.failed),
-            std::ptr::read_volatile(&plan.err),
-        )
-    };
-    // A child that failed has exited; the loop reaps it like any other.
-    match failed {
-        0 => Ok(pid),
-        FAILED_CWD => Err((FailedAt::Cwd, io::Error::from_raw_os_error(err))),
-        FAILED_EXEC => Err((FailedAt::Program, io::Error::from_raw_os_error(err))),
-        _ => Err((FailedAt::Setup, io::Error::from_raw_os_error(err))),
-    }
-}
-
-/// A spawner thread (`holder`, from 1, as the clone guard knows it): runs jobs until the
-/// daemon's side of the channel is gone.
-fn serve(
-    shared: Arc<Shared>,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    done: mpsc::Sender<Done>,
-    waker: Arc<mio::Waker>,
-    holder: u32,
-) {
-    let mut stack = vec![0u8; CHILD_STACK];
-    loop {
-        let job = match jobs.lock() {
-            Ok(rx) => match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            },
-            Err(_) => return,
-        };
-        let cloned_at = Instant::now();
-        let result = run(&shared, &job, &mut stack, holder);
-        let id = job.id;
-        // The child's ends close here: it has its own copies (or has exited). A child
-        // another thread cloned meanwhile may hold copies too until it has closed them,
-        // which it does before it lets the guard go: once the guard is free, nobody but
-        // this command holds its pipes, and the drain at its exit sees their EOF.
-        drop(job);
-        shared.guard.take(holder);
-        shared.guard.let_go(holder);
-        if done
-            .send(Done {
-                job: id,
-                result,
-                cloned_at,
-            })
-            .is_err()
-        {
-            return;
-        }
-        let _ = waker.wake();
-    }
-}
-
 /// Starts commands. Holds what is the same for every spawn (the base environment, the
-/// signals a child resets, the resource limits) and the threads that clone.
+/// signals a child resets, the resource limits).
 pub struct Spawner {
     /// The base environment: names, and `NAME=value` ready for `execve`.
     base_env: Vec<(OsString, CString)>,
     /// `/dev/null`, the stdin of every terminal.
     null: OwnedFd,
-    jobs: mpsc::Sender<Job>,
-    done: mpsc::Receiver<Done>,
-    next_job: u64,
-    /// Jobs handed over and not reported yet.
-    in_flight: usize,
-    /// What a new thread needs, and how many run: more start (up to `MAX_THREADS`) when
-    /// every thread is busy, so a spawn stuck on a hung file system holds only its own.
-    crew: Crew,
-}
-
-/// The spawner threads, and what each new one is given.
-struct Crew {
-    running: usize,
-    shared: Arc<Shared>,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    done: mpsc::Sender<Done>,
-    waker: Arc<mio::Waker>,
-}
-
-/// The most spawner threads: past this many spawns stuck at once, further spawns wait.
-pub const MAX_THREADS: usize = 16;
-
-impl Crew {
-    /// Starts one more spawner thread.
-    fn hire(&mut self) -> io::Result<()> {
-        let (shared, jobs, done, waker) = (
-            self.shared.clone(),
-            self.jobs.clone(),
-            self.done.clone(),
-            self.waker.clone(),
-        );
-        let holder = self.running as u32 + 1;
-        std::thread::Builder::new()
-            .name(format!("execd-spawn-{}", self.running))
-            .stack_size(256 << 10)
-            .spawn(move || serve(shared, jobs, done, waker, holder))?;
-        self.running += 1;
-        Ok(())
-    }
+    shared: Shared,
 }
 
 impl Spawner {
     /// Build this after the daemon's signal handlers are installed: they are what a child
     /// must reset. `child_nofile` is the descriptor limit to give back (see `raise_nofile`).
-    /// `withheld` names variables of the daemon's environment no command may see. Starts
-    /// `threads` spawner threads, which wake the loop through `waker` when a spawn is done.
+    /// `withheld` names variables of the daemon's environment no command may see.
     pub fn new(
         clean_env: bool,
         withheld: &[&str],
         rlimits: &[(Rlimit, u64)],
         child_nofile: Option<(u64, u64)>,
-        waker: mio::Waker,
-        threads: usize,
     ) -> io::Result<Spawner> {
         // The daemon's own cookie (when an execd command started it) is never passed on:
         // each command gets its own, last.
@@ -795,41 +741,25 @@ impl Spawner {
                 )
             }))
             .collect();
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             path_var,
             reset: signals_to_reset(),
             limits,
             // SAFETY: getpid cannot fail.
             parent: unsafe { libc::getpid() },
-            guard: CloneGuard(AtomicU32::new(0)),
-        });
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done) = mpsc::channel();
-        let mut crew = Crew {
-            running: 0,
-            shared,
-            jobs: Arc::new(Mutex::new(job_rx)),
-            done: done_tx,
-            waker: Arc::new(waker),
         };
-        for _ in 0..threads.clamp(1, MAX_THREADS) {
-            crew.hire()?;
-        }
         Ok(Spawner {
             base_env,
             null: dev_null()?,
-            jobs,
-            done,
-            next_job: 0,
-            in_flight: 0,
-            crew,
+            shared,
         })
     }
 
-    /// Prepares a command and hands it to a spawner thread; returns the job's number and
-    /// the parent's ends of its stdio. Nothing here looks at the file system. Errors are
-    /// the daemon's own (out of descriptors, a NUL in an argument): nothing is left behind.
-    pub fn submit(&mut self, spec: &SpawnSpec) -> io::Result<(u64, ParentEnds)> {
+    /// Starts a command: prepares everything its child needs (nothing here looks at the
+    /// file system) and clones it, without waiting for it. Errors are the daemon's own (out
+    /// of descriptors or processes, a NUL in an argument): nothing is left behind. What the
+    /// child meets later (no such program, a bad directory) comes on its report pipe.
+    pub fn spawn(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
         let (program, args): (&OsStr, Vec<&str>) = match spec.program {
             Program::Direct { program, args } => (
                 OsStr::new(program.as_str()),
@@ -883,39 +813,109 @@ impl Spawner {
             Stdio3::Shell(size) => Wired::shell(size)?,
             stdio => Wired::pipes(stdio)?,
         };
-        let id = self.next_job;
-        self.next_job += 1;
-        let job = Job {
-            id,
-            program: cstring(program.as_bytes())?,
-            path,
+        let (report, report_w) = pipe()?;
+        set_nonblocking(report.as_raw_fd())?;
+        let user = spec.user.map(|u| (u.uid, u.gid, u.groups.clone()));
+        let candidates = candidates(
+            program.as_bytes(),
+            path.as_deref().or(self.shared.path_var.as_deref()),
+        )?;
+        let mut prepared = Box::new(Prepared {
+            candidate_ptrs: Vec::new(),
+            candidates,
+            argv_ptrs: Vec::new(),
             argv,
+            envp_ptrs: Vec::new(),
             envp,
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
-            stdio: wired.child,
-            tty: wired.tty,
-            ctty: wired.ctty,
-            null: self.null.as_raw_fd(),
-            user: spec.user.map(|u| (u.uid, u.gid, u.groups.clone())),
-            cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
+            groups: user.as_ref().map(|u| u.2.clone()).unwrap_or_default(),
+            limits: self.shared.limits.clone(),
+            reset: self.shared.reset.clone(),
+            stack: vec![0u8; CHILD_STACK],
+            plan: ChildPlan::EMPTY,
+        });
+        let p = &mut *prepared;
+        let nul_ended = |strings: &[CString]| -> Vec<*const libc::c_char> {
+            strings
+                .iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
         };
-        self.jobs
-            .send(job)
-            .map_err(|_| io::Error::other("the spawner threads are gone"))?;
-        self.in_flight += 1;
-        // Every thread busy (most spawns take a millisecond; one may hang on a cwd that
-        // never answers): another takes this job rather than let it wait behind them.
-        if self.in_flight > self.crew.running && self.crew.running < MAX_THREADS {
-            let _ = self.crew.hire(); // without it the job waits for a free thread
-        }
-        Ok((id, wired.parent))
-    }
-
-    /// The spawns done since the last call (the loop calls it when the waker fires).
-    pub fn finished(&mut self) -> Vec<Done> {
-        let done: Vec<Done> = self.done.try_iter().collect();
-        self.in_flight = self.in_flight.saturating_sub(done.len());
-        done
+        p.candidate_ptrs = nul_ended(&p.candidates);
+        p.argv_ptrs = nul_ended(&p.argv);
+        p.envp_ptrs = nul_ended(&p.envp);
+        let fd = |i: usize| {
+            wired.child[i]
+                .as_ref()
+                .map_or(self.null.as_raw_fd(), |f| f.as_raw_fd())
+        };
+        // The merged pipe is both stdout and stderr; a PTY slave is all three.
+        let stdio = if wired.tty {
+            [fd(0); 3]
+        } else {
+            [
+                fd(0),
+                fd(1),
+                wired.child[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
+            ]
+        };
+        p.plan = ChildPlan {
+            paths: p.candidate_ptrs.as_ptr(),
+            npaths: p.candidates.len(),
+            argv: p.argv_ptrs.as_ptr(),
+            envp: p.envp_ptrs.as_ptr(),
+            cwd: p.cwd.as_ptr(),
+            stdio,
+            limits: p.limits.as_ptr(),
+            nlimits: p.limits.len(),
+            reset: p.reset.as_ptr(),
+            nreset: p.reset.len(),
+            parent: self.shared.parent,
+            user: user.as_ref().map(|u| (u.0, u.1)),
+            groups: p.groups.as_ptr(),
+            ngroups: p.groups.len(),
+            cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
+            tty: wired.ctty,
+            report: report_w.as_raw_fd(),
+        };
+        // The stack grows down: hand clone its 16-byte-aligned top.
+        let top = (p.stack.as_mut_ptr() as usize + p.stack.len()) & !15;
+        let plan: *mut ChildPlan = &mut p.plan;
+        // SAFETY: signals are blocked around the clone so no handler runs in the child
+        // before it resets them. The child runs `child_main` on its own stack with `plan`;
+        // both live in `prepared`, a heap allocation that does not move, which the caller
+        // keeps (`InFlight`) until the child has exec'd or been reaped.
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            let pid = libc::clone(
+                child_main,
+                top as *mut libc::c_void,
+                raw::CLONE | libc::SIGCHLD,
+                plan.cast(),
+            );
+            let clone_err = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+            if pid < 0 {
+                return Err(clone_err);
+            }
+            pid
+        };
+        // The child has its own copies now: ours of its ends and of the report's write
+        // end close here, so its exec (or exit) is the report pipe's EOF.
+        drop(wired.child);
+        drop(report_w);
+        Ok(Spawned {
+            pid,
+            ends: wired.parent,
+            report,
+            memory: InFlight {
+                _prepared: prepared,
+            },
+        })
     }
 }
 

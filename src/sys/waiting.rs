@@ -221,7 +221,7 @@ struct Blocked {
 
 /// What a blocked task waits on, from its system call's arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wait {
+enum WaitsOn {
     Fd(i32),
     PollSet { fds: u64, nfds: u64 },
     SelectSet { nfds: u64, readfds: u64 },
@@ -232,7 +232,7 @@ impl Blocked {
     /// The calls that wait for a descriptor to be readable, by this architecture's
     /// numbers (aarch64 has only `ppoll`, `pselect6` and `epoll_pwait*`). A 32-bit task on
     /// a 64-bit kernel reports its own numbers and is not recognised.
-    fn wait(&self) -> Option<(Call, Wait)> {
+    fn wait(&self) -> Option<(Call, WaitsOn)> {
         let [a0, a1, ..] = self.args;
         // Descriptors are C ints: the low 32 bits of the register.
         let fd = a0 as u32 as i32;
@@ -242,28 +242,28 @@ impl Blocked {
             | libc::SYS_pread64
             | libc::SYS_preadv
             | libc::SYS_preadv2
-            | libc::SYS_splice => (Call::Read, Wait::Fd(fd)),
+            | libc::SYS_splice => (Call::Read, WaitsOn::Fd(fd)),
             #[cfg(target_arch = "x86_64")]
-            libc::SYS_poll => (Call::Poll, Wait::PollSet { fds: a0, nfds: a1 }),
-            libc::SYS_ppoll => (Call::Poll, Wait::PollSet { fds: a0, nfds: a1 }),
+            libc::SYS_poll => (Call::Poll, WaitsOn::PollSet { fds: a0, nfds: a1 }),
+            libc::SYS_ppoll => (Call::Poll, WaitsOn::PollSet { fds: a0, nfds: a1 }),
             #[cfg(target_arch = "x86_64")]
             libc::SYS_select => (
                 Call::Select,
-                Wait::SelectSet {
+                WaitsOn::SelectSet {
                     nfds: a0,
                     readfds: a1,
                 },
             ),
             libc::SYS_pselect6 => (
                 Call::Select,
-                Wait::SelectSet {
+                WaitsOn::SelectSet {
                     nfds: a0,
                     readfds: a1,
                 },
             ),
             #[cfg(target_arch = "x86_64")]
-            libc::SYS_epoll_wait => (Call::Epoll, Wait::Epoll(fd)),
-            libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => (Call::Epoll, Wait::Epoll(fd)),
+            libc::SYS_epoll_wait => (Call::Epoll, WaitsOn::Epoll(fd)),
+            libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => (Call::Epoll, WaitsOn::Epoll(fd)),
             _ => return None,
         };
         Some(got)
@@ -302,12 +302,12 @@ impl Task {
         let (call, wait) = self.blocked()?.wait()?;
         let mut look = Look::new(self, input);
         let fd = match wait {
-            Wait::Fd(fd) => look.is_input(fd).then_some(fd)?,
-            Wait::PollSet { fds, nfds } => look.first_input(&poll_set(self, fds, nfds)?)?,
-            Wait::SelectSet { nfds, readfds } => {
+            WaitsOn::Fd(fd) => look.is_input(fd).then_some(fd)?,
+            WaitsOn::PollSet { fds, nfds } => look.first_input(&poll_set(self, fds, nfds)?)?,
+            WaitsOn::SelectSet { nfds, readfds } => {
                 look.first_input(&select_set(self, nfds, readfds)?)?
             }
-            Wait::Epoll(epfd) => look.epoll_input(epfd)?,
+            WaitsOn::Epoll(epfd) => look.epoll_input(epfd)?,
         };
         Some(Reader {
             pid: self.pid,
@@ -1184,12 +1184,12 @@ mod tests {
             nr: libc::SYS_read,
             args: [0xffff_ffff_0000_0007, 0, 0, 0, 0, 0],
         };
-        assert_eq!(b.wait(), Some((Call::Read, Wait::Fd(7))));
+        assert_eq!(b.wait(), Some((Call::Read, WaitsOn::Fd(7))));
         let b = Blocked {
             nr: libc::SYS_pselect6,
             args: [4, 0x1000, 0, 0, 0, 0],
         };
-        let set = Wait::SelectSet {
+        let set = WaitsOn::SelectSet {
             nfds: 4,
             readfds: 0x1000,
         };

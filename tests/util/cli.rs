@@ -261,13 +261,16 @@ pub fn open_pty() -> (File, File) {
 /// What a pseudo-terminal's master has read so far, shared with a reader thread.
 pub struct Screen {
     text: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The reader met EIO: every slave is closed and all they wrote was read.
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Screen {
     /// Reads `master` on a thread until it reports EIO (every slave closed).
     pub fn watch(master: File) -> Screen {
         let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let t = text.clone();
+        let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (t, c) = (text.clone(), closed.clone());
         let mut master = master;
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -278,8 +281,17 @@ impl Screen {
                 let s = String::from_utf8_lossy(&buf[..n]).into_owned();
                 t.lock().unwrap_or_else(|p| p.into_inner()).push_str(&s);
             }
+            c.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        Screen { text }
+        Screen { text, closed }
+    }
+
+    /// Waits until every slave is closed and what they wrote has been read.
+    #[track_caller]
+    pub fn wait_closed(&self) {
+        wait_until("the terminal's last output", || {
+            self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        });
     }
 
     pub fn text(&self) -> String {
@@ -321,4 +333,128 @@ pub fn wait_bash_done(c: &mut Client, id: &str) -> Value {
         info["status"] != "running"
     });
     info
+}
+
+/// A terminal's modes, the fields a program sees (`tcgetattr`).
+pub type Modes = (u32, u32, u32, u32, Vec<u8>);
+
+/// The modes of the terminal `f` is open on.
+#[track_caller]
+pub fn modes_of(f: &File) -> Modes {
+    use std::os::fd::AsRawFd;
+    // SAFETY: termios is plain old data; tcgetattr fills it from a live descriptor.
+    let t = unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(f.as_raw_fd(), &mut t), 0, "tcgetattr");
+        t
+    };
+    (t.c_iflag, t.c_oflag, t.c_cflag, t.c_lflag, t.c_cc.to_vec())
+}
+
+/// Sets the window size of the pseudo-terminal whose master is `m`; the kernel sends
+/// SIGWINCH to the foreground group of the terminal's session.
+pub fn set_window_size(m: &File, rows: u16, cols: u16) {
+    use std::os::fd::AsRawFd;
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a live winsize.
+    assert_eq!(
+        unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &ws) },
+        0,
+        "TIOCSWINSZ"
+    );
+}
+
+/// execctl as a person runs it in a terminal window: a pseudo-terminal of its own is its
+/// stdin, stdout, stderr and controlling terminal (it leads a new session, so the keys
+/// that raise signals and window-size changes reach it as the foreground group would).
+/// The test types on the master and reads the screen; it holds no slave, so the screen
+/// ends when execctl has gone (the master reads a pseudo-terminal's modes as well).
+pub struct OnTty {
+    pub ctl: Ctl,
+    pub master: File,
+    pub screen: Screen,
+    /// The terminal's modes before execctl started.
+    pub before: Modes,
+}
+
+impl OnTty {
+    /// Spawns `execctl --socket SOCKET ARGS` on a fresh `rows` x `cols` terminal.
+    #[track_caller]
+    pub fn spawn(socket: &Path, args: &[&str], (rows, cols): (u16, u16)) -> OnTty {
+        let (master, slave) = open_pty();
+        set_window_size(&master, rows, cols);
+        let before = modes_of(&slave);
+        let mut cmd = command(Some(socket), args);
+        cmd.stdin(Stdio::from(slave.try_clone().expect("dup")))
+            .stdout(Stdio::from(slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(slave));
+        // SAFETY: between fork and exec, only async-signal-safe calls: setsid and ioctl.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let ctl = Ctl {
+            child: cmd.spawn().expect("spawn execctl"),
+        };
+        drop(cmd); // our copies of the slave
+        let screen = Screen::watch(master.try_clone().expect("dup"));
+        OnTty {
+            ctl,
+            master,
+            screen,
+            before,
+        }
+    }
+
+    /// Types bytes on the terminal.
+    #[track_caller]
+    pub fn type_keys(&mut self, keys: &[u8]) {
+        self.master.write_all(keys).expect("type on the terminal");
+    }
+
+    /// The terminal's modes now.
+    #[track_caller]
+    pub fn modes(&self) -> Modes {
+        modes_of(&self.master)
+    }
+
+    /// Waits until execctl has put the terminal in raw mode (no echo, no signals).
+    #[track_caller]
+    pub fn wait_raw(&self) {
+        wait_until("execctl's terminal in raw mode", || {
+            self.modes().3 & (libc::ECHO | libc::ICANON | libc::ISIG) == 0
+        });
+    }
+
+    /// Waits for execctl's exit; returns its status code and all it wrote.
+    #[track_caller]
+    pub fn wait(&mut self) -> (Option<i32>, String) {
+        let st = self.ctl.wait();
+        self.screen.wait_closed();
+        (st.code(), self.screen.text())
+    }
+
+    /// Waits for execctl's exit with `code`, and checks that it left the terminal's
+    /// modes as they were before it started; returns the screen.
+    #[track_caller]
+    pub fn exits(&mut self, code: i32) -> String {
+        let (got, screen) = self.wait();
+        assert_eq!(got, Some(code), "execctl's exit; the screen: {screen:?}");
+        assert_eq!(
+            self.modes(),
+            self.before,
+            "the terminal's modes after execctl; the screen: {screen:?}"
+        );
+        screen
+    }
 }

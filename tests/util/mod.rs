@@ -283,6 +283,20 @@ pub fn group_alive(pgid: i32) -> bool {
     })
 }
 
+/// Whether a live process of group `pgid` runs the program named `comm` (its
+/// `/proc/PID/comm`): a shell has started it, and a signal to the group reaches it. (A
+/// shell running `-c` catches SIGINT until its foreground job is started: one that comes
+/// earlier is taken by the shell for itself and the job it starts then runs on, as in
+/// any terminal.)
+pub fn group_runs(pgid: i32, comm: &str) -> bool {
+    all_pids().into_iter().any(|pid| {
+        stat_fields(pid)
+            .is_some_and(|f| is_live(&f) && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid))
+            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == comm)
+    })
+}
+
 /// Resident set size of a process in KiB.
 pub fn rss_kb(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

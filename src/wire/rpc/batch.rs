@@ -339,7 +339,7 @@ mod tests {
         cap: 1 << 20,
     };
 
-    struct Peer {
+    struct StandIn {
         s: RpcSession,
         out: Vec<u8>,
         /// Requests the stand-in left parked, oldest first.
@@ -348,9 +348,9 @@ mod tests {
         notified: Vec<String>,
     }
 
-    impl Peer {
-        fn new(max_batch: usize) -> Peer {
-            Peer {
+    impl StandIn {
+        fn new(max_batch: usize) -> StandIn {
+            StandIn {
                 s: RpcSession::new(512, max_batch),
                 out: Vec::new(),
                 parked: Vec::new(),
@@ -415,7 +415,7 @@ mod tests {
 
     #[test]
     fn bad_messages_get_their_error_codes_and_the_connection_goes_on() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         for bad in [
             "{nope\n",
             "{\"jsonrpc\":\"2.0\",\"id\":1,\n",
@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn ids_are_echoed_exactly_with_their_type() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         for id in [
             r#""abc""#,
             r#""7""#,
@@ -502,7 +502,7 @@ mod tests {
 
     #[test]
     fn notifications_are_carried_out_and_never_answered() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         assert!(p
             .send("{\"jsonrpc\":\"2.0\",\"method\":\"m\"}\n")
             .is_empty());
@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn batches_answer_once_in_one_array_with_bad_elements_in_place() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         let a = p.send("[]\n");
         assert_eq!(error(&a[0]), (-32600, &Value::Null));
         let batch = json!([
@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_batch_with_a_parked_element_waits_for_it_and_single_requests_do_not() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         let a = p.send(
             "[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"park\"},{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"m\"}]\n",
         );
@@ -566,7 +566,7 @@ mod tests {
 
     #[test]
     fn cancel_request_ends_a_parked_request_of_the_same_connection() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         assert!(p
             .send("{\"jsonrpc\":\"2.0\",\"id\":\"w\",\"method\":\"park\"}\n")
             .is_empty());
@@ -583,7 +583,7 @@ mod tests {
 
     #[test]
     fn crlf_blank_lines_and_a_last_line_without_newline_are_taken() {
-        let mut p = Peer::new(10);
+        let mut p = StandIn::new(10);
         let a = p.send("\r\n\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}\r\n  \n");
         assert_eq!(a.len(), 1);
         assert_eq!(a[0]["id"], 1);
