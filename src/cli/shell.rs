@@ -38,7 +38,7 @@ const RESTART_WAIT: Duration = Duration::from_secs(10);
 /// Whether a command of ours runs, and how the last one ended; and, for the end of a
 /// script, whether the output thread has printed what came before (`synced`).
 #[derive(Default)]
-struct Running {
+struct Foreground {
     running: bool,
     last_exit: Option<i64>,
     sync: Sync,
@@ -53,9 +53,9 @@ enum Sync {
     Done,
 }
 
-type Shared = Arc<(Mutex<Running>, Condvar)>;
+type Shared = Arc<(Mutex<Foreground>, Condvar)>;
 
-fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Running> {
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Foreground> {
     s.0.lock().unwrap_or_else(|p| p.into_inner())
 }
 

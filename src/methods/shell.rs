@@ -16,8 +16,8 @@ use serde_json::{json, Map, Value};
 use crate::core::launch::{validate_dir, After, LaunchRequest};
 use crate::core::ring::middle_cut;
 use crate::core::shell::{
-    self, LineOpts, Phase, Record, ShellExec, ShellSession, ShellThen, ShellWait, Step as RecStep,
-    MAX_COMMAND, TRUNCATE_AT,
+    self, LineOpts, Phase, Record, RecordStep as RecStep, ShellExec, ShellSession, ShellThen,
+    ShellWait, MAX_COMMAND, TRUNCATE_AT,
 };
 use crate::core::table::{Family, Key, SessionKey};
 use crate::core::{Caller, Core, Step, Wait};

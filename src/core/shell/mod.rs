@@ -44,7 +44,6 @@
 //!   shells' rings (an exited shell is kept while a record refers to it).
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -56,6 +55,10 @@ use super::timers::TimerId;
 use super::{Core, Effect, Timer};
 use crate::types::Ended;
 use crate::wire::rpc::RpcError;
+
+mod markers;
+use markers::nonce;
+pub use markers::{command_line, setup_line, Marker, Scanner};
 
 /// Records a session's console keeps, oldest dropped first.
 pub const CONSOLE_RECORDS: usize = 32;
@@ -76,201 +79,6 @@ const RECORD_BYTES: usize = 256;
 const STARTS_BEFORE_FAILING: u32 = 2;
 /// How a session counts as active in its stats: used within this long.
 pub const ACTIVE_WITHIN: Duration = Duration::from_secs(300);
-
-/// What opens every marker.
-const MARK: &[u8] = b"\x1b]6973;";
-/// What ends every marker (BEL).
-const BEL: u8 = 0x07;
-/// The longest marker read (a directory of 4096 bytes is 8192 in hex); a longer sequence
-/// is not one of ours.
-const MARK_MAX: usize = 9 << 10;
-
-/// A marker the shell printed, with the right nonce.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Marker {
-    /// `s`: command `seq` has started; its output follows.
-    Start { seq: u64 },
-    /// `e`: a command ended with `status`, the shell now in `dir` (raw bytes).
-    End { status: i32, dir: Vec<u8> },
-    /// `p`: the prompt is shown; the shell reads its next line.
-    Prompt,
-    /// `x`: `exec_dir` does not exist and the request was strict.
-    NoDir,
-}
-
-/// Finds markers in a terminal's byte stream as it arrives, across reads.
-#[derive(Debug, Default)]
-pub struct Scanner {
-    /// The bytes of a marker begun and not finished yet (from its ESC).
-    partial: Vec<u8>,
-    /// The stream offset of `partial[0]`.
-    at: u64,
-}
-
-impl Scanner {
-    /// Reads `data`, whose first byte is at stream offset `offset`; returns each marker
-    /// carrying `nonce`, with the offsets of its first byte and of the byte after it.
-    /// Anything else, other OSC sequences and markers with another nonce included, is
-    /// passed over.
-    pub fn feed(&mut self, nonce: &str, offset: u64, data: &[u8]) -> Vec<(Marker, u64, u64)> {
-        let mut found = Vec::new();
-        let mut i = 0;
-        while i < data.len() {
-            if self.partial.is_empty() {
-                match data[i..].iter().position(|&b| b == 0x1b) {
-                    Some(n) => {
-                        i += n;
-                        self.partial.push(0x1b);
-                        self.at = offset + i as u64;
-                        i += 1;
-                    }
-                    None => break,
-                }
-                continue;
-            }
-            let b = data[i];
-            let len = self.partial.len();
-            if len < MARK.len() {
-                if b == MARK[len] {
-                    self.partial.push(b);
-                    i += 1;
-                } else {
-                    // Not ours: look again from this byte (it may be an ESC).
-                    self.partial.clear();
-                }
-                continue;
-            }
-            if b == BEL {
-                let end = offset + i as u64 + 1;
-                if let Some(m) = parse(&self.partial[MARK.len()..], nonce) {
-                    found.push((m, self.at, end));
-                }
-                self.partial.clear();
-                i += 1;
-                continue;
-            }
-            if b == 0x1b || self.partial.len() >= MARK_MAX {
-                self.partial.clear();
-                continue;
-            }
-            self.partial.push(b);
-            i += 1;
-        }
-        found
-    }
-}
-
-/// A marker's body (after `ESC ] 6973 ;`, before BEL), if it carries `nonce`.
-fn parse(body: &[u8], nonce: &str) -> Option<Marker> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut f = text.split(';');
-    let kind = f.next()?;
-    if f.next()? != nonce {
-        return None;
-    }
-    let m = match kind {
-        "s" => Marker::Start {
-            seq: f.next()?.parse().ok()?,
-        },
-        "e" => Marker::End {
-            status: f.next()?.parse().ok()?,
-            dir: unhex(f.next()?)?,
-        },
-        "p" => Marker::Prompt,
-        "x" => Marker::NoDir,
-        _ => return None,
-    };
-    f.next().is_none().then_some(m)
-}
-
-/// Bytes from lowercase or uppercase hex.
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
-/// `bytes` as `\xNN` escapes, for `printf %b` in the shell.
-fn escaped(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 4);
-    for b in bytes {
-        out.push_str(&format!("\\x{b:02x}"));
-    }
-    out
-}
-
-/// The line that makes a fresh bash a shell session's: no history of its own (commands
-/// are added as sent) and no history file, no `!` expansion, the markers, the functions
-/// lines call, `set -P` unless symlinks are kept, and the start directory entered as
-/// given (so a kept symlink shows in `pwd`). One line: bash runs each line it reads
-/// before reading the next.
-pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Vec<u8> {
-    use std::os::unix::ffi::OsStrExt;
-    let physical = if keep_symlinks { "+P" } else { "-P" };
-    let dir = escaped(dir.as_os_str().as_bytes());
-    format!(
-        " set +o history +H; unset HISTFILE; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
-__execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; \
-__execd_hex() {{ local LC_ALL=C __i __h=; for ((__i=0; __i<${{#PWD}}; __i++)); do \
-builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; }}; \
-__execd_prompt() {{ local __s=$?; \
-if [[ -n $__execd_back ]]; then builtin cd -- \"$__execd_back\"; __execd_back=; fi; \
-if [[ -n $__execd_was ]]; then builtin set $__execd_was; __execd_was=; fi; \
-if [[ $PWD != \"$__execd_lp\" ]]; then __execd_hex; fi; \
-builtin printf '\\033]6973;e;%s;%s;%s\\007' \"$__execd_n\" \"$__s\" \"$__execd_hp\" >/dev/tty; }}; \
-__execd_pre() {{ builtin printf -v __execd_c %b \"$2\"; builtin history -s -- \"$__execd_c\"; \
-if [[ -n $5 ]]; then if [[ -o physical ]]; then __execd_was=-P; else __execd_was=+P; fi; builtin set $5; fi; \
-if [[ -n $3 ]]; then local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
-builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then \
-builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; return 2; fi; }}; fi; \
-builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; }}; \
-PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
-builtin set {physical}; builtin printf -v __execd_c %b '{dir}'; builtin cd -- \"$__execd_c\"; \
-__execd_c=; builtin history -c\n"
-    )
-    .into_bytes()
-}
-
-/// The line that runs command `seq` with `opts` (see the module's header): its
-/// `exec_dir` (left again afterwards unless `enter`), `strict` (a missing `exec_dir`
-/// fails it rather than running it in the session's directory), its own
-/// `preserve_symlinks`.
-pub fn command_line(seq: u64, command: &str, opts: &LineOpts) -> Vec<u8> {
-    let physical = match opts.keep_symlinks {
-        None => "",
-        Some(true) => "+P",
-        Some(false) => "-P",
-    };
-    let flags = match (opts.strict, opts.enter) {
-        (false, false) => "-",
-        (true, false) => "s",
-        (false, true) => "e",
-        (true, true) => "se",
-    };
-    format!(
-        " __execd_pre {seq} '{}' '{}' {flags} {physical} && eval -- \"$__execd_c\" </dev/tty\n",
-        escaped(command.as_bytes()),
-        escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
-    )
-    .into_bytes()
-}
-
-/// A shell's nonce: 128 bits from the daemon's secret and a counter (SipHash keyed by
-/// neither, over both; the secret is what makes it unguessable).
-fn nonce(secret: &[u8; 32], n: u64) -> String {
-    let half = |salt: u8| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        secret.hash(&mut h);
-        n.hash(&mut h);
-        salt.hash(&mut h);
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(0), half(1))
-}
 
 /// Where a session's shell is.
 #[derive(Debug, Clone, PartialEq)]
@@ -309,7 +117,7 @@ impl Ending {
 
 /// Where a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum RecordStep {
     /// Waits for the shell's prompt.
     Queued,
     /// Written to the shell; its start marker is awaited.
@@ -398,7 +206,7 @@ pub struct Record {
     /// Its output's first byte in that ring (after the start marker), and the end marker.
     pub from: Option<u64>,
     pub to: Option<u64>,
-    pub step: Step,
+    pub step: RecordStep,
     pub exit_code: Option<i32>,
     /// A kill asked for (`shell/kill`, `hard_timeout`): how it is to be reported.
     pub kill: Option<Ending>,
@@ -428,13 +236,13 @@ pub struct Record {
 
 impl Record {
     pub fn done(&self) -> bool {
-        matches!(self.step, Step::Done(_))
+        matches!(self.step, RecordStep::Done(_))
     }
 
     /// The API's status word.
     pub fn status(&self) -> &'static str {
         match self.step {
-            Step::Done(e) => e.as_str(),
+            RecordStep::Done(e) => e.as_str(),
             _ => "running",
         }
     }
@@ -754,7 +562,7 @@ impl Core {
             shell: s.shell,
             from: None,
             to: None,
-            step: Step::Queued,
+            step: RecordStep::Queued,
             exit_code: None,
             kill: None,
             escalated: false,
@@ -806,10 +614,10 @@ impl Core {
         }
         let ps1 = s.ps1.clone();
         let Some(r) = s.current_mut() else { return };
-        if r.step != Step::Queued {
+        if r.step != RecordStep::Queued {
             return;
         }
-        r.step = Step::Sent;
+        r.step = RecordStep::Sent;
         r.shell = Some(shell);
         r.last_change = self.now;
         // The prompt it is typed at is the one shown now.
@@ -863,8 +671,8 @@ impl Core {
         match m {
             Marker::Start { seq } => {
                 if let Some(r) = s.current_mut().filter(|r| r.seq == seq) {
-                    if r.step == Step::Sent {
-                        r.step = Step::Running;
+                    if r.step == RecordStep::Sent {
+                        r.step = RecordStep::Running;
                         r.from = Some(end);
                         // Input written while the line was being read goes now; a kill
                         // asked for meanwhile is carried out now.
@@ -899,7 +707,9 @@ impl Core {
                 // prompt cycle before a line sent was read (a repeated prompt) is not its.
                 let seq = s
                     .current()
-                    .filter(|r| r.step == Step::Running || (r.step == Step::Sent && r.no_dir))
+                    .filter(|r| {
+                        r.step == RecordStep::Running || (r.step == RecordStep::Sent && r.no_dir)
+                    })
                     .map(|r| r.seq);
                 if let Some(seq) = seq {
                     self.finish(sk, seq, Some(status), Some(start), None);
@@ -927,7 +737,7 @@ impl Core {
                 // marker (a Ctrl-C that cut PROMPT_COMMAND short): it is over all the same.
                 let seq = s
                     .current()
-                    .filter(|r| r.step == Step::Running)
+                    .filter(|r| r.step == RecordStep::Running)
                     .map(|r| r.seq);
                 s.phase = Phase::Prompt;
                 if let Some(seq) = seq {
@@ -955,9 +765,9 @@ impl Core {
         if r.done() {
             return;
         }
-        let sent = matches!(r.step, Step::Sent | Step::Running);
+        let sent = matches!(r.step, RecordStep::Sent | RecordStep::Running);
         let ending = r.kill.unwrap_or(Ending::Completed);
-        r.step = Step::Done(ending);
+        r.step = RecordStep::Done(ending);
         r.exit_code = status;
         r.to = to.or(r.to);
         if note.is_some() {
@@ -1037,7 +847,7 @@ impl Core {
         };
         s.notice = Some(note.clone());
         match current {
-            Some((seq, Step::Sent | Step::Running)) => {
+            Some((seq, RecordStep::Sent | RecordStep::Running)) => {
                 if let Some(r) = s.record_mut(seq) {
                     r.kill.get_or_insert(Ending::Terminated);
                 }
@@ -1114,18 +924,18 @@ impl Core {
         r.kill = Some(how);
         let step = r.step;
         match step {
-            Step::Queued => {
+            RecordStep::Queued => {
                 // It never reached the shell: it is over now.
                 self.finish(key, seq, None, None, None);
                 return Some(seq);
             }
-            Step::Running => {
+            RecordStep::Running => {
                 if let Some(shell) = shell {
                     self.out.push(Effect::Interrupt(shell));
                 }
             }
             // Interrupted once the start marker says the shell has read the line.
-            Step::Sent | Step::Done(_) => {}
+            RecordStep::Sent | RecordStep::Done(_) => {}
         }
         let t = self
             .timers
@@ -1194,7 +1004,7 @@ impl Core {
         let Some(r) = self.shells.map.get_mut(&sk).and_then(|s| s.current_mut()) else {
             return;
         };
-        if r.step != Step::Running || r.waiting_for_input == waiting {
+        if r.step != RecordStep::Running || r.waiting_for_input == waiting {
             return;
         }
         r.waiting_for_input = waiting;
@@ -1223,7 +1033,7 @@ impl Core {
             )));
         };
         r.waiting_for_input = false;
-        let running = r.step == Step::Running;
+        let running = r.step == RecordStep::Running;
         match shell.filter(|_| running) {
             Some(shell) => {
                 if super::life::queue_stdin(&mut self.table, shell, data, false)?.is_none() {
@@ -1372,6 +1182,7 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
+    use super::markers::*;
     use super::*;
     use crate::core::testkit::{self, later, C1};
     use crate::core::Wait;
@@ -1456,30 +1267,34 @@ mod tests {
         let (key, k) = with_shell(&mut c);
         assert!(piped(&mut c, k).starts_with(" set +o history +H; unset HISTFILE;"));
         let seq = queue(&mut c, &key, "echo hi");
-        assert_eq!(record(&c, &key, seq).step, Step::Queued, "no prompt yet");
+        assert_eq!(
+            record(&c, &key, seq).step,
+            RecordStep::Queued,
+            "no prompt yet"
+        );
         assert!(piped(&mut c, k).is_empty());
         let (e, p) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
         print(&mut c, k, &format!("bash-5.2$ {e}u@h:/tmp$ {p}"));
         assert_eq!(c.shells.map[&key].ps1, "u@h:/tmp$ ");
         assert_eq!(c.shells.map[&key].workdir, PathBuf::from("/tmp"));
-        assert_eq!(record(&c, &key, seq).step, Step::Sent);
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
         assert!(piped(&mut c, k).starts_with(&format!(" __execd_pre {seq} '\\x65")));
         assert_eq!(record(&c, &key, seq).ps1, "u@h:/tmp$ ");
         // A prompt cycle before the line is read (a repeated prompt) ends nothing.
         let (e0, p0) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
         print(&mut c, k, &format!("{e0}u@h:/tmp$ {p0}"));
-        assert_eq!(record(&c, &key, seq).step, Step::Sent);
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
         assert!(piped(&mut c, k).is_empty(), "sent once");
         // A marker with another nonce is output like any other: it ends nothing.
         let s = mark(&c, &key, &format!("s;{seq}"));
         print(&mut c, k, &format!("{s}hi\r\n\x1b]6973;e;forged;0;2f\x07"));
-        assert_eq!(record(&c, &key, seq).step, Step::Running);
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Running);
         let e = mark(&c, &key, "e;3;2f");
         print(&mut c, k, &format!("{e}u@h:/$ {p}"));
         let r = record(&c, &key, seq);
         assert_eq!(
             (r.step, r.exit_code),
-            (Step::Done(Ending::Completed), Some(3))
+            (RecordStep::Done(Ending::Completed), Some(3))
         );
         let (from, to) = (r.from.unwrap(), r.to.unwrap());
         let text = c.table.get(k).unwrap().streams[0].text(from, to);
@@ -1512,7 +1327,11 @@ mod tests {
         let v = r[0].2.as_ref().unwrap();
         assert_eq!(v["status"], "no_change_timeout", "{v}");
         assert_eq!(v["output"], "tick\n");
-        assert_eq!(record(&c, &key, seq).step, Step::Running, "it goes on");
+        assert_eq!(
+            record(&c, &key, seq).step,
+            RecordStep::Running,
+            "it goes on"
+        );
     }
 
     #[test]
@@ -1552,7 +1371,7 @@ mod tests {
         let seq = queue(&mut c, &key, "cat");
         c.shell_write(&key, b"queued ").unwrap();
         say(&mut c, &key, k, "p");
-        assert_eq!(record(&c, &key, seq).step, Step::Sent);
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
         c.out.clear();
         c.shell_write(&key, b"early\r").unwrap();
         assert!(
@@ -1600,7 +1419,7 @@ mod tests {
             .any(|e| matches!(e, Effect::End { key: x, .. } if *x == k)));
         c.exited(k, Ended::Signal(libc::SIGHUP), Usage::default(), None);
         let r = record(&c, &key, seq);
-        assert_eq!(r.step, Step::Done(Ending::Terminated));
+        assert_eq!(r.step, RecordStep::Done(Ending::Terminated));
         assert!(r.note.as_deref().unwrap().contains("SIGHUP"));
         let spawn = c.out.iter().find_map(|e| match e {
             Effect::Spawn(l) => Some(l.clone()),
@@ -1621,7 +1440,7 @@ mod tests {
         c.exited(k, Ended::Code(1), Usage::default(), None);
         assert_eq!(
             record(&c, &key, seq).step,
-            Step::Queued,
+            RecordStep::Queued,
             "it waits for the next"
         );
         let k2 = start_shell(&mut c, &key);
@@ -1629,7 +1448,10 @@ mod tests {
         c.exited(k2, Ended::Code(1), Usage::default(), None);
         assert!(matches!(c.shells.map[&key].phase, Phase::Failed(_)));
         assert!(!c.out.iter().any(|e| matches!(e, Effect::Spawn(_))));
-        assert_eq!(record(&c, &key, seq).step, Step::Done(Ending::Terminated));
+        assert_eq!(
+            record(&c, &key, seq).step,
+            RecordStep::Done(Ending::Terminated)
+        );
     }
 
     #[test]
