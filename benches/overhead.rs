@@ -6,7 +6,8 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! kill, policy, http, parallel, ingest, stream, memory, scale, hold, pty, tunnel, upgrade).
+//! kill, policy, http, shell, parallel, ingest, stream, memory, scale, hold, pty, tunnel,
+//! upgrade).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -468,6 +469,40 @@ fn bench_http(rows: &mut Vec<Row>) {
         format!("{mh:.0} us"),
         format!("{:.2}", mh / mb),
         "-".into(),
+    );
+}
+
+/// `shell/exec` of `true` in a warm shell session (PROTOCOL 12.2: the line is typed into
+/// a bash that is already running, so no process starts for it) against `bash/exec` of
+/// `true` (a `bash -c true` spawned per command), interleaved on one daemon.
+fn bench_shell(rows: &mut Vec<Row>) {
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    let shell = json!({"id": "warm", "command": "true"});
+    let bash = json!({"command": "true", "session_id": "b"});
+    for _ in 0..20 {
+        call(&mut c, "shell/exec", shell.clone());
+        call(&mut c, "bash/exec", bash.clone());
+    }
+    let (mut sh, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        let r = call(&mut c, "shell/exec", shell.clone());
+        sh.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r["status"], "completed", "{r}");
+        let t = Instant::now();
+        let r = call(&mut c, "bash/exec", bash.clone());
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    let (ms, mb) = (median(&mut sh), median(&mut b));
+    report(
+        rows,
+        "1g shell/exec of true, warm session, vs bash/exec of true".into(),
+        format!("{mb:.0} us bash/exec"),
+        format!("{ms:.0} us shell/exec"),
+        format!("{:.2}", ms / mb),
+        "< 1 (faster)".into(),
     );
 }
 
@@ -1557,12 +1592,13 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 14] = [
+    let benches: [(&str, Bench); 15] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
         ("kill", bench_kill),
         ("policy", bench_policy),
         ("http", bench_http),
+        ("shell", bench_shell),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),
         ("stream", bench_stream),

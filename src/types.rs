@@ -83,6 +83,11 @@ pub enum Stdio3 {
     /// A pseudo-terminal of this size is stdin, stdout, stderr and the controlling
     /// terminal; its output is one stream.
     Pty(WinSize),
+    /// A shell session's bash (PROTOCOL 12.2): a pseudo-terminal of this size is stdout,
+    /// stderr and the controlling terminal, and stdin is a pipe of its own that only the
+    /// daemon writes: the command lines that passed the gate. What a person types to a
+    /// running program goes to the terminal, which the shell never reads commands from.
+    Shell(WinSize),
 }
 
 /// A terminal's size in character cells.

@@ -517,7 +517,7 @@ fn sessions_lists_bash_sessions() {
     assert_eq!(lines.len(), 3, "{}", o.stdout);
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        ["SESSION", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING"]
+        ["SESSION", "KIND", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING"]
     );
     let row = lines
         .iter()

@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The bearer token of the TCP listeners: long, and unlike anything a log would print.
-const TOKEN: &str = "tok-5d1c7e0b9a4f-http-tests-3e8a";
+pub(crate) const TOKEN: &str = "tok-5d1c7e0b9a4f-http-tests-3e8a";
 
 /// uid and gid of `nobody`, whom TCP requests run as and who plays the foreign peer.
 const NOBODY: u32 = 65534;
@@ -127,9 +127,9 @@ fn token_file(dir: &Path) -> PathBuf {
 }
 
 /// A daemon serving HTTP on its socket and on a loopback port with `TOKEN`.
-struct Front {
-    daemon: Daemon,
-    port: u16,
+pub(crate) struct Front {
+    pub(crate) daemon: Daemon,
+    pub(crate) port: u16,
 }
 
 impl Front {
@@ -153,7 +153,7 @@ impl Front {
 /// execd with `--http-listen 127.0.0.1:PORT`, the token, TCP requests run as `nobody`, a
 /// default directory `nobody` may enter (the temp dir), and `extra`.
 #[track_caller]
-fn start_front(extra: &[&str]) -> Front {
+pub(crate) fn start_front(extra: &[&str]) -> Front {
     let (daemon, port) = start_on_free_port(|dir, port| {
         let token = token_file(dir);
         let mut args: Vec<String> = vec![
@@ -1587,12 +1587,13 @@ fn http_no_auth_is_for_loopback_only_and_warned_about() {
             "/tmp".into(),
         ]
     });
-    let log = daemon.log();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("warning") && l.contains("--http-no-auth")),
-        "{log}"
-    );
+    // The socket takes connections before the loop's first turn writes the log.
+    wait_until("the --http-no-auth warning is logged", || {
+        daemon
+            .log()
+            .lines()
+            .any(|l| l.contains("warning") && l.contains("--http-no-auth"))
+    });
     let r = parse_curl_i(
         &curl_raw(&[
             "-i".into(),
@@ -2188,7 +2189,7 @@ const INSTALL_BOUND: Duration = Duration::from_secs(300);
 /// Runs `cmd` to its end, at most `bound`; its output, with stdout and stderr written to
 /// `log` as well.
 #[track_caller]
-fn run_bounded(cmd: &mut Command, bound: Duration, log: &Path) -> Output {
+pub(crate) fn run_bounded(cmd: &mut Command, bound: Duration, log: &Path) -> Output {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -2240,59 +2241,98 @@ fn run_bounded(cmd: &mut Command, bound: Duration, log: &Path) -> Output {
     }
 }
 
+/// The python of a virtualenv holding the pinned SDK, made once per run of the tests
+/// (under cargo's scratch directory for integration tests, so a second run reuses it);
+/// `None` after `skip`ping when no virtualenv can be made here.
+pub(crate) fn sdk_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let made = PYTHON.get_or_init(|| {
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-venv-{SDK_VERSION}"));
+        let python = venv.join("bin/python");
+        let has_sdk = |python: &Path| {
+            Command::new(python)
+                .args(["-c", "import agent_sandbox"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                && Command::new(python)
+                    .args(["-m", "pip", "show", "agent-sandbox"])
+                    .stdin(Stdio::null())
+                    .output()
+                    .is_ok_and(|o| {
+                        String::from_utf8_lossy(&o.stdout)
+                            .lines()
+                            .any(|l| l == format!("Version: {SDK_VERSION}"))
+                    })
+        };
+        if has_sdk(&python) {
+            return Ok(python);
+        }
+        let _ = std::fs::remove_dir_all(&venv);
+        // `python3 -m venv` needs ensurepip (Debian: python3-venv). CI installs it; a
+        // machine without it skips, saying so.
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .stdin(Stdio::null())
+            .output();
+        match &made {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                return Err(format!(
+                    "python3 -m venv failed: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ))
+            }
+            Err(e) => return Err(format!("python3 not runnable: {e}")),
+        }
+        let started = Instant::now();
+        let install = run_bounded(
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    &format!("agent-sandbox=={SDK_VERSION}"),
+                ])
+                .env("PIP_NO_INPUT", "1"),
+            INSTALL_BOUND,
+            &venv.join("pip.log"),
+        );
+        assert!(
+            install.status.success(),
+            "pip install agent-sandbox=={SDK_VERSION} failed:\n{}\n{}",
+            String::from_utf8_lossy(&install.stdout),
+            String::from_utf8_lossy(&install.stderr)
+        );
+        eprintln!(
+            "agent-sandbox=={SDK_VERSION} installed in {:.1?}",
+            started.elapsed()
+        );
+        Ok(python)
+    });
+    match made {
+        Ok(python) => Some(python.clone()),
+        Err(why) => {
+            skip(&format!(
+                "cannot make a virtualenv: {why} (install python3-venv)"
+            ));
+            None
+        }
+    }
+}
+
 #[test]
 fn the_python_sdk_end_to_end() {
     let work = TempDir::new();
-    let venv = work.path().join("venv");
-
-    // `python3 -m venv` needs ensurepip (Debian: python3-venv). CI installs it; a machine
-    // without it skips, saying so.
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .stdin(Stdio::null())
-        .output();
-    let why = match &made {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!(
-            "python3 -m venv failed: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )),
-        Err(e) => Some(format!("python3 not runnable: {e}")),
-    };
-    if let Some(why) = why {
-        skip(&format!(
-            "cannot make a virtualenv: {why} (install python3-venv)"
-        ));
+    let Some(python) = sdk_python() else {
         return;
-    }
-    let python = venv.join("bin/python");
-    let started = Instant::now();
-    let install = run_bounded(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                &format!("agent-sandbox=={SDK_VERSION}"),
-            ])
-            .env("PIP_NO_INPUT", "1"),
-        INSTALL_BOUND,
-        &work.path().join("pip.log"),
-    );
-    assert!(
-        install.status.success(),
-        "pip install agent-sandbox=={SDK_VERSION} failed:\n{}\n{}",
-        String::from_utf8_lossy(&install.stdout),
-        String::from_utf8_lossy(&install.stderr)
-    );
-    eprintln!(
-        "agent-sandbox=={SDK_VERSION} installed in {:.1?}",
-        started.elapsed()
-    );
+    };
 
     let front = start_front(&[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/drive.py");

@@ -38,6 +38,7 @@ mod pty;
 mod readme;
 mod robustness;
 mod scale;
+mod shell;
 mod sinks;
 mod slow_cwd;
 mod streams;

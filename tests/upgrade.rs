@@ -346,6 +346,22 @@ fn everything_carries_over(how: Trigger) {
         )
         .expect("send");
 
+    // A shell session whose state (directory, variables) a command changed, and a
+    // command of it running across the upgrade.
+    let r = ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "sh1", "command": "cd /tmp && export UPGRADE_KEPT=yes"}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    let (gate3, wait3) = gate(&d, "gate3");
+    let r = ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "sh1", "command": format!("{wait3}; echo across"), "async_mode": true}),
+    );
+    assert_eq!(r["status"], "running", "{r}");
+
     // An approver with a pending ask.
     let mut a = approver(&d);
     let victim = d.dir.path().join("victim");
@@ -517,6 +533,28 @@ fn everything_carries_over(how: Trigger) {
     let r = w2.wait_response(w2_id).expect("bash/output wait");
     assert_eq!(r["stdout"], "gated\n", "{r}");
     answered_once(&mut w2, w2_id);
+
+    // The shell session's command ends after the upgrade, and the shell kept its state.
+    open_gate(&gate3);
+    let r = ok(
+        &mut c,
+        "shell/wait",
+        json!({"id": "sh1", "seconds": WAIT.as_secs()}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    let r = ok(&mut c, "shell/view", json!({"id": "sh1"}));
+    assert!(r["output"].as_str().unwrap_or("").contains("across"), "{r}");
+    let r = ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "sh1", "command": "pwd; echo $UPGRADE_KEPT"}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(
+        r["output"].as_str().map(str::trim),
+        Some("/tmp\nyes"),
+        "{r}"
+    );
 
     // The pending approval is answered after the upgrade, and its command runs.
     let answer = json!({"jsonrpc": "2.0", "id": ask["id"],

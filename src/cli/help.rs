@@ -285,13 +285,31 @@ pub const RELEASE: Spec = Spec {
     stop_at_operand: false,
 };
 
+/// `execctl shell`.
+pub const SHELL: Spec = Spec {
+    name: "shell",
+    usage: "[ID] [--cwd DIR]",
+    about: "a shell session at your terminal, line by line",
+    details: "\
+Opens the shell session ID (a new one without ID, in --cwd or your directory) and runs
+each line you type in it as a command: state (cd, export, functions) persists from line
+to line, and every line passes the daemon's policy. While a command runs, a line goes to
+it as input, and Ctrl-C interrupts it; at the prompt Ctrl-D leaves, and the session stays
+(execctl shell ID returns to it; execctl sessions close ID ends it). From a pipe, each
+line runs to its end before the next, and execctl exits with the last exit code.
+Line mode: keys are not sent one by one, so a program that echoes what it reads shows
+a line twice, and full-screen programs are not for it.",
+    flags: &[CWD],
+    stop_at_operand: false,
+};
+
 /// `execctl sessions`.
 pub const SESSIONS: Spec = Spec {
     name: "sessions",
     usage: "[--json]",
-    about: "list bash sessions (sessions close ID..., sessions prune)",
+    about: "list bash and shell sessions (sessions close ID..., sessions prune)",
     details: "\
-Lists your bash sessions: SESSION, COMMANDS, AGE, IDLE, DIR, RUNNING.
+Lists your bash and shell sessions: SESSION, KIND, COMMANDS, AGE, IDLE, DIR, RUNNING.
   execctl sessions close ID...   close sessions, killing what runs in them
   execctl sessions prune         close every session with no running command",
     flags: &[],
@@ -302,8 +320,8 @@ Lists your bash sessions: SESSION, COMMANDS, AGE, IDLE, DIR, RUNNING.
 pub const SESSIONS_CLOSE: Spec = Spec {
     name: "sessions close",
     usage: "ID...",
-    about: "close bash sessions",
-    details: "Closes each session, killing its running commands.",
+    about: "close bash or shell sessions",
+    details: "Closes each session, killing its running commands (a shell's whole tree).",
     flags: &[],
     stop_at_operand: false,
 };
@@ -312,7 +330,7 @@ pub const SESSIONS_CLOSE: Spec = Spec {
 pub const SESSIONS_PRUNE: Spec = Spec {
     name: "sessions prune",
     usage: "",
-    about: "close every idle bash session",
+    about: "close every idle bash or shell session",
     details: "Closes every session of yours that has no running command, and names them.",
     flags: &[],
     stop_at_operand: false,
@@ -498,6 +516,7 @@ pub const COMMANDS: &[&Spec] = &[
     &KILL,
     &RELEASE,
     &SESSIONS,
+    &SHELL,
     &STATUS,
     &UPGRADE,
     &POLICY,
@@ -522,6 +541,7 @@ pub const ALL: &[&Spec] = &[
     &SESSIONS,
     &SESSIONS_CLOSE,
     &SESSIONS_PRUNE,
+    &SHELL,
     &STATUS,
     &UPGRADE,
     &POLICY,

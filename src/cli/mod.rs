@@ -15,7 +15,8 @@
 //!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout);
 //!   `tty`: `run -t`, `exec -t` and `attach` (a PTY command on execctl's own terminal).
 //! - One room per subcommand group: `ps`, `logs`, `wait`, `status`, `kill` (`kill`,
-//!   `release`), `sessions`, `policy` (`policy check`, `approve`).
+//!   `release`), `sessions`, `shell` (a shell session at the terminal), `policy`
+//!   (`policy check`, `approve`).
 
 mod args;
 mod completions;
@@ -32,6 +33,7 @@ mod policy;
 mod ps;
 mod run;
 mod sessions;
+mod shell;
 mod ssh;
 mod status;
 mod tty;
@@ -222,6 +224,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "sessions" => sessions::list(ctx, p),
         "sessions close" => sessions::close(ctx, p),
         "sessions prune" => sessions::prune(ctx, p),
+        "shell" => shell::shell(ctx, p),
         "policy check" => policy::check(ctx, p),
         "policy" => Err(Fail::usage(
             "policy needs an action: execctl policy check [--policy FILE] -- COMMAND...",

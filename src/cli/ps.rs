@@ -1,4 +1,5 @@
-//! `execctl ps`: the caller's processes, terminals and bash commands alike.
+//! `execctl ps`: the caller's processes, terminals, bash commands and shell sessions'
+//! shells alike.
 //!
 //! One shape per thing, whatever family it comes from: a process is
 //! `{id, kind, session, pid, state, exit_code, signal, started_at, duration_ms, cwd,
@@ -92,6 +93,26 @@ pub fn bash_process(b: &Value) -> Value {
     })
 }
 
+/// A shell session's shell as `ps` shows it: running while the session has one, its
+/// command the one running in it (or none).
+pub fn shell_process(id: &str, s: &Value) -> Value {
+    let running = !s["process_id"].is_null();
+    let command = match s["current_command"].as_str() {
+        Some(c) => c.to_string(),
+        None => "(shell at its prompt)".to_string(),
+    };
+    json!({
+        "id": s["process_id"], "kind": "shell", "session": id, "pid": s["pid"],
+        "state": state(running, Some(if running { "running" } else { "completed" }), &Value::Null),
+        "exit_code": Value::Null, "signal": Value::Null,
+        "started_at": s["created_at"],
+        "duration_ms": duration_ms(&s["created_at"], &Value::Null),
+        "cwd": s["working_dir"],
+        "command": command,
+        "argv": Value::Null,
+    })
+}
+
 /// Every process of the caller, newest first (optionally of one session only).
 pub fn processes(c: &mut Client, session: Option<&str>) -> Res<Vec<Value>> {
     let (tf, bf) = match session {
@@ -102,6 +123,14 @@ pub fn processes(c: &mut Client, session: Option<&str>) -> Res<Vec<Value>> {
     let cmds = connect::list_all(c, "bash/commands", "commands", bf)?;
     let mut all: Vec<Value> = terms.iter().map(terminal_process).collect();
     all.extend(cmds.iter().map(bash_process));
+    let shells = c.call("shell/sessions", json!({}))?;
+    if let Some(m) = shells["sessions"].as_object() {
+        all.extend(
+            m.iter()
+                .filter(|(id, _)| session.is_none_or(|s| s == id.as_str()))
+                .map(|(id, s)| shell_process(id, s)),
+        );
+    }
     let number = |v: &Value| {
         v["id"]
             .as_str()

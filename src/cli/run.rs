@@ -171,7 +171,7 @@ fn remote_dir(flag: Option<&str>, host: &str) -> Res<Option<String>> {
 }
 
 /// `--cwd` made absolute against execctl's directory; by default execctl's directory.
-fn work_dir(flag: Option<&str>) -> Res<Option<String>> {
+pub(super) fn work_dir(flag: Option<&str>) -> Res<Option<String>> {
     let here = std::env::current_dir();
     let dir = match (flag, here) {
         (Some(d), _) if d.starts_with('/') => return Ok(Some(d.to_string())),

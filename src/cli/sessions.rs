@@ -1,4 +1,4 @@
-//! `execctl sessions` (list, close, prune): the caller's bash sessions.
+//! `execctl sessions` (list, close, prune): the caller's bash and shell sessions.
 
 use serde_json::{json, Value};
 
@@ -8,13 +8,38 @@ use super::errors::{Fail, Res, EXIT_FAILURE};
 use super::output::{self, warn};
 use crate::client::Client;
 
-/// A session as `sessions` shows it.
+/// A bash session as `sessions` shows it.
 fn session_view(s: &Value) -> Value {
     json!({
-        "id": s["session_id"], "dir": s["working_dir"], "commands": s["command_count"],
-        "running": s["current_command"], "created_at": s["created_at"],
-        "last_used_at": s["last_used_at"],
+        "id": s["session_id"], "kind": "bash", "dir": s["working_dir"],
+        "commands": s["command_count"], "running": s["current_command"],
+        "created_at": s["created_at"], "last_used_at": s["last_used_at"],
     })
+}
+
+/// A shell session (`shell/sessions` gives them by id) as `sessions` shows it.
+fn shell_view(id: &str, s: &Value) -> Value {
+    json!({
+        "id": id, "kind": "shell", "dir": s["working_dir"],
+        "commands": s["command_count"], "running": s["current_command"],
+        "created_at": s["created_at"], "last_used_at": s["last_used_at"],
+    })
+}
+
+/// Every session of the caller, bash ones then shell ones.
+fn all_sessions(c: &mut Client) -> Res<Vec<Value>> {
+    let list = c.call("bash/sessions", json!({}))?;
+    let mut sessions: Vec<Value> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(session_view)
+        .collect();
+    let shells = c.call("shell/sessions", json!({}))?;
+    if let Some(m) = shells["sessions"].as_object() {
+        sessions.extend(m.iter().map(|(id, s)| shell_view(id, s)));
+    }
+    Ok(sessions)
 }
 
 /// `execctl sessions`.
@@ -29,13 +54,7 @@ pub fn list(ctx: &Ctx, p: &Args) -> Res<u8> {
         )));
     }
     let mut c = ctx.connect()?;
-    let list = c.call("bash/sessions", json!({}))?;
-    let sessions: Vec<Value> = list
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(session_view)
-        .collect();
+    let sessions = all_sessions(&mut c)?;
     if ctx.json {
         output::print_json(&json!({ "sessions": sessions }))?;
         return Ok(0);
@@ -48,6 +67,7 @@ pub fn list(ctx: &Ctx, p: &Args) -> Res<u8> {
             let shown = |k: &str, none: &str| output::visible(s[k].as_str().unwrap_or(none));
             vec![
                 shown("id", ""),
+                shown("kind", ""),
                 s["commands"].to_string(),
                 output::age(s["created_at"].as_str().unwrap_or("")),
                 output::age(s["last_used_at"].as_str().unwrap_or("")),
@@ -57,7 +77,9 @@ pub fn list(ctx: &Ctx, p: &Args) -> Res<u8> {
         })
         .collect();
     output::table(
-        &["SESSION", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING"],
+        &[
+            "SESSION", "KIND", "COMMANDS", "AGE", "IDLE", "DIR", "RUNNING",
+        ],
         &rows,
         None,
         &[],
@@ -70,7 +92,12 @@ fn close_all(ctx: &Ctx, c: &mut Client, ids: &[String]) -> Res<u8> {
     let mut code = 0;
     let mut closed = Vec::new();
     for id in ids {
-        match c.call("bash/sessions/close", json!({"session_id": id})) {
+        // A bash session of that name first, else a shell session.
+        let answer = match c.call("bash/sessions/close", json!({"session_id": id})) {
+            Err(e) if e.code() == Some(-32002) => c.call("shell/sessions/close", json!({"id": id})),
+            other => other,
+        };
+        match answer {
             Ok(_) => {
                 if !ctx.json {
                     output::print(&format!("{}\n", output::visible(id)))?;
@@ -114,13 +141,10 @@ pub fn prune(ctx: &Ctx, p: &Args) -> Res<u8> {
         )));
     }
     let mut c = ctx.connect()?;
-    let list = c.call("bash/sessions", json!({}))?;
-    let idle: Vec<String> = list
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["current_command"].is_null())
-        .filter_map(|s| s["session_id"].as_str().map(str::to_string))
+    let idle: Vec<String> = all_sessions(&mut c)?
+        .iter()
+        .filter(|s| s["running"].is_null())
+        .filter_map(|s| s["id"].as_str().map(str::to_string))
         .collect();
     close_all(ctx, &mut c, &idle)
 }

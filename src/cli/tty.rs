@@ -133,14 +133,14 @@ pub fn parse_keys(text: &str) -> Result<Vec<u8>, String> {
 /// Finds the detach sequence in typed input. Keys that may begin it are held back until
 /// the sequence completes (a detach: they are never sent) or breaks (they are sent).
 #[derive(Debug)]
-pub struct Scanner {
+pub struct DetachScanner {
     keys: Vec<u8>,
     held: Vec<u8>,
 }
 
-impl Scanner {
-    pub fn new(keys: Vec<u8>) -> Scanner {
-        Scanner {
+impl DetachScanner {
+    pub fn new(keys: Vec<u8>) -> DetachScanner {
+        DetachScanner {
             keys,
             held: Vec::new(),
         }
@@ -368,7 +368,7 @@ impl Session {
             warn("cannot connect to execd to forward your keys");
             return;
         };
-        let mut scanner = Scanner::new(self.keys.clone());
+        let mut scanner = DetachScanner::new(self.keys.clone());
         // A paste larger than the daemon's input buffer goes in pieces it takes (with
         // room for held keys that may go with a piece).
         let room = stdin_chunk(&mut c).saturating_sub(self.keys.len()).max(1);
@@ -628,7 +628,7 @@ mod tests {
 
     #[test]
     fn the_sequence_detaches_and_broken_sequences_pass_through() {
-        let mut s = Scanner::new(vec![0x10, 0x11]);
+        let mut s = DetachScanner::new(vec![0x10, 0x11]);
         assert_eq!(s.feed(b"ab"), (b"ab".to_vec(), false));
         // Ctrl-P is held until the next key says what it was.
         assert_eq!(s.feed(&[0x10]), (vec![], false));
@@ -639,12 +639,12 @@ mod tests {
         assert_eq!(s.feed(&[b'q', 0x10]), (vec![b'q'], false));
         assert_eq!(s.feed(&[0x11]), (vec![], true));
         // A sequence whose start repeats: "a,a,b" in "aaab".
-        let mut s = Scanner::new(b"aab".to_vec());
+        let mut s = DetachScanner::new(b"aab".to_vec());
         assert_eq!(s.feed(b"aa"), (vec![], false));
         assert_eq!(s.feed(b"a"), (b"a".to_vec(), false));
         assert_eq!(s.feed(b"b"), (vec![], true));
         // No keys: everything goes, Ctrl-C included.
-        let mut s = Scanner::new(vec![]);
+        let mut s = DetachScanner::new(vec![]);
         assert_eq!(s.feed(&[0x10, 0x11, 3]), (vec![0x10, 0x11, 3], false));
     }
 

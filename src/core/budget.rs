@@ -43,6 +43,8 @@ impl Core {
             return;
         };
         let owner = p.owner;
+        let shell = p.family.is_shell();
+        let offset = s.ring.end();
         let want = s.ring.growth_for(data.len());
         let granted = if want > 0 {
             self.grant(owner, key, want)
@@ -78,6 +80,9 @@ impl Core {
         }
         if p.waiting_for_input {
             self.set_waiting(key, false);
+        }
+        if shell {
+            self.shell_output(key, offset, data);
         }
     }
 

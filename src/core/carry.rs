@@ -22,6 +22,7 @@ use super::launch::{Admitted, After, LaunchRequest};
 use super::log::{Kind, Log, Queue};
 use super::park::{Parked, Wait};
 use super::screen::Screen;
+use super::shell::{self, ShellWait, Shells};
 use super::table::{
     BashSession, ConnId, Exit, Family, Key, KillReason, ParkId, Peer, Proc, Stdin, Stream, Sub,
     SubOpts, Table, Tty,
@@ -34,8 +35,8 @@ use crate::wire::state::{
     wall_ns, wall_of, AdmittedImage, AfterImage, ApprovalsImage, ApproverImage, BlobsIn, BlobsOut,
     Bytes, ClientImage, Clock, CoreImage, EndedImage, ExitImage, FamilyImage, LaunchImage,
     ParkedImage, PeerImage, PendingImage, ProcImage, ProgramImage, RingImage, ScreenImage,
-    SessionImage, StateError, StdinImage, StdioImage, StreamImage, SubImage, TimerImage, TimerKind,
-    TreeImage, TtyImage, WaitImage,
+    SessionImage, ShellWaitImage, StateError, StdinImage, StdioImage, StreamImage, SubImage,
+    TimerImage, TimerKind, TreeImage, TtyImage, WaitImage,
 };
 
 use super::ring::Ring;
@@ -78,6 +79,25 @@ impl Core {
                         session: session.clone(),
                     },
                     Timer::Approval(id) => TimerKind::Approval { id: id.clone() },
+                    Timer::ShellHard((owner, session), seq) => TimerKind::ShellHard {
+                        owner: *owner,
+                        session: session.clone(),
+                        seq: *seq,
+                    },
+                    Timer::ShellQuiet((owner, session), seq) => TimerKind::ShellQuiet {
+                        owner: *owner,
+                        session: session.clone(),
+                        seq: *seq,
+                    },
+                    Timer::ShellKill((owner, session), seq) => TimerKind::ShellKill {
+                        owner: *owner,
+                        session: session.clone(),
+                        seq: *seq,
+                    },
+                    Timer::ShellIdle((owner, session)) => TimerKind::ShellIdle {
+                        owner: *owner,
+                        session: session.clone(),
+                    },
                 },
             })
             .collect();
@@ -124,6 +144,7 @@ impl Core {
             audit: self.audit.as_ref().map(|q| q.carry(blobs)),
             policy: self.policy.source().map(str::to_string),
             approvals: self.approvals.carry(),
+            shells: self.shells.carry(clock, blobs),
             input_watch: self.input_watch,
         }
     }
@@ -175,6 +196,7 @@ impl Core {
                 img.memory_released,
             ),
         );
+        core.shells = Shells::resume(&img.shells, clock, blobs)?;
         core.next_park = img.next_park;
         core.started = clock.at(img.started);
         core.forget = img.forget.iter().copied().map(Key).collect();
@@ -210,6 +232,45 @@ impl Core {
                 TimerKind::Approval { id } => {
                     let t = core.timers.add(at, Timer::Approval(id.clone()));
                     approval_timers.insert(id.clone(), t);
+                }
+                TimerKind::ShellHard {
+                    owner,
+                    session,
+                    seq,
+                }
+                | TimerKind::ShellQuiet {
+                    owner,
+                    session,
+                    seq,
+                }
+                | TimerKind::ShellKill {
+                    owner,
+                    session,
+                    seq,
+                } => {
+                    let sk = (*owner, session.clone());
+                    let timer = match &t.what {
+                        TimerKind::ShellHard { .. } => Timer::ShellHard(sk.clone(), *seq),
+                        TimerKind::ShellQuiet { .. } => Timer::ShellQuiet(sk.clone(), *seq),
+                        _ => Timer::ShellKill(sk.clone(), *seq),
+                    };
+                    let id = core.timers.add(at, timer);
+                    // A record keeps its timers, to cancel them when it ends.
+                    let record = core
+                        .shells
+                        .map
+                        .get_mut(&sk)
+                        .and_then(|s| s.records.iter_mut().find(|r| r.seq == *seq));
+                    if let Some(r) = record {
+                        r.timers.push(id);
+                    }
+                }
+                TimerKind::ShellIdle { owner, session } => {
+                    let sk = (*owner, session.clone());
+                    let id = core.timers.add(at, Timer::ShellIdle(sk.clone()));
+                    if let Some(s) = core.shells.map.get_mut(&sk) {
+                        s.idle_timer = Some(id);
+                    }
                 }
             }
         }
@@ -347,6 +408,9 @@ fn family_image(f: &Family) -> FamilyImage {
         Family::Bash { session_id } => FamilyImage::Bash {
             session_id: session_id.clone(),
         },
+        Family::Shell { session_id } => FamilyImage::Shell {
+            session_id: session_id.clone(),
+        },
     }
 }
 
@@ -356,6 +420,9 @@ fn family_of(f: &FamilyImage) -> Family {
             session_id: session_id.clone(),
         },
         FamilyImage::Bash { session_id } => Family::Bash {
+            session_id: session_id.clone(),
+        },
+        FamilyImage::Shell { session_id } => Family::Shell {
             session_id: session_id.clone(),
         },
     }
@@ -382,6 +449,18 @@ pub fn carry_wait(w: &Wait, blobs: &mut BlobsOut) -> WaitImage {
             data: blobs.put(data),
             eof: *eof,
         },
+        Wait::Shell { session, seq, what } => WaitImage::Shell {
+            owner: session.0,
+            session: session.1.clone(),
+            seq: *seq,
+            what: match what {
+                ShellWait::Exec { truncate } => ShellWaitImage::Exec {
+                    truncate: *truncate,
+                },
+                ShellWait::End => ShellWaitImage::End,
+                ShellWait::Kill => ShellWaitImage::Kill,
+            },
+        },
     }
 }
 
@@ -405,6 +484,22 @@ pub fn resume_wait(w: &WaitImage, blobs: &BlobsIn) -> Result<Wait, StateError> {
             key: Key(*key),
             data: blobs.get(*data)?.to_vec(),
             eof: *eof,
+        },
+        WaitImage::Shell {
+            owner,
+            session,
+            seq,
+            what,
+        } => Wait::Shell {
+            session: (*owner, session.clone()),
+            seq: *seq,
+            what: match what {
+                ShellWaitImage::Exec { truncate } => ShellWait::Exec {
+                    truncate: *truncate,
+                },
+                ShellWaitImage::End => ShellWait::End,
+                ShellWaitImage::Kill => ShellWait::Kill,
+            },
         },
     })
 }
@@ -441,16 +536,9 @@ fn carry_proc(p: &Proc, clock: &Clock, blobs: &mut BlobsOut) -> ProcImage {
                 plain: s.plain,
             })
             .collect(),
-        stdin: p.stdin.as_ref().map(|s| {
-            let (a, b) = s.buf.as_slices();
-            StdinImage {
-                buf: blobs.put2(a, b),
-                capacity: s.capacity,
-                eof_requested: s.eof_requested,
-                open: s.open,
-                undelivered: s.undelivered,
-            }
-        }),
+        stdin: p.stdin.as_ref().map(|s| stdin_image(s, blobs)),
+        commands: p.commands.as_ref().map(|s| stdin_image(s, blobs)),
+        runs_as: p.runs_as,
         exit: p.exit.map(|e| ExitImage {
             ended: match e.ended {
                 Ended::Code(c) => EndedImage::Code(c),
@@ -504,6 +592,27 @@ fn carry_proc(p: &Proc, clock: &Clock, blobs: &mut BlobsOut) -> ProcImage {
     }
 }
 
+fn stdin_image(s: &Stdin, blobs: &mut BlobsOut) -> StdinImage {
+    let (a, b) = s.buf.as_slices();
+    StdinImage {
+        buf: blobs.put2(a, b),
+        capacity: s.capacity,
+        eof_requested: s.eof_requested,
+        open: s.open,
+        undelivered: s.undelivered,
+    }
+}
+
+fn stdin_of(s: &StdinImage, blobs: &BlobsIn) -> Result<Stdin, StateError> {
+    Ok(Stdin {
+        buf: blobs.get(s.buf)?.iter().copied().collect::<VecDeque<u8>>(),
+        capacity: s.capacity,
+        eof_requested: s.eof_requested,
+        open: s.open,
+        undelivered: s.undelivered,
+    })
+}
+
 fn resume_ring(r: &RingImage, blobs: &BlobsIn) -> Result<Ring, StateError> {
     Ring::resume(r, blobs)
 }
@@ -527,16 +636,12 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
             streams.len()
         )));
     }
-    let stdin = match &p.stdin {
-        None => None,
-        Some(s) => Some(Stdin {
-            buf: blobs.get(s.buf)?.iter().copied().collect::<VecDeque<u8>>(),
-            capacity: s.capacity,
-            eof_requested: s.eof_requested,
-            open: s.open,
-            undelivered: s.undelivered,
-        }),
-    };
+    let stdin = p.stdin.as_ref().map(|s| stdin_of(s, blobs)).transpose()?;
+    let commands = p
+        .commands
+        .as_ref()
+        .map(|s| stdin_of(s, blobs))
+        .transpose()?;
     let kill = match &p.kill {
         None => None,
         Some(name) => Some(
@@ -579,6 +684,8 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
         started_wall: wall_of(p.started_wall),
         streams,
         stdin,
+        commands,
+        runs_as: p.runs_as,
         exit: p.exit.as_ref().map(|e| Exit {
             ended: match e.ended {
                 EndedImage::Code(c) => Ended::Code(c),
@@ -637,8 +744,8 @@ fn known(what: &str, name: &str, known: &[&'static str]) -> Result<&'static str,
 
 /// Request fields that name a working directory.
 const CWD_FIELDS: [&str; 2] = ["cwd", "exec_dir"];
-/// Public id prefixes.
-const PREFIXES: [&str; 2] = ["term", "cmd"];
+/// Public id prefixes: terminals, bash commands, shell session lines, shells.
+const PREFIXES: [&str; 4] = ["term", "cmd", "shcmd", "sh"];
 /// How the gate lets a command through.
 const DECISIONS: [&str; 3] = ["allow", "approve", "approve_for_session"];
 
@@ -669,6 +776,10 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
                 rows: size.rows,
                 cols: size.cols,
             },
+            Stdio3::Shell(size) => StdioImage::Shell {
+                rows: size.rows,
+                cols: size.cols,
+            },
         },
         ring_capacity: l.ring_capacity,
         prefix: l.prefix.to_string(),
@@ -694,6 +805,8 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
                 created_session: *created_session,
                 exec_dir: exec_dir.as_ref().map(|d| Bytes::of_os(d.as_os_str())),
             },
+            After::ShellLine(e) => AfterImage::ShellLine(shell::carry::exec_image(e)),
+            After::ShellStart(then) => AfterImage::ShellStart(shell::carry::then_image(then)),
         },
         admitted: l.admitted.as_ref().map(|a| AdmittedImage {
             key: a.key.0,
@@ -701,6 +814,7 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
             decision: a.decision.to_string(),
             rule: a.rule.clone(),
         }),
+        origin: shell::carry::origin_image(&l.origin),
     }
 }
 
@@ -728,6 +842,7 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
             StdioImage::MergedWithStdin => Stdio3::MergedWithStdin,
             StdioImage::Separate => Stdio3::Separate,
             StdioImage::Pty { rows, cols } => Stdio3::Pty(WinSize { rows, cols }),
+            StdioImage::Shell { rows, cols } => Stdio3::Shell(WinSize { rows, cols }),
         },
         ring_capacity: l.ring_capacity,
         prefix: known("id prefix", &l.prefix, &PREFIXES)?,
@@ -757,6 +872,8 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
                 created_session: *created_session,
                 exec_dir: exec_dir.as_ref().map(|d| PathBuf::from(d.to_os())),
             },
+            AfterImage::ShellLine(e) => After::ShellLine(Box::new(shell::carry::exec_of(e))),
+            AfterImage::ShellStart(t) => After::ShellStart(shell::carry::then_of(t)),
         },
         admitted: match &l.admitted {
             None => None,
@@ -767,6 +884,7 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
                 rule: a.rule.clone(),
             }),
         },
+        origin: shell::carry::origin_of(&l.origin),
     })
 }
 

@@ -393,18 +393,35 @@ impl Core {
     ) -> Gated {
         let (key, id) = self.table.next_ids(launch.prefix);
         let peer = launch.peer;
+        // A shell session's own bash runs nothing but the lines typed into it, and each
+        // of those is judged here on its own (`After::ShellLine`): the shell is not.
+        if let crate::core::launch::After::ShellStart(_) = launch.after {
+            launch.admitted = Some(Admitted {
+                key,
+                id,
+                decision: "allow",
+                rule: "shell-session".into(),
+            });
+            return Gated::Admitted(launch);
+        }
         // A rule's `gids` match the peer's primary group and the groups it holds.
         let gids: Vec<u32> = std::iter::once(peer.gid)
             .chain(self.groups.get(&conn).into_iter().flatten().copied())
             .collect();
-        let verdict = self.policy.judge_program(
-            &launch.program,
-            &launch.env,
-            &policy::Subject {
-                uid: peer.uid,
-                gids: &gids,
-            },
-        );
+        let subject = policy::Subject {
+            uid: peer.uid,
+            gids: &gids,
+        };
+        let verdict = match (&launch.family, &launch.program) {
+            // A line for a shell session is typed into an interactive shell.
+            (
+                crate::core::table::Family::Shell { .. },
+                crate::types::Program::Shell { line, .. },
+            ) => self.policy.judge_interactive(line, &subject),
+            _ => self
+                .policy
+                .judge_program(&launch.program, &launch.env, &subject),
+        };
         let admit = |launch: &mut LaunchRequest, decision, rule: &str| {
             launch.admitted = Some(Admitted {
                 key,

@@ -70,6 +70,13 @@ impl Core {
             return;
         }
         p.waiting_for_input = waiting;
+        if p.family.is_shell() {
+            // A shell session's command waits for input: its synchronous `exec` answers.
+            self.input_wanted(key, waiting);
+        }
+        let Some(p) = self.table.get(key) else {
+            return;
+        };
         let payload = json!({ "id": p.id, "waiting": waiting });
         let conns: Vec<_> = p.subs.iter().filter(|s| !s.done).map(|s| s.conn).collect();
         for conn in conns {

@@ -19,6 +19,12 @@ use crate::wire::rpc::{Params, RpcError};
 pub enum After {
     /// ACP `terminal/create`: answer `{terminalId}`.
     Terminal,
+    /// A line for a shell session (`shell/exec`, PROTOCOL 12.2): nothing is spawned for it;
+    /// once admitted it is typed into the session's shell (started first if need be).
+    ShellLine(Box<crate::core::shell::ShellExec>),
+    /// A shell session's own bash, and what follows once it runs. The gate does not judge
+    /// it: it runs nothing but the lines typed into it, each judged on its own.
+    ShellStart(crate::core::shell::ShellThen),
     /// `bash/exec`.
     BashExec {
         async_mode: bool,
@@ -64,6 +70,18 @@ pub struct LaunchRequest {
     /// Set by the gate: the key and public id the command will have (an approver sees
     /// the id before the command exists), and how it was let through.
     pub admitted: Option<Admitted>,
+    /// Whence the request came, for whom its command runs as: the loop fills it in from
+    /// the connection when the request does not carry it (a shell's restart does).
+    pub origin: Option<Origin>,
+}
+
+/// Where a request came from, for whom its command runs as.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Origin {
+    /// Through a TCP listener: it runs as `--http-run-as`.
+    pub over_tcp: bool,
+    /// The supplementary groups of the Unix peer.
+    pub groups: Vec<u32>,
 }
 
 /// How the gate let a command through.
@@ -96,6 +114,7 @@ impl LaunchRequest {
         match &self.family {
             Family::Terminal { session_id } => format!("acp:{session_id}"),
             Family::Bash { session_id } => format!("bash:{session_id}"),
+            Family::Shell { session_id } => format!("shell:{session_id}"),
         }
     }
 }

@@ -66,13 +66,17 @@ impl Core {
                 vec![Stream::terminal(req.ring_capacity), Stream::closed()],
                 Some(Stdin::new(self.cfg.stdin_buffer)),
             ),
-            Stdio3::Pty(_) => (
+            Stdio3::Pty(_) | Stdio3::Shell(_) => (
                 vec![Stream::terminal(req.ring_capacity)],
                 Some(Stdin::new(self.cfg.stdin_buffer)),
             ),
         };
         let tty = match req.stdio {
-            Stdio3::Pty(size) => Some(Tty { size, screen: None }),
+            Stdio3::Pty(size) | Stdio3::Shell(size) => Some(Tty { size, screen: None }),
+            _ => None,
+        };
+        let commands = match req.stdio {
+            Stdio3::Shell(_) => Some(Stdin::new(crate::core::shell::COMMAND_PIPE_BUFFER)),
             _ => None,
         };
         self.input_watch |= stdin.is_some();
@@ -118,6 +122,8 @@ impl Core {
             started_wall: self.wall,
             streams,
             stdin,
+            commands,
+            runs_as,
             exit: None,
             kill: None,
             tied_to: req.kill_on_disconnect,
@@ -201,6 +207,7 @@ impl Core {
             let peer = p.peer;
             self.record("exit", Some(peer), fields);
         }
+        self.shell_exited(key, ended);
         let Some(p) = self.table.get(key) else { return };
         let (released, session) = (p.released, p.session_key());
         self.out.push(Effect::Pump(key));
@@ -253,8 +260,17 @@ impl Core {
         }
         p.kill = Some(reason);
         let fields = json!({ "id": p.id, "reason": reason.as_str() });
-        let peer = p.peer;
+        let (peer, shell) = (p.peer, p.family.is_shell());
         self.record("kill", Some(peer), fields);
+        if shell {
+            // An interactive bash ignores SIGTERM; on SIGHUP it sends SIGHUP to every job
+            // it started (each in a group of its own) and exits. The section 3 kill
+            // follows for whatever is left.
+            self.out.push(Effect::Signal {
+                key,
+                sig: libc::SIGHUP,
+            });
+        }
         self.end_tree(key);
     }
 
@@ -332,6 +348,10 @@ impl Core {
     /// Marks a command's stdin closed (counting what never got through) and has the loop
     /// close its pipe; a write waiting for room learns it never will.
     pub fn close_stdin(&mut self, key: Key) {
+        // A shell's command pipe goes with its input: both end only with the shell.
+        if let Some(c) = self.table.get_mut(key).and_then(|p| p.commands.as_mut()) {
+            c.close();
+        }
         if let Some(stdin) = self.table.get_mut(key).and_then(|p| p.stdin.as_mut()) {
             if stdin.open {
                 stdin.close();

@@ -27,6 +27,7 @@ pub mod pump;
 pub mod ring;
 pub mod screen;
 pub mod sessions;
+pub mod shell;
 pub mod shutdown;
 pub mod table;
 #[cfg(test)]
@@ -140,6 +141,12 @@ pub enum Effect {
     ClosePipes(Key),
     /// Write what waits for a command's stdin.
     FlushStdin(Key),
+    /// Write what waits for a shell's command pipe.
+    FlushCommands(Key),
+    /// SIGINT to the foreground job of a shell's terminal (`shell/kill`).
+    Interrupt(Key),
+    /// Start a command nobody's request waits for (a shell session's shell, restarted).
+    Spawn(Box<LaunchRequest>),
     /// Close a command's stdin pipe.
     CloseStdin(Key),
     /// Deliver what subscribers of a command are owed.
@@ -169,6 +176,14 @@ enum Timer {
     SessionIdle(SessionKey),
     /// An approval not answered in time.
     Approval(String),
+    /// A shell session's command reached its `hard_timeout`.
+    ShellHard(SessionKey, u64),
+    /// A shell session's command may have had no output for its `no_change_timeout`.
+    ShellQuiet(SessionKey, u64),
+    /// A shell session's command did not stop at SIGINT within the grace.
+    ShellKill(SessionKey, u64),
+    /// Check a shell session for idleness.
+    ShellIdle(SessionKey),
 }
 
 /// The daemon's state.
@@ -202,6 +217,8 @@ pub struct Core {
     audit_to_log: bool,
     pub policy: Policy,
     pub approvals: Approvals,
+    /// The shell sessions (PROTOCOL 12.2).
+    pub shells: shell::Shells,
     /// How commands are contained, as `initialize` says.
     pub containment: Containment,
     /// The daemon's descriptor limit (`RLIMIT_NOFILE`, raised at start).
@@ -249,6 +266,7 @@ impl Core {
             audit_to_log,
             policy: Policy::default(),
             approvals: Approvals::default(),
+            shells: shell::Shells::default(),
             containment: Containment::default(),
             nofile: 1024,
             stopping: false,
@@ -417,6 +435,20 @@ impl Core {
                     self.check_idle(&session);
                 }
                 Timer::Approval(id) => self.resolve_approval(&id, Answer::Reject, "timeout", None),
+                Timer::ShellHard(session, seq) => {
+                    if self
+                        .shells
+                        .map
+                        .get(&session)
+                        .and_then(|s| s.current())
+                        .is_some_and(|r| r.seq == seq)
+                    {
+                        self.shell_kill(&session, shell::Ending::HardTimeout);
+                    }
+                }
+                Timer::ShellQuiet(session, seq) => self.shell_quiet_check(&session, seq),
+                Timer::ShellKill(session, seq) => self.shell_kill_escalate(&session, seq),
+                Timer::ShellIdle(session) => self.shell_idle_check(&session),
             }
         }
     }

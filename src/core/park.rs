@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use super::gate::Answer;
-use super::table::{ConnId, Key, ParkId};
+use super::shell::ShellWait;
+use super::table::{ConnId, Key, ParkId, SessionKey};
 use super::timers::TimerId;
 use super::{Core, Effect, Timer};
 use crate::wire::rpc::{ReqNo, RpcError};
@@ -38,15 +39,24 @@ pub enum Wait {
     Signalled(Key),
     /// A write with `wait`: answered once its input fits the stdin buffer.
     StdinRoom { key: Key, data: Vec<u8>, eof: bool },
+    /// A request on command `seq` of a shell session (`shell/exec`, `wait`, `kill`): it
+    /// waits on the session, whose shell may be restarted meanwhile.
+    Shell {
+        session: SessionKey,
+        seq: u64,
+        what: ShellWait,
+    },
 }
 
 impl Wait {
-    pub fn key(&self) -> Key {
+    /// The process it waits on (none for a shell session's requests).
+    pub fn key(&self) -> Option<Key> {
         match self {
-            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => *k,
+            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => Some(*k),
             Wait::BashExec { key, .. }
             | Wait::BashOutput { key, .. }
-            | Wait::StdinRoom { key, .. } => *key,
+            | Wait::StdinRoom { key, .. } => Some(*key),
+            Wait::Shell { .. } => None,
         }
     }
 }
@@ -74,6 +84,10 @@ impl Core {
         let id = ParkId(self.next_park);
         self.next_park += 1;
         let key = wait.key();
+        let session = match &wait {
+            Wait::Shell { session, .. } => Some(session.clone()),
+            _ => None,
+        };
         let timer = deadline.map(|at| self.timers.add(at, Timer::Deadline(id)));
         self.parked_of.entry(conn).or_default().insert(id);
         self.parked.insert(
@@ -85,7 +99,17 @@ impl Core {
                 timer,
             },
         );
-        match self.table.get_mut(key) {
+        if let Some(session) = session {
+            match self.shells.map.get_mut(&session) {
+                Some(s) => {
+                    s.waiters.push(id);
+                    self.resolve(id, false);
+                }
+                None => self.resolve(id, true),
+            }
+            return;
+        }
+        match key.and_then(|k| self.table.get_mut(k)) {
             Some(p) => {
                 p.waiters.push(id);
                 self.resolve(id, false);
@@ -126,7 +150,34 @@ impl Core {
             }
             return;
         }
-        let done = self.table.get(p.wait.key()).map(|c| match &p.wait {
+        if let Wait::Shell { session, seq, what } = &p.wait {
+            let over = self
+                .shells
+                .map
+                .get(session)
+                .map(|s| expired || super::shell::wait_over(s, *seq, *what));
+            if over == Some(false) {
+                return;
+            }
+            let gone = RpcError::not_found("shell session", &session.1);
+            if let Some(p) = self.unpark(id) {
+                self.out.push(match over {
+                    Some(_) => Effect::Answer {
+                        conn: p.conn,
+                        req: p.req,
+                        wait: p.wait,
+                    },
+                    None => Effect::Reply {
+                        conn: p.conn,
+                        req: p.req,
+                        result: Err(gone),
+                    },
+                });
+            }
+            return;
+        }
+        let Some(key) = p.wait.key() else { return };
+        let done = self.table.get(key).map(|c| match &p.wait {
             Wait::Exit(_) | Wait::Killed(_) => c.exit.is_some(),
             Wait::BashOutput { from, .. } => {
                 expired || c.exit.is_some() || view::has_output_past(c, *from)
@@ -135,7 +186,7 @@ impl Core {
             // (PROTOCOL 12.3): nobody would give it input while the request waits.
             Wait::BashExec { .. } => expired || c.exit.is_some() || c.waiting_for_input,
             Wait::BashKill(_) | Wait::Signalled(_) => expired || c.exit.is_some(),
-            Wait::StdinRoom { .. } => false, // handled above
+            Wait::StdinRoom { .. } | Wait::Shell { .. } => false, // handled above
         });
         if done == Some(false) {
             return;
@@ -203,8 +254,17 @@ impl Core {
         if let Some(t) = p.timer {
             self.timers.cancel(t);
         }
-        if let Some(proc_) = self.table.get_mut(p.wait.key()) {
-            proc_.waiters.retain(|w| *w != id);
+        match &p.wait {
+            Wait::Shell { session, .. } => {
+                if let Some(s) = self.shells.map.get_mut(session) {
+                    s.waiters.retain(|w| *w != id);
+                }
+            }
+            wait => {
+                if let Some(proc_) = wait.key().and_then(|k| self.table.get_mut(k)) {
+                    proc_.waiters.retain(|w| *w != id);
+                }
+            }
         }
         Some(p)
     }

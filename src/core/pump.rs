@@ -73,7 +73,7 @@ pub fn on_room(table: &mut Table, conn: ConnId, outs: &mut dyn Outboxes) -> Pump
 
 fn stream_name(p: &Proc, stream: usize) -> &'static str {
     match (&p.family, stream) {
-        (Family::Terminal { .. }, _) => "output",
+        (Family::Terminal { .. } | Family::Shell { .. }, _) => "output",
         (Family::Bash { .. }, 0) => "stdout",
         (Family::Bash { .. }, _) => "stderr",
     }

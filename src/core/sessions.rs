@@ -35,23 +35,7 @@ impl Core {
             if !create {
                 return Err(RpcError::not_found("session", &key.1));
             }
-            let max = self.cfg.max_sessions;
-            let share = if self.shares(owner) {
-                (max / 2).max(1)
-            } else {
-                max
-            };
-            let own = self.table.sessions.keys().filter(|k| k.0 == owner).count();
-            if self.table.sessions.len() >= max || own >= share {
-                let Some(victim) = self.table.lru_quiet_session(owner) else {
-                    return Err(RpcError::limit("max-sessions", max));
-                };
-                self.log.line(format_args!(
-                    "session {:?} of uid {} closed to make room (max-sessions {max})",
-                    victim.1, victim.0
-                ));
-                self.close_session(&victim);
-            }
+            self.room_for_session(owner)?;
             let now_wall = self.wall;
             self.table.sessions.insert(
                 key.clone(),
@@ -73,6 +57,55 @@ impl Core {
             s.workdir = dir;
         }
         Ok(key)
+    }
+
+    /// Makes room for one more session of `owner`, bash or shell (they share the count,
+    /// PROTOCOL 12.2): at `--max-sessions` (or, for a non-root owner, at half of it for
+    /// its own) the owner's least recently used session running nothing is closed;
+    /// another owner's never is. When every session of the owner is busy: `-32003`.
+    pub fn room_for_session(&mut self, owner: u32) -> Result<(), RpcError> {
+        let max = self.cfg.max_sessions;
+        let share = if self.shares(owner) {
+            (max / 2).max(1)
+        } else {
+            max
+        };
+        let total = self.table.sessions.len() + self.shells.map.len();
+        let own = self.table.sessions.keys().filter(|k| k.0 == owner).count()
+            + self.shells.of(owner).count();
+        if total < max && own < share {
+            return Ok(());
+        }
+        // The least recently used quiet session of the owner, of either kind.
+        let bash = self.table.lru_quiet_session(owner).and_then(|k| {
+            let used = self.table.sessions.get(&k)?.last_used;
+            Some((used, k, false))
+        });
+        let shell = self
+            .shells
+            .of(owner)
+            .filter(|s| !s.busy())
+            .min_by_key(|s| (s.last_used, s.id.clone()))
+            .map(|s| (s.last_used, (s.owner, s.id.clone()), true));
+        let victim = match (bash, shell) {
+            (Some(b), Some(s)) => Some(if s.0 < b.0 { s } else { b }),
+            (b, s) => b.or(s),
+        };
+        let Some((_, victim, is_shell)) = victim else {
+            return Err(RpcError::limit("max-sessions", max));
+        };
+        self.log.line(format_args!(
+            "{} session {:?} of uid {} closed to make room (max-sessions {max})",
+            if is_shell { "shell" } else { "bash" },
+            victim.1,
+            victim.0
+        ));
+        if is_shell {
+            self.close_shell(&victim);
+        } else {
+            self.close_session(&victim);
+        }
+        Ok(())
     }
 
     /// Counts a request on a bash command as use of its session.

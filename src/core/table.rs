@@ -49,17 +49,26 @@ pub enum Family {
     Terminal { session_id: String },
     /// A bash command in a bash session of its owner: stdout and stderr apart, stdin a pipe.
     Bash { session_id: String },
+    /// The interactive bash of a shell session of its owner (PROTOCOL 12.2): one stream,
+    /// its terminal's; the lines typed into it are the session's, not processes here.
+    Shell { session_id: String },
 }
 
 impl Family {
     pub fn session_id(&self) -> &str {
         match self {
-            Family::Terminal { session_id } | Family::Bash { session_id } => session_id,
+            Family::Terminal { session_id }
+            | Family::Bash { session_id }
+            | Family::Shell { session_id } => session_id,
         }
     }
 
     pub fn is_bash(&self) -> bool {
         matches!(self, Family::Bash { .. })
+    }
+
+    pub fn is_shell(&self) -> bool {
+        matches!(self, Family::Shell { .. })
     }
 }
 
@@ -72,7 +81,7 @@ pub enum KillReason {
     Release,
     /// The bash `hard_timeout` passed.
     Timeout,
-    /// `bash/sessions/close`, or an idle session closed.
+    /// `bash/sessions/close`, `shell/sessions/close`, or an idle session closed.
     SessionClose,
     /// The daemon is stopping.
     Shutdown,
@@ -251,6 +260,10 @@ pub struct Proc {
     /// One stream (merged) for terminals; stdout and stderr for bash commands.
     pub streams: Vec<Stream>,
     pub stdin: Option<Stdin>,
+    /// A shell session's command pipe: the gated lines waiting for the shell to take them.
+    pub commands: Option<Stdin>,
+    /// The uid it runs as (a root daemon runs a peer's commands as the peer).
+    pub runs_as: u32,
     pub exit: Option<Exit>,
     /// Set when the daemon starts ending it; a later kill only waits for this one.
     pub kill: Option<KillReason>,
@@ -334,7 +347,7 @@ impl Proc {
     pub fn session_key(&self) -> Option<SessionKey> {
         match &self.family {
             Family::Bash { session_id } => Some((self.owner, session_id.clone())),
-            Family::Terminal { .. } => None,
+            Family::Terminal { .. } | Family::Shell { .. } => None,
         }
     }
 }
@@ -518,7 +531,10 @@ impl Table {
             return Vec::new();
         }
         p.exit = Some(exit);
-        let (pid, owner, keep) = (p.pid, p.owner, p.released || p.family.is_bash());
+        // Bash commands and shells are kept as their sessions say, not by the cap on
+        // retained terminals.
+        let keep = p.released || p.family.is_bash() || p.family.is_shell();
+        let (pid, owner) = (p.pid, p.owner);
         if p.committed() > 0 {
             self.retained
                 .entry(owner)
@@ -863,6 +879,8 @@ mod tests {
             started_wall: crate::types::test_clock().1,
             streams: vec![],
             stdin: None,
+            commands: None,
+            runs_as: owner,
             exit: None,
             kill: None,
             tied_to: None,

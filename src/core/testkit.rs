@@ -54,6 +54,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         limits: Default::default(),
         after: After::Terminal,
         admitted: None,
+        origin: None,
     }
 }
 

@@ -246,6 +246,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         kill_on_disconnect,
         limits,
         admitted: None,
+        origin: None,
         after: After::Terminal,
     })))
 }

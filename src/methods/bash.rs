@@ -274,6 +274,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         kill_on_disconnect,
         limits,
         admitted: None,
+        origin: None,
         after: After::BashExec {
             async_mode,
             timeout,

@@ -120,10 +120,12 @@ pub fn page_of(
     render: impl Fn(&Proc) -> Value,
 ) -> Result<(Vec<Value>, Option<String>), RpcError> {
     let page = Page::from_params(p, "cursor")?;
-    let of_family = core
-        .table
-        .list(uid, page.below())
-        .filter(|c| c.family.is_bash() == bash && only.is_none_or(|o| o == c.family.session_id()));
+    let of_family = core.table.list(uid, page.below()).filter(|c| {
+        // A shell session's shell is listed by `shell/sessions`, not here.
+        !c.family.is_shell()
+            && c.family.is_bash() == bash
+            && only.is_none_or(|o| o == c.family.session_id())
+    });
     let (items, mut next) = page.take(of_family);
     let budget = core.cfg.client_buffer.saturating_sub(ENVELOPE);
     let mut used = 0;

@@ -8,6 +8,7 @@ pub mod bash;
 pub mod daemon;
 pub mod events;
 pub mod list;
+pub mod shell;
 
 use serde_json::{json, Map, Value};
 
@@ -43,6 +44,17 @@ pub fn method(name: &str) -> Option<Method> {
         "bash/commands" => bash::commands,
         "bash/sessions/create" => bash::create_session,
         "bash/sessions/close" => bash::close_session,
+        "shell/exec" => shell::exec,
+        "shell/view" => shell::view,
+        "shell/wait" => shell::wait,
+        "shell/write" => shell::write,
+        "shell/kill" => shell::kill,
+        "shell/sessions" => shell::sessions,
+        "shell/sessions/create" => shell::create_session,
+        "shell/sessions/update" => shell::update_session,
+        "shell/sessions/stats" => shell::stats,
+        "shell/sessions/close" => shell::close_session,
+        "shell/sessions/close_all" => shell::close_all,
         "events/subscribe" => events::subscribe,
         "events/unsubscribe" => events::unsubscribe,
         "approvals/subscribe" => approvals::subscribe,
@@ -70,9 +82,12 @@ pub fn call(
 /// The answer to a parked request whose wait is over, rendered by its family from the
 /// command's state as it is now: the wait -> answer table.
 pub fn answer(core: &Core, wait: &Wait) -> Result<Value, RpcError> {
-    let p = core
-        .table
-        .get(wait.key())
+    if let Wait::Shell { session, seq, what } = wait {
+        return shell::answer(core, session, *seq, *what);
+    }
+    let p = wait
+        .key()
+        .and_then(|k| core.table.get(k))
         .ok_or_else(|| RpcError::not_found("process", "released"))?;
     Ok(match wait {
         Wait::Exit(_) => acp::exit_status(p),
@@ -82,6 +97,7 @@ pub fn answer(core: &Core, wait: &Wait) -> Result<Value, RpcError> {
         Wait::BashOutput { from, screen, .. } => bash::output_result(p, *from, *screen),
         Wait::BashKill(_) => bash::command_info(p),
         Wait::StdinRoom { data, .. } => written(data.len()),
+        Wait::Shell { .. } => return Err(RpcError::internal("shell wait rendered above")),
     })
 }
 
@@ -118,6 +134,9 @@ pub fn after_launch(
     match req.after {
         After::Terminal => acp::after_create(core, started?),
         After::BashExec { .. } => bash::after_exec(core, req, started),
+        After::ShellStart(_) => shell::after_start(core, req, started),
+        // A line is typed, never spawned (`shell::line_admitted`).
+        After::ShellLine(_) => Err(RpcError::internal("a shell line was spawned")),
     }
 }
 

@@ -78,6 +78,11 @@ pub enum Judged<'a> {
     Argv(&'a [String]),
     /// A shell line (run as SHELL -c LINE).
     Line(&'a str),
+    /// A line typed into an interactive shell (a shell session, PROTOCOL 12.2): judged as
+    /// a `Line`, and setting a prompt (`PS0`, `PS1`, `PS2`), which such a shell expands,
+    /// command substitutions included, before and after every later command, also makes
+    /// it unparsed.
+    InteractiveLine(&'a str),
 }
 
 /// Who asks: the peer's credentials, for rules limited by `uids`/`gids`.
@@ -329,6 +334,11 @@ impl Policy {
         }
     }
 
+    /// Judges a line typed into an interactive shell (`Judged::InteractiveLine`).
+    pub fn judge_interactive(&self, line: &str, subject: &Subject<'_>) -> Verdict {
+        self.judge(&Judged::InteractiveLine(line), &[], subject)
+    }
+
     /// Judges a direct command or a shell line that runs with the variables `env` set
     /// (their names), for `peer` (PROTOCOL 7.2).
     pub fn judge(&self, what: &Judged<'_>, env: &[&str], peer: &Subject<'_>) -> Verdict {
@@ -336,8 +346,9 @@ impl Policy {
             // A direct `sh -c WORD` is judged as itself and as the line it runs. The line
             // counts as already one level deep: its own nested shells are not read.
             Judged::Argv(argv) => (Some(argv), split::split_shell_c(argv)),
-            Judged::Line(line) => (None, split_line(line)),
+            Judged::Line(line) | Judged::InteractiveLine(line) => (None, split_line(line)),
         };
+        let interactive = matches!(what, Judged::InteractiveLine(_));
         let commands: Vec<&[String]> = direct
             .into_iter()
             .chain(split.commands.iter().map(Vec::as_slice))
@@ -349,7 +360,10 @@ impl Policy {
                 .iter()
                 .copied()
                 .chain(split.assigned.iter().map(String::as_str))
-                .any(changes_what_runs);
+                .any(|name| {
+                    changes_what_runs(name)
+                        || (interactive && matches!(name, "PS0" | "PS1" | "PS2"))
+                });
         self.decide(commands, split.unparsed || env_changes_what_runs, peer)
     }
 
@@ -1195,6 +1209,14 @@ mod tests {
         assert!(Policy::parse(r#"{"env": "sometimes"}"#)
             .unwrap_err()
             .contains(r#""env" must be "allow" or "unparsed""#));
+        // A prompt runs what it expands in an interactive shell, and only there; a line
+        // of assignments alone sets them for good there.
+        for line in ["PS1='$(rm -rf ~)'", "PS0=x", "ls; PS2=y"] {
+            assert!(strict.judge_interactive(line, &ANYONE).unparsed, "{line}");
+            assert!(!judged(&strict, line, &[]).unparsed, "{line}");
+        }
+        assert!(strict.judge_interactive("PATH=/x", &ANYONE).unparsed);
+        assert!(!strict.judge_interactive("LANG=C ls", &ANYONE).unparsed);
         // Direct commands too.
         let v = strict.judge_program(
             &Program::Direct {

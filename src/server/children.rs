@@ -19,7 +19,7 @@ use mio::{Interest, Registry, Token};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::core::launch::LaunchRequest;
+use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, KillReason, Peer};
 use crate::core::Core;
@@ -46,15 +46,6 @@ const EXIT_DRAIN_BYTES: usize = 2 << 20;
 /// Smallest read from a watched pipe, so a tiny ring cannot turn reading into a busy loop
 /// of one-byte reads (a ring that small loses bytes to a fast writer either way).
 const MIN_WATCHED_READ: usize = 64 << 10;
-
-/// Where a command's request came from, for whom it runs as.
-#[derive(Debug, Default)]
-pub struct Origin {
-    /// Through a TCP listener: it runs as `--http-run-as`.
-    pub over_tcp: bool,
-    /// The supplementary groups of the Unix peer.
-    pub groups: Vec<u32>,
-}
 
 /// What one reap found.
 #[derive(Debug, PartialEq)]
@@ -387,7 +378,8 @@ impl Children {
             self.inputs.insert(key, input);
         }
         let outs: Vec<_> = std::iter::once(s.ends.out).chain(s.ends.err).collect();
-        let added = self.pipes.add(registry, key, outs, s.ends.stdin, || {
+        let inputs = (s.ends.stdin, s.ends.commands);
+        let added = self.pipes.add(registry, key, outs, inputs, || {
             let t = Token(*next_token);
             *next_token += 1;
             t
@@ -441,6 +433,10 @@ impl Children {
                 false
             }
             Some(Source::Stdin { key }) => self.flush_stdin(core, registry, key),
+            Some(Source::Commands { key }) => {
+                self.flush_commands(core, registry, key);
+                false
+            }
             None => false, // a source closed earlier this turn
         }
     }
@@ -591,6 +587,27 @@ impl Children {
         false
     }
 
+    /// Writes what waits for a shell's command pipe as far as the pipe takes it.
+    pub fn flush_commands(&mut self, core: &mut Core, registry: &Registry, key: Key) {
+        let Some(c) = core.table.get_mut(key).and_then(|p| p.commands.as_mut()) else {
+            return;
+        };
+        if !c.open {
+            return;
+        }
+        if self.pipes.flush_commands(registry, key, c) == Flushed::Closed {
+            c.close();
+        }
+    }
+
+    /// SIGINT to the foreground job of a shell's terminal. A terminal already closed (the
+    /// shell ended) has no job to reach.
+    pub fn interrupt(&mut self, key: Key) {
+        if let Some(fd) = self.pipes.terminal_fd(key) {
+            let _ = crate::sys::pty::signal_foreground(fd, libc::SIGINT);
+        }
+    }
+
     /// Closes every pipe of a command (it was released or forgotten).
     pub fn close_pipes(&mut self, registry: &Registry, key: Key) {
         self.inputs.remove(&key);
@@ -620,10 +637,12 @@ impl Children {
         }
     }
 
-    /// Closes a command's stdin (its input was drained after an `eof`).
+    /// Closes a command's stdin (its input was drained after an `eof`, it exited or was
+    /// released), and a shell's command pipe with it.
     pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
         self.inputs.remove(&key);
         self.pipes.close_stdin(registry, key);
+        self.pipes.close_commands(registry, key);
     }
 
     // ---- reaping -----------------------------------------------------------------------

@@ -351,7 +351,9 @@ impl Clients {
         };
         conn.deregister(registry);
         for (_, wait) in conn.deferred {
-            core.let_go(wait.key());
+            if let Some(key) = wait.key() {
+                core.let_go(key);
+            }
         }
         core.disconnected(conn_id(token));
     }

@@ -32,12 +32,12 @@ use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
-use crate::core::launch::LaunchRequest;
+use crate::core::launch::{After, LaunchRequest, Origin};
 use crate::core::log::Log;
 use crate::core::timers::Timers;
 use crate::core::{Caller, Containment, Core, Effect, Gated, Step, Wait};
 use crate::methods as dispatch;
-use crate::server::children::{Children, Origin, ReapOutcome};
+use crate::server::children::{Children, ReapOutcome};
 use crate::server::clients::{conn_id, token_of, Admission, Clients};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
@@ -62,6 +62,9 @@ const LOG: Token = Token(2);
 const AUDIT: Token = Token(3);
 const CGROUPS: Token = Token(4);
 const FIRST_DYNAMIC: usize = 5;
+/// Who a launch nobody asked for answers (a shell session's shell, restarted): no
+/// connection ever has this token, so its answer goes nowhere.
+const NOBODY: Token = Token(usize::MAX);
 
 /// Bytes read from a connection per read.
 const CONN_READ: usize = 64 << 10;
@@ -195,6 +198,7 @@ impl Server {
             cookie: children.contain.instance(),
         };
         core.daemon_uid = crate::sys::ids::current_uid();
+        core.shells.secret = crate::sys::host::random_secret()?;
         core.nofile = children.nofile.limit;
         if let Some((soft, _)) = children.nofile.raised_from {
             let limit = children.nofile.limit;
@@ -545,13 +549,26 @@ impl Server {
 
     /// Starts an admitted command: its child is cloned, and the launch is finished in
     /// `on_spawn_report` when the child has exec'd or failed; one that cannot even be
-    /// cloned settles the request at once.
-    fn start(&mut self, token: Token, req: Option<ReqNo>, launch: Box<LaunchRequest>) {
-        let origin = self.clients.get(&token).map(|c| Origin {
-            over_tcp: c.is_tcp(),
-            groups: c.groups.clone(),
+    /// cloned settles the request at once. A line for a shell session starts no process:
+    /// its family types it into the session's shell (`methods::shell`), which may need
+    /// starting first.
+    fn start(&mut self, token: Token, req: Option<ReqNo>, mut launch: Box<LaunchRequest>) {
+        if matches!(launch.after, After::ShellLine(_)) {
+            let step = dispatch::shell::line_admitted(&mut self.core, &launch);
+            self.settle(token, req, step);
+            return;
+        }
+        let origin = launch.origin.clone().unwrap_or_else(|| {
+            self.clients
+                .get(&token)
+                .map(|c| Origin {
+                    over_tcp: c.is_tcp(),
+                    groups: c.groups.clone(),
+                })
+                .unwrap_or_default()
         });
-        let origin = origin.unwrap_or_default();
+        // Kept with the request: a shell session starts its later shells as it did this one.
+        launch.origin = Some(origin.clone());
         let (core, registry, next) = (&mut self.core, self.poll.registry(), &mut self.next_token);
         match self
             .children
@@ -605,7 +622,9 @@ impl Server {
             return;
         };
         if !c.has_room() || !c.deferred.is_empty() {
-            self.core.hold(wait.key());
+            if let Some(key) = wait.key() {
+                self.core.hold(key);
+            }
             c.deferred.push_back((req, wait));
             return;
         }
@@ -626,7 +645,9 @@ impl Server {
                 return;
             };
             let result = dispatch::answer(&self.core, &wait);
-            self.core.let_go(wait.key());
+            if let Some(key) = wait.key() {
+                self.core.let_go(key);
+            }
             self.answer(token, Some(req), result);
         }
     }
@@ -653,6 +674,12 @@ impl Server {
                         }
                     }
                     Effect::CloseStdin(key) => self.children.close_stdin(self.poll.registry(), key),
+                    Effect::FlushCommands(key) => {
+                        let registry = self.poll.registry();
+                        self.children.flush_commands(&mut self.core, registry, key);
+                    }
+                    Effect::Interrupt(key) => self.children.interrupt(key),
+                    Effect::Spawn(launch) => self.start(NOBODY, None, launch),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
                     Effect::Resize { key, size } => self.children.resize(key, size),
                     Effect::Send { conn, line } => self.clients.send(conn, &line),

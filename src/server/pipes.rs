@@ -1,6 +1,6 @@
 //! The pipes of every command, and their tokens: output read ends, registered READABLE,
-//! read into the command's rings by the loop; stdin write ends, registered WRITABLE only
-//! while input waits for them.
+//! read into the command's rings by the loop; stdin write ends (and a shell session's
+//! command pipe), registered WRITABLE only while input waits for them.
 //!
 //! Invariants:
 //! - Every descriptor here is non-blocking and close-on-exec (the spawner made it so).
@@ -25,8 +25,17 @@ const DEFAULT_PIPE_SIZE: usize = 64 << 10;
 /// What a token stands for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Source {
-    Out { key: Key, stream: usize },
-    Stdin { key: Key },
+    Out {
+        key: Key,
+        stream: usize,
+    },
+    Stdin {
+        key: Key,
+    },
+    /// A shell session's command pipe.
+    Commands {
+        key: Key,
+    },
 }
 
 /// What one read found.
@@ -69,6 +78,8 @@ struct InPipe {
 struct ProcPipes {
     outs: Vec<Option<OutPipe>>,
     stdin: Option<InPipe>,
+    /// A shell session's command pipe: only lines that passed the gate go there.
+    commands: Option<InPipe>,
 }
 
 /// Every command's pipes.
@@ -79,14 +90,15 @@ pub struct Pipes {
 }
 
 impl Pipes {
-    /// Takes a started command's pipes: `outs` in stream order, and its stdin, if a pipe.
-    /// Output pipes are registered READABLE at once; `token` hands out fresh tokens.
+    /// Takes a started command's pipes: `outs` in stream order, its stdin, if a pipe, and
+    /// a shell's command pipe. Output pipes are registered READABLE at once; `token`
+    /// hands out fresh tokens.
     pub fn add(
         &mut self,
         registry: &Registry,
         key: Key,
         outs: Vec<OwnedFd>,
-        stdin: Option<OwnedFd>,
+        (stdin, commands): (Option<OwnedFd>, Option<OwnedFd>),
         mut token: impl FnMut() -> Token,
     ) -> io::Result<()> {
         let mut entry = ProcPipes::default();
@@ -109,6 +121,15 @@ impl Pipes {
             let t = token();
             self.sources.insert(t, Source::Stdin { key });
             entry.stdin = Some(InPipe {
+                tx: Sender::from(fd),
+                token: t,
+                registered: false,
+            });
+        }
+        if let Some(fd) = commands {
+            let t = token();
+            self.sources.insert(t, Source::Commands { key });
+            entry.commands = Some(InPipe {
                 tx: Sender::from(fd),
                 token: t,
                 registered: false,
@@ -188,43 +209,39 @@ impl Pipes {
         let Some(pipe) = self.procs.get_mut(&key).and_then(|p| p.stdin.as_mut()) else {
             return Flushed::Closed;
         };
-        let mut broken = false;
-        while !stdin.buf.is_empty() {
-            let (a, _) = stdin.buf.as_slices();
-            match pipe.tx.write(a) {
-                Ok(n) => {
-                    stdin.buf.drain(..n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    // EPIPE: the command closed its stdin or exited. Not a crash: the
-                    // input is counted as undelivered and reported.
-                    broken = true;
-                    break;
-                }
-            }
-        }
-        if broken || (stdin.buf.is_empty() && stdin.eof_requested) {
+        let flushed = flush(registry, pipe, stdin);
+        if flushed == Flushed::Closed {
             self.close_stdin(registry, key);
+        }
+        flushed
+    }
+
+    /// Writes what waits for a shell's command pipe, as `flush_stdin` does for stdin.
+    pub fn flush_commands(
+        &mut self,
+        registry: &Registry,
+        key: Key,
+        commands: &mut Stdin,
+    ) -> Flushed {
+        let Some(pipe) = self.procs.get_mut(&key).and_then(|p| p.commands.as_mut()) else {
             return Flushed::Closed;
+        };
+        let flushed = flush(registry, pipe, commands);
+        if flushed == Flushed::Closed {
+            self.close_commands(registry, key);
         }
-        let want = !stdin.buf.is_empty();
-        if want != pipe.registered {
-            let r = if want {
-                registry.register(&mut pipe.tx, pipe.token, Interest::WRITABLE)
-            } else {
-                registry.deregister(&mut pipe.tx)
-            };
-            if r.is_ok() {
-                pipe.registered = want;
-            }
+        flushed
+    }
+
+    /// Closes a shell's command pipe (the shell reads EOF and exits).
+    pub fn close_commands(&mut self, registry: &Registry, key: Key) {
+        let Some(mut pipe) = self.procs.get_mut(&key).and_then(|p| p.commands.take()) else {
+            return;
+        };
+        if pipe.registered {
+            let _ = registry.deregister(&mut pipe.tx);
         }
-        if want {
-            Flushed::Waiting
-        } else {
-            Flushed::Written
-        }
+        self.sources.remove(&pipe.token);
     }
 
     /// Closes a command's stdin pipe.
@@ -245,6 +262,7 @@ impl Pipes {
             self.close_out(registry, key, stream);
         }
         self.close_stdin(registry, key);
+        self.close_commands(registry, key);
         self.procs.remove(&key);
     }
 }
@@ -264,14 +282,16 @@ impl Pipes {
                     .map(|o| o.as_ref().map(|o| (o.rx.as_raw_fd(), o.token.0, o.grown)))
                     .collect(),
                 stdin: p.stdin.as_ref().map(|s| (s.tx.as_raw_fd(), s.token.0)),
+                commands: p.commands.as_ref().map(|s| (s.tx.as_raw_fd(), s.token.0)),
             })
             .collect();
         v.sort_by_key(|p| p.key);
         v
     }
 
-    /// The pipes `carry` described, their descriptors from `take`: output ends registered READABLE (a pipe that holds bytes already is
-    /// reported at once); stdin ends registered when input waits for them (`flush_stdin`).
+    /// The pipes `carry` described, their descriptors from `take`: output ends registered
+    /// READABLE (a pipe that holds bytes already is reported at once); stdin ends and a
+    /// shell's command pipe registered when input waits for them.
     pub fn resume(
         registry: &Registry,
         imgs: &[PipesImage],
@@ -303,8 +323,59 @@ impl Pipes {
                     registered: false,
                 });
             }
+            if let Some((fd, token)) = img.commands {
+                let token = Token(token);
+                pipes.sources.insert(token, Source::Commands { key });
+                entry.commands = Some(InPipe {
+                    tx: Sender::from(take(fd)?),
+                    token,
+                    registered: false,
+                });
+            }
             pipes.procs.insert(key, entry);
         }
         Ok(pipes)
+    }
+}
+
+/// Writes what `buf` holds into `pipe` as far as it takes it. `Closed` once an `eof` has
+/// drained or the pipe broke (the caller closes it); registers WRITABLE while input still
+/// waits.
+fn flush(registry: &Registry, pipe: &mut InPipe, buf: &mut Stdin) -> Flushed {
+    let mut broken = false;
+    while !buf.buf.is_empty() {
+        let (a, _) = buf.buf.as_slices();
+        match pipe.tx.write(a) {
+            Ok(n) => {
+                buf.buf.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // EPIPE: the command closed its stdin or exited. Not a crash: the
+                // input is counted as undelivered and reported.
+                broken = true;
+                break;
+            }
+        }
+    }
+    if broken || (buf.buf.is_empty() && buf.eof_requested) {
+        return Flushed::Closed;
+    }
+    let want = !buf.buf.is_empty();
+    if want != pipe.registered {
+        let r = if want {
+            registry.register(&mut pipe.tx, pipe.token, Interest::WRITABLE)
+        } else {
+            registry.deregister(&mut pipe.tx)
+        };
+        if r.is_ok() {
+            pipe.registered = want;
+        }
+    }
+    if want {
+        Flushed::Waiting
+    } else {
+        Flushed::Written
     }
 }

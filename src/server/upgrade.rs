@@ -838,22 +838,21 @@ impl Server {
             upgrade: None,
             resumed: Some(resumed),
         };
-        // Input that waited for a command's stdin goes on being written.
-        let keys: Vec<_> = server
-            .core
-            .table
-            .procs
-            .values()
-            .filter(|p| {
-                p.stdin
-                    .as_ref()
-                    .is_some_and(|s| s.open && !s.buf.is_empty())
-            })
-            .map(|p| p.key)
-            .collect();
-        for key in keys {
-            server.core.out.push(crate::core::Effect::FlushStdin(key));
+        // Input that waited for a command's stdin, and lines that waited for a shell's
+        // command pipe, go on being written.
+        let waiting = |s: &Option<crate::core::table::Stdin>| {
+            s.as_ref().is_some_and(|s| s.open && !s.buf.is_empty())
+        };
+        let mut flush = Vec::new();
+        for p in server.core.table.procs.values() {
+            if waiting(&p.stdin) {
+                flush.push(crate::core::Effect::FlushStdin(p.key));
+            }
+            if waiting(&p.commands) {
+                flush.push(crate::core::Effect::FlushCommands(p.key));
+            }
         }
+        server.core.out.extend(flush);
         Ok(server)
     }
 

@@ -163,3 +163,23 @@ pub fn ignore_sigint_in_child(cmd: &mut std::process::Command) {
         });
     }
 }
+
+/// 32 bytes from the kernel's random source (`getrandom(2)`), for the secrets the daemon
+/// makes shell sessions' nonces from.
+pub fn random_secret() -> io::Result<[u8; 32]> {
+    let mut buf = [0u8; 32];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: getrandom writes at most the given length into the buffer we own.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(buf)
+}

@@ -63,6 +63,26 @@ pub fn resize(fd: RawFd, size: WinSize) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends `sig` to the foreground process group of the terminal `fd` (either end) is: the
+/// job a person at that terminal would reach with Ctrl-C, whatever the terminal's modes
+/// (a program in raw mode reads Ctrl-C as a byte). The group is one of the terminal's
+/// session, which the daemon started: no other group can be the foreground one there.
+pub fn signal_foreground(fd: RawFd, sig: i32) -> io::Result<()> {
+    let mut pgrp: libc::pid_t = 0;
+    // SAFETY: TIOCGPGRP writes one pid_t we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCGPGRP, &mut pgrp) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pgrp <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: kill with a negative pid signals that process group; no memory involved.
+    if unsafe { libc::kill(-pgrp, sig) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

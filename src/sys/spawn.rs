@@ -65,6 +65,9 @@ pub struct ParentEnds {
     /// The file the command reads its input from (its stdin pipe or PTY slave), for
     /// telling when it waits for input (`sys::waiting`).
     pub input: Option<InputFile>,
+    /// A shell session's command pipe (`Stdio3::Shell`): what the shell reads its
+    /// command lines from.
+    pub commands: Option<OwnedFd>,
 }
 
 /// A command's stdio before the spawn: the child's ends (to become 0, 1 and 2) and the
@@ -73,6 +76,8 @@ struct Wired {
     child: [Option<OwnedFd>; 3],
     /// The child's ends are one PTY slave, to become its controlling terminal.
     tty: bool,
+    /// The child's stdout is a PTY slave, to become its controlling terminal.
+    ctty: bool,
     parent: ParentEnds,
 }
 
@@ -109,11 +114,13 @@ impl Wired {
         Ok(Wired {
             child: [in_r, Some(out_w), err_w],
             tty: false,
+            ctty: false,
             parent: ParentEnds {
                 out: out_r,
                 err: err_r,
                 stdin: stdin_w,
                 input,
+                commands: None,
             },
         })
     }
@@ -129,11 +136,40 @@ impl Wired {
         Ok(Wired {
             child: [Some(slave), None, None],
             tty: true,
+            ctty: true,
             parent: ParentEnds {
                 out: master,
                 err: None,
                 stdin: Some(writer),
                 input,
+                commands: None,
+            },
+        })
+    }
+
+    /// A shell session's bash (`Stdio3::Shell`): a pseudo-terminal of `size` whose slave
+    /// is the child's stdout, stderr and controlling terminal, as for `pty`, and a pipe
+    /// as its stdin, which the parent writes command lines to. The shell reads commands
+    /// only from the pipe, so nothing typed into the terminal reaches it as a command.
+    fn shell(size: WinSize) -> io::Result<Wired> {
+        let (master, slave) = crate::sys::pty::open(size)?;
+        set_nonblocking(master.as_raw_fd())?;
+        let writer = master.try_clone()?;
+        // Programs read the terminal; the shell itself reads only the pipe, so it never
+        // counts as waiting for input at its prompt.
+        let input = InputFile::of_fd(slave.as_raw_fd()).ok();
+        let (cmd_r, cmd_w) = pipe()?;
+        set_nonblocking(cmd_w.as_raw_fd())?;
+        Ok(Wired {
+            child: [Some(cmd_r), Some(slave), None],
+            tty: false,
+            ctty: true,
+            parent: ParentEnds {
+                out: master,
+                err: None,
+                stdin: Some(writer),
+                input,
+                commands: Some(cmd_w),
             },
         })
     }
@@ -314,7 +350,8 @@ struct ChildPlan {
     ngroups: usize,
     /// A `cgroup.procs` the parent opened: the child moves itself there first.
     cgroup_procs: RawFd,
-    /// Its stdin is a PTY slave, to become its controlling terminal.
+    /// Its stdout is a PTY slave, to become its controlling terminal (a PTY command's, or
+    /// a shell session's bash).
     tty: bool,
     /// The write end of the report pipe: `{step, errno}` when a step fails.
     report: RawFd,
@@ -483,9 +520,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if r < 0 {
             return fail(FAILED_SETUP, r);
         }
-        // A new session has no controlling terminal: its PTY becomes it.
+        // A new session has no controlling terminal: its PTY becomes it (descriptor 1
+        // is the slave for a PTY command and for a shell, whose stdin is a pipe).
         if plan.tty {
-            let r = sys!(libc::SYS_ioctl, 0, libc::TIOCSCTTY, 0);
+            let r = sys!(libc::SYS_ioctl, 1, libc::TIOCSCTTY, 0);
             if r < 0 {
                 return fail(FAILED_SETUP, r);
             }
@@ -772,6 +810,7 @@ impl Spawner {
             .collect();
         let wired = match spec.stdio {
             Stdio3::Pty(size) => Wired::pty(size)?,
+            Stdio3::Shell(size) => Wired::shell(size)?,
             stdio => Wired::pipes(stdio)?,
         };
         let (report, report_w) = pipe()?;
@@ -837,7 +876,7 @@ impl Spawner {
             groups: p.groups.as_ptr(),
             ngroups: p.groups.len(),
             cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
-            tty: wired.tty,
+            tty: wired.ctty,
             report: report_w.as_raw_fd(),
         };
         // The stack grows down: hand clone its 16-byte-aligned top.

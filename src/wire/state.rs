@@ -50,9 +50,11 @@
 //! State { version, from, clock, upgrade, core, server }
 //!   upgrade: old and new binary, the flags, count, who asked, when serving stopped
 //!   core: commands (streams and rings, stdin, exit, kill, tty and screen, waiters,
-//!         subscribers), bash sessions, parked requests, the core's timers, approvals
-//!         (approvers, pending asks with their launch, for-session grants), connected
-//!         peers, log and audit queues, policy text, id sequences, memory given back
+//!         subscribers), bash sessions, shell sessions (their shell, phase, console
+//!         records, marker scanner, nonces), parked requests, the core's timers,
+//!         approvals (approvers, pending asks with their launch, for-session grants),
+//!         connected peers, log and audit queues, policy text, id sequences, memory
+//!         given back
 //!   server: listeners, connections (fd, token, peer, codec, unsent output, answers
 //!           waiting for room), pipes and PTY masters by command, input files,
 //!           containment (holds, cgroup tree, inotify, cookie sweeps), the audit fd,
@@ -292,6 +294,7 @@ pub struct CoreImage {
     /// The text of the policy in force (none: no `--policy`).
     pub policy: Option<String>,
     pub approvals: ApprovalsImage,
+    pub shells: ShellsImage,
     pub input_watch: bool,
 }
 
@@ -316,6 +319,26 @@ pub enum TimerKind {
     SessionIdle { owner: u32, session: String },
     /// Approval `id` not answered in time.
     Approval { id: String },
+    /// Shell session command `seq` reached its `hard_timeout`.
+    ShellHard {
+        owner: u32,
+        session: String,
+        seq: u64,
+    },
+    /// Shell session command `seq` may have had no output for its `no_change_timeout`.
+    ShellQuiet {
+        owner: u32,
+        session: String,
+        seq: u64,
+    },
+    /// Shell session command `seq` did not stop at SIGINT within the grace.
+    ShellKill {
+        owner: u32,
+        session: String,
+        seq: u64,
+    },
+    /// Check a shell session for idleness.
+    ShellIdle { owner: u32, session: String },
 }
 
 /// A parked request.
@@ -358,6 +381,21 @@ pub enum WaitImage {
         data: Blob,
         eof: bool,
     },
+    /// A request on command `seq` of a shell session.
+    Shell {
+        owner: u32,
+        session: String,
+        seq: u64,
+        what: ShellWaitImage,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShellWaitImage {
+    Exec { truncate: bool },
+    End,
+    Kill,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -393,6 +431,10 @@ pub struct ProcImage {
     pub started_wall: i64,
     pub streams: Vec<StreamImage>,
     pub stdin: Option<StdinImage>,
+    /// A shell session's command pipe: the gated lines waiting for the shell.
+    pub commands: Option<StdinImage>,
+    /// The uid it runs as.
+    pub runs_as: u32,
     pub exit: Option<ExitImage>,
     /// Why the daemon ended it (`request`, `release`, `timeout`, `session close`,
     /// `shutdown`, `disconnect`).
@@ -415,8 +457,16 @@ pub struct ProcImage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FamilyImage {
-    Terminal { session_id: String },
-    Bash { session_id: String },
+    Terminal {
+        session_id: String,
+    },
+    Bash {
+        session_id: String,
+    },
+    /// A shell session's own bash.
+    Shell {
+        session_id: String,
+    },
 }
 
 /// One output stream and its ring.
@@ -617,6 +667,8 @@ pub struct LaunchImage {
     pub cpu_max: Option<u32>,
     pub after: AfterImage,
     pub admitted: Option<AdmittedImage>,
+    /// Whence the request came: `[over TCP, the Unix peer's groups]`.
+    pub origin: Option<(bool, Vec<u32>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -632,7 +684,15 @@ pub enum StdioImage {
     Merged,
     MergedWithStdin,
     Separate,
-    Pty { rows: u16, cols: u16 },
+    Pty {
+        rows: u16,
+        cols: u16,
+    },
+    /// A shell session's bash: a PTY, with a command pipe for its stdin.
+    Shell {
+        rows: u16,
+        cols: u16,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -647,6 +707,148 @@ pub enum AfterImage {
         created_session: bool,
         exec_dir: Option<Bytes>,
     },
+    /// A line for a shell session, typed into its shell once admitted.
+    ShellLine(ShellExecImage),
+    /// A shell session's own bash, and what follows once it runs.
+    ShellStart(ShellThenImage),
+}
+
+/// A shell session's `exec` on its way (`core::shell::ShellExec`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellExecImage {
+    pub session_id: String,
+    pub creates: bool,
+    pub dir: Bytes,
+    pub async_mode: bool,
+    pub timeout_ns: Option<u64>,
+    pub no_change_timeout_ns: Option<u64>,
+    pub truncate: bool,
+    pub opts: LineOptsImage,
+}
+
+/// What an `exec` asked for besides its command (`core::shell::LineOpts`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LineOptsImage {
+    pub exec_dir: Option<String>,
+    pub enter: bool,
+    pub strict: bool,
+    pub keep_symlinks: Option<bool>,
+    pub hard_timeout_ns: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShellThenImage {
+    Create,
+    Exec { exec: ShellExecImage, seq: u64 },
+    Restart { fallback: bool },
+}
+
+/// Every shell session (`core::shell::Shells`), and what makes their names, command
+/// numbers and nonces go on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellsImage {
+    pub sessions: Vec<ShellSessionImage>,
+    pub next_id: u64,
+    pub next_seq: u64,
+    pub nonces: u64,
+    /// The daemon's secret the nonces are made from.
+    pub secret: Bytes,
+}
+
+/// A shell session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellSessionImage {
+    pub id: String,
+    pub owner: u32,
+    pub workdir: Bytes,
+    pub created_wall: i64,
+    pub created: Rel,
+    pub last_used: Rel,
+    pub last_used_wall: i64,
+    pub no_change_timeout_ns: u64,
+    pub keep_symlinks: bool,
+    /// Its shell now (a command key).
+    pub shell: Option<u64>,
+    pub phase: PhaseImage,
+    pub nonce: String,
+    /// A marker begun in the terminal's output and not finished: its bytes and offset.
+    pub scan_partial: Bytes,
+    pub scan_at: u64,
+    pub prompt_from: Option<u64>,
+    pub ps1: String,
+    pub records: Vec<RecordImage>,
+    pub restarts: u64,
+    pub notice: Option<String>,
+    pub failed_starts: u32,
+    pub peer: PeerImage,
+    pub origin: Option<(bool, Vec<u32>)>,
+    /// Requests parked on it.
+    pub waiters: Vec<u64>,
+    /// Its shells that died, kept for their records' output.
+    pub old: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseImage {
+    Spawning,
+    Starting,
+    Prompt,
+    Busy,
+    Failed(String),
+}
+
+/// One command of a shell session (a console record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordImage {
+    pub seq: u64,
+    pub id: String,
+    pub peer: PeerImage,
+    pub decision: String,
+    pub rule: String,
+    pub ps1: String,
+    pub command: String,
+    pub opts: LineOptsImage,
+    pub shell: Option<u64>,
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    pub step: RecordStepImage,
+    pub exit_code: Option<i32>,
+    pub kill: Option<EndingImage>,
+    pub escalated: bool,
+    pub created: Rel,
+    pub last_change: Rel,
+    pub quiet_after_ns: Option<u64>,
+    pub quiet: bool,
+    pub waiting_for_input: bool,
+    pub no_dir: bool,
+    pub note: Option<String>,
+    /// Input written before it started.
+    pub input: Blob,
+    pub bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordStepImage {
+    Queued,
+    Sent,
+    Running,
+    Done(EndingImage),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndingImage {
+    Completed,
+    Terminated,
+    HardTimeout,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -875,6 +1077,8 @@ pub struct PipesImage {
     pub outs: Vec<Option<(i32, usize, bool)>>,
     /// `[fd, token]` while open.
     pub stdin: Option<(i32, usize)>,
+    /// A shell session's command pipe: `[fd, token]` while open.
+    pub commands: Option<(i32, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -964,6 +1168,7 @@ impl State {
                     .flatten()
                     .map(|(fd, _, _)| (*fd, FdRole::Stream))
                     .chain(p.stdin.map(|(fd, _)| (fd, FdRole::Stream)))
+                    .chain(p.commands.map(|(fd, _)| (fd, FdRole::Stream)))
             }))
             .chain(
                 s.contain
@@ -1119,6 +1324,13 @@ mod tests {
                     grants: vec![],
                     next: 0,
                 },
+                shells: ShellsImage {
+                    sessions: vec![],
+                    next_id: 0,
+                    next_seq: 0,
+                    nonces: 0,
+                    secret: Bytes(vec![7; 32]),
+                },
                 input_watch: false,
             },
             server: ServerImage {
@@ -1140,6 +1352,7 @@ mod tests {
                     key: 1,
                     outs: vec![Some((7, 8, false)), None],
                     stdin: Some((3, 9)),
+                    commands: None,
                 }],
                 inputs: vec![],
                 hot: vec![],

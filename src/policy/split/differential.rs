@@ -417,9 +417,9 @@ impl Drop for Scratch {
 }
 
 /// A child in its own process group, killed with the group when dropped.
-struct Running(Child);
+struct Traced(Child);
 
-impl Drop for Running {
+impl Drop for Traced {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
             let pgid = i32::try_from(self.0.id()).unwrap_or(0);
@@ -439,7 +439,7 @@ struct Run<'a> {
 
 /// What a differential run found.
 #[derive(Default)]
-struct Report {
+struct Tally {
     run: usize,
     unparsed: usize,
     env: usize,
@@ -486,8 +486,8 @@ fn file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/')
 }
 
-fn differential(tools: &Tools, lines: &[String]) -> Report {
-    let mut report = Report::default();
+fn differential(tools: &Tools, lines: &[String]) -> Tally {
+    let mut report = Tally::default();
     let mut runs = Vec::new();
     for line in lines {
         let (split, shells) = split_line_traced(line);
@@ -562,7 +562,7 @@ fn differential(tools: &Tools, lines: &[String]) -> Report {
         .stdout(Stdio::null())
         .stderr(log);
     std::os::unix::process::CommandExt::process_group(&mut strace, 0);
-    let mut running = Running(strace.spawn().expect("start strace"));
+    let mut running = Traced(strace.spawn().expect("start strace"));
     let deadline = Instant::now() + TIMEOUT;
     let status = loop {
         match running.0.try_wait() {

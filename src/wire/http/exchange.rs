@@ -1,5 +1,5 @@
 //! One connection's HTTP exchange, sans I/O: its codec, who its requests must prove to
-//! be, the requests handed to the loop as `bash/*` methods, and their answers written in
+//! be, the requests handed to the loop as `bash/*` and `shell/*` methods, and their answers written in
 //! request order (pipelining) with the envelope and status of section 11.
 
 use std::collections::VecDeque;
@@ -149,8 +149,14 @@ impl HttpSession {
             );
             return Err(response(status, &body, keep, &[]));
         }
-        if let Route::SessionClose(id) = route {
-            params.insert("session_id".into(), id.into());
+        match route {
+            Route::SessionClose(id) => {
+                params.insert("session_id".into(), id.into());
+            }
+            Route::ShellClose(id) => {
+                params.insert("id".into(), id.into());
+            }
+            _ => {}
         }
         let req = ReqNo(self.next_req);
         self.next_req += 1;

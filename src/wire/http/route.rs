@@ -1,5 +1,5 @@
-//! Routes and responses of section 11: which `bash/*` method a path maps to, the seed's
-//! envelopes (`{"success", "message", "data", "hint"}`), FastAPI-style 422 bodies, and
+//! Routes and responses of section 11 (and of 12.2's `/v1/shell/*`): which method a path
+//! maps to, the seed's envelopes (`{"success", "message", "data", "hint"}`), FastAPI-style 422 bodies, and
 //! the status each JSON-RPC error code maps to. The bash pipe API's own clients (curl, its
 //! Python and TypeScript SDKs) must work unmodified, so the shapes follow that API exactly.
 
@@ -29,6 +29,11 @@ pub enum Route {
     /// `POST /v1/bash/sessions/{session_id}/close`, with the id percent-decoded. The caller
     /// puts it into the params as `session_id`.
     SessionClose(String),
+    /// A `/v1/shell/*` route (PROTOCOL 12.2): the `shell/*` method it maps to.
+    Shell(&'static str),
+    /// `DELETE /v1/shell/sessions/{id}`, with the id percent-decoded. The caller puts it
+    /// into the params as `id`.
+    ShellClose(String),
 }
 
 impl Route {
@@ -44,6 +49,8 @@ impl Route {
             Route::SessionsCreate => "bash/sessions/create",
             Route::Sessions => "bash/sessions",
             Route::SessionClose(_) => "bash/sessions/close",
+            Route::Shell(method) => method,
+            Route::ShellClose(_) => "shell/sessions/close",
         })
     }
 }
@@ -77,6 +84,9 @@ impl Refusal {
 /// `SessionClose` is percent-decoded: an invalid escape, an empty id or one that is not
 /// UTF-8 is 404; an id holding `/` once decoded (sent as `%2F`) is fine.
 pub fn route(method: &str, path: &str) -> Result<Route, Refusal> {
+    if let Some(rest) = path.strip_prefix("/v1/shell/") {
+        return shell_route(method, rest);
+    }
     let (route, allow) = match path {
         "/v1/health" => (Route::Health, "GET"),
         "/v1/bash/exec" => (Route::Exec, "POST"),
@@ -106,16 +116,87 @@ pub fn route(method: &str, path: &str) -> Result<Route, Refusal> {
     }
 }
 
-/// The decoded id of `/v1/bash/sessions/{id}/close`, if `path` is one.
-fn session_to_close(path: &str) -> Option<String> {
-    let segment = path
-        .strip_prefix("/v1/bash/sessions/")?
-        .strip_suffix("/close")?;
+/// The routes of the AIO sandbox's `/v1/shell/*` (`rest` is what follows `/v1/shell/`),
+/// as its SDK calls them. `DELETE /v1/shell/sessions/{id}` closes session `id` whatever
+/// the segment (as FastAPI routes it, `stats` and `create` included); the same paths with
+/// another method are 405 naming both.
+fn shell_route(method: &str, rest: &str) -> Result<Route, Refusal> {
+    let fixed = |name: &'static str, allow: &'static str| {
+        if method == allow {
+            Ok(Route::Shell(name))
+        } else {
+            Err(Refusal {
+                status: 405,
+                allow: Some(allow),
+            })
+        }
+    };
+    match rest {
+        "exec" => fixed("shell/exec", "POST"),
+        "view" => fixed("shell/view", "POST"),
+        "wait" => fixed("shell/wait", "POST"),
+        "write" => fixed("shell/write", "POST"),
+        "kill" => fixed("shell/kill", "POST"),
+        "sessions" => match method {
+            "GET" => Ok(Route::Shell("shell/sessions")),
+            "DELETE" => Ok(Route::Shell("shell/sessions/close_all")),
+            _ => Err(Refusal {
+                status: 405,
+                allow: Some("GET, DELETE"),
+            }),
+        },
+        _ => {
+            let Some(segment) = rest.strip_prefix("sessions/") else {
+                return Err(Refusal {
+                    status: 404,
+                    allow: None,
+                });
+            };
+            let (name, allow) = match segment {
+                "stats" => (Some("shell/sessions/stats"), "GET, DELETE"),
+                "create" => (Some("shell/sessions/create"), "POST, DELETE"),
+                "update" => (Some("shell/sessions/update"), "POST, DELETE"),
+                _ => (None, "DELETE"),
+            };
+            let own = allow.split(", ").next().unwrap_or("");
+            match (name, method) {
+                (Some(name), m) if m == own => Ok(Route::Shell(name)),
+                (_, "DELETE") => match decoded_segment(segment) {
+                    Some(id) => Ok(Route::ShellClose(id)),
+                    None => Err(Refusal {
+                        status: 404,
+                        allow: None,
+                    }),
+                },
+                _ if decoded_segment(segment).is_none() => Err(Refusal {
+                    status: 404,
+                    allow: None,
+                }),
+                _ => Err(Refusal {
+                    status: 405,
+                    allow: Some(allow),
+                }),
+            }
+        }
+    }
+}
+
+/// One path segment percent-decoded: `None` when it is empty, holds `/`, has a bad
+/// escape or is not UTF-8 once decoded.
+fn decoded_segment(segment: &str) -> Option<String> {
     if segment.is_empty() || segment.contains('/') {
         return None;
     }
     let id = percent_decode(segment)?;
     (!id.is_empty()).then_some(id)
+}
+
+/// The decoded id of `/v1/bash/sessions/{id}/close`, if `path` is one.
+fn session_to_close(path: &str) -> Option<String> {
+    let segment = path
+        .strip_prefix("/v1/bash/sessions/")?
+        .strip_suffix("/close")?;
+    decoded_segment(segment)
 }
 
 /// Decodes `%XX` escapes (RFC 3986 §2.1; `+` stays `+` in a path). `None` for a bad escape
@@ -298,6 +379,62 @@ mod tests {
             let got = route(method, path);
             assert_eq!(got.as_ref(), Ok(&expected), "{method} {path}");
             assert_eq!(expected.method(), rpc);
+        }
+    }
+
+    #[test]
+    fn every_shell_route_of_the_sdk_is_served() {
+        let cases = [
+            ("POST", "/v1/shell/exec", "shell/exec"),
+            ("POST", "/v1/shell/view", "shell/view"),
+            ("POST", "/v1/shell/wait", "shell/wait"),
+            ("POST", "/v1/shell/write", "shell/write"),
+            ("POST", "/v1/shell/kill", "shell/kill"),
+            ("POST", "/v1/shell/sessions/create", "shell/sessions/create"),
+            ("POST", "/v1/shell/sessions/update", "shell/sessions/update"),
+            ("GET", "/v1/shell/sessions", "shell/sessions"),
+            ("GET", "/v1/shell/sessions/stats", "shell/sessions/stats"),
+            ("DELETE", "/v1/shell/sessions", "shell/sessions/close_all"),
+        ];
+        for (method, path, rpc) in cases {
+            let got = route(method, path).expect(path);
+            assert_eq!(got.method(), Some(rpc), "{method} {path}");
+        }
+        for (path, id) in [
+            ("/v1/shell/sessions/s1", "s1"),
+            ("/v1/shell/sessions/a%20b", "a b"),
+            ("/v1/shell/sessions/stats", "stats"),
+            ("/v1/shell/sessions/create", "create"),
+        ] {
+            assert_eq!(
+                route("DELETE", path),
+                Ok(Route::ShellClose(id.into())),
+                "{path}"
+            );
+        }
+        let refused = |method: &str, path: &str| route(method, path).expect_err(path);
+        assert_eq!(refused("GET", "/v1/shell/exec").allow, Some("POST"));
+        assert_eq!(
+            refused("POST", "/v1/shell/sessions").allow,
+            Some("GET, DELETE")
+        );
+        assert_eq!(
+            refused("POST", "/v1/shell/sessions/stats").allow,
+            Some("GET, DELETE")
+        );
+        assert_eq!(
+            refused("GET", "/v1/shell/sessions/s1").allow,
+            Some("DELETE")
+        );
+        for path in [
+            "/v1/shell",
+            "/v1/shell/",
+            "/v1/shell/terminal-url",
+            "/v1/shell/sessions/",
+            "/v1/shell/sessions/a/b",
+            "/v1/shell/sessions/%zz",
+        ] {
+            assert_eq!(refused("DELETE", path).status, 404, "{path}");
         }
     }
 

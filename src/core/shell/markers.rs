@@ -1,0 +1,216 @@
+//! The bytes between the daemon and a session's shell: the lines it writes (the setup
+//! line, a command's line, every byte escaped) and the markers it reads back out of the
+//! terminal's output, with the nonce that makes them the shell's own (see the module
+//! header of `core::shell` for how a line runs).
+
+use std::hash::{Hash, Hasher};
+
+use super::LineOpts;
+
+/// What opens every marker.
+pub(super) const MARK: &[u8] = b"\x1b]6973;";
+/// What ends every marker (BEL).
+pub(super) const BEL: u8 = 0x07;
+/// The longest marker read (a directory of 4096 bytes is 8192 in hex); a longer sequence
+/// is not one of ours.
+pub(super) const MARK_MAX: usize = 9 << 10;
+
+/// A marker the shell printed, with the right nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// `s`: command `seq` has started; its output follows.
+    Start { seq: u64 },
+    /// `e`: a command ended with `status`, the shell now in `dir` (raw bytes).
+    End { status: i32, dir: Vec<u8> },
+    /// `p`: the prompt is shown; the shell reads its next line.
+    Prompt,
+    /// `x`: `exec_dir` does not exist and the request was strict.
+    NoDir,
+}
+
+/// Finds markers in a terminal's byte stream as it arrives, across reads.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    /// The bytes of a marker begun and not finished yet (from its ESC).
+    partial: Vec<u8>,
+    /// The stream offset of `partial[0]`.
+    at: u64,
+}
+
+impl Scanner {
+    /// What an upgrade in place carries: a marker begun and not finished, and where.
+    pub fn carry(&self) -> (&[u8], u64) {
+        (&self.partial, self.at)
+    }
+
+    /// The scanner `carry` described.
+    pub fn resume(partial: &[u8], at: u64) -> Scanner {
+        Scanner {
+            partial: partial.to_vec(),
+            at,
+        }
+    }
+
+    /// Reads `data`, whose first byte is at stream offset `offset`; returns each marker
+    /// carrying `nonce`, with the offsets of its first byte and of the byte after it.
+    /// Anything else, other OSC sequences and markers with another nonce included, is
+    /// passed over.
+    pub fn feed(&mut self, nonce: &str, offset: u64, data: &[u8]) -> Vec<(Marker, u64, u64)> {
+        let mut found = Vec::new();
+        let mut i = 0;
+        while i < data.len() {
+            if self.partial.is_empty() {
+                match data[i..].iter().position(|&b| b == 0x1b) {
+                    Some(n) => {
+                        i += n;
+                        self.partial.push(0x1b);
+                        self.at = offset + i as u64;
+                        i += 1;
+                    }
+                    None => break,
+                }
+                continue;
+            }
+            let b = data[i];
+            let len = self.partial.len();
+            if len < MARK.len() {
+                if b == MARK[len] {
+                    self.partial.push(b);
+                    i += 1;
+                } else {
+                    // Not ours: look again from this byte (it may be an ESC).
+                    self.partial.clear();
+                }
+                continue;
+            }
+            if b == BEL {
+                let end = offset + i as u64 + 1;
+                if let Some(m) = parse(&self.partial[MARK.len()..], nonce) {
+                    found.push((m, self.at, end));
+                }
+                self.partial.clear();
+                i += 1;
+                continue;
+            }
+            if b == 0x1b || self.partial.len() >= MARK_MAX {
+                self.partial.clear();
+                continue;
+            }
+            self.partial.push(b);
+            i += 1;
+        }
+        found
+    }
+}
+
+/// A marker's body (after `ESC ] 6973 ;`, before BEL), if it carries `nonce`.
+fn parse(body: &[u8], nonce: &str) -> Option<Marker> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut f = text.split(';');
+    let kind = f.next()?;
+    if f.next()? != nonce {
+        return None;
+    }
+    let m = match kind {
+        "s" => Marker::Start {
+            seq: f.next()?.parse().ok()?,
+        },
+        "e" => Marker::End {
+            status: f.next()?.parse().ok()?,
+            dir: unhex(f.next()?)?,
+        },
+        "p" => Marker::Prompt,
+        "x" => Marker::NoDir,
+        _ => return None,
+    };
+    f.next().is_none().then_some(m)
+}
+
+/// Bytes from lowercase or uppercase hex.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// `bytes` as `\xNN` escapes, for `printf %b` in the shell.
+fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 4);
+    for b in bytes {
+        out.push_str(&format!("\\x{b:02x}"));
+    }
+    out
+}
+
+/// The line that makes a fresh bash a shell session's: no history of its own (commands
+/// are added as sent) and no history file, no `!` expansion, the markers, the functions
+/// lines call, `set -P` unless symlinks are kept, and the start directory entered as
+/// given (so a kept symlink shows in `pwd`). One line: bash runs each line it reads
+/// before reading the next.
+pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let physical = if keep_symlinks { "+P" } else { "-P" };
+    let dir = escaped(dir.as_os_str().as_bytes());
+    format!(
+        " set +o history +H; unset HISTFILE; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
+__execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; \
+__execd_hex() {{ local LC_ALL=C __i __h=; for ((__i=0; __i<${{#PWD}}; __i++)); do \
+builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; }}; \
+__execd_prompt() {{ local __s=$?; \
+if [[ -n $__execd_back ]]; then builtin cd -- \"$__execd_back\"; __execd_back=; fi; \
+if [[ -n $__execd_was ]]; then builtin set $__execd_was; __execd_was=; fi; \
+if [[ $PWD != \"$__execd_lp\" ]]; then __execd_hex; fi; \
+builtin printf '\\033]6973;e;%s;%s;%s\\007' \"$__execd_n\" \"$__s\" \"$__execd_hp\" >/dev/tty; }}; \
+__execd_pre() {{ builtin printf -v __execd_c %b \"$2\"; builtin history -s -- \"$__execd_c\"; \
+if [[ -n $5 ]]; then if [[ -o physical ]]; then __execd_was=-P; else __execd_was=+P; fi; builtin set $5; fi; \
+if [[ -n $3 ]]; then local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
+builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then \
+builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; return 2; fi; }}; fi; \
+builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; }}; \
+PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
+builtin set {physical}; builtin printf -v __execd_c %b '{dir}'; builtin cd -- \"$__execd_c\"; \
+__execd_c=; builtin history -c\n"
+    )
+    .into_bytes()
+}
+
+/// The line that runs command `seq` with `opts` (see the module's header): its
+/// `exec_dir` (left again afterwards unless `enter`), `strict` (a missing `exec_dir`
+/// fails it rather than running it in the session's directory), its own
+/// `preserve_symlinks`.
+pub fn command_line(seq: u64, command: &str, opts: &LineOpts) -> Vec<u8> {
+    let physical = match opts.keep_symlinks {
+        None => "",
+        Some(true) => "+P",
+        Some(false) => "-P",
+    };
+    let flags = match (opts.strict, opts.enter) {
+        (false, false) => "-",
+        (true, false) => "s",
+        (false, true) => "e",
+        (true, true) => "se",
+    };
+    format!(
+        " __execd_pre {seq} '{}' '{}' {flags} {physical} && eval -- \"$__execd_c\" </dev/tty\n",
+        escaped(command.as_bytes()),
+        escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
+    )
+    .into_bytes()
+}
+
+/// A shell's nonce: 128 bits from the daemon's secret and a counter (SipHash keyed by
+/// neither, over both; the secret is what makes it unguessable).
+pub(super) fn nonce(secret: &[u8; 32], n: u64) -> String {
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        secret.hash(&mut h);
+        n.hash(&mut h);
+        salt.hash(&mut h);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
+}
