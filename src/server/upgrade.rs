@@ -2,9 +2,10 @@
 //!
 //! 1. Pre-flight, while the daemon serves on: the new binary runs as a child with
 //!    `--upgrade-check`, cloned like a command and watched by the loop like one (its spawn
-//!    report, its output pipe, its reaping, and a 5 s timer). It must answer one JSON line naming the
-//!    state version this daemon writes; anything else refuses the upgrade (`-32000` with the
-//!    reason, logged, audited `upgrade_failed`), and nothing else changes.
+//!    report, its output pipe, its reaping, and a 5 s timer). It must answer one JSON line
+//!    naming the state version this daemon writes; anything else refuses the upgrade
+//!    (`-32000` with the reason, logged, audited `upgrade_failed`), and nothing else
+//!    changes.
 //! 2. The daemon stops reading requests and accepting, and waits for the spawns in flight
 //!    to be reported (at most 5 s), so every command it carries is whole.
 //! 3. In one go, between two turns: `RELOADING=1` to systemd, every room's state into one
@@ -16,11 +17,12 @@
 //! 4. The new image (`Server::resume`) reads the state, checks every descriptor it names,
 //!    takes duplicates of them and rebuilds every room on them. Only once all of that
 //!    worked does it close the numbers it was handed and unblock the signals; until then a
-//!    refusal (a state version or a name it does not know, a descriptor missing, or
-//!    `EXECD_TEST_REFUSE_STATE=1`) hands the untouched state back: `execve` of the old
-//!    executable (through a descriptor of it, which stays the old file when a package
-//!    manager renamed a new one over its path) with `EXECD_UPGRADE_REFUSED` saying why,
-//!    and the old image resumes and answers the upgrade with that error.
+//!    refusal (a state version or a name it does not know, a descriptor missing, flags it
+//!    does not parse, or `EXECD_TEST_REFUSE_STATE=1`) hands the untouched state back:
+//!    `execve` of the old executable (through a descriptor of it, which stays the old file
+//!    when a package manager renamed a new one over its path) with `EXECD_UPGRADE_REFUSED`
+//!    saying why, and the old image resumes (its flags taken from the state it wrote) and
+//!    answers the upgrade with that error.
 //! 5. The image that serves reaps what exited meanwhile (those children stayed zombies of
 //!    the same pid), sends `READY=1`, answers `daemon/upgrade` with `{from, to, upgrades,
 //!    pause_ms}` and audits `upgrade`.
