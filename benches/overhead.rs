@@ -672,6 +672,9 @@ fn direct_pty_read(argv: &[&str]) -> u64 {
         });
     }
     let mut child = cmd.spawn().expect("spawn");
+    // The command keeps the slave's copies it was given: ours go, so the master reads EIO
+    // once the command's tree has closed it.
+    drop(cmd);
     drop(slave);
     let mut m = std::fs::File::from(master);
     let mut buf = vec![0u8; 256 << 10];
