@@ -15,7 +15,8 @@
 //! - `core/`: every piece of state and every decision, pure and on fake clocks in its
 //!   tests: parked requests, a command's life, the output budget, the gate and approvals,
 //!   sessions, shutdown, the event pump; the table, rings, timers, the launch request.
-//! - `wire/`: sans-I/O codecs: JSON-RPC lines, HTTP/1.1, and the encodings they share.
+//! - `wire/`: sans-I/O codecs: JSON-RPC lines, HTTP/1.1, the encodings they share, and
+//!   the versioned state an upgrade in place carries to the next image (`wire::state`).
 //! - `policy/`: the rules and the shell-line splitter they judge by. Pure.
 //! - `sys/`: every system call and every `unsafe` block: spawn, reap, ids, sockets,
 //!   inotify, containment (process groups, cgroups), systemd, the log and audit sinks.
