@@ -499,6 +499,10 @@ fn another_uid_neither_sees_nor_reaches_a_session() {
         ("shell/write", json!({"id": "mine", "input": "x"})),
         ("shell/kill", json!({"id": "mine"})),
         (
+            "shell/resize",
+            json!({"id": "mine", "rows": 30, "cols": 100}),
+        ),
+        (
             "shell/sessions/update",
             json!({"id": "mine", "no_change_timeout": 1}),
         ),
@@ -769,6 +773,92 @@ fn the_http_routes_close_with_delete_and_an_unknown_id_is_404() {
     );
     let (status, body) = http(&d.socket, "DELETE", "/v1/shell/sessions", &json!({}));
     assert_eq!(status, 200, "{body}");
+    assert_no_panic(&d);
+}
+
+/// `shell/resize` (execd's, beside the SDK's methods): the session's terminal takes the
+/// size, a shell started again keeps it, and bad sizes and unknown ids are refused as the
+/// other methods refuse them.
+#[test]
+fn shell_resize_sets_the_sessions_terminal_size_and_refuses_what_bash_resize_refuses() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    ok(&mut c, "shell/sessions/create", json!({"id": "w"}));
+    let size =
+        |c: &mut Client| exec(c, json!({"id": "w", "command": "stty size"}))["output"].clone();
+    assert_eq!(size(&mut c), "24 80\n");
+    assert_eq!(
+        ok(
+            &mut c,
+            "shell/resize",
+            json!({"id": "w", "rows": 30, "cols": 100})
+        ),
+        json!({})
+    );
+    assert_eq!(size(&mut c), "30 100\n");
+    let info = &ok(&mut c, "shell/sessions", json!({}))["sessions"]["w"];
+    assert_eq!(info["size"], json!({"rows": 30, "cols": 100}));
+    for bad in [
+        json!({"id": "w", "rows": 0, "cols": 80}),
+        json!({"id": "w", "rows": 24, "cols": 1001}),
+        json!({"id": "w", "rows": 24}),
+        json!({"id": "w", "rows": -1, "cols": 80}),
+        json!({"id": "w", "rows": "24", "cols": 80}),
+    ] {
+        let (code, _, _) = err(&mut c, "shell/resize", bad.clone());
+        assert_eq!(code, -32602, "{bad}");
+    }
+    let (code, _, _) = err(
+        &mut c,
+        "shell/resize",
+        json!({"id": "nope", "rows": 5, "cols": 5}),
+    );
+    assert_eq!(code, -32002);
+    let (code, _, _) = err(&mut c, "shell/view", json!({"id": "nope"}));
+    assert_eq!(code, -32002, "the same answer as the other methods");
+    // A shell that dies is started again at the session's size.
+    let r = exec(&mut c, json!({"id": "w", "command": "exit"}));
+    assert_eq!(r["status"], "terminated", "{r}");
+    assert_eq!(size(&mut c), "30 100\n");
+    // Bytes that are not text reach the program with encoding base64.
+    exec(
+        &mut c,
+        json!({"id": "w", "command": "head -c 3 | od -An -tx1", "async_mode": true}),
+    );
+    ok(
+        &mut c,
+        "shell/write",
+        json!({"id": "w", "input": "/wEK", "encoding": "base64"}),
+    );
+    ok(&mut c, "shell/wait", json!({"id": "w", "seconds": 15}));
+    let v = ok(&mut c, "shell/view", json!({"id": "w"}));
+    assert!(
+        v["output"].as_str().is_some_and(|o| o.contains("ff 01 0a")),
+        "{v}"
+    );
+    // HTTP: the route, and 422 / 404 as section 11 maps the codes.
+    let (status, body) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "w", "rows": 40, "cols": 120}),
+    );
+    assert_eq!((status, &body["success"]), (200, &json!(true)), "{body}");
+    assert_eq!(size(&mut c), "40 120\n");
+    let (status, _) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "w", "rows": 0, "cols": 1}),
+    );
+    assert_eq!(status, 422);
+    let (status, _) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "nope", "rows": 1, "cols": 1}),
+    );
+    assert_eq!(status, 404);
     assert_no_panic(&d);
 }
 

@@ -53,7 +53,7 @@ use super::launch::{LaunchRequest, Origin};
 use super::table::{Key, KillReason, Peer, Proc, SessionKey};
 use super::timers::TimerId;
 use super::{Core, Effect, Timer};
-use crate::types::Ended;
+use crate::types::{Ended, WinSize};
 use crate::wire::rpc::RpcError;
 
 mod markers;
@@ -261,6 +261,8 @@ pub struct ShellSession {
     pub last_used_wall: SystemTime,
     pub no_change_timeout: Duration,
     pub keep_symlinks: bool,
+    /// Its terminal's window size (`shell/resize`): a shell started again gets it too.
+    pub size: WinSize,
     /// The shell now (none while one is being started).
     pub shell: Option<Key>,
     pub phase: Phase,
@@ -405,7 +407,7 @@ impl Core {
             env,
             cwd: s.workdir.clone(),
             cwd_field: "exec_dir",
-            stdio: crate::types::Stdio3::Shell(crate::types::WinSize::DEFAULT),
+            stdio: crate::types::Stdio3::Shell(s.size),
             ring_capacity: self.cfg.output_limit,
             prefix: "sh",
             subscribe: None,
@@ -469,6 +471,7 @@ impl Core {
                 last_used_wall: self.wall,
                 no_change_timeout: no_change_timeout.unwrap_or(DEFAULT_NO_CHANGE),
                 keep_symlinks,
+                size: WinSize::DEFAULT,
                 shell: None,
                 phase: Phase::Spawning,
                 nonce: String::new(),
@@ -1053,6 +1056,26 @@ impl Core {
         Ok("running")
     }
 
+    /// Sets the window size of session `key`'s terminal (`shell/resize`): its running
+    /// shell's PTY now (the kernel sends SIGWINCH to the foreground job), and the shell
+    /// started next, should this one die.
+    pub fn shell_resize(&mut self, key: &SessionKey, size: WinSize) -> Result<(), RpcError> {
+        let s = self
+            .shells
+            .map
+            .get_mut(key)
+            .ok_or_else(|| RpcError::not_found("shell session", &key.1))?;
+        s.size = size;
+        match s
+            .shell
+            .filter(|k| self.table.get(*k).is_some_and(Proc::running))
+        {
+            Some(shell) => self.resize(shell, size),
+            // Being started: it starts with this size.
+            None => Ok(()),
+        }
+    }
+
     /// Drops console records beyond `CONSOLE_RECORDS` (never the current one), and the
     /// exited shells no record refers to any more.
     fn trim_console(&mut self, key: &SessionKey) {
@@ -1430,6 +1453,39 @@ mod tests {
         assert_eq!(c.shells.map[&key].restarts, 1);
         // The old shell is kept while a record's output is in it.
         assert!(c.shells.map[&key].old.contains(&k));
+    }
+
+    #[test]
+    fn a_resize_reaches_the_shells_terminal_and_the_shell_started_next() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        c.out.clear();
+        let size = WinSize {
+            rows: 30,
+            cols: 100,
+        };
+        c.shell_resize(&key, size).expect("resize");
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::Resize { key: x, size: s } if *x == k && *s == size)));
+        assert_eq!(c.table.get(k).unwrap().tty.as_ref().unwrap().size, size);
+        c.out.clear();
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        let spawn = c.out.iter().find_map(|e| match e {
+            Effect::Spawn(l) => Some(l.clone()),
+            _ => None,
+        });
+        assert_eq!(spawn.expect("a new shell").stdio, Stdio3::Shell(size));
+        // Between two shells there is no terminal: the size waits for the next one.
+        c.out.clear();
+        let small = WinSize { rows: 5, cols: 7 };
+        c.shell_resize(&key, small).expect("resize");
+        assert!(!c.out.iter().any(|e| matches!(e, Effect::Resize { .. })));
+        assert_eq!(c.shells.map[&key].size, small);
+        let unknown = (1000, "nope".to_string());
+        assert_eq!(c.shell_resize(&unknown, small).unwrap_err().code, -32002);
     }
 
     #[test]
