@@ -776,6 +776,30 @@ fn the_http_routes_close_with_delete_and_an_unknown_id_is_404() {
     assert_no_panic(&d);
 }
 
+/// `$?` at the start of a line is the last line's status, as at a prompt, and giving it
+/// back fires no ERR trap.
+#[test]
+fn the_last_status_carries_over_to_the_next_line() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let out = |c: &mut Client, line: &str| {
+        exec(c, json!({"id": "st", "command": line}))["output"].clone()
+    };
+    out(&mut c, "false");
+    assert_eq!(out(&mut c, "echo $?"), "1\n");
+    assert_eq!(out(&mut c, "echo $?"), "0\n");
+    out(&mut c, "(exit 7)");
+    assert_eq!(out(&mut c, "echo $? $?"), "7 7\n");
+    out(&mut c, "trap 'echo ERR' ERR");
+    assert!(out(&mut c, "false")
+        .as_str()
+        .is_some_and(|o| o.starts_with("ERR\n")));
+    assert_eq!(out(&mut c, "echo $?"), "1\n");
+    let v = ok(&mut c, "shell/view", json!({"id": "st"}));
+    assert_eq!(v["restarts"], 0, "{v}");
+    assert_no_panic(&d);
+}
+
 /// `shell/resize` (execd's, beside the SDK's methods): the session's terminal takes the
 /// size, a shell started again keeps it, and bad sizes and unknown ids are refused as the
 /// other methods refuse them.

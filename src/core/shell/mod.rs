@@ -10,13 +10,15 @@
 //!   run as a command, whatever is typed when.
 //! - Once started, the shell is sent a setup line (the daemon's own, not a request's)
 //!   that defines the prompt and two functions (`setup_line`). A command line is then
-//!   ` __execd_pre SEQ 'CMD' 'DIR' STRICT PHYS && eval -- "$__execd_c" </dev/tty`
-//!   (`command_line`): the command and its `exec_dir` travel as `\xNN` escapes, so the
-//!   line holds no character the shell gives a meaning to and no fragment of it could
-//!   ever run as something else; `__execd_pre` decodes them, adds the command to
-//!   history, enters `exec_dir` and prints the start marker; `eval` runs the command at
-//!   the top level (so `cd`, `export`, `declare`, functions persist as if typed), with
-//!   the terminal as its stdin.
+//!   ` __execd_pre SEQ 'CMD' 'DIR' STRICT PHYS && { __execd_st && :; eval -- "$__execd_c";
+//!   } </dev/tty` (`command_line`): the command and its `exec_dir` travel as `\xNN`
+//!   escapes, so the line holds no character the shell gives a meaning to and no
+//!   fragment of it could ever run as something else; `__execd_pre` decodes them, adds
+//!   the command to history, enters `exec_dir` and prints the start marker;
+//!   `__execd_st` gives `$?` back the last command's status, as a prompt would (`false`,
+//!   then `echo $?` shows 1; `&& :` keeps a failing status from `set -e` and ERR traps);
+//!   `eval` runs the command at the top level (so `cd`, `export`, `declare`, functions
+//!   persist as if typed), with the terminal as its stdin.
 //! - Markers are OSC sequences `ESC ] 6973 ; KIND ; NONCE [; FIELD...] BEL`, written to
 //!   `/dev/tty`. Text replies strip every escape sequence, so they are never shown. The
 //!   nonce is random per shell and lives only in unexported shell variables: a program
@@ -1614,7 +1616,7 @@ mod tests {
         let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts);
         let text = String::from_utf8(line).unwrap();
         assert!(text.starts_with(" __execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
-        assert!(text.ends_with(" s -P && eval -- \"$__execd_c\" </dev/tty\n"));
+        assert!(text.ends_with(" s -P && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"));
         let payload = text.split('\'').nth(1).unwrap();
         assert!(payload
             .as_bytes()
@@ -1625,7 +1627,7 @@ mod tests {
         let plain = command_line(1, "true", &LineOpts::default());
         assert_eq!(
             plain,
-            b" __execd_pre 1 '\\x74\\x72\\x75\\x65' '' -  && eval -- \"$__execd_c\" </dev/tty\n"
+            b" __execd_pre 1 '\\x74\\x72\\x75\\x65' '' -  && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"
         );
     }
 
