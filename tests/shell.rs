@@ -1013,8 +1013,13 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
     std::thread::sleep(Duration::from_millis(300));
     keys.write_all(b"typed in\n").expect("type");
     screen.wait_for("got typed in", 1);
-    keys.write_all(b"sleep 30\n").expect("type");
+    // Keys typed before the command has ended are its own (as in any terminal): the
+    // next line waits for the prompt.
     let mut c = d.client();
+    wait_until("the prompt", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "completed"
+    });
+    keys.write_all(b"sleep 30\n").expect("type");
     wait_until("sleep runs", || {
         ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "running"
     });
@@ -1026,7 +1031,7 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
     assert!(t.elapsed() < Duration::from_secs(5));
     keys.write_all(b"echo after\n").expect("type");
     let deadline = Instant::now() + WAIT;
-    // Its echo (cooked, maybe before the prompt comes back) and its output.
+    // Its echo (execctl's, at the prompt) and its output.
     while screen.text().matches("after\r\n").count() < 2 {
         assert!(
             Instant::now() < deadline,
@@ -1037,6 +1042,9 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
         std::thread::sleep(Duration::from_millis(20));
     }
     // Ctrl-D at the prompt leaves; the session stays.
+    wait_until("the prompt", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "completed"
+    });
     keys.write_all(b"\x04").expect("type");
     let deadline = Instant::now() + WAIT;
     let status = loop {
