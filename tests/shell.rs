@@ -499,6 +499,10 @@ fn another_uid_neither_sees_nor_reaches_a_session() {
         ("shell/write", json!({"id": "mine", "input": "x"})),
         ("shell/kill", json!({"id": "mine"})),
         (
+            "shell/resize",
+            json!({"id": "mine", "rows": 30, "cols": 100}),
+        ),
+        (
             "shell/sessions/update",
             json!({"id": "mine", "no_change_timeout": 1}),
         ),
@@ -772,6 +776,116 @@ fn the_http_routes_close_with_delete_and_an_unknown_id_is_404() {
     assert_no_panic(&d);
 }
 
+/// `$?` at the start of a line is the last line's status, as at a prompt, and giving it
+/// back fires no ERR trap.
+#[test]
+fn the_last_status_carries_over_to_the_next_line() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let out = |c: &mut Client, line: &str| {
+        exec(c, json!({"id": "st", "command": line}))["output"].clone()
+    };
+    out(&mut c, "false");
+    assert_eq!(out(&mut c, "echo $?"), "1\n");
+    assert_eq!(out(&mut c, "echo $?"), "0\n");
+    out(&mut c, "(exit 7)");
+    assert_eq!(out(&mut c, "echo $? $?"), "7 7\n");
+    out(&mut c, "trap 'echo ERR' ERR");
+    assert!(out(&mut c, "false")
+        .as_str()
+        .is_some_and(|o| o.starts_with("ERR\n")));
+    assert_eq!(out(&mut c, "echo $?"), "1\n");
+    let v = ok(&mut c, "shell/view", json!({"id": "st"}));
+    assert_eq!(v["restarts"], 0, "{v}");
+    assert_no_panic(&d);
+}
+
+/// `shell/resize` (execd's, beside the SDK's methods): the session's terminal takes the
+/// size, a shell started again keeps it, and bad sizes and unknown ids are refused as the
+/// other methods refuse them.
+#[test]
+fn shell_resize_sets_the_sessions_terminal_size_and_refuses_what_bash_resize_refuses() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    ok(&mut c, "shell/sessions/create", json!({"id": "w"}));
+    let size =
+        |c: &mut Client| exec(c, json!({"id": "w", "command": "stty size"}))["output"].clone();
+    assert_eq!(size(&mut c), "24 80\n");
+    assert_eq!(
+        ok(
+            &mut c,
+            "shell/resize",
+            json!({"id": "w", "rows": 30, "cols": 100})
+        ),
+        json!({})
+    );
+    assert_eq!(size(&mut c), "30 100\n");
+    let info = &ok(&mut c, "shell/sessions", json!({}))["sessions"]["w"];
+    assert_eq!(info["size"], json!({"rows": 30, "cols": 100}));
+    for bad in [
+        json!({"id": "w", "rows": 0, "cols": 80}),
+        json!({"id": "w", "rows": 24, "cols": 1001}),
+        json!({"id": "w", "rows": 24}),
+        json!({"id": "w", "rows": -1, "cols": 80}),
+        json!({"id": "w", "rows": "24", "cols": 80}),
+    ] {
+        let (code, _, _) = err(&mut c, "shell/resize", bad.clone());
+        assert_eq!(code, -32602, "{bad}");
+    }
+    let (code, _, _) = err(
+        &mut c,
+        "shell/resize",
+        json!({"id": "nope", "rows": 5, "cols": 5}),
+    );
+    assert_eq!(code, -32002);
+    let (code, _, _) = err(&mut c, "shell/view", json!({"id": "nope"}));
+    assert_eq!(code, -32002, "the same answer as the other methods");
+    // A shell that dies is started again at the session's size.
+    let r = exec(&mut c, json!({"id": "w", "command": "exit"}));
+    assert_eq!(r["status"], "terminated", "{r}");
+    assert_eq!(size(&mut c), "30 100\n");
+    // Bytes that are not text reach the program with encoding base64.
+    exec(
+        &mut c,
+        json!({"id": "w", "command": "head -c 3 | od -An -tx1", "async_mode": true}),
+    );
+    ok(
+        &mut c,
+        "shell/write",
+        json!({"id": "w", "input": "/wEK", "encoding": "base64"}),
+    );
+    ok(&mut c, "shell/wait", json!({"id": "w", "seconds": 15}));
+    let v = ok(&mut c, "shell/view", json!({"id": "w"}));
+    assert!(
+        v["output"].as_str().is_some_and(|o| o.contains("ff 01 0a")),
+        "{v}"
+    );
+    // HTTP: the route, and 422 / 404 as section 11 maps the codes.
+    let (status, body) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "w", "rows": 40, "cols": 120}),
+    );
+    assert_eq!((status, &body["success"]), (200, &json!(true)), "{body}");
+    assert_eq!(size(&mut c), "40 120\n");
+    let (status, _) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "w", "rows": 0, "cols": 1}),
+    );
+    assert_eq!(status, 422);
+    let (status, _) = http(
+        &d.socket,
+        "POST",
+        "/v1/shell/resize",
+        &json!({"id": "nope", "rows": 1, "cols": 1}),
+    );
+    assert_eq!(status, 404);
+    assert_no_panic(&d);
+}
+
 #[test]
 fn a_session_s_shell_can_be_watched_through_events() {
     let d = Daemon::start(&[]);
@@ -899,8 +1013,13 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
     std::thread::sleep(Duration::from_millis(300));
     keys.write_all(b"typed in\n").expect("type");
     screen.wait_for("got typed in", 1);
-    keys.write_all(b"sleep 30\n").expect("type");
+    // Keys typed before the command has ended are its own (as in any terminal): the
+    // next line waits for the prompt.
     let mut c = d.client();
+    wait_until("the prompt", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "completed"
+    });
+    keys.write_all(b"sleep 30\n").expect("type");
     wait_until("sleep runs", || {
         ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "running"
     });
@@ -912,7 +1031,7 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
     assert!(t.elapsed() < Duration::from_secs(5));
     keys.write_all(b"echo after\n").expect("type");
     let deadline = Instant::now() + WAIT;
-    // Its echo (cooked, maybe before the prompt comes back) and its output.
+    // Its echo (execctl's, at the prompt) and its output.
     while screen.text().matches("after\r\n").count() < 2 {
         assert!(
             Instant::now() < deadline,
@@ -923,6 +1042,9 @@ fn execctl_shell_at_a_terminal_sends_input_to_the_running_command_and_ctrl_c_int
         std::thread::sleep(Duration::from_millis(20));
     }
     // Ctrl-D at the prompt leaves; the session stays.
+    wait_until("the prompt", || {
+        ok(&mut c, "shell/view", json!({"id": "typed"}))["status"] == "completed"
+    });
     keys.write_all(b"\x04").expect("type");
     let deadline = Instant::now() + WAIT;
     let status = loop {

@@ -21,6 +21,7 @@ mod bash;
 mod bounds;
 mod cli_manage;
 mod cli_policy;
+mod cli_shell;
 mod cli_stream;
 mod cli_tty;
 mod contain;

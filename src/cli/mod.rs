@@ -15,8 +15,8 @@
 //!   `foreground`: how such a command is ended (signals, timeouts, a closed stdout);
 //!   `tty`: `run -t`, `exec -t` and `attach` (a PTY command on execctl's own terminal).
 //! - One room per subcommand group: `ps`, `logs`, `wait`, `status`, `kill` (`kill`,
-//!   `release`), `sessions`, `shell` (a shell session at the terminal), `policy`
-//!   (`policy check`, `approve`).
+//!   `release`), `sessions`, `shell` (a shell session at the terminal; `shell_tty` when
+//!   that is a terminal, raw), `policy` (`policy check`, `approve`).
 
 mod args;
 mod completions;
@@ -34,6 +34,7 @@ mod ps;
 mod run;
 mod sessions;
 mod shell;
+mod shell_tty;
 mod ssh;
 mod status;
 mod tty;

@@ -86,6 +86,9 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     let s = c.call("shell/sessions/create", params)?;
     let sid = s["session_id"].as_str().unwrap_or_default().to_string();
+    if io::stdin().is_terminal() && io::stdout().is_terminal() {
+        return on_terminal(ctx, &mut c, &s, existed);
+    }
     let interactive = io::stdin().is_terminal();
     if interactive {
         warn(&format!(
@@ -193,6 +196,30 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
     Ok(r.last_exit.map_or(0, |c| c.clamp(0, 255) as u8))
 }
 
+/// The terminal client (`shell_tty`), from the session as `shell/sessions/create`
+/// answered: a new one is shown from its first byte (its first prompt); an existing one
+/// from now, its prompt shown again, or its running command followed.
+fn on_terminal(ctx: &Ctx, c: &mut Client, s: &serde_json::Value, existed: bool) -> Res<u8> {
+    let sid = s["session_id"].as_str().unwrap_or_default().to_string();
+    let mut start = super::shell_tty::Start {
+        sid: sid.clone(),
+        process: s["process_id"].as_str().unwrap_or_default().to_string(),
+        from: 0,
+        prompt: String::new(),
+        running: None,
+    };
+    if existed {
+        let v = c.call("shell/view", json!({ "id": sid }))?;
+        start.from = s["output_bytes"].as_u64().unwrap_or(0);
+        if v["status"] == "running" {
+            start.running = Some(v["command"].as_str().unwrap_or_default().to_string());
+        } else {
+            start.prompt = v["prompt"].as_str().unwrap_or_default().to_string();
+        }
+    }
+    super::shell_tty::run(ctx, c, start)
+}
+
 /// How long execctl waits at the end of a script for the output to be printed.
 const SYNC_WAIT: Duration = Duration::from_secs(5);
 /// How often the output thread looks whether it was asked to sync.
@@ -282,7 +309,7 @@ fn shown(m: &serde_json::Value, process: &str) -> bool {
 }
 
 /// The session's shell process once it is another than `old` (bounded).
-fn next_shell(c: &mut Client, sid: &str, old: &str) -> Option<String> {
+pub(super) fn next_shell(c: &mut Client, sid: &str, old: &str) -> Option<String> {
     let deadline = Instant::now() + RESTART_WAIT;
     while Instant::now() < deadline {
         let l = c.call("shell/sessions", json!({})).ok()?;

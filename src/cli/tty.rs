@@ -91,7 +91,7 @@ fn need_terminal(what: &str) -> Res<()> {
 }
 
 /// execctl's terminal's size: stdin's, else stdout's.
-fn own_size() -> Option<(u16, u16)> {
+pub(super) fn own_size() -> Option<(u16, u16)> {
     term::window_size(0).or_else(|| term::window_size(1))
 }
 
@@ -192,11 +192,12 @@ fn saved() -> std::sync::MutexGuard<'static, Saved> {
     SAVED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Puts stdin's terminal in raw mode until the guard goes (or `restore`).
+/// Puts stdin's terminal in raw mode until the guard goes (or `restore`). `run -t`,
+/// `attach` and `execctl shell` each enter it once, for their whole time on the terminal.
 pub struct Raw(());
 
 impl Raw {
-    fn enter() -> Res<Raw> {
+    pub(super) fn enter() -> Res<Raw> {
         let mut s = saved();
         if s.closed || s.modes.is_some() {
             return Ok(Raw(()));
@@ -217,7 +218,7 @@ impl Raw {
     }
 
     /// After a stop and a continue (SIGCONT) the shell may have reset the terminal.
-    fn again() {
+    pub(super) fn again() {
         let s = saved();
         if let (Some(m), false) = (&s.modes, s.closed) {
             let _ = m.raw().set(0);
@@ -231,8 +232,9 @@ impl Drop for Raw {
     }
 }
 
-/// Puts execctl's terminal back as it was; from then on raw mode stays off.
-fn restore() {
+/// Puts execctl's terminal back as it was; from then on raw mode stays off. Any thread
+/// may call it, any number of times, before it ends execctl.
+pub(super) fn restore() {
     let mut s = saved();
     s.closed = true;
     if let Some(m) = s.modes.take() {

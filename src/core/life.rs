@@ -402,10 +402,10 @@ impl Core {
         Err(RpcError::limit("stdin-buffer", capacity))
     }
 
-    /// Sets the window size of `key`'s terminal (`terminal/resize`, `bash/resize`): the
-    /// screen, if one is kept, takes the new size, and the loop tells the kernel (which
-    /// sends SIGWINCH to the foreground job). `-32602` naming `tty` for a command without
-    /// one.
+    /// Sets the window size of `key`'s terminal (`terminal/resize`, `bash/resize`, a shell
+    /// session's `shell/resize`): the screen, if one is kept, takes the new size, and the
+    /// loop tells the kernel (which sends SIGWINCH to the foreground job). `-32602` naming
+    /// `tty` for a command without one.
     pub fn resize(&mut self, key: Key, size: WinSize) -> Result<(), RpcError> {
         let tty = self
             .table

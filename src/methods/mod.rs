@@ -49,6 +49,7 @@ pub fn method(name: &str) -> Option<Method> {
         "shell/wait" => shell::wait,
         "shell/write" => shell::write,
         "shell/kill" => shell::kill,
+        "shell/resize" => shell::resize,
         "shell/sessions" => shell::sessions,
         "shell/sessions/create" => shell::create_session,
         "shell/sessions/update" => shell::update_session,

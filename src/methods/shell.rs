@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::launch::{validate_dir, After, LaunchRequest};
+use crate::core::launch::{resize_to, validate_dir, After, LaunchRequest};
 use crate::core::ring::middle_cut;
 use crate::core::shell::{
     self, LineOpts, Phase, Record, RecordStep as RecStep, ShellExec, ShellSession, ShellThen,
@@ -177,7 +177,8 @@ fn status_of(r: Option<&Record>) -> Value {
 }
 
 /// A session as `shell/sessions` lists it (the SDK's `ShellSessionInfo`, and what execd
-/// adds: the shell's process id for `events/subscribe`, its pid, restarts).
+/// adds: the shell's process id for `events/subscribe`, its pid, restarts, its
+/// terminal's size).
 fn session_info(core: &Core, s: &ShellSession) -> Value {
     let active = s.busy() || core.now.saturating_duration_since(s.last_used) < shell::ACTIVE_WITHIN;
     let shell = s.shell.and_then(|k| core.table.get(k));
@@ -193,6 +194,7 @@ fn session_info(core: &Core, s: &ShellSession) -> Value {
         "output_bytes": shell.map_or(0, |p| p.streams[0].ring.end()),
         "pid": shell.map(|p| p.pid),
         "restarts": s.restarts,
+        "size": { "rows": s.size.rows, "cols": s.size.cols },
         "failed": match &s.phase { Phase::Failed(why) => Value::from(why.clone()), _ => Value::Null },
     })
 }
@@ -553,14 +555,15 @@ pub fn wait(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     })
 }
 
-/// `shell/write {id, input, press_enter?}`: input for the running program, through its
-/// terminal (`"\u0003"` is Ctrl-C); `press_enter` adds the Enter key (CR). With the shell
-/// at its prompt: `-32000` (commands go through `exec` and the gate).
+/// `shell/write {id, input, press_enter?, encoding?}`: input for the running program,
+/// through its terminal (`"\u0003"` is Ctrl-C); `press_enter` adds the Enter key (CR);
+/// `encoding: "base64"` (execd's, as `bash/write` takes it) carries bytes that are not
+/// text, such as a terminal's keys as `execctl shell` forwards them. With the shell at
+/// its prompt: `-32000` (commands go through `exec` and the gate).
 pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
-    let input = p.str("input")?;
+    let mut data = super::bash::write_input(p)?;
     let enter = p.opt_bool("press_enter")?.unwrap_or(false);
     let key = existing(core, caller, p)?;
-    let mut data = input.as_bytes().to_vec();
     if enter {
         data.push(b'\r');
     }
@@ -568,6 +571,16 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     Ok(Step::Done(
         json!({ "status": status, "written": data.len() }),
     ))
+}
+
+/// `shell/resize {id, rows, cols}` (execd's, as `bash/resize` is): the window size of
+/// the session's terminal, 1..1000 each (`-32602` naming `rows` otherwise); kept for the
+/// shell started next if this one dies.
+pub fn resize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
+    let size = resize_to(p)?;
+    let key = existing(core, caller, p)?;
+    core.shell_resize(&key, size)?;
+    Ok(Step::Done(json!({})))
 }
 
 /// `shell/kill {id}`: SIGINT to the running command's foreground job, the section 3 kill

@@ -157,10 +157,10 @@ pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Ve
     let dir = escaped(dir.as_os_str().as_bytes());
     format!(
         " set +o history +H; unset HISTFILE; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
-__execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; \
+__execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_s=0; \
 __execd_hex() {{ local LC_ALL=C __i __h=; for ((__i=0; __i<${{#PWD}}; __i++)); do \
 builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; }}; \
-__execd_prompt() {{ local __s=$?; \
+__execd_prompt() {{ local __s=$?; __execd_s=$__s; \
 if [[ -n $__execd_back ]]; then builtin cd -- \"$__execd_back\"; __execd_back=; fi; \
 if [[ -n $__execd_was ]]; then builtin set $__execd_was; __execd_was=; fi; \
 if [[ $PWD != \"$__execd_lp\" ]]; then __execd_hex; fi; \
@@ -171,6 +171,7 @@ if [[ -n $3 ]]; then local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]]
 builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then \
 builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; return 2; fi; }}; fi; \
 builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; }}; \
+__execd_st() {{ return \"$__execd_s\"; }}; \
 PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
 builtin set {physical}; builtin printf -v __execd_c %b '{dir}'; builtin cd -- \"$__execd_c\"; \
 __execd_c=; builtin history -c\n"
@@ -195,7 +196,7 @@ pub fn command_line(seq: u64, command: &str, opts: &LineOpts) -> Vec<u8> {
         (true, true) => "se",
     };
     format!(
-        " __execd_pre {seq} '{}' '{}' {flags} {physical} && eval -- \"$__execd_c\" </dev/tty\n",
+        " __execd_pre {seq} '{}' '{}' {flags} {physical} && {{ __execd_st && :; eval -- \"$__execd_c\"; }} </dev/tty\n",
         escaped(command.as_bytes()),
         escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
     )

@@ -10,13 +10,15 @@
 //!   run as a command, whatever is typed when.
 //! - Once started, the shell is sent a setup line (the daemon's own, not a request's)
 //!   that defines the prompt and two functions (`setup_line`). A command line is then
-//!   ` __execd_pre SEQ 'CMD' 'DIR' STRICT PHYS && eval -- "$__execd_c" </dev/tty`
-//!   (`command_line`): the command and its `exec_dir` travel as `\xNN` escapes, so the
-//!   line holds no character the shell gives a meaning to and no fragment of it could
-//!   ever run as something else; `__execd_pre` decodes them, adds the command to
-//!   history, enters `exec_dir` and prints the start marker; `eval` runs the command at
-//!   the top level (so `cd`, `export`, `declare`, functions persist as if typed), with
-//!   the terminal as its stdin.
+//!   ` __execd_pre SEQ 'CMD' 'DIR' STRICT PHYS && { __execd_st && :; eval -- "$__execd_c";
+//!   } </dev/tty` (`command_line`): the command and its `exec_dir` travel as `\xNN`
+//!   escapes, so the line holds no character the shell gives a meaning to and no
+//!   fragment of it could ever run as something else; `__execd_pre` decodes them, adds
+//!   the command to history, enters `exec_dir` and prints the start marker;
+//!   `__execd_st` gives `$?` back the last command's status, as a prompt would (`false`,
+//!   then `echo $?` shows 1; `&& :` keeps a failing status from `set -e` and ERR traps);
+//!   `eval` runs the command at the top level (so `cd`, `export`, `declare`, functions
+//!   persist as if typed), with the terminal as its stdin.
 //! - Markers are OSC sequences `ESC ] 6973 ; KIND ; NONCE [; FIELD...] BEL`, written to
 //!   `/dev/tty`. Text replies strip every escape sequence, so they are never shown. The
 //!   nonce is random per shell and lives only in unexported shell variables: a program
@@ -53,7 +55,7 @@ use super::launch::{LaunchRequest, Origin};
 use super::table::{Key, KillReason, Peer, Proc, SessionKey};
 use super::timers::TimerId;
 use super::{Core, Effect, Timer};
-use crate::types::Ended;
+use crate::types::{Ended, WinSize};
 use crate::wire::rpc::RpcError;
 
 pub mod carry;
@@ -262,6 +264,8 @@ pub struct ShellSession {
     pub last_used_wall: SystemTime,
     pub no_change_timeout: Duration,
     pub keep_symlinks: bool,
+    /// Its terminal's window size (`shell/resize`): a shell started again gets it too.
+    pub size: WinSize,
     /// The shell now (none while one is being started).
     pub shell: Option<Key>,
     pub phase: Phase,
@@ -406,7 +410,7 @@ impl Core {
             env,
             cwd: s.workdir.clone(),
             cwd_field: "exec_dir",
-            stdio: crate::types::Stdio3::Shell(crate::types::WinSize::DEFAULT),
+            stdio: crate::types::Stdio3::Shell(s.size),
             ring_capacity: self.cfg.output_limit,
             prefix: "sh",
             subscribe: None,
@@ -470,6 +474,7 @@ impl Core {
                 last_used_wall: self.wall,
                 no_change_timeout: no_change_timeout.unwrap_or(DEFAULT_NO_CHANGE),
                 keep_symlinks,
+                size: WinSize::DEFAULT,
                 shell: None,
                 phase: Phase::Spawning,
                 nonce: String::new(),
@@ -1054,6 +1059,26 @@ impl Core {
         Ok("running")
     }
 
+    /// Sets the window size of session `key`'s terminal (`shell/resize`): its running
+    /// shell's PTY now (the kernel sends SIGWINCH to the foreground job), and the shell
+    /// started next, should this one die.
+    pub fn shell_resize(&mut self, key: &SessionKey, size: WinSize) -> Result<(), RpcError> {
+        let s = self
+            .shells
+            .map
+            .get_mut(key)
+            .ok_or_else(|| RpcError::not_found("shell session", &key.1))?;
+        s.size = size;
+        match s
+            .shell
+            .filter(|k| self.table.get(*k).is_some_and(Proc::running))
+        {
+            Some(shell) => self.resize(shell, size),
+            // Being started: it starts with this size.
+            None => Ok(()),
+        }
+    }
+
     /// Drops console records beyond `CONSOLE_RECORDS` (never the current one), and the
     /// exited shells no record refers to any more.
     fn trim_console(&mut self, key: &SessionKey) {
@@ -1434,6 +1459,39 @@ mod tests {
     }
 
     #[test]
+    fn a_resize_reaches_the_shells_terminal_and_the_shell_started_next() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        c.out.clear();
+        let size = WinSize {
+            rows: 30,
+            cols: 100,
+        };
+        c.shell_resize(&key, size).expect("resize");
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::Resize { key: x, size: s } if *x == k && *s == size)));
+        assert_eq!(c.table.get(k).unwrap().tty.as_ref().unwrap().size, size);
+        c.out.clear();
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        let spawn = c.out.iter().find_map(|e| match e {
+            Effect::Spawn(l) => Some(l.clone()),
+            _ => None,
+        });
+        assert_eq!(spawn.expect("a new shell").stdio, Stdio3::Shell(size));
+        // Between two shells there is no terminal: the size waits for the next one.
+        c.out.clear();
+        let small = WinSize { rows: 5, cols: 7 };
+        c.shell_resize(&key, small).expect("resize");
+        assert!(!c.out.iter().any(|e| matches!(e, Effect::Resize { .. })));
+        assert_eq!(c.shells.map[&key].size, small);
+        let unknown = (1000, "nope".to_string());
+        assert_eq!(c.shell_resize(&unknown, small).unwrap_err().code, -32002);
+    }
+
+    #[test]
     fn a_shell_that_dies_before_its_first_prompt_twice_fails_the_session() {
         let mut c = testkit::core();
         let (key, k) = with_shell(&mut c);
@@ -1559,7 +1617,7 @@ mod tests {
         let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts);
         let text = String::from_utf8(line).unwrap();
         assert!(text.starts_with(" __execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
-        assert!(text.ends_with(" s -P && eval -- \"$__execd_c\" </dev/tty\n"));
+        assert!(text.ends_with(" s -P && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"));
         let payload = text.split('\'').nth(1).unwrap();
         assert!(payload
             .as_bytes()
@@ -1570,7 +1628,7 @@ mod tests {
         let plain = command_line(1, "true", &LineOpts::default());
         assert_eq!(
             plain,
-            b" __execd_pre 1 '\\x74\\x72\\x75\\x65' '' -  && eval -- \"$__execd_c\" </dev/tty\n"
+            b" __execd_pre 1 '\\x74\\x72\\x75\\x65' '' -  && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"
         );
     }
 

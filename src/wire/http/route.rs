@@ -137,6 +137,8 @@ fn shell_route(method: &str, rest: &str) -> Result<Route, Refusal> {
         "wait" => fixed("shell/wait", "POST"),
         "write" => fixed("shell/write", "POST"),
         "kill" => fixed("shell/kill", "POST"),
+        // execd's, beside the SDK's routes (PROTOCOL 12.2, as /v1/bash/resize is to 12.1).
+        "resize" => fixed("shell/resize", "POST"),
         "sessions" => match method {
             "GET" => Ok(Route::Shell("shell/sessions")),
             "DELETE" => Ok(Route::Shell("shell/sessions/close_all")),
@@ -390,6 +392,7 @@ mod tests {
             ("POST", "/v1/shell/wait", "shell/wait"),
             ("POST", "/v1/shell/write", "shell/write"),
             ("POST", "/v1/shell/kill", "shell/kill"),
+            ("POST", "/v1/shell/resize", "shell/resize"),
             ("POST", "/v1/shell/sessions/create", "shell/sessions/create"),
             ("POST", "/v1/shell/sessions/update", "shell/sessions/update"),
             ("GET", "/v1/shell/sessions", "shell/sessions"),

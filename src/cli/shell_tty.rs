@@ -1,0 +1,663 @@
+//! `execctl shell [ID]` on a terminal (stdin and stdout both one): the session's shell at
+//! execctl's terminal as `ssh -t` puts a remote one there (PROTOCOL 12.2, 12.4), with
+//! every command line still a `shell/exec` the daemon's gate judges.
+//!
+//! - The terminal is raw from the start to the end (`tty::Raw`, put back on every way
+//!   out), and execctl is in one of two modes, which follow the session:
+//!   - At the prompt, execctl edits the line itself (`LineEditor`: echo, Backspace,
+//!     Ctrl-U, Ctrl-W; Ctrl-C drops the line; Ctrl-D on an empty line leaves) and sends
+//!     it on Enter as `shell/exec {async_mode}`. The daemon refuses `shell/write` at the
+//!     prompt by design, so nothing typed there reaches the shell except a line the gate
+//!     judged; a refused line is said in one line and the prompt shown again.
+//!   - While a command runs, every key goes to it byte for byte (`shell/write`, base64,
+//!     no Enter added): Ctrl-C is 0x03, which the session's PTY turns into SIGINT for
+//!     its foreground job, and full-screen programs get their keys. The session's PTY
+//!     echoes what a program does not read raw, so nothing shows twice. The command is
+//!     over when `shell/wait` says so (a waiter thread per command); keys the daemon
+//!     refuses because it has just ended are the prompt's. A line refused because a
+//!     command of someone else's runs in the session makes execctl follow that one.
+//! - Output: the session's terminal's raw bytes, prompts and escapes as the shell wrote
+//!   them (a lossless base64 subscription to its shell process), followed to the next
+//!   shell when one dies (an `exit` typed).
+//! - Window size: `shell/resize` at the start and on every SIGWINCH.
+//! - Leaving: Ctrl-D at the prompt (0), Ctrl-\ at any time (0: a program never gets it),
+//!   SIGTERM or SIGHUP (128+N): the terminal is put back and the session goes on, a
+//!   running command too (`execctl shell ID` comes back to it). A SIGINT from elsewhere
+//!   interrupts the running command (`shell/kill`). The daemon gone, or the session
+//!   closed from elsewhere: the terminal put back, one line saying so (125, 0).
+//!
+//! Threads: the main thread reads keys and sends lines and keys; the output thread
+//! writes the terminal's bytes; a waiter per command; the signal thread resizes, makes
+//! the terminal raw again after SIGCONT and leaves on SIGTERM or SIGHUP. Each has a
+//! connection of its own. Threads other than the main one leave with `leave`.
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::connect::Ctx;
+use super::errors::{daemon_error, Fail, Res, EXIT_FAILURE};
+use super::events::{Decoded, Decoder};
+use super::output::warn;
+use super::run::stdin_chunk;
+use super::shell::next_shell;
+use super::tty::{self, Raw};
+use crate::client::{CallError, Client};
+use crate::wire::encode::base64_encode;
+
+/// Ctrl-\ leaves execctl, whatever runs (it is never sent to a program).
+const LEAVE_KEY: u8 = 0x1c;
+
+/// How long a key waits between tries while the daemon's input buffer is full.
+const INPUT_RETRY: Duration = Duration::from_millis(20);
+
+// ---- the line at the prompt ------------------------------------------------------------
+
+/// What a key at the prompt ended in, besides what it showed.
+#[derive(Debug, PartialEq)]
+pub enum Done {
+    /// Enter: the line to run.
+    Line(String),
+    /// Ctrl-C: the line is dropped.
+    Cancelled,
+    /// Ctrl-D on an empty line.
+    Eof,
+    /// Ctrl-\.
+    Leave,
+}
+
+/// The escape sequence a key began (arrows, function keys): read to its end, and
+/// dropped.
+#[derive(Debug, Default, PartialEq)]
+enum Esc {
+    #[default]
+    None,
+    /// ESC seen.
+    Start,
+    /// `ESC [`: parameters until a final byte.
+    Csi,
+    /// `ESC O`: one more byte.
+    Ss3,
+}
+
+/// A line typed at the prompt, with the minimal editing a cooked terminal gives: what is
+/// typed is echoed, Backspace erases a character (UTF-8 aware), Ctrl-U the line, Ctrl-W
+/// a word. Other control keys and escape sequences do nothing: no history, no
+/// completion (the session's bash reads its commands from a pipe, so it has neither).
+#[derive(Debug, Default)]
+pub struct LineEditor {
+    line: Vec<u8>,
+    esc: Esc,
+}
+
+impl LineEditor {
+    /// One typed byte: what it shows is added to `echo`; `Some` when it ends the line.
+    pub fn key(&mut self, b: u8, echo: &mut Vec<u8>) -> Option<Done> {
+        match self.esc {
+            Esc::None => {}
+            Esc::Start => {
+                self.esc = match b {
+                    b'[' => Esc::Csi,
+                    b'O' => Esc::Ss3,
+                    _ => Esc::None,
+                };
+                return None;
+            }
+            Esc::Csi => {
+                if (0x40..=0x7e).contains(&b) {
+                    self.esc = Esc::None;
+                }
+                return None;
+            }
+            Esc::Ss3 => {
+                self.esc = Esc::None;
+                return None;
+            }
+        }
+        match b {
+            b'\r' | b'\n' => {
+                echo.extend_from_slice(b"\r\n");
+                let line = std::mem::take(&mut self.line);
+                return Some(Done::Line(String::from_utf8_lossy(&line).into_owned()));
+            }
+            0x7f | 0x08 => {
+                self.erase(echo);
+            }
+            0x15 => while self.erase(echo) {},
+            0x17 => {
+                while self.line.last() == Some(&b' ') {
+                    self.erase(echo);
+                }
+                while self.line.last().is_some_and(|&c| c != b' ') {
+                    self.erase(echo);
+                }
+            }
+            0x03 => {
+                echo.extend_from_slice(b"^C\r\n");
+                self.line.clear();
+                return Some(Done::Cancelled);
+            }
+            0x04 if self.line.is_empty() => return Some(Done::Eof),
+            LEAVE_KEY => return Some(Done::Leave),
+            0x1b => self.esc = Esc::Start,
+            0..=0x1f => {}
+            _ => {
+                self.line.push(b);
+                echo.push(b);
+            }
+        }
+        None
+    }
+
+    /// Erases the last character, if any (its UTF-8 continuation bytes with it).
+    fn erase(&mut self, echo: &mut Vec<u8>) -> bool {
+        let Some(last) = self.line.iter().rposition(|&c| c & 0xc0 != 0x80) else {
+            // Only continuation bytes (a broken character), or nothing.
+            let any = !self.line.is_empty();
+            self.line.clear();
+            if any {
+                echo.extend_from_slice(b"\x08 \x08");
+            }
+            return any;
+        };
+        self.line.truncate(last);
+        echo.extend_from_slice(b"\x08 \x08");
+        true
+    }
+}
+
+// ---- the session on the terminal -------------------------------------------------------
+
+/// Where the session is, as execctl follows it.
+#[derive(Default)]
+struct Mode {
+    /// A command runs: keys are its.
+    running: bool,
+    /// Commands followed so far: the waiter of an earlier one changes nothing.
+    generation: u64,
+}
+
+/// The session at execctl's terminal.
+struct Term {
+    ctx: Ctx,
+    sid: String,
+    mode: Mutex<Mode>,
+    /// The size last given to the session's terminal.
+    size: Mutex<Option<(u16, u16)>>,
+}
+
+/// What `shell` found of the session before the terminal went raw.
+pub struct Start {
+    pub sid: String,
+    /// Its shell process, followed from `from` on.
+    pub process: String,
+    pub from: u64,
+    /// The prompt to show first (the shell showed it before execctl came).
+    pub prompt: String,
+    /// A command of the session runs already.
+    pub running: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes bytes to the terminal at once.
+fn show(bytes: &[u8]) {
+    let mut out = io::stdout().lock();
+    let _ = out.write_all(bytes);
+    let _ = out.flush();
+}
+
+/// One line on stderr while the terminal is raw (which does not turn `\n` into `\r\n`).
+fn say(text: &str) {
+    let _ = super::output::write_stderr(format!("execctl: {text}\r\n").as_bytes());
+}
+
+/// Ends execctl from any thread: the terminal put back, then `note` on a line of its own.
+fn leave(code: u8, note: Option<&str>) -> ! {
+    tty::restore();
+    if let Some(note) = note {
+        let _ = super::output::write_stderr(format!("\r\nexecctl: {note}\n").as_bytes());
+    }
+    std::process::exit(i32::from(code))
+}
+
+/// `execctl shell` on a terminal, from `start` on; `c` is the main thread's connection.
+pub fn run(ctx: &Ctx, c: &mut Client, start: Start) -> Res<u8> {
+    let t = Arc::new(Term {
+        ctx: ctx.clone(),
+        sid: start.sid.clone(),
+        mode: Mutex::new(Mode::default()),
+        size: Mutex::new(None),
+    });
+    let sid = &start.sid;
+    warn(&format!(
+        "shell session {sid}: lines run at the prompt, keys go to the running command; \
+         Ctrl-D at the prompt or Ctrl-\\ leaves (the session stays: execctl shell {sid})"
+    ));
+    // Signals first: from here on, whatever ends execctl puts the terminal back.
+    t.watch_signals();
+    let raw = Raw::enter()?;
+    t.resize(c);
+    t.follow(&start.process, start.from);
+    match &start.running {
+        Some(command) => {
+            say(&format!(
+                "{command:?} runs in session {sid}: your keys go to it (Ctrl-C interrupts it)"
+            ));
+            t.begin();
+        }
+        None => show(start.prompt.as_bytes()),
+    }
+    let code = t.read_keys(c);
+    drop(raw);
+    code
+}
+
+impl Term {
+    fn running(&self) -> bool {
+        lock(&self.mode).running
+    }
+
+    /// A command runs from now on; a waiter says when it is over.
+    fn begin(self: &Arc<Term>) {
+        let generation = {
+            let mut m = lock(&self.mode);
+            m.running = true;
+            m.generation += 1;
+            m.generation
+        };
+        let t = self.clone();
+        std::thread::spawn(move || {
+            if let Ok(mut c) = t.ctx.connect() {
+                loop {
+                    match c.call("shell/wait", json!({ "id": t.sid, "seconds": 30 })) {
+                        Ok(r) if r["status"] == "running" => {}
+                        _ => break,
+                    }
+                }
+            }
+            t.ended(generation);
+        });
+    }
+
+    /// Command `generation` (if it is still the one followed) is over: the prompt's turn.
+    fn ended(&self, generation: u64) {
+        let mut m = lock(&self.mode);
+        if m.generation == generation {
+            m.running = false;
+        }
+    }
+
+    /// Shows the session's prompt again (after an empty line, Ctrl-C, a refused line).
+    fn reprompt(&self, c: &mut Client) -> Res<()> {
+        let v = c
+            .call("shell/view", json!({ "id": self.sid }))
+            .map_err(|e| daemon_error(e, Some(&self.sid)))?;
+        show(v["prompt"].as_str().unwrap_or_default().as_bytes());
+        Ok(())
+    }
+
+    /// Reads keys until execctl leaves: its exit status.
+    fn read_keys(self: &Arc<Term>, c: &mut Client) -> Res<u8> {
+        let mut editor = LineEditor::default();
+        let mut buf = vec![0u8; stdin_chunk(c)];
+        let mut stdin = io::stdin().lock();
+        loop {
+            let n = match stdin.read(&mut buf) {
+                // The terminal is gone (hung up): so is its user.
+                Ok(0) => return Ok(0),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Ok(0),
+            };
+            let mut keys = buf[..n].to_vec();
+            while !keys.is_empty() {
+                if self.running() {
+                    let cut = keys.iter().position(|&b| b == LEAVE_KEY);
+                    let send = &keys[..cut.unwrap_or(keys.len())];
+                    if !send.is_empty() && !self.send_keys(c, send)? {
+                        // It has just ended: these keys are the prompt's.
+                        lock(&self.mode).running = false;
+                        continue;
+                    }
+                    if cut.is_some() {
+                        return Ok(self.left());
+                    }
+                    keys.clear();
+                    continue;
+                }
+                let mut echo = Vec::new();
+                let mut done = None;
+                let mut used = keys.len();
+                for (i, &b) in keys.iter().enumerate() {
+                    if let Some(d) = editor.key(b, &mut echo) {
+                        done = Some(d);
+                        used = i + 1;
+                        break;
+                    }
+                }
+                show(&echo);
+                keys.drain(..used);
+                match done {
+                    None => {}
+                    Some(Done::Line(line)) => self.submit(c, &line)?,
+                    Some(Done::Cancelled) => self.reprompt(c)?,
+                    Some(Done::Eof) => {
+                        show(b"\r\n");
+                        return Ok(0);
+                    }
+                    Some(Done::Leave) => return Ok(self.left()),
+                }
+            }
+        }
+    }
+
+    /// Ctrl-\: the session goes on without execctl.
+    fn left(&self) -> u8 {
+        tty::restore();
+        let sid = &self.sid;
+        let _ = super::output::write_stderr(
+            format!("\r\nexecctl: left shell session {sid}; it goes on (execctl shell {sid})\n")
+                .as_bytes(),
+        );
+        0
+    }
+
+    /// Runs a line typed at the prompt: `shell/exec`, through the gate.
+    fn submit(self: &Arc<Term>, c: &mut Client, line: &str) -> Res<()> {
+        if line.trim().is_empty() {
+            return self.reprompt(c);
+        }
+        let r = c.call(
+            "shell/exec",
+            json!({ "id": self.sid, "command": line, "async_mode": true }),
+        );
+        match r {
+            Ok(_) => self.begin(),
+            Err(e @ CallError::Io(_)) => return Err(daemon_error(e, Some(&self.sid))),
+            Err(e) => {
+                // Someone else's command runs there (an agent's): follow it.
+                let theirs = match &e {
+                    CallError::Rpc {
+                        code: -32000, data, ..
+                    } => data
+                        .as_ref()
+                        .and_then(|d| d["command"].as_str())
+                        .map(String::from),
+                    _ => None,
+                };
+                say(&daemon_error(e, Some(&self.sid)).text(self.ctx.verbose));
+                match theirs {
+                    Some(command) => {
+                        say(&format!("your keys go to {command:?} until it ends"));
+                        self.begin();
+                    }
+                    None => self.reprompt(c)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends keys to the running command; `false` when there is none (it has ended).
+    fn send_keys(&self, c: &mut Client, keys: &[u8]) -> Res<bool> {
+        let mut input = Vec::new();
+        base64_encode(&mut input, keys);
+        let input = String::from_utf8(input).unwrap_or_default();
+        loop {
+            let r = c.call(
+                "shell/write",
+                json!({ "id": self.sid, "input": input, "encoding": "base64",
+                        "press_enter": false }),
+            );
+            match r {
+                Ok(_) => return Ok(true),
+                Err(e) if e.code() == Some(-32000) => return Ok(false),
+                // The daemon's input buffer is full (a paste): it drains as the program
+                // reads.
+                Err(e) if e.code() == Some(-32003) => std::thread::sleep(INPUT_RETRY),
+                Err(e @ CallError::Io(_)) => return Err(daemon_error(e, Some(&self.sid))),
+                Err(e) => {
+                    say(&format!(
+                        "keys not sent: {}",
+                        daemon_error(e, Some(&self.sid)).text(self.ctx.verbose)
+                    ));
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Gives the session's terminal execctl's size, when it changed.
+    fn resize(&self, c: &mut Client) {
+        let Some(now) = tty::own_size() else { return };
+        {
+            let mut size = lock(&self.size);
+            if *size == Some(now) {
+                return;
+            }
+            *size = Some(now);
+        }
+        let (rows, cols) = now;
+        // Refused (an older daemon): programs see the session's own size, nothing worse.
+        let _ = c.call(
+            "shell/resize",
+            json!({ "id": self.sid, "rows": rows, "cols": cols }),
+        );
+    }
+
+    /// SIGWINCH resizes, SIGCONT makes the terminal raw again (the shell that stopped
+    /// execctl may have reset it), SIGINT (from elsewhere: Ctrl-C is a key here)
+    /// interrupts the running command, SIGTERM and SIGHUP leave the session as it is.
+    fn watch_signals(self: &Arc<Term>) {
+        use signal_hook::consts::{SIGCONT, SIGHUP, SIGINT, SIGTERM, SIGWINCH};
+        let mut signals =
+            match signal_hook::iterator::Signals::new([SIGINT, SIGHUP, SIGTERM, SIGWINCH, SIGCONT])
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    warn(&format!(
+                        "cannot watch for signals ({e}); the session will not follow resizes"
+                    ));
+                    return;
+                }
+            };
+        let t = self.clone();
+        std::thread::spawn(move || {
+            let mut c = None;
+            for sig in signals.forever() {
+                match sig {
+                    SIGCONT => Raw::again(),
+                    SIGWINCH | SIGINT => {
+                        if c.is_none() {
+                            c = t.ctx.connect().ok();
+                        }
+                        let Some(conn) = c.as_mut() else { continue };
+                        if sig == SIGWINCH {
+                            t.resize(conn);
+                        } else {
+                            // Asked whatever execctl's mode says (the command may have
+                            // just started, or be someone else's); at the prompt the
+                            // daemon answers that nothing runs.
+                            let _ = conn.call("shell/kill", json!({ "id": t.sid }));
+                        }
+                    }
+                    _ => {
+                        let sid = &t.sid;
+                        leave(
+                            128 + sig as u8,
+                            Some(&format!(
+                                "left shell session {sid}; it goes on (execctl shell {sid})"
+                            )),
+                        );
+                    }
+                }
+            }
+        });
+    }
+
+    /// Writes the session's terminal to stdout from `from` on, following it to its next
+    /// shell when one dies; leaves when the daemon goes or the session is closed.
+    fn follow(self: &Arc<Term>, process: &str, from: u64) {
+        let (t, mut process, mut from) = (self.clone(), process.to_string(), from);
+        std::thread::spawn(move || loop {
+            let mut c = match t.ctx.connect() {
+                Ok(c) => c,
+                Err(f) => leave(f.code, Some(&f.text(t.ctx.verbose))),
+            };
+            let sub = c.call(
+                "events/subscribe",
+                json!({ "id": process, "offset": from, "lossless": true, "encoding": "base64" }),
+            );
+            match sub {
+                Ok(_) => t.copy_output(&mut c, &process, from),
+                // Its shell is gone already: the next one is looked for below.
+                Err(e) if e.code() == Some(-32002) => {}
+                Err(e) => t.gone(e),
+            }
+            match next_shell(&mut c, &t.sid, &process) {
+                Some(next) => {
+                    if let Ok(v) = c.call("shell/view", json!({ "id": t.sid })) {
+                        if let Some(n) = v["notice"].as_str() {
+                            say(n.trim_start_matches("[execd: ").trim_end_matches(']'));
+                        }
+                    }
+                    process = next;
+                    from = 0;
+                }
+                None => t.closed(&mut c),
+            }
+        });
+    }
+
+    /// Copies the shell's output events to stdout until its `Exit`.
+    fn copy_output(&self, c: &mut Client, process: &str, from: u64) {
+        let mut decoder = Decoder::new(process);
+        decoder.next = [from, 0];
+        loop {
+            let m = match c.next_notification(None) {
+                Ok(m) => m,
+                Err(e) => self.gone(e),
+            };
+            for d in decoder.decode(&m) {
+                match d {
+                    Decoded::Bytes { bytes, .. } => show(&bytes),
+                    Decoded::Exit(_) => return,
+                    Decoded::Lost { skipped, .. } => say(&format!(
+                        "{skipped} bytes of the session's output were lost"
+                    )),
+                    Decoded::Garbled { .. } | Decoded::Nothing => {}
+                }
+            }
+        }
+    }
+
+    /// The daemon's connection failed: execctl leaves, saying why.
+    fn gone(&self, e: CallError) -> ! {
+        let f: Fail = daemon_error(e, Some(&self.sid));
+        leave(EXIT_FAILURE, Some(&f.text(self.ctx.verbose)))
+    }
+
+    /// The session has no shell any more: closed from elsewhere, or failed.
+    fn closed(&self, c: &mut Client) -> ! {
+        let sid = &self.sid;
+        let failed = c
+            .call("shell/sessions", json!({}))
+            .ok()
+            .and_then(|l| l["sessions"].get(sid).map(|s| s["failed"].clone()));
+        match failed {
+            Some(Value::String(why)) => leave(
+                EXIT_FAILURE,
+                Some(&format!("shell session {sid} failed: {why}")),
+            ),
+            Some(_) => leave(
+                EXIT_FAILURE,
+                Some(&format!("the shell of session {sid} did not come back")),
+            ),
+            None => leave(0, Some(&format!("shell session {sid} was closed"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `keys`: what was echoed, and how the line ended.
+    fn typed(e: &mut LineEditor, keys: &[u8]) -> (String, Option<Done>) {
+        let mut echo = Vec::new();
+        for &b in keys {
+            if let Some(d) = e.key(b, &mut echo) {
+                return (String::from_utf8_lossy(&echo).into_owned(), Some(d));
+            }
+        }
+        (String::from_utf8_lossy(&echo).into_owned(), None)
+    }
+
+    #[test]
+    fn a_line_is_echoed_and_sent_on_enter() {
+        let mut e = LineEditor::default();
+        assert_eq!(
+            typed(&mut e, b"echo hi\r"),
+            ("echo hi\r\n".into(), Some(Done::Line("echo hi".into())))
+        );
+        // A newline is Enter too (a paste, a test typing "\n").
+        assert_eq!(
+            typed(&mut e, b"pwd\n"),
+            ("pwd\r\n".into(), Some(Done::Line("pwd".into())))
+        );
+        assert_eq!(
+            typed(&mut e, b"\r"),
+            ("\r\n".into(), Some(Done::Line(String::new())))
+        );
+    }
+
+    #[test]
+    fn backspace_ctrl_u_and_ctrl_w_erase_as_a_cooked_terminal_does() {
+        let mut e = LineEditor::default();
+        let (echo, done) = typed(&mut e, b"lss\x7f -l\r");
+        assert_eq!(echo, "lss\x08 \x08 -l\r\n");
+        assert_eq!(done, Some(Done::Line("ls -l".into())));
+        // A character of several bytes goes in one Backspace; Backspace on nothing shows
+        // nothing.
+        let (echo, done) = typed(&mut e, "xé\x7f\x7f\x7f\x08y\r".as_bytes());
+        assert_eq!(echo, "xé\x08 \x08\x08 \x08y\r\n");
+        assert_eq!(done, Some(Done::Line("y".into())));
+        let (_, done) = typed(&mut e, b"rm -rf /\x15echo ok\r");
+        assert_eq!(done, Some(Done::Line("echo ok".into())));
+        let (_, done) = typed(&mut e, b"git push  \x17\x17status\r");
+        assert_eq!(done, Some(Done::Line("status".into())));
+    }
+
+    #[test]
+    fn ctrl_c_drops_the_line_ctrl_d_leaves_only_an_empty_one() {
+        let mut e = LineEditor::default();
+        assert_eq!(
+            typed(&mut e, b"sleep 9\x03"),
+            ("sleep 9^C\r\n".into(), Some(Done::Cancelled))
+        );
+        assert_eq!(
+            typed(&mut e, b"true\r"),
+            ("true\r\n".into(), Some(Done::Line("true".into())))
+        );
+        assert_eq!(typed(&mut e, b"x\x04"), ("x".into(), None));
+        assert_eq!(
+            typed(&mut e, b"\x7f\x04"),
+            ("\x08 \x08".into(), Some(Done::Eof))
+        );
+        assert_eq!(typed(&mut e, b"abc\x1c"), ("abc".into(), Some(Done::Leave)));
+    }
+
+    #[test]
+    fn arrows_function_keys_and_other_controls_do_nothing() {
+        let mut e = LineEditor::default();
+        // Up, Left (CSI), F1 (SS3), F5 with parameters, Alt-b, Tab, Ctrl-A.
+        let (echo, done) = typed(&mut e, b"a\x1b[A\x1b[D\x1bOP\x1b[15~\x1bb\t\x01b\r");
+        assert_eq!(echo, "ab\r\n");
+        assert_eq!(done, Some(Done::Line("ab".into())));
+    }
+}
