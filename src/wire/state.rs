@@ -785,6 +785,9 @@ pub struct ShellSessionImage {
     pub restarts: u64,
     pub notice: Option<String>,
     pub failed_starts: u32,
+    /// Its terminal's window size (`shell/resize`), for the shell started next too.
+    pub rows: u16,
+    pub cols: u16,
     pub peer: PeerImage,
     pub origin: Option<(bool, Vec<u32>)>,
     /// Requests parked on it.

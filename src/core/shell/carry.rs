@@ -256,6 +256,8 @@ impl Shells {
                     restarts: s.restarts,
                     notice: s.notice.clone(),
                     failed_starts: s.failed_starts,
+                    rows: s.size.rows,
+                    cols: s.size.cols,
                     peer: peer_image(s.peer),
                     origin: origin_image(&s.origin),
                     waiters: s.waiters.iter().map(|w| w.0).collect(),
@@ -320,6 +322,10 @@ impl Shells {
                 restarts: s.restarts,
                 notice: s.notice.clone(),
                 failed_starts: s.failed_starts,
+                size: crate::types::WinSize {
+                    rows: s.rows,
+                    cols: s.cols,
+                },
                 peer: peer_of(s.peer),
                 origin: origin_of(&s.origin),
                 idle_timer: None,
@@ -432,10 +438,17 @@ mod tests {
             },
             None,
         );
+        // A terminal client's window size, which the next shell would start with.
+        let size = WinSize {
+            rows: 50,
+            cols: 132,
+        };
+        c.shell_resize(&key, size).expect("resize");
         std::mem::take(&mut c.out);
         let swap = Duration::from_millis(30);
         let mut back = through_upgrade(&c, swap);
         assert_eq!(back.shells.map[&key].nonce, c.shells.map[&key].nonce);
+        assert_eq!(back.shells.map[&key].size, size);
         let r = back.shells.map[&key].record(seq).unwrap();
         assert_eq!((r.id.as_str(), r.admitted.0), ("shcmd_9", "approve"));
         assert_eq!(r.timers.len(), 1, "its hard timeout, re-armed");
