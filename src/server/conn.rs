@@ -524,3 +524,100 @@ impl Conn {
         Ok(conn)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::table::Key;
+    use crate::wire::state::ConnImage;
+    use std::time::Duration;
+
+    const BOUNDS: Bounds = Bounds {
+        max_message: 1 << 16,
+        max_batch: 8,
+        cap: 1 << 12,
+    };
+    const PEER: PeerCred = PeerCred {
+        pid: 4242,
+        uid: 1000,
+        gid: 1000,
+    };
+
+    /// Carries `c` the way an upgrade does: to its image, through the encoded document and
+    /// the blob area, and back on a duplicate of its socket; carried again, the same.
+    fn through_upgrade(c: &Conn, clock: &Clock) -> (Conn, ConnImage) {
+        let mut blobs = BlobsOut::default();
+        let img = c.carry(&mut blobs, clock);
+        let json = serde_json::to_vec(&img).expect("encode");
+        let read: ConnImage = serde_json::from_slice(&json).expect("decode");
+        assert_eq!(read, img);
+        let area = blobs.bytes().to_vec();
+        // The new image's clock: the same instants, read later.
+        let later = Clock {
+            base: clock.base + Duration::from_millis(40),
+        };
+        let fd = unsafe_dup(img.fd);
+        let back = Conn::resume(&read, fd, &BlobsIn(&area), &later, BOUNDS).expect("resume");
+        let mut again = BlobsOut::default();
+        let mut img2 = back.carry(&mut again, &later);
+        // Its socket is the duplicate; everything else is what was carried.
+        assert_ne!(img2.fd, img.fd);
+        img2.fd = img.fd;
+        assert_eq!(img2, img, "carried again, it is the same");
+        assert_eq!(again.bytes(), blobs.bytes());
+        (back, img)
+    }
+
+    fn unsafe_dup(fd: i32) -> OwnedFd {
+        use std::os::fd::BorrowedFd;
+        // SAFETY: `fd` is the test's own open socket for the whole test.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        b.try_clone_to_owned().expect("dup")
+    }
+
+    /// A JSON-RPC connection with half a line read, an answer queued and not written, and
+    /// an answer deferred for room goes on after an upgrade exactly as before: the rest of
+    /// the line makes the same request, the queued bytes reach the peer first.
+    #[test]
+    fn a_json_rpc_connection_carried_by_an_upgrade_goes_on_the_same() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let mut c = Conn::unix(UnixStream::from_std(ours), Token(77), PEER, BOUNDS);
+        c.push(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n");
+        let Some(Incoming::Request { req: Some(req), .. }) = c.ready() else {
+            panic!("the first request");
+        };
+        c.answer(req, &Ok(serde_json::json!({"n": 1})));
+        c.push(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"meth");
+        c.deferred.push_back((ReqNo(5), Wait::Exit(Key(9))));
+        c.groups = vec![10, 20];
+        let clock = Clock {
+            base: Instant::now(),
+        };
+        let (mut back, img) = through_upgrade(&c, &clock);
+        assert!(matches!(img.codec, CodecImage::Rpc(_)));
+        assert_eq!(
+            (back.token, back.peer.pid, back.peer.uid),
+            (Token(77), 4242, 1000)
+        );
+        assert_eq!(back.deferred.len(), 1);
+        // Both go on alike: the rest of the line is the same request.
+        for conn in [&mut c, &mut back] {
+            conn.push(b"od\":\"b\"}\n");
+            match conn.ready() {
+                Some(Incoming::Request { method, .. }) => assert_eq!(method, "b"),
+                other => panic!("not the request: {other:?}"),
+            }
+        }
+        // The bytes queued before the upgrade reach the peer from the new image.
+        back.flush();
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut got = vec![0u8; 256];
+        let n = theirs.read(&mut got).expect("read");
+        let line: Value = serde_json::from_slice(got[..n].trim_ascii_end()).expect("json");
+        assert_eq!(line["id"], 1);
+        assert_eq!(line["result"]["n"], 1);
+    }
+}

@@ -455,3 +455,60 @@ fn access_warnings(cfg: &Config) -> Vec<String> {
     }
     warnings
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+
+    /// The new image's `take`: a duplicate of each descriptor named, noting which became
+    /// which.
+    fn taking(map: &mut Vec<(RawFd, RawFd)>) -> impl FnMut(RawFd) -> Result<OwnedFd, String> + '_ {
+        move |fd| {
+            // SAFETY: every descriptor an image names here is one the test holds open.
+            let b = unsafe { BorrowedFd::borrow_raw(fd) };
+            let dup = b.try_clone_to_owned().map_err(|e| e.to_string())?;
+            map.push((fd, dup.as_raw_fd()));
+            Ok(dup)
+        }
+    }
+
+    /// The listeners an upgrade carries come back the same: both kinds of socket under
+    /// their tokens, the socket file, and who TCP requests run as with which token; the
+    /// state document reads back as written.
+    #[test]
+    fn listeners_carried_by_an_upgrade_come_back_the_same() {
+        let dir = std::env::temp_dir().join(format!("execd-listen-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let unix = std::os::unix::net::UnixListener::bind(&dir).expect("bind");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+        let img = ListenersImage {
+            unix: Some((3, unix.as_raw_fd())),
+            socket_file: Some(Bytes::of_os(dir.as_os_str())),
+            http: vec![(9, tcp.as_raw_fd())],
+            http_auth: AuthImage::Token(Bytes(b"s3cret".to_vec())),
+            http_peer: PeerImage {
+                uid: 65534,
+                gid: 65534,
+                pid: 0,
+            },
+            http_groups: vec![65534, 27],
+        };
+        let json = serde_json::to_vec(&img).expect("encode");
+        let read: ListenersImage = serde_json::from_slice(&json).expect("decode");
+        assert_eq!(read, img);
+        let poll = Poll::new().expect("poll");
+        let mut map = Vec::new();
+        let back = Listeners::resume(&read, &poll, &mut taking(&mut map)).expect("resume");
+        assert_eq!(back.tokens().len(), 2);
+        assert!(back.owns(Token(3)) && back.owns(Token(9)));
+        let mut again = back.carry();
+        // Its sockets are the duplicates; everything else is what was carried.
+        let old = |fd: RawFd| map.iter().find(|(_, d)| *d == fd).map_or(-1, |(o, _)| *o);
+        again.unix = again.unix.map(|(t, fd)| (t, old(fd)));
+        again.http = again.http.iter().map(|&(t, fd)| (t, old(fd))).collect();
+        assert_eq!(again, img, "carried again, it is the same");
+        drop(back);
+        let _ = std::fs::remove_file(&dir);
+    }
+}

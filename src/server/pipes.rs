@@ -379,3 +379,67 @@ fn flush(registry: &Registry, pipe: &mut InPipe, buf: &mut Stdin) -> Flushed {
         Flushed::Written
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::BorrowedFd;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let (tx, rx) = mio::unix::pipe::new().expect("pipe");
+        (OwnedFd::from(rx), OwnedFd::from(tx))
+    }
+
+    /// A command's pipes carried by an upgrade come back under the same tokens: an output
+    /// pipe closed already stays closed, and bytes in a pipe during the swap are there to
+    /// read after it.
+    #[test]
+    fn pipes_carried_by_an_upgrade_come_back_under_their_tokens() {
+        let (out_r, out_w) = pipe();
+        let (in_r, in_w) = pipe();
+        let (cmd_r, cmd_w) = pipe();
+        let img = vec![PipesImage {
+            key: 12,
+            outs: vec![Some((out_r.as_raw_fd(), 40, true)), None],
+            stdin: Some((in_w.as_raw_fd(), 41)),
+            commands: Some((cmd_w.as_raw_fd(), 42)),
+        }];
+        let json = serde_json::to_vec(&img).expect("encode");
+        let read: Vec<PipesImage> = serde_json::from_slice(&json).expect("decode");
+        assert_eq!(read, img);
+        // Written by the command while the daemon was between two images.
+        let mut w = std::fs::File::from(out_w);
+        w.write_all(b"during the swap").expect("write");
+        let poll = mio::Poll::new().expect("poll");
+        let mut map = Vec::new();
+        let mut take = |fd: RawFd| {
+            // SAFETY: every descriptor the image names is one the test holds open.
+            let dup = unsafe { BorrowedFd::borrow_raw(fd) }
+                .try_clone_to_owned()
+                .map_err(|e| e.to_string())?;
+            map.push((fd, dup.as_raw_fd()));
+            Ok(dup)
+        };
+        let mut back = Pipes::resume(poll.registry(), &read, &mut take).expect("resume");
+        let mut again = back.carry();
+        let old = |fd: RawFd| map.iter().find(|(_, d)| *d == fd).map_or(-1, |(o, _)| *o);
+        for p in &mut again {
+            for o in p.outs.iter_mut().flatten() {
+                o.0 = old(o.0);
+            }
+            p.stdin = p.stdin.map(|(fd, t)| (old(fd), t));
+            p.commands = p.commands.map(|(fd, t)| (old(fd), t));
+        }
+        assert_eq!(again, img, "carried again, it is the same");
+        let entry = back.procs.get_mut(&Key(12)).expect("the command's pipes");
+        let mut got = [0u8; 64];
+        let n = entry.outs[0]
+            .as_mut()
+            .expect("its stdout")
+            .rx
+            .read(&mut got)
+            .expect("read");
+        assert_eq!(&got[..n], b"during the swap");
+        drop((in_r, cmd_r));
+    }
+}
