@@ -581,4 +581,58 @@ mod tests {
         let text = String::from_utf8(log.queue.pending().to_vec()).unwrap();
         assert_eq!(text, "execd: hello\n");
     }
+
+    /// The log and audit queues an upgrade carries come back the same: a line half
+    /// written, whole lines waiting, drops not yet reported, and the refusals' windows, so
+    /// the new image writes the rest of the half line first and reports the drops once.
+    #[test]
+    fn queues_carried_by_an_upgrade_come_back_the_same() {
+        use crate::wire::state::{BlobsIn, BlobsOut, Clock, LogImage};
+        let (now, _) = crate::types::test_clock();
+        let mut log = Log::new(false);
+        log.queue.push(b"first line\n");
+        log.queue.push(b"second\n");
+        log.queue.consume(3);
+        log.refusal("limit", now, format_args!("refused one"));
+        log.refusal("limit", now, format_args!("refused two"));
+        let clock = Clock { base: now };
+        let mut blobs = BlobsOut::default();
+        let img = log.carry(&clock, &mut blobs);
+        let json = serde_json::to_vec(&img).expect("encode");
+        let read: LogImage = serde_json::from_slice(&json).expect("decode");
+        assert_eq!(read, img);
+        let area = blobs.bytes().to_vec();
+        let later = Clock {
+            base: now + std::time::Duration::from_millis(25),
+        };
+        let back = Log::resume(&read, &BlobsIn(&area), &later, false).expect("resume");
+        let mut again = BlobsOut::default();
+        assert_eq!(
+            back.carry(&later, &mut again),
+            img,
+            "carried again, the same"
+        );
+        assert_eq!(again.bytes(), blobs.bytes());
+        assert_eq!(back.queue.pending(), log.queue.pending());
+        assert_eq!(back.queue.front_written(), 3);
+        assert_eq!(back.suppressed("limit"), log.suppressed("limit"));
+
+        let mut audit = Queue::new(16, Kind::Audit);
+        audit.push(b"{\"a\":1}\n");
+        audit.push(b"{\"too long for the queue\":1}\n");
+        let mut blobs = BlobsOut::default();
+        let img = audit.carry(&mut blobs);
+        let area = blobs.bytes().to_vec();
+        let mut back = Queue::resume(&img, &BlobsIn(&area), Kind::Audit).expect("resume");
+        assert_eq!((back.lines(), back.dropped()), (1, 1));
+        back.consume(8);
+        assert!(
+            back.report_drops(crate::types::test_clock().1),
+            "reported once, here"
+        );
+        // A queue whose lines do not add up to its bytes is refused, not trusted.
+        let mut bad = img.clone();
+        bad.front_written += 1;
+        assert!(Queue::resume(&bad, &BlobsIn(&area), Kind::Audit).is_err());
+    }
 }
