@@ -2353,7 +2353,10 @@ fn the_python_sdk_end_to_end() {
     ];
     for (name, args) in runs {
         let out = run_bounded(
-            Command::new(&python).arg(&script).args(&args),
+            Command::new(&python)
+                .arg("-B") // no __pycache__ beside tests/sdk/checks.py
+                .arg(&script)
+                .args(&args),
             Duration::from_secs(120),
             &work.path().join(format!("drive-{name}.log")),
         );

@@ -363,7 +363,10 @@ fn the_aio_python_sdk_drives_shells_over_the_socket_and_tcp() {
             );
             std::thread::spawn(move || {
                 let out = crate::http::run_bounded(
-                    Command::new(&python).arg(&script).args(&args),
+                    Command::new(&python)
+                        .arg("-B") // no __pycache__ beside tests/sdk/checks.py
+                        .arg(&script)
+                        .args(&args),
                     Duration::from_secs(180),
                     &log,
                 );

@@ -17,31 +17,13 @@ bounded by the httpx timeout (a bare httpx.Client would give up after 5 s, short
 long poll, so it is set explicitly).
 """
 
-import argparse
 import datetime
-import os
-import sys
-import traceback
 
-import httpx
-from agent_sandbox import Sandbox, UnprocessableEntityError
-from agent_sandbox.core.api_error import ApiError
+from checks import check, check_true, expect_error, main
 
 # Longer than any wait below (the longest is the 10 s wait_timeout), shorter than the
 # Rust test's own bound on this script.
 HTTP_TIMEOUT = 30.0
-
-FAILURES = []
-
-
-def check(what, got, expected):
-    if got != expected:
-        FAILURES.append(f"{what}: got {got!r}, expected {expected!r}")
-
-
-def check_true(what, cond, detail=""):
-    if not cond:
-        FAILURES.append(f"{what}: {detail}")
 
 
 def check_envelope(what, response):
@@ -49,30 +31,6 @@ def check_envelope(what, response):
     check(f"{what}.success", response.success, True)
     check_true(f"{what}.message", isinstance(response.message, str), repr(response.message))
     check(f"{what}.hint", response.hint, None)
-
-
-def expect_error(what, call, status, unprocessable):
-    """`call()` must raise ApiError with `status` (UnprocessableEntityError when
-    `unprocessable`); returns the exception's body."""
-    try:
-        value = call()
-    except UnprocessableEntityError as e:
-        check(f"{what}: raised UnprocessableEntityError", unprocessable, True)
-        check(f"{what}: status", e.status_code, status)
-        return e.body
-    except ApiError as e:
-        check(f"{what}: raised plain ApiError", unprocessable, False)
-        check(f"{what}: status", e.status_code, status)
-        body = e.body
-        if isinstance(body, dict):
-            check(f"{what}: body.success", body.get("success"), False)
-            check(f"{what}: body.hint", body.get("hint"), None)
-            check_true(f"{what}: body.message", isinstance(body.get("message"), str), repr(body))
-        else:
-            FAILURES.append(f"{what}: error body is not a JSON object: {body!r}")
-        return body
-    FAILURES.append(f"{what}: returned {value!r} instead of raising ApiError")
-    return None
 
 
 def drive(client, tag):
@@ -201,32 +159,5 @@ def drive(client, tag):
         check(f"{tag} relative exec_dir loc", [list(d.loc) for d in body.detail], [["body", "exec_dir"]])
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--base-url")
-    parser.add_argument("--token")
-    parser.add_argument("--uds")
-    args = parser.parse_args()
-    if args.uds:
-        transport = httpx.HTTPTransport(uds=args.uds)
-        http = httpx.Client(transport=transport, timeout=HTTP_TIMEOUT)
-        client = Sandbox(base_url="http://execd", httpx_client=http)
-        tag = "uds"
-    else:
-        headers = {"Authorization": f"Bearer {args.token}"}
-        client = Sandbox(base_url=args.base_url, headers=headers, timeout=HTTP_TIMEOUT)
-        tag = "tcp"
-    try:
-        drive(client, tag)
-    except Exception:
-        FAILURES.append(f"{tag}: unexpected exception:\n{traceback.format_exc()}")
-    for f in FAILURES:
-        print(f"FAILED {f}")
-    if not FAILURES:
-        print(f"{tag}: every check passed")
-    sys.stdout.flush()
-    os._exit(1 if FAILURES else 0)
-
-
 if __name__ == "__main__":
-    main()
+    main(drive, HTTP_TIMEOUT)

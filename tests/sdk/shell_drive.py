@@ -17,48 +17,12 @@ write_to_process feeding `read` and an interactive `python3 -q`, kill_process of
 Prints one line per failed check and exits 1 if any failed, 0 otherwise.
 """
 
-import argparse
-import os
-import sys
 import time
-import traceback
 
-import httpx
-from agent_sandbox import Sandbox, UnprocessableEntityError
-from agent_sandbox.core.api_error import ApiError
+from checks import check, check_true, expect_error, main
 
 # Longer than any wait below, shorter than the Rust test's own bound on this script.
 HTTP_TIMEOUT = 60.0
-
-FAILURES = []
-
-
-def check(what, got, expected):
-    if got != expected:
-        FAILURES.append(f"{what}: got {got!r}, expected {expected!r}")
-
-
-def check_true(what, cond, detail=""):
-    if not cond:
-        FAILURES.append(f"{what}: {detail}")
-
-
-def expect_error(what, call, status, unprocessable):
-    """`call()` must raise ApiError with `status`; returns the exception's body."""
-    try:
-        value = call()
-    except UnprocessableEntityError as e:
-        check(f"{what}: raised UnprocessableEntityError", unprocessable, True)
-        check(f"{what}: status", e.status_code, status)
-        return e.body
-    except ApiError as e:
-        check(f"{what}: raised plain ApiError", unprocessable, False)
-        check(f"{what}: status", e.status_code, status)
-        if isinstance(e.body, dict):
-            check(f"{what}: body.success", e.body.get("success"), False)
-        return e.body
-    FAILURES.append(f"{what}: returned {value!r} instead of raising ApiError")
-    return None
 
 
 def poll_view(shell, sid, until, what, bound=20.0):
@@ -270,32 +234,5 @@ def drive(client, tag):
     check(f"{tag} nothing left", shell.list_sessions().data.sessions, {})
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--base-url")
-    parser.add_argument("--token")
-    parser.add_argument("--uds")
-    args = parser.parse_args()
-    if args.uds:
-        transport = httpx.HTTPTransport(uds=args.uds)
-        http = httpx.Client(transport=transport, timeout=HTTP_TIMEOUT)
-        client = Sandbox(base_url="http://execd", httpx_client=http)
-        tag = "uds"
-    else:
-        headers = {"Authorization": f"Bearer {args.token}"}
-        client = Sandbox(base_url=args.base_url, headers=headers, timeout=HTTP_TIMEOUT)
-        tag = "tcp"
-    try:
-        drive(client, tag)
-    except Exception:
-        FAILURES.append(f"{tag}: unexpected exception:\n{traceback.format_exc()}")
-    for f in FAILURES:
-        print(f"FAILED {f}")
-    if not FAILURES:
-        print(f"{tag}: every check passed")
-    sys.stdout.flush()
-    os._exit(1 if FAILURES else 0)
-
-
 if __name__ == "__main__":
-    main()
+    main(drive, HTTP_TIMEOUT)
