@@ -384,7 +384,8 @@ impl super::gate::Approvals {
     }
 }
 
-fn peer_image(p: Peer) -> PeerImage {
+/// A peer as the state carries it.
+pub(super) fn peer_image(p: Peer) -> PeerImage {
     PeerImage {
         uid: p.uid,
         gid: p.gid,
@@ -392,7 +393,8 @@ fn peer_image(p: Peer) -> PeerImage {
     }
 }
 
-fn peer_of(p: PeerImage) -> Peer {
+/// The peer `peer_image` described.
+pub(super) fn peer_of(p: PeerImage) -> Peer {
     Peer {
         uid: p.uid,
         gid: p.gid,

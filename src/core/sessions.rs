@@ -115,13 +115,11 @@ impl Core {
         }
     }
 
-    /// Frees a session: running commands are killed (and forgotten once reaped), finished
-    /// ones dropped now.
-    pub fn close_session(&mut self, key: &SessionKey) {
-        let Some(s) = self.table.sessions.get(key) else {
-            return;
-        };
-        let keys: Vec<Key> = s.commands.iter().copied().collect();
+    /// Ends what a closing session (bash or shell, `session_ref`, of uid `owner`) holds:
+    /// its running commands are released (killed with their trees), finished ones
+    /// dropped, and its commands still waiting for an approver withdrawn, since they
+    /// would start in a session that no longer exists.
+    pub(super) fn end_members(&mut self, owner: u32, keys: Vec<Key>, session_ref: &str) {
         for k in keys {
             if self.table.get(k).is_some_and(Proc::running) {
                 self.release(k, KillReason::SessionClose);
@@ -129,20 +127,28 @@ impl Core {
                 self.drop_finished(k);
             }
         }
-        // Its commands still waiting for an approver are withdrawn: they would start in a
-        // session that no longer exists.
-        let session_ref = format!("bash:{}", key.1);
         let mut asked: Vec<String> = self
             .approvals
             .pending
             .values()
-            .filter(|p| p.launch.peer.uid == key.0 && p.launch.session_ref() == session_ref)
+            .filter(|p| p.launch.peer.uid == owner && p.launch.session_ref() == session_ref)
             .map(|p| p.id.clone())
             .collect();
         asked.sort();
         for id in asked {
             self.resolve_approval(&id, Answer::Reject, "session closed", None);
         }
+    }
+
+    /// Frees a session: running commands are killed (and forgotten once reaped), finished
+    /// ones dropped now.
+    pub fn close_session(&mut self, key: &SessionKey) {
+        let Some(s) = self.table.sessions.get(key) else {
+            return;
+        };
+        let keys: Vec<Key> = s.commands.iter().copied().collect();
+        let session_ref = format!("bash:{}", key.1);
+        self.end_members(key.0, keys, &session_ref);
         self.forget_session(key);
         self.approvals.end_session(key.0, &session_ref);
         self.log.line(format_args!("session {:?} closed", key.1));

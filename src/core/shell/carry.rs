@@ -12,12 +12,13 @@ use super::markers::Scanner;
 use super::{
     Ending, LineOpts, Phase, Record, RecordStep, ShellExec, ShellSession, ShellThen, Shells,
 };
+use crate::core::carry::{peer_image, peer_of};
 use crate::core::launch::Origin;
-use crate::core::table::{Key, ParkId, Peer};
+use crate::core::table::{Key, ParkId};
 use crate::wire::state::{
-    wall_ns, wall_of, BlobsIn, BlobsOut, Bytes, Clock, EndingImage, LineOptsImage, PeerImage,
-    PhaseImage, RecordImage, RecordStepImage, ShellExecImage, ShellSessionImage, ShellThenImage,
-    ShellsImage, StateError,
+    wall_ns, wall_of, BlobsIn, BlobsOut, Bytes, Clock, EndingImage, LineOptsImage, PhaseImage,
+    RecordImage, RecordStepImage, ShellExecImage, ShellSessionImage, ShellThenImage, ShellsImage,
+    StateError,
 };
 
 /// How the gate lets a line through, as records keep it.
@@ -25,22 +26,6 @@ const DECISIONS: [&str; 3] = ["allow", "approve", "approve_for_session"];
 
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn peer_image(p: Peer) -> PeerImage {
-    PeerImage {
-        uid: p.uid,
-        gid: p.gid,
-        pid: p.pid,
-    }
-}
-
-fn peer_of(p: PeerImage) -> Peer {
-    Peer {
-        uid: p.uid,
-        gid: p.gid,
-        pid: p.pid,
-    }
 }
 
 /// Where a request came from, as the state carries it.

@@ -1143,26 +1143,8 @@ impl Core {
                 self.timers.cancel(*t);
             }
         }
-        for k in shells {
-            if self.table.get(k).is_some_and(Proc::running) {
-                self.release(k, KillReason::SessionClose);
-            } else {
-                self.drop_finished(k);
-            }
-        }
-        // Commands of the session still waiting for an approver are withdrawn.
         let session_ref = format!("shell:{}", key.1);
-        let mut asked: Vec<String> = self
-            .approvals
-            .pending
-            .values()
-            .filter(|p| p.launch.peer.uid == key.0 && p.launch.session_ref() == session_ref)
-            .map(|p| p.id.clone())
-            .collect();
-        asked.sort();
-        for id in asked {
-            self.resolve_approval(&id, super::gate::Answer::Reject, "session closed", None);
-        }
+        self.end_members(key.0, shells, &session_ref);
         self.approvals.end_session(key.0, &session_ref);
         self.log
             .line(format_args!("shell session {:?} closed", key.1));
