@@ -5,7 +5,7 @@
 use crate::util::cli::*;
 use crate::util::*;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::mpsc;
@@ -223,15 +223,7 @@ impl JsonApprover {
         };
         let stdin = ctl.child.stdin.take().expect("stdin");
         let stdout = ctl.child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(stdout);
         let mut a = JsonApprover { ctl, stdin, lines };
         assert_eq!(a.next("ready"), json!({"type": "ready"}));
         a

@@ -334,15 +334,7 @@ fn a_remote_daemon_shutting_down_under_run_is_said_with_its_host() {
         child: cmd.spawn().expect("spawn execctl"),
     };
     let stdout = ctl.child.stdout.take().expect("stdout");
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = lines_of(stdout);
     let err = drain(ctl.child.stderr.take().expect("stderr"));
     assert_eq!(next_line(&lines), "started");
     d.terminate();

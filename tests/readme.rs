@@ -10,7 +10,7 @@
 //! "y" -->` before a block runs it in a second terminal (a second shell, with the first
 //! one's environment), fed the given input, while the next block runs.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
@@ -277,14 +277,7 @@ impl Shell {
         let mut child = cmd.spawn().expect("bash");
         let input = child.stdin.take();
         let stdout: ChildStdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = lines_of(stdout);
         // Opening the FIFO waits for bash to open it to read its script.
         let script = std::fs::OpenOptions::new()
             .write(true)
@@ -364,15 +357,8 @@ fn run_socat(dir: &std::path::Path, env: &[(&str, String)], step: &Step) {
     }
     let mut child = cmd.spawn().expect("socat");
     let mut stdin = child.stdin.take().expect("stdin");
-    let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = lines_of(stdout);
     for (typed, expected) in &step.typed {
         stdin
             .write_all(format!("{typed}\n").as_bytes())

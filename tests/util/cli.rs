@@ -5,7 +5,7 @@
 
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -180,15 +180,7 @@ pub fn spawn_lines(cmd: &mut Command) -> (Ctl, mpsc::Receiver<String>) {
         child: cmd.spawn().expect("spawn execctl"),
     };
     let stdout = ctl.child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = lines_of(stdout);
     (ctl, rx)
 }
 

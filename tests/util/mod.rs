@@ -690,3 +690,18 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// The lines `r` gives, on a channel, read by a thread of their own until it ends (or
+/// nobody listens any more).
+pub fn lines_of(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
