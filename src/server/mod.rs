@@ -621,12 +621,17 @@ impl Server {
         let Some(c) = self.clients.get_mut(&token) else {
             return;
         };
-        if !c.has_room() || !c.deferred.is_empty() {
-            if let Some(key) = wait.key() {
+        // A shell session's answer is rendered at once, room or not: it reads the
+        // session's console, whose records later lines push out and whose session may
+        // close, so no reference could keep it (it is bounded by `truncate`). Over
+        // JSON-RPC answers go by id, and HTTP keeps its own order, so it may pass the
+        // ones deferred before it.
+        if let Some(key) = wait.key() {
+            if !c.has_room() || !c.deferred.is_empty() {
                 self.core.hold(key);
+                c.deferred.push_back((req, wait));
+                return;
             }
-            c.deferred.push_back((req, wait));
-            return;
         }
         let result = dispatch::answer(&self.core, &wait);
         self.answer(token, Some(req), result);

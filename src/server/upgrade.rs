@@ -45,6 +45,7 @@ use super::conn::Bounds;
 use super::listen::Listeners;
 use super::{LoopTimer, Server, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS};
 use crate::config::Config;
+use crate::core::timers::TimerId;
 use crate::core::{Containment, Core};
 use crate::sys::sinks::Sinks;
 use crate::sys::spawn::{InFlight, Report, Spawned};
@@ -68,6 +69,10 @@ pub(super) struct Upgrading {
     /// The `daemon/upgrade` request to answer; none for SIGUSR2.
     asked_by: Option<(Token, ReqNo)>,
     stage: Stage,
+    /// The timer of the stage under way (the pre-flight's 5 s, then the drain's),
+    /// cancelled when the upgrade is refused: an earlier attempt's timer never ends a
+    /// later one.
+    timer: Option<TimerId>,
 }
 
 enum Stage {
@@ -157,6 +162,7 @@ impl Server {
         self.upgrade = Some(Upgrading {
             binary: binary.clone(),
             asked_by,
+            timer: None,
             stage: Stage::Probing {
                 pid,
                 report: Some((report, report_token)),
@@ -172,8 +178,22 @@ impl Server {
             "upgrade: asking {} --upgrade-check",
             binary.display()
         ));
-        self.timers
+        let timer = self
+            .timers
             .add(Instant::now() + PROBE_TIME, LoopTimer::UpgradeProbe);
+        self.upgrade_timer(timer);
+    }
+
+    /// Makes `timer` the one of the stage under way, cancelling the previous stage's.
+    fn upgrade_timer(&mut self, timer: TimerId) {
+        match self.upgrade.as_mut() {
+            Some(up) => {
+                if let Some(old) = up.timer.replace(timer) {
+                    self.timers.cancel(old);
+                }
+            }
+            None => self.timers.cancel(timer),
+        }
     }
 
     /// Whether the daemon has stopped reading requests for an upgrade.
@@ -350,8 +370,10 @@ impl Server {
                         stopped: os::monotonic_ns(),
                     };
                 }
-                self.timers
+                let timer = self
+                    .timers
                     .add(Instant::now() + DRAIN_TIME, LoopTimer::UpgradeDrain);
+                self.upgrade_timer(timer);
             }
             Err(why) => self.refuse_upgrade(&format!("{binary}: {why}")),
         }
@@ -435,7 +457,11 @@ impl Server {
     fn refuse_upgrade(&mut self, why: &str) {
         let was_draining = self.draining();
         self.close_probe();
-        let asked_by = self.upgrade.take().and_then(|u| u.asked_by);
+        let up = self.upgrade.take();
+        if let Some(t) = up.as_ref().and_then(|u| u.timer) {
+            self.timers.cancel(t);
+        }
+        let asked_by = up.and_then(|u| u.asked_by);
         self.upgrade_failed(asked_by, why);
         if was_draining {
             for t in self.listeners.tokens() {
@@ -474,6 +500,7 @@ impl Server {
             binary,
             asked_by,
             stage: Stage::Draining { to, stopped },
+            timer,
         }) = self.upgrade.take()
         else {
             return;
@@ -532,6 +559,7 @@ impl Server {
             binary,
             asked_by,
             stage: Stage::Draining { to, stopped },
+            timer,
         });
         self.refuse_upgrade(&failure);
     }
