@@ -172,7 +172,7 @@ impl LineEditor {
 
 /// Where the session is, as execctl follows it.
 #[derive(Default)]
-struct Mode {
+struct Following {
     /// A command runs: keys are its.
     running: bool,
     /// Commands followed so far: the waiter of an earlier one changes nothing.
@@ -183,7 +183,7 @@ struct Mode {
 struct Term {
     ctx: Ctx,
     sid: String,
-    mode: Mutex<Mode>,
+    mode: Mutex<Following>,
     /// The size last given to the session's terminal.
     size: Mutex<Option<(u16, u16)>>,
 }
@@ -230,7 +230,7 @@ pub fn run(ctx: &Ctx, c: &mut Client, start: Start) -> Res<u8> {
     let t = Arc::new(Term {
         ctx: ctx.clone(),
         sid: start.sid.clone(),
-        mode: Mutex::new(Mode::default()),
+        mode: Mutex::new(Following::default()),
         size: Mutex::new(None),
     });
     let sid = &start.sid;

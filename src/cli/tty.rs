@@ -459,16 +459,16 @@ pub fn exit_code(payload: &Value) -> u8 {
 
 /// A command's screen as the daemon keeps it (PROTOCOL 12.1).
 #[derive(Debug, Default, PartialEq)]
-pub struct ScreenImage {
+pub struct ShownScreen {
     pub lines: Vec<String>,
     pub row: u64,
     pub col: u64,
     pub alternate: bool,
 }
 
-impl ScreenImage {
-    pub fn from_json(v: &Value) -> ScreenImage {
-        ScreenImage {
+impl ShownScreen {
+    pub fn from_json(v: &Value) -> ShownScreen {
+        ShownScreen {
             lines: v["lines"]
                 .as_array()
                 .map(|l| {
@@ -580,7 +580,7 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
 
 /// The command's screen now, and the output offsets it stands for (where its live output
 /// continues).
-fn screen(c: &mut Client, target: &Target) -> Result<(ScreenImage, [u64; 2]), CallError> {
+fn screen(c: &mut Client, target: &Target) -> Result<(ShownScreen, [u64; 2]), CallError> {
     match target {
         Target::Terminal { id, session } => {
             let r = c.call(
@@ -590,7 +590,7 @@ fn screen(c: &mut Client, target: &Target) -> Result<(ScreenImage, [u64; 2]), Ca
             )?;
             let meta = &r["_meta"]["execd"];
             let end = meta["end"].as_u64().unwrap_or(0);
-            Ok((ScreenImage::from_json(&meta["screen"]), [end, 0]))
+            Ok((ShownScreen::from_json(&meta["screen"]), [end, 0]))
         }
         Target::Bash { id, session } => {
             // An offset past the end reads nothing and answers the end.
@@ -604,7 +604,7 @@ fn screen(c: &mut Client, target: &Target) -> Result<(ScreenImage, [u64; 2]), Ca
                 r["offset"].as_u64().unwrap_or(0),
                 r["stderr_offset"].as_u64().unwrap_or(0),
             ];
-            Ok((ScreenImage::from_json(&r["screen"]), ends))
+            Ok((ShownScreen::from_json(&r["screen"]), ends))
         }
     }
 }
@@ -654,18 +654,18 @@ mod tests {
     fn a_screen_is_painted_where_the_program_left_it() {
         let v = json!({"rows": 4, "cols": 10, "lines": [">>> 1+1", "2", ">>> ", ""],
                        "cursor": {"row": 2, "col": 4}, "alternate": false});
-        let s = ScreenImage::from_json(&v);
+        let s = ShownScreen::from_json(&v);
         assert_eq!(s.lines.len(), 4);
         assert_eq!(
             String::from_utf8(s.paint()).expect("utf-8"),
             "\x1b[H\x1b[2J>>> 1+1\r\n2\r\n>>> \x1b[3;5H"
         );
         let v = json!({"lines": ["x"], "cursor": {"row": 0, "col": 1}, "alternate": true});
-        assert!(ScreenImage::from_json(&v)
+        assert!(ShownScreen::from_json(&v)
             .paint()
             .starts_with(b"\x1b[?1049h\x1b[H\x1b[2J"));
         assert_eq!(
-            ScreenImage::from_json(&Value::Null).paint(),
+            ShownScreen::from_json(&Value::Null).paint(),
             b"\x1b[H\x1b[2J\x1b[1;1H"
         );
     }

@@ -68,14 +68,14 @@ pub(super) struct Upgrading {
     binary: PathBuf,
     /// The `daemon/upgrade` request to answer; none for SIGUSR2.
     asked_by: Option<(Token, ReqNo)>,
-    stage: Stage,
+    stage: UpgradeStage,
     /// The timer of the stage under way (the pre-flight's 5 s, then the drain's),
     /// cancelled when the upgrade is refused: an earlier attempt's timer never ends a
     /// later one.
     timer: Option<TimerId>,
 }
 
-enum Stage {
+enum UpgradeStage {
     /// The new binary runs with `--upgrade-check`.
     Probing {
         pid: i32,
@@ -163,7 +163,7 @@ impl Server {
             binary: binary.clone(),
             asked_by,
             timer: None,
-            stage: Stage::Probing {
+            stage: UpgradeStage::Probing {
                 pid,
                 report: Some((report, report_token)),
                 memory: Some(memory),
@@ -201,7 +201,7 @@ impl Server {
         matches!(
             self.upgrade,
             Some(Upgrading {
-                stage: Stage::Draining { .. },
+                stage: UpgradeStage::Draining { .. },
                 ..
             })
         )
@@ -212,7 +212,7 @@ impl Server {
         matches!(
             self.upgrade,
             Some(Upgrading {
-                stage: Stage::Probing { .. },
+                stage: UpgradeStage::Probing { .. },
                 ..
             })
         )
@@ -222,7 +222,7 @@ impl Server {
     pub(super) fn probe_token(&self, token: Token) -> bool {
         match &self.upgrade {
             Some(Upgrading {
-                stage: Stage::Probing { report, out, .. },
+                stage: UpgradeStage::Probing { report, out, .. },
                 ..
             }) => {
                 report.as_ref().is_some_and(|(_, t)| *t == token)
@@ -237,7 +237,7 @@ impl Server {
         let Some(Upgrading {
             binary,
             stage:
-                Stage::Probing {
+                UpgradeStage::Probing {
                     pid,
                     report,
                     memory,
@@ -281,7 +281,7 @@ impl Server {
         let (line, eof) = {
             let Some(Upgrading {
                 stage:
-                    Stage::Probing {
+                    UpgradeStage::Probing {
                         out: Some((rx, _)),
                         got,
                         ..
@@ -365,7 +365,7 @@ impl Server {
                     state::VERSION
                 ));
                 if let Some(up) = self.upgrade.as_mut() {
-                    up.stage = Stage::Draining {
+                    up.stage = UpgradeStage::Draining {
                         to,
                         stopped: os::monotonic_ns(),
                     };
@@ -418,7 +418,7 @@ impl Server {
     fn close_probe(&mut self) {
         if let Some(Upgrading {
             stage:
-                Stage::Probing {
+                UpgradeStage::Probing {
                     pid,
                     report,
                     memory,
@@ -499,7 +499,7 @@ impl Server {
         let Some(Upgrading {
             binary,
             asked_by,
-            stage: Stage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped },
             timer,
         }) = self.upgrade.take()
         else {
@@ -558,7 +558,7 @@ impl Server {
         self.upgrade = Some(Upgrading {
             binary,
             asked_by,
-            stage: Stage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped },
             timer,
         });
         self.refuse_upgrade(&failure);

@@ -148,11 +148,11 @@ pub struct HttpCodec {
     /// How many unconsumed bytes were already looked at for a line end without finding a
     /// complete item: a parse is retried only once a new line arrives.
     scanned: usize,
-    state: State,
+    state: Reading,
 }
 
 #[derive(Debug)]
-enum State {
+enum Reading {
     /// Waiting for a request head.
     Head,
     /// Head understood; reading the body.
@@ -258,7 +258,7 @@ impl HttpCodec {
             buf: Vec::new(),
             start: 0,
             scanned: 0,
-            state: State::Head,
+            state: Reading::Head,
         }
     }
 
@@ -284,7 +284,7 @@ impl HttpCodec {
     /// after an `HttpRequest` whose `keep_alive` is false (answer it, then close). Either way the
     /// connection should stop reading.
     pub fn closed(&self) -> bool {
-        matches!(self.state, State::Done)
+        matches!(self.state, Reading::Done)
     }
 
     /// The unconsumed bytes.
@@ -334,7 +334,7 @@ impl HttpCodec {
         }
         let over = self.pending() > self.limits.max_head;
         if !self.fresh_line() && !over {
-            self.state = State::Head;
+            self.state = Reading::Head;
             return Ok(Progress::Wait);
         }
         let parsed = parse_head(self.avail(), &self.limits, &self.auth)?;
@@ -342,7 +342,7 @@ impl HttpCodec {
             if over {
                 return Err(Fault::head_too_large(&self.limits));
             }
-            self.state = State::Head;
+            self.state = Reading::Head;
             return Ok(Progress::Wait);
         };
         if len > self.limits.max_head {
@@ -354,7 +354,7 @@ impl HttpCodec {
             framing,
             expect_continue,
         } = head;
-        self.state = State::Body(Box::new(Partial {
+        self.state = Reading::Body(Box::new(Partial {
             request,
             framing,
             continue_due: expect_continue,
@@ -368,18 +368,18 @@ impl HttpCodec {
         if partial.framing == Framing::Length(0) {
             let request = partial.request;
             if request.keep_alive {
-                self.state = State::Head;
+                self.state = Reading::Head;
             } else {
                 // The answer to this request is the last thing the connection does: bytes
                 // pipelined after it are never answered, so they are not parsed or kept.
-                self.state = State::Done;
+                self.state = Reading::Done;
                 self.release();
             }
             return Ok(Progress::Event(Event::Request(request)));
         }
         // The body is incomplete: the moment to invite the rest, once.
         let due = std::mem::take(&mut partial.continue_due);
-        self.state = State::Body(partial);
+        self.state = Reading::Body(partial);
         Ok(if due {
             Progress::Event(Event::Continue)
         } else {
@@ -504,10 +504,10 @@ impl Iterator for HttpCodec {
     fn next(&mut self) -> Option<Event> {
         loop {
             // Each step puts back the state it leaves; a fault leaves `Done`.
-            let step = match std::mem::replace(&mut self.state, State::Done) {
-                State::Done => return None,
-                State::Head => self.head(),
-                State::Body(partial) => self.body(partial),
+            let step = match std::mem::replace(&mut self.state, Reading::Done) {
+                Reading::Done => return None,
+                Reading::Head => self.head(),
+                Reading::Body(partial) => self.body(partial),
             };
             match step {
                 Ok(Progress::Again) => continue,
@@ -517,7 +517,7 @@ impl Iterator for HttpCodec {
                     return None;
                 }
                 Err(fault) => {
-                    self.state = State::Done;
+                    self.state = Reading::Done;
                     self.release();
                     let body = failure_body(fault.message, fault.data.as_ref());
                     let extra: &[(&str, &str)] = if fault.status == 401 {
@@ -797,9 +797,9 @@ impl HttpCodec {
     /// arriving keeps what arrived of it).
     pub fn carry(&self, blobs: &mut BlobsOut) -> HttpImage {
         let state = match &self.state {
-            State::Head => HttpStateImage::Head,
-            State::Done => HttpStateImage::Done,
-            State::Body(p) => HttpStateImage::Body {
+            Reading::Head => HttpStateImage::Head,
+            Reading::Done => HttpStateImage::Done,
+            Reading::Body(p) => HttpStateImage::Body {
                 method: p.request.method.clone(),
                 path: p.request.path.clone(),
                 body: blobs.put(&p.request.body),
@@ -839,8 +839,8 @@ impl HttpCodec {
     /// The codec `carry` described.
     pub fn resume(img: &HttpImage, blobs: &BlobsIn) -> Result<HttpCodec, StateError> {
         let state = match &img.state {
-            HttpStateImage::Head => State::Head,
-            HttpStateImage::Done => State::Done,
+            HttpStateImage::Head => Reading::Head,
+            HttpStateImage::Done => Reading::Done,
             HttpStateImage::Body {
                 method,
                 path,
@@ -849,7 +849,7 @@ impl HttpCodec {
                 authorization,
                 framing,
                 continue_due,
-            } => State::Body(Box::new(Partial {
+            } => Reading::Body(Box::new(Partial {
                 request: HttpRequest {
                     method: method.clone(),
                     path: path.clone(),
@@ -892,8 +892,8 @@ impl HttpCodec {
     /// Body bytes held by the request in progress (for the memory-bound tests).
     fn held_body(&self) -> usize {
         match &self.state {
-            State::Body(partial) => partial.request.body.len(),
-            State::Head | State::Done => 0,
+            Reading::Body(partial) => partial.request.body.len(),
+            Reading::Head | Reading::Done => 0,
         }
     }
 }
