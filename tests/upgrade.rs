@@ -823,7 +823,7 @@ fn a_state_the_new_image_refuses_is_handed_back_and_the_old_image_serves_on() {
         "the new image refused the state: EXECD_TEST_REFUSE_STATE=1 is set",
     );
     let log = d.log();
-    assert!(log.contains("handing it back to the old image"), "{log}");
+    assert!(log.contains("it was handed back to the old image"), "{log}");
     // The signal path is refused the same way.
     unsafe_kill(d.pid(), libc::SIGUSR2);
     wait_until("the second refusal is logged", || {

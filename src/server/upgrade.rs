@@ -653,7 +653,12 @@ impl Server {
                 }
             }
             Some(why) => {
-                let why = format!("the new image refused the state: {why}");
+                // Said here, by the old image's log (which never blocks), not by the new
+                // image on its stderr before the hand-back.
+                let why = format!(
+                    "the new image refused the state: {why}; it was handed back to the old \
+                     image"
+                );
                 self.upgrade_failed(r.asked_by, &why);
             }
         }
@@ -903,7 +908,6 @@ impl Server {
 /// its own flags from the state it wrote (`handed_back_flags`), whatever this image was
 /// given. Returns only when that cannot be done, with the error.
 fn hand_back(fd: RawFd, bytes: &[u8], why: &str) -> io::Error {
-    eprintln!("execd: upgrade: refusing the state, handing it back to the old image: {why}");
     let arg0 = std::env::args_os().next().unwrap_or_default();
     let args: [OsString; 2] = ["--resume-from".into(), fd.to_string().into()];
     let e = match state::hand_back_fd(bytes) {
