@@ -18,15 +18,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::gate::{Approver, Asked, PendingApproval};
-use super::launch::{Admitted, After, LaunchRequest};
+use super::launch::{Admitted, LaunchRequest};
 use super::log::{Kind, Log, Queue};
-use super::park::{Parked, Wait};
+use super::park::Parked;
 use super::screen::Screen;
-use super::shell::{self, ShellWait, Shells};
+use super::shell::{self, Shells};
 use super::table::{
     BashSession, ConnId, Exit, Family, Key, KillReason, ParkId, Peer, Proc, Stdin, Stream, Sub,
     SubOpts, Table, Tty,
 };
+use super::vocab::{After, ShellWait, Wait};
 use super::{Core, Timer};
 use crate::config::Config;
 use crate::types::{CgroupLimits, Ended, Program, Stdio3, TreeUsage, Usage, WinSize};

@@ -28,48 +28,11 @@ use crate::core::table::ConnId;
 use crate::core::table::Peer;
 use crate::core::timers::TimerId;
 use crate::core::view::cut_middle;
+use crate::core::vocab::Answer;
 use crate::core::{Core, Effect, Timer};
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
-
-/// An approver's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    Approve,
-    ApproveForSession,
-    Reject,
-}
-
-impl Answer {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Answer::Approve => "approve",
-            Answer::ApproveForSession => "approve_for_session",
-            Answer::Reject => "reject",
-        }
-    }
-
-    /// Reads a Wire response to request `id`: `{request_id, response, feedback?}`. An error
-    /// response, a malformed result, another `request_id` or an unknown `response` is a
-    /// reject. Returns the answer and the feedback.
-    pub fn from_response(id: &str, result: &Result<Value, Value>) -> (Answer, Option<String>) {
-        let Ok(r) = result else {
-            return (Answer::Reject, None);
-        };
-        let feedback = r
-            .get("feedback")
-            .and_then(Value::as_str)
-            .map(|f| f.chars().take(4096).collect());
-        let same = r.get("request_id").and_then(Value::as_str) == Some(id);
-        let answer = match r.get("response").and_then(Value::as_str) {
-            Some("approve") if same => Answer::Approve,
-            Some("approve_for_session") if same => Answer::ApproveForSession,
-            _ => Answer::Reject,
-        };
-        (answer, feedback)
-    }
-}
 
 /// What an approval is about, for the approver and the audit log.
 #[derive(Debug, Clone)]
@@ -395,7 +358,7 @@ impl Core {
         let peer = launch.peer;
         // A shell session's own bash runs nothing but the lines typed into it, and each
         // of those is judged here on its own (`After::ShellLine`): the shell is not.
-        if let crate::core::launch::After::ShellStart(_) = launch.after {
+        if let crate::core::vocab::After::ShellStart(_) = launch.after {
             launch.admitted = Some(Admitted {
                 key,
                 id,
@@ -651,7 +614,7 @@ impl Core {
     /// A command that will not start (refused by the gate or an approver, or its spawn
     /// failed): a bash session made for it alone is not kept.
     pub fn launch_failed(&mut self, launch: &LaunchRequest) {
-        if let crate::core::launch::After::BashExec {
+        if let crate::core::vocab::After::BashExec {
             created_session: true,
             ..
         } = launch.after

@@ -91,8 +91,8 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::park::Wait;
     use crate::core::testkit::*;
+    use crate::core::vocab::Wait;
     use crate::wire::rpc::ReqNo;
 
     #[test]

@@ -9,36 +9,11 @@
 use std::path::PathBuf;
 
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
+use crate::core::vocab::After;
 use crate::types::CgroupLimits;
 use crate::types::Program;
 use crate::types::{Stdio3, WinSize};
 use crate::wire::rpc::{Params, RpcError};
-
-/// What the family does once the command is started (or failed to start).
-#[derive(Debug, Clone)]
-pub enum After {
-    /// ACP `terminal/create`: answer `{terminalId}`.
-    Terminal,
-    /// A line for a shell session (`shell/exec`, PROTOCOL 12.2): nothing is spawned for it;
-    /// once admitted it is typed into the session's shell (started first if need be).
-    ShellLine(Box<crate::core::shell::ShellExec>),
-    /// A shell session's own bash, and what follows once it runs. The gate does not judge
-    /// it: it runs nothing but the lines typed into it, each judged on its own.
-    ShellStart(crate::core::shell::ShellThen),
-    /// `bash/exec`.
-    BashExec {
-        async_mode: bool,
-        /// Soft timeout in seconds: answer `running` after it (synchronous only).
-        timeout: Option<f64>,
-        /// Kill after this many seconds.
-        hard_timeout: Option<f64>,
-        max_len: usize,
-        /// The call created its session: a failed start does not keep it.
-        created_session: bool,
-        /// `exec_dir`: the session's directory from now on, once the command started there.
-        exec_dir: Option<PathBuf>,
-    },
-}
 
 /// Everything about one command to start, and who asks.
 #[derive(Debug, Clone)]

@@ -13,10 +13,10 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::launch::LaunchRequest;
-use super::park::Wait;
 use super::screen::Screen;
-use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Table, Tty};
+use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Tty};
 use super::view;
+use super::vocab::Wait;
 use super::{Core, Effect, Timer};
 use crate::config::BASH_HISTORY;
 use crate::types::TreeUsage;
@@ -76,7 +76,7 @@ impl Core {
             _ => None,
         };
         let commands = match req.stdio {
-            Stdio3::Shell(_) => Some(Stdin::new(crate::core::shell::COMMAND_PIPE_BUFFER)),
+            Stdio3::Shell(_) => Some(Stdin::new(super::vocab::COMMAND_PIPE_BUFFER)),
             _ => None,
         };
         self.input_watch |= stdin.is_some();
@@ -390,7 +390,7 @@ impl Core {
             .get(key)
             .and_then(|p| p.stdin.as_ref())
             .map_or(0, |s| s.capacity);
-        if !waiting && queue_stdin(&mut self.table, key, &data, eof)?.is_some() {
+        if !waiting && self.table.queue_stdin(key, &data, eof)?.is_some() {
             self.out.push(Effect::FlushStdin(key));
             // Input given: whatever waited for it is not waiting any more.
             self.set_waiting(key, false);
@@ -514,42 +514,6 @@ impl Core {
 
 /// A terminal's default EOF character, sent for `eof: true`.
 const CTRL_D: u8 = 0x04;
-
-/// Puts `data` in `key`'s stdin buffer if it fits: `Some(written)`, or `None` when it
-/// does not fit yet. An error when the command is gone, has exited or its stdin is closed.
-pub(super) fn queue_stdin(
-    table: &mut Table,
-    key: Key,
-    data: &[u8],
-    eof: bool,
-) -> Result<Option<usize>, RpcError> {
-    let p = table
-        .get_mut(key)
-        .ok_or_else(|| RpcError::not_found("process", "released"))?;
-    if !p.running() {
-        return Err(RpcError::invalid_state(format!("{} has exited", p.id)));
-    }
-    let id = p.id.clone();
-    let stdin = p
-        .stdin
-        .as_mut()
-        .ok_or_else(|| RpcError::invalid_state(format!("{id} has no stdin pipe")))?;
-    if !stdin.open || stdin.eof_requested {
-        let n = stdin.undelivered;
-        let msg = if n > 0 {
-            format!("stdin of {id} is closed; {n} bytes of earlier input were not delivered")
-        } else {
-            format!("stdin of {id} is closed")
-        };
-        return Err(RpcError::invalid_state(msg).with_data(json!({ "undelivered": n })));
-    }
-    if stdin.buf.len() + data.len() > stdin.capacity {
-        return Ok(None);
-    }
-    stdin.buf.extend(data);
-    stdin.eof_requested = eof;
-    Ok(Some(data.len()))
-}
 
 #[cfg(test)]
 mod tests {

@@ -34,6 +34,7 @@ pub mod table;
 pub mod testkit;
 pub mod timers;
 pub mod view;
+pub mod vocab;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Instant, SystemTime};
@@ -48,11 +49,12 @@ use crate::policy::Policy;
 use crate::types::Leftovers;
 use crate::types::{Stage, SweepScope, Swept, WinSize};
 use crate::wire::rpc::{ReqNo, RpcError};
+use gate::Approvals;
 pub use gate::Gated;
-use gate::{Answer, Approvals};
 use log::{Log, Queue};
 use park::Parked;
-pub use park::Wait;
+use vocab::Answer;
+pub use vocab::Wait;
 
 /// How commands are contained (PROTOCOL 9 and 14), as `initialize` and `execctl status`
 /// say it.

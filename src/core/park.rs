@@ -6,60 +6,13 @@
 
 use std::time::Instant;
 
-use super::gate::Answer;
-use super::shell::ShellWait;
-use super::table::{ConnId, Key, ParkId, SessionKey};
+use super::table::{ConnId, Key, ParkId};
 use super::timers::TimerId;
+use super::vocab::{Answer, Wait};
 use super::{Core, Effect, Timer};
 use crate::wire::rpc::{ReqNo, RpcError};
 
-use super::life::queue_stdin;
 use super::view;
-
-/// What a parked request waits for.
-#[derive(Debug, Clone)]
-pub enum Wait {
-    /// `terminal/wait_for_exit`.
-    Exit(Key),
-    /// `terminal/kill`: answered `{}` once the leader exited.
-    Killed(Key),
-    /// Synchronous `bash/exec`.
-    BashExec { key: Key, max_len: usize },
-    /// `bash/output` with `wait`.
-    /// `screen`: the answer carries the command's screen (it keeps one: `keep_screen`).
-    BashOutput {
-        key: Key,
-        from: [u64; 2],
-        screen: bool,
-    },
-    /// `bash/kill`: answered once the command ended or the grace passed.
-    BashKill(Key),
-    /// `terminal/kill` with a signal of the client's: answered once the leader exited or
-    /// the grace passed, saying which.
-    Signalled(Key),
-    /// A write with `wait`: answered once its input fits the stdin buffer.
-    StdinRoom { key: Key, data: Vec<u8>, eof: bool },
-    /// A request on command `seq` of a shell session (`shell/exec`, `wait`, `kill`): it
-    /// waits on the session, whose shell may be restarted meanwhile.
-    Shell {
-        session: SessionKey,
-        seq: u64,
-        what: ShellWait,
-    },
-}
-
-impl Wait {
-    /// The process it waits on (none for a shell session's requests).
-    pub fn key(&self) -> Option<Key> {
-        match self {
-            Wait::Exit(k) | Wait::Killed(k) | Wait::BashKill(k) | Wait::Signalled(k) => Some(*k),
-            Wait::BashExec { key, .. }
-            | Wait::BashOutput { key, .. }
-            | Wait::StdinRoom { key, .. } => Some(*key),
-            Wait::Shell { .. } => None,
-        }
-    }
-}
 
 #[derive(Debug)]
 pub(super) struct Parked {
@@ -126,7 +79,7 @@ impl Core {
             return;
         };
         if let Wait::StdinRoom { key, data, eof } = &p.wait {
-            let result = match queue_stdin(&mut self.table, *key, data, *eof) {
+            let result = match self.table.queue_stdin(*key, data, *eof) {
                 Ok(None) => return, // still no room
                 Ok(Some(_)) => {
                     self.out.push(Effect::FlushStdin(*key));

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::gate::Answer;
 use super::table::{BashSession, Key, KillReason, Proc, SessionKey};
+use super::vocab::Answer;
 use super::{Core, Timer};
 use crate::wire::rpc::RpcError;
 

@@ -2,8 +2,8 @@
 //! their trees ended, and everything parked answered from state where it can be, else
 //! `-32007`.
 
-use super::gate::Answer;
 use super::table::{Key, KillReason, ParkId, Proc};
+use super::vocab::Answer;
 use super::{Core, Effect};
 use crate::wire::rpc::RpcError;
 

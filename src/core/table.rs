@@ -18,6 +18,8 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::core::ring::Ring;
 use crate::core::screen::Screen;
 use crate::types::{Ended, TreeUsage, Usage, WinSize};
+use crate::wire::rpc::RpcError;
+use serde_json::json;
 
 /// Internal key of a command's record; never reused. Its public id is derived from it
 /// (`term_N`, `cmd_N`), and listings page by it.
@@ -429,6 +431,42 @@ pub struct Table {
 }
 
 impl Table {
+    /// Puts `data` in `key`'s stdin buffer if it fits: `Some(written)`, or `None` when it
+    /// does not fit yet. An error when the command is gone, has exited or its stdin is closed.
+    pub fn queue_stdin(
+        &mut self,
+        key: Key,
+        data: &[u8],
+        eof: bool,
+    ) -> Result<Option<usize>, RpcError> {
+        let p = self
+            .get_mut(key)
+            .ok_or_else(|| RpcError::not_found("process", "released"))?;
+        if !p.running() {
+            return Err(RpcError::invalid_state(format!("{} has exited", p.id)));
+        }
+        let id = p.id.clone();
+        let stdin = p
+            .stdin
+            .as_mut()
+            .ok_or_else(|| RpcError::invalid_state(format!("{id} has no stdin pipe")))?;
+        if !stdin.open || stdin.eof_requested {
+            let n = stdin.undelivered;
+            let msg = if n > 0 {
+                format!("stdin of {id} is closed; {n} bytes of earlier input were not delivered")
+            } else {
+                format!("stdin of {id} is closed")
+            };
+            return Err(RpcError::invalid_state(msg).with_data(json!({ "undelivered": n })));
+        }
+        if stdin.buf.len() + data.len() > stdin.capacity {
+            return Ok(None);
+        }
+        stdin.buf.extend(data);
+        stdin.eof_requested = eof;
+        Ok(Some(data.len()))
+    }
+
     pub fn running(&self) -> usize {
         self.running
     }

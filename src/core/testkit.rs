@@ -6,9 +6,10 @@ pub use std::time::Duration;
 
 pub use serde_json::{json, Value};
 
-pub use super::launch::{After, LaunchRequest};
+pub use super::launch::LaunchRequest;
 pub use super::log::Log;
 pub use super::table::{ConnId, Family, Key, KillReason, Peer};
+pub use super::vocab::After;
 pub use super::{Core, Effect, Wait};
 pub use crate::config::Config;
 pub use crate::types::Stage;

@@ -9,12 +9,12 @@
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, plain_word, requested_tty, resize_to, validate_dir, validate_env, After,
-    LaunchRequest,
+    default_term, plain_word, requested_tty, resize_to, validate_dir, validate_env, LaunchRequest,
 };
 use crate::core::table::Proc;
 use crate::core::table::{Family, Key, KillReason};
 use crate::core::view::{self, exit_fields, oom_killed};
+use crate::core::vocab::After;
 use crate::core::{Caller, Core, Step, Wait};
 use crate::methods::{events, list};
 use crate::types::{Program, Stdio3};

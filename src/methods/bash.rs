@@ -13,11 +13,12 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::core::launch::{
-    default_term, requested_tty, resize_to, validate_dir, validate_env, After, LaunchRequest,
+    default_term, requested_tty, resize_to, validate_dir, validate_env, LaunchRequest,
 };
 use crate::core::ring::middle_cut;
 use crate::core::table::{BashSession, Family, Key, Proc, SessionKey, Tty};
 use crate::core::view::{self, exit_fields, oom_killed};
+use crate::core::vocab::After;
 use crate::core::{Caller, Core, Step, Wait};
 use crate::methods::list;
 use crate::types::{Program, Stdio3};

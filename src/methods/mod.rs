@@ -12,8 +12,9 @@ pub mod shell;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::launch::{After, LaunchRequest};
+use crate::core::launch::LaunchRequest;
 use crate::core::table::Key;
+use crate::core::vocab::After;
 use crate::core::{Caller, Core, Step, Wait};
 use crate::wire::rpc::{Params, RpcError};
 

@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::launch::{resize_to, validate_dir, After, LaunchRequest};
+use crate::core::launch::{resize_to, validate_dir, LaunchRequest};
 use crate::core::ring::middle_cut;
-use crate::core::shell::{
-    self, LineOpts, Phase, Record, RecordStep as RecStep, ShellExec, ShellSession, ShellThen,
-    ShellWait, MAX_COMMAND, TRUNCATE_AT,
-};
+use crate::core::shell::{self, Phase, Record, RecordStep as RecStep, ShellSession, TRUNCATE_AT};
 use crate::core::table::{Family, Key, SessionKey};
+use crate::core::vocab::{After, LineOpts, ShellExec, ShellThen, ShellWait, MAX_COMMAND};
 use crate::core::{Caller, Core, Step, Wait};
 use crate::types::{Program, Stdio3, WinSize};
 use crate::wire::encode::rfc3339;

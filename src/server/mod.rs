@@ -32,9 +32,10 @@ use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::config::Config;
-use crate::core::launch::{After, LaunchRequest, Origin};
+use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::log::Log;
 use crate::core::timers::Timers;
+use crate::core::vocab::After;
 use crate::core::{Caller, Containment, Core, Effect, Gated, Step, Wait};
 use crate::methods as dispatch;
 use crate::server::children::{Children, ReapOutcome};

@@ -5,7 +5,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use super::LineOpts;
+use crate::core::vocab::LineOpts;
 
 /// What opens every marker.
 pub(super) const MARK: &[u8] = b"\x1b]6973;";

@@ -54,6 +54,7 @@ use serde_json::json;
 use super::launch::{LaunchRequest, Origin};
 use super::table::{Key, KillReason, Peer, Proc, SessionKey};
 use super::timers::TimerId;
+use super::vocab::{LineOpts, ShellExec, ShellThen, ShellWait};
 use super::{Core, Effect, Timer};
 use crate::types::{Ended, WinSize};
 use crate::wire::rpc::RpcError;
@@ -69,10 +70,6 @@ pub const CONSOLE_RECORDS: usize = 32;
 pub const DEFAULT_NO_CHANGE: Duration = Duration::from_secs(30);
 /// Where `output` is cut when `truncate` (the default) is asked: characters kept.
 pub const TRUNCATE_AT: usize = 30_000;
-/// The longest command an `exec` may send, in bytes (the line is four times as long).
-pub const MAX_COMMAND: usize = 128 << 10;
-/// The command pipe's buffer: one command line, escaped, and room to spare.
-pub const COMMAND_PIPE_BUFFER: usize = 4 * MAX_COMMAND + (16 << 10);
 /// The longest prompt text kept for a record (`ps1`).
 const PS1_MAX: usize = 256;
 /// Bytes a record's bookkeeping counts besides its command line and prompt.
@@ -128,58 +125,6 @@ pub enum RecordStep {
     /// Started: its output is being written.
     Running,
     Done(Ending),
-}
-
-/// What an `exec` asked for besides its command.
-#[derive(Debug, Clone, Default)]
-pub struct LineOpts {
-    pub exec_dir: Option<String>,
-    /// `exec_dir` becomes the session's directory (the line opens the session).
-    pub enter: bool,
-    pub strict: bool,
-    pub keep_symlinks: Option<bool>,
-    pub hard_timeout: Option<Duration>,
-}
-
-/// An `exec` on its way through the gate: what its tail needs once the line is admitted.
-#[derive(Debug, Clone)]
-pub struct ShellExec {
-    pub session_id: String,
-    /// The session did not exist when it was asked for: the line creates it, in `dir`.
-    pub creates: bool,
-    pub dir: PathBuf,
-    pub async_mode: bool,
-    /// Soft timeout: answer `running` after it (synchronous only).
-    pub timeout: Option<Duration>,
-    /// Its own `no_change_timeout`, else the session's.
-    pub no_change_timeout: Option<Duration>,
-    /// Cut `output` to `TRUNCATE_AT` characters.
-    pub truncate: bool,
-    pub opts: LineOpts,
-}
-
-/// What follows once a shell session's bash is started.
-#[derive(Debug, Clone)]
-pub enum ShellThen {
-    /// `shell/sessions/create`: answer the session.
-    Create,
-    /// An `exec` whose line is queued in the session (`seq`): answer it, or wait.
-    Exec(Box<ShellExec>, u64),
-    /// The session's shell died and is started again; nobody waits for it. `fallback`:
-    /// this is the second try, in `--workdir`, the last directory having failed.
-    Restart { fallback: bool },
-}
-
-/// What a request parked on a shell session waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShellWait {
-    /// A synchronous `exec`: the command's end, its `no_change_timeout`, or it waiting
-    /// for input. `truncate`: its answer's output is cut.
-    Exec { truncate: bool },
-    /// `wait`: the command's end.
-    End,
-    /// `kill`: the command's end.
-    Kill,
 }
 
 /// Whether a request waiting on command `seq` of `s` for `what` may be answered now.
@@ -416,7 +361,7 @@ impl Core {
             subscribe: None,
             kill_on_disconnect: None,
             limits: self.cfg.limits,
-            after: super::launch::After::ShellStart(then),
+            after: super::vocab::After::ShellStart(then),
             admitted: None,
             origin: s.origin.clone(),
         })
@@ -687,7 +632,7 @@ impl Core {
                         if !input.is_empty() {
                             // It fitted the buffer when it was taken, which is empty now
                             // (cleared at the last command's end).
-                            let _ = super::life::queue_stdin(&mut self.table, shell, &input, false);
+                            let _ = self.table.queue_stdin(shell, &input, false);
                         }
                         // Whatever read the terminal before belonged to an earlier command.
                         self.set_waiting(shell, false);
@@ -1042,7 +987,7 @@ impl Core {
         let running = r.step == RecordStep::Running;
         match shell.filter(|_| running) {
             Some(shell) => {
-                if super::life::queue_stdin(&mut self.table, shell, data, false)?.is_none() {
+                if self.table.queue_stdin(shell, data, false)?.is_none() {
                     return Err(RpcError::limit("stdin-buffer", cap));
                 }
                 self.out.push(Effect::FlushStdin(shell));
