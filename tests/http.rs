@@ -9,6 +9,7 @@
 //! (`--http-run-as`). Each wait is bounded: curl by `--max-time`, sockets by a read timeout,
 //! children by a deadline, and every daemon and child is ended on drop.
 
+use crate::util::venv::{run_bounded, sdk_python};
 use crate::util::*;
 
 use std::collections::HashMap;
@@ -18,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -178,48 +179,6 @@ fn refused(args: &[String]) -> (Option<i32>, String) {
     match launch(TempDir::new(), args) {
         Ok(d) => panic!("execd {args:?} started; log:\n{}", d.log()),
         Err(refusal) => refusal,
-    }
-}
-
-/// A child killed and reaped on drop, so a failing test leaves none behind.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Reap {
-    /// Waits for the child to exit, at most `bound`; its output then.
-    #[track_caller]
-    fn finish(mut self, bound: Duration) -> Output {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "child still running after {bound:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        if let Some(mut s) = self.0.stdout.take() {
-            let _ = s.read_to_end(&mut out);
-        }
-        if let Some(mut s) = self.0.stderr.take() {
-            let _ = s.read_to_end(&mut err);
-        }
-        let status = self.0.wait().expect("wait");
-        Output {
-            status,
-            stdout: out,
-            stderr: err,
-        }
     }
 }
 
@@ -2179,153 +2138,6 @@ fn routes_paths_and_bodies() {
 }
 
 // ---- 10. the Python SDK ----------------------------------------------------------------
-
-/// The SDK version the test installs: the newest on PyPI when this was written.
-const SDK_VERSION: &str = "0.0.30";
-
-/// Longest the virtualenv and the SDK's install may take.
-const INSTALL_BOUND: Duration = Duration::from_secs(300);
-
-/// Runs `cmd` to its end, at most `bound`; its output, with stdout and stderr written to
-/// `log` as well.
-#[track_caller]
-pub(crate) fn run_bounded(cmd: &mut Command, bound: Duration, log: &Path) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    // Pipes are drained by threads so a chatty child never blocks on them.
-    let mut child = Reap(child);
-    let mut out_pipe = child.0.stdout.take().expect("stdout");
-    let mut err_pipe = child.0.stderr.take().expect("stderr");
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out_pipe.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err_pipe.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        if let Ok(Some(status)) = child.0.try_wait() {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(child); // kills it if it is still running, which ends the pipes
-    let stdout = out_t.join().unwrap_or_default();
-    let stderr = err_t.join().unwrap_or_default();
-    let _ = std::fs::write(
-        log,
-        [&stdout[..], b"\n--- stderr ---\n", &stderr[..]].concat(),
-    );
-    let Some(status) = status else {
-        panic!(
-            "{cmd:?} did not finish within {bound:?}:\n{}\n{}",
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        );
-    };
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// The python of a virtualenv holding the pinned SDK, made once per run of the tests
-/// (under cargo's scratch directory for integration tests, so a second run reuses it);
-/// `None` after `skip`ping when no virtualenv can be made here.
-pub(crate) fn sdk_python() -> Option<PathBuf> {
-    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let made = PYTHON.get_or_init(|| {
-        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-venv-{SDK_VERSION}"));
-        let python = venv.join("bin/python");
-        let has_sdk = |python: &Path| {
-            Command::new(python)
-                .args(["-c", "import agent_sandbox"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-                && Command::new(python)
-                    .args(["-m", "pip", "show", "agent-sandbox"])
-                    .stdin(Stdio::null())
-                    .output()
-                    .is_ok_and(|o| {
-                        String::from_utf8_lossy(&o.stdout)
-                            .lines()
-                            .any(|l| l == format!("Version: {SDK_VERSION}"))
-                    })
-        };
-        if has_sdk(&python) {
-            return Ok(python);
-        }
-        let _ = std::fs::remove_dir_all(&venv);
-        // `python3 -m venv` needs ensurepip (Debian: python3-venv). CI installs it; a
-        // machine without it skips, saying so.
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .stdin(Stdio::null())
-            .output();
-        match &made {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => {
-                return Err(format!(
-                    "python3 -m venv failed: {}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ))
-            }
-            Err(e) => return Err(format!("python3 not runnable: {e}")),
-        }
-        let started = Instant::now();
-        let install = run_bounded(
-            Command::new(&python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    &format!("agent-sandbox=={SDK_VERSION}"),
-                ])
-                .env("PIP_NO_INPUT", "1"),
-            INSTALL_BOUND,
-            &venv.join("pip.log"),
-        );
-        assert!(
-            install.status.success(),
-            "pip install agent-sandbox=={SDK_VERSION} failed:\n{}\n{}",
-            String::from_utf8_lossy(&install.stdout),
-            String::from_utf8_lossy(&install.stderr)
-        );
-        eprintln!(
-            "agent-sandbox=={SDK_VERSION} installed in {:.1?}",
-            started.elapsed()
-        );
-        Ok(python)
-    });
-    match made {
-        Ok(python) => Some(python.clone()),
-        Err(why) => {
-            skip(&format!(
-                "cannot make a virtualenv: {why} (install python3-venv)"
-            ));
-            None
-        }
-    }
-}
 
 #[test]
 fn the_python_sdk_end_to_end() {

@@ -1,6 +1,6 @@
 //! Interactive shells (PROTOCOL.md 12.2): `shell/*` over JSON-RPC, `/v1/shell/*` over HTTP
 //! with the AIO sandbox's own Python SDK (`tests/sdk/shell_drive.py`, in the virtualenv
-//! `http::sdk_python` makes), the gate and the audit on every line, owners kept apart,
+//! `util::venv::sdk_python` makes), the gate and the audit on every line, owners kept apart,
 //! sessions that leave nothing behind, and a shell that dies coming back.
 
 use std::io::{Read, Write};
@@ -331,7 +331,7 @@ fn json_rpc_shell_methods_answer_with_the_sdk_s_objects() {
 
 #[test]
 fn the_aio_python_sdk_drives_shells_over_the_socket_and_tcp() {
-    let Some(python) = crate::http::sdk_python() else {
+    let Some(python) = crate::util::venv::sdk_python() else {
         return;
     };
     let work = TempDir::new();
@@ -362,7 +362,7 @@ fn the_aio_python_sdk_drives_shells_over_the_socket_and_tcp() {
                 work.path().join(format!("shell-drive-{name}.log")),
             );
             std::thread::spawn(move || {
-                let out = crate::http::run_bounded(
+                let out = crate::util::venv::run_bounded(
                     Command::new(&python)
                         .arg("-B") // no __pycache__ beside tests/sdk/checks.py
                         .arg(&script)

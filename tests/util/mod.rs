@@ -4,9 +4,10 @@
 pub mod cli;
 pub mod fuse;
 pub mod trees;
+pub mod venv;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -704,4 +705,47 @@ pub fn lines_of(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Rece
         }
     });
     rx
+}
+
+/// A child killed and reaped on drop, so a failing test leaves none behind.
+pub struct Reap(pub Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Reap {
+    /// Waits for the child to exit, at most `bound`; its output then.
+    #[track_caller]
+    pub fn finish(mut self, bound: Duration) -> Output {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "child still running after {bound:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        use std::io::Read;
+        if let Some(mut s) = self.0.stdout.take() {
+            let _ = s.read_to_end(&mut out);
+        }
+        if let Some(mut s) = self.0.stderr.take() {
+            let _ = s.read_to_end(&mut err);
+        }
+        let status = self.0.wait().expect("wait");
+        Output {
+            status,
+            stdout: out,
+            stderr: err,
+        }
+    }
 }
