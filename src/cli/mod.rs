@@ -110,15 +110,17 @@ fn dispatch(argv: impl IntoIterator<Item = OsString>) -> Result<u8, Failed> {
     }
     // dial-stdio is what an ssh login runs on the daemon's own host: it never follows
     // EXECD_HOST elsewhere.
-    let host = Host::resolve(
+    let (host, tried) = Host::resolve(
         p.value("--host"),
         p.value("--socket"),
         &|k| std::env::var(k).ok(),
         spec.name != "dial-stdio",
+        &crate::config::default_socket_candidates,
     )
     .map_err(failed)?;
     let ctx = Ctx {
         host,
+        tried,
         json,
         verbose,
     };
