@@ -28,6 +28,7 @@ mod foreground;
 mod help;
 mod kill;
 mod logs;
+mod mcp;
 mod output;
 mod policy;
 mod ps;
@@ -235,6 +236,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "approve" => policy::approve(ctx, p),
         "call" => call(ctx, p),
         "dial-stdio" => dial::dial_stdio(ctx, p),
+        "mcp" => mcp::mcp(ctx, p),
         "help" => help_cmd(p),
         "completions" => completions(p),
         other => Err(Fail::usage(format!("unknown command {other:?}"))),
