@@ -547,7 +547,10 @@ fn bench_mcp(rows: &mut Vec<Row>) {
         let t = Instant::now();
         let r = ask(id, "tools/call", run.clone());
         m.push(t.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(r["result"]["structuredContent"]["status"], "completed", "{r}");
+        assert_eq!(
+            r["result"]["structuredContent"]["status"], "completed",
+            "{r}"
+        );
         let t = Instant::now();
         let r = call(&mut c, "bash/exec", bash.clone());
         b.push(t.elapsed().as_secs_f64() * 1e6);

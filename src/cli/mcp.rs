@@ -89,6 +89,8 @@ struct Ceilings {
     default_cwd: Option<PathBuf>,
     /// `--max-output-bytes`.
     max_output: usize,
+    /// The daemon is on this host: directories can be resolved here.
+    local: bool,
 }
 
 /// `execctl mcp`.
@@ -130,6 +132,7 @@ pub fn mcp(ctx: &Ctx, p: &Args) -> Res<u8> {
         cwd,
         default_cwd,
         max_output,
+        local,
     };
     // An MCP client shows a server's stderr at best in a log: one line, exit 1.
     let link = ctx.open().map_err(|f| f.with_code(1))?;
@@ -893,9 +896,21 @@ impl Server {
         let Some(ceiling) = &self.ceilings.cwd else {
             return Ok(Some(asked));
         };
-        // Symlinks and `..` resolved, so neither leads outside.
-        let real = std::fs::canonicalize(&asked)
-            .map_err(|e| format!("cwd {cwd:?}: {}", crate::wire::rpc::os_error_text(&e)))?;
+        // Symlinks and `..` resolved, so neither leads outside. On another host only
+        // `..` can be seen from here, and is refused.
+        let real = if self.ceilings.local {
+            std::fs::canonicalize(&asked)
+                .map_err(|e| format!("cwd {cwd:?}: {}", crate::wire::rpc::os_error_text(&e)))?
+        } else if asked
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Err(format!(
+                "cwd {cwd:?}: name it without \"..\" (the daemon is on another host)"
+            ));
+        } else {
+            asked
+        };
         if !real.starts_with(ceiling) {
             return Err(format!(
                 "cwd {cwd:?} is outside {}, the directory this server may run commands in (--cwd)",
@@ -1266,10 +1281,8 @@ impl Server {
             return;
         };
         match params["type"].as_str() {
-            Some("Output") => {
-                if cmd.exit.is_none() {
-                    cmd.unread.push(p["data"].as_str().unwrap_or(""));
-                }
+            Some("Output") if cmd.exit.is_none() => {
+                cmd.unread.push(p["data"].as_str().unwrap_or(""));
             }
             Some("Gap") => {
                 let skipped = p["skipped"].as_u64().unwrap_or(0);
@@ -1371,6 +1384,8 @@ impl Server {
             Wait::Daemon => {}
             Wait::Cmd { id, until_exit } => {
                 let Some(cmd) = self.cmds.get(&id) else {
+                    let text = format!("execd started no command for this call ({id:?})");
+                    self.answer(k, Self::tool_error(&text));
                     return;
                 };
                 let ready = cmd.exit.is_some()

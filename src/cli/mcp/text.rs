@@ -62,24 +62,32 @@ impl Unread {
 
     /// Everything since the last take, cut to `max` bytes: `(text, truncated)`.
     pub fn take(&mut self, max: usize) -> (String, bool) {
-        let mut whole = std::mem::take(self);
+        let whole = std::mem::take(self);
         self.cap = whole.cap;
         let lost = whole.lost;
         let dropped = whole.dropped;
-        let (text, cut) = if dropped == 0 && whole.head.len() + whole.tail.len() <= max {
-            whole.head.push_str(&whole.tail);
-            (whole.head, false)
+        let marker = |left_out: u64| format!("\n[... {left_out} bytes of output left out ...]\n");
+        let (text, cut) = if dropped == 0 {
+            // Nothing dropped: head and tail are one text.
+            let mut all = whole.head;
+            all.push_str(&whole.tail);
+            if all.len() <= max {
+                (all, false)
+            } else {
+                let h = floor_boundary(&all, max / 2);
+                let t = ceil_boundary(&all, all.len() - (max - h));
+                (
+                    format!("{}{}{}", &all[..h], marker((t - h) as u64), &all[t..]),
+                    true,
+                )
+            }
         } else {
-            let half = max / 2;
-            let head = &whole.head[..floor_boundary(&whole.head, half)];
-            let tail_keep = max - head.len();
-            let from = ceil_boundary(&whole.tail, whole.tail.len().saturating_sub(tail_keep));
-            // The tail may be shorter than its half: the head's rest fills from the tail's
-            // start, which follows the head directly when nothing was dropped.
-            let tail = &whole.tail[from..];
+            let head = &whole.head[..floor_boundary(&whole.head, max / 2)];
+            let keep = max - head.len();
+            let from = ceil_boundary(&whole.tail, whole.tail.len().saturating_sub(keep));
             let left_out = (whole.head.len() - head.len()) as u64 + dropped + from as u64;
             (
-                format!("{head}\n[... {left_out} bytes of output left out ...]\n{tail}"),
+                format!("{head}{}{}", marker(left_out), &whole.tail[from..]),
                 true,
             )
         };
