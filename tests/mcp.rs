@@ -301,6 +301,7 @@ fn a_user_daemon_in_run_user_is_found_without_xdg_runtime_dir() {
     let Some(python) = sdk_python() else {
         return;
     };
+    let _turn = NOBODYS_PLACES.lock().unwrap_or_else(|e| e.into_inner());
     let run_user = PathBuf::from("/run/user/65534");
     if run_user.exists() || !Path::new("/run/user").is_dir() {
         skip("/run/user/65534 exists already (a real session's), or /run/user is missing");
@@ -379,6 +380,7 @@ fn a_foreign_uid_socket_and_a_missing_daemon_are_one_line_and_exit_1() {
     assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
     assert!(o.stderr.contains("/nonexistent/mcp.sock"), "{o:?}");
     // Found nowhere: every place tried is named.
+    let _turn = NOBODYS_PLACES.lock().unwrap_or_else(|e| e.into_inner());
     let mut cmd = command(None, &["mcp"]);
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -653,3 +655,78 @@ const run = await client.callTool({ name: "run", arguments: { command: "echo fro
 console.log(JSON.stringify({ server: client.getServerVersion(), capabilities: client.getServerCapabilities(), tools, run }));
 await client.close();
 "#;
+
+/// Tests that use uid 65534's own socket places (`/run/user/65534`, `/tmp/execd-65534`)
+/// take turns: a daemon one starts there would answer another's "nothing there".
+static NOBODYS_PLACES: Mutex<()> = Mutex::new(());
+
+/// The last of section 1's places, `/tmp/execd-UID/execd.sock`: execd makes the
+/// directory mode 0700 and uses it; one made by someone else first (another owner, or
+/// writable by others) is refused, never used.
+#[test]
+fn the_tmp_socket_lives_in_a_directory_of_its_own() {
+    if !running_as_root() {
+        skip("needs root, to start execd as nobody");
+        return;
+    }
+    let _turn = NOBODYS_PLACES.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from("/tmp/execd-65534");
+    if Path::new("/run/user/65534").exists() {
+        skip("/run/user/65534 exists: nobody's socket would be there, not in /tmp");
+        return;
+    }
+    if std::os::unix::net::UnixStream::connect(dir.join("execd.sock")).is_ok() {
+        skip("an execd of uid 65534 is running here already");
+        return;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _gone = RuntimeDir(dir.clone());
+    let log = TempDir::new();
+    let start = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .args(["--workdir", "/tmp"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(log.path().join("execd.log")).expect("log"),
+            ));
+        as_nobody(&mut cmd);
+        cmd.spawn().expect("spawn execd as nobody")
+    };
+    let d = Daemon::adopt(Some(start()), dir.join("execd.sock"), TempDir::new());
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(&dir).expect("the directory");
+    assert!(meta.is_dir());
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o700));
+    // execctl looks there too, with nothing set.
+    let mut cmd = command(None, &["status", "--path"]);
+    cmd.env_clear().env("PATH", "/usr/bin:/bin");
+    as_nobody(&mut cmd);
+    let o = run_cmd(cmd);
+    assert_eq!(
+        (o.code, o.stdout.trim()),
+        (Some(0), "/tmp/execd-65534/execd.sock"),
+        "{o:?}"
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Someone else's directory, or one others may write: refused, exit 1.
+    for (owner, mode, said) in [
+        (0, 0o755, "is owned by uid 0"),
+        (65534, 0o777, "may be written by others"),
+    ] {
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::os::unix::fs::chown(&dir, Some(owner), Some(owner)).expect("chown");
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+        let out = Reap(start()).finish(WAIT);
+        let err = std::fs::read_to_string(log.path().join("execd.log")).unwrap_or_default();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("/tmp/execd-65534 {said}")), "{err}");
+        assert!(!dir.join("execd.sock").exists(), "{err}");
+        std::fs::remove_dir_all(&dir).expect("rmdir");
+    }
+}
