@@ -474,6 +474,10 @@ fn protocol_edges_by_raw_lines() {
     m.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     m.send(req(5, "resources/list", json!({})));
     assert_eq!(m.answer(5)["error"]["code"], -32601);
+    m.send(req(51, "logging/setLevel", json!({"level": "debug"})));
+    assert_eq!(m.answer(51)["result"], json!({}));
+    m.send(req(52, "logging/setLevel", json!({"level": "loud"})));
+    assert_eq!(m.answer(52)["error"]["code"], -32602);
     // An unknown tool is a protocol error; bad arguments are a tool error the model reads.
     m.send(req(
         6,
