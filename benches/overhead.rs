@@ -6,8 +6,8 @@
 //! the targets are printed beside the figures.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
-//! kill, policy, http, shell, parallel, ingest, stream, memory, scale, hold, pty, tunnel,
-//! upgrade).
+//! kill, policy, http, shell, mcp, parallel, ingest, stream, memory, scale, hold, pty,
+//! tunnel, upgrade).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -503,6 +503,69 @@ fn bench_shell(rows: &mut Vec<Row>) {
         format!("{ms:.0} us shell/exec"),
         format!("{:.2}", ms / mb),
         "< 1 (faster)".into(),
+    );
+}
+
+/// Row 1h: `tools/call run` of `true` through `execctl mcp` (an MCP client's view: a
+/// line on its stdin, the answer on its stdout) against `bash/exec` of `true` on the
+/// socket, interleaved against one daemon.
+fn bench_mcp(rows: &mut Vec<Row>) {
+    use std::io::Write;
+    let d = Daemon::start(&[]);
+    let mut c = client(&d);
+    let mut mcp = Command::new(env!("CARGO_BIN_EXE_execctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn execctl mcp");
+    let mut to = mcp.stdin.take().expect("stdin");
+    let mut from = std::io::BufReader::new(mcp.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut ask = |id: u64, method: &str, params: Value| -> Value {
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(to, "{msg}").expect("write to execctl mcp");
+        line.clear();
+        from.read_line(&mut line).expect("read execctl mcp");
+        serde_json::from_str(&line).expect("JSON from execctl mcp")
+    };
+    ask(0, "initialize", json!({"protocolVersion": "2025-11-25"}));
+    let run = json!({"name": "run", "arguments": {"command": "true"}});
+    let bash = json!({"command": "true", "session_id": "b"});
+    let mut id = 0;
+    for _ in 0..20 {
+        id += 1;
+        ask(id, "tools/call", run.clone());
+        call(&mut c, "bash/exec", bash.clone());
+    }
+    let (mut m, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        id += 1;
+        let t = Instant::now();
+        let r = ask(id, "tools/call", run.clone());
+        m.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(
+            r["result"]["structuredContent"]["status"], "completed",
+            "{r}"
+        );
+        let t = Instant::now();
+        let r = call(&mut c, "bash/exec", bash.clone());
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r["status"], "completed", "{r}");
+    }
+    drop(to);
+    let _ = mcp.wait();
+    let (mm, mb) = (median(&mut m), median(&mut b));
+    report(
+        rows,
+        "1h tools/call run of true through execctl mcp vs bash/exec of true".into(),
+        format!("{mb:.0} us bash/exec"),
+        format!("{mm:.0} us MCP run"),
+        format!("{:.2}", mm / mb),
+        "<= 1.20".into(),
     );
 }
 
@@ -1614,13 +1677,14 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 15] = [
+    let benches: [(&str, Bench); 16] = [
         ("spawn", bench_spawn),
         ("cgroup", bench_cgroup),
         ("kill", bench_kill),
         ("policy", bench_policy),
         ("http", bench_http),
         ("shell", bench_shell),
+        ("mcp", bench_mcp),
         ("parallel", bench_parallel),
         ("ingest", bench_ingest),
         ("stream", bench_stream),

@@ -219,6 +219,16 @@ impl Client {
 
     /// Waits for the response to `id`, queueing notifications and other responses.
     pub fn wait_response(&mut self, id: u64) -> Result<Value, CallError> {
+        self.wait_response_watching(id, &mut |_| {})
+    }
+
+    /// `wait_response`, showing `seen` each notification as it arrives (it is queued
+    /// all the same), so a caller can act on one while its request still waits.
+    pub fn wait_response_watching(
+        &mut self,
+        id: u64,
+        seen: &mut dyn FnMut(&Value),
+    ) -> Result<Value, CallError> {
         let want = json!(id);
         if let Some(i) = self.responses.iter().position(|r| r["id"] == want) {
             return Self::unwrap(self.responses.swap_remove(i));
@@ -231,6 +241,7 @@ impl Client {
             });
             let msg = self.read_message(left)?;
             if msg.get("method").is_some() && msg.get("id").is_none() {
+                seen(&msg);
                 self.notifications.push_back(msg);
             } else if msg["id"] == want {
                 return Self::unwrap(msg);

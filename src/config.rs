@@ -185,8 +185,9 @@ Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket
 
 options:
   --socket PATH            listening socket (default: $EXECD_SOCKET, else
-                           $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for
-                           root, else /tmp/execd-$UID.sock)
+                           $XDG_RUNTIME_DIR/execd.sock, else /run/user/$UID/execd.sock
+                           when that is your own directory, else /run/execd.sock for
+                           root, else /tmp/execd-$UID/execd.sock)
   --socket-mode MODE       socket file mode, octal (default 0600)
   --socket-group GID       group of the socket file
   --allow-uid UID          also accept peers with this uid (repeatable)
@@ -253,27 +254,70 @@ options:
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
 
-/// Resolves the socket path as section 1 of the protocol says: `--socket`, else
-/// `$EXECD_SOCKET`, else `$XDG_RUNTIME_DIR/execd.sock`, else `/run/execd.sock` for root,
-/// else `/tmp/execd-$UID.sock`.
+/// Where the daemon's socket may be, in section 1's order: `--socket`, else
+/// `$EXECD_SOCKET` (each alone: named, it is the one), else `$XDG_RUNTIME_DIR/execd.sock`,
+/// `/run/user/UID/execd.sock` when that directory exists and is owned by UID
+/// (`runtime_dir_owner` says who owns it: MCP clients and cron start programs without
+/// `XDG_RUNTIME_DIR`, and a user's daemon listens there all the same), `/run/execd.sock`
+/// for root, and `/tmp/execd-UID/execd.sock` (a directory of its own, see
+/// `private_socket_dir`). execd listens at the first; execctl tries them in order.
+pub fn socket_candidates(
+    flag: Option<PathBuf>,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    uid: u32,
+    runtime_dir_owner: &dyn Fn(&Path) -> Option<u32>,
+) -> Vec<PathBuf> {
+    if let Some(p) = flag {
+        return vec![p];
+    }
+    if let Some(p) = env("EXECD_SOCKET").filter(|v| !v.is_empty()) {
+        return vec![PathBuf::from(p)];
+    }
+    let mut all = Vec::with_capacity(4);
+    if let Some(dir) = env("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        all.push(Path::new(&dir).join("execd.sock"));
+    }
+    let run_user = PathBuf::from(format!("/run/user/{uid}"));
+    if runtime_dir_owner(&run_user) == Some(uid) {
+        let p = run_user.join("execd.sock");
+        if !all.contains(&p) {
+            all.push(p);
+        }
+    }
+    if uid == 0 {
+        all.push(PathBuf::from("/run/execd.sock"));
+    }
+    all.push(private_socket_dir(uid).join("execd.sock"));
+    all
+}
+
+/// The socket path as section 1 says (`socket_candidates`' first).
 pub fn resolve_socket(
     flag: Option<PathBuf>,
     env: &dyn Fn(&str) -> Option<OsString>,
     uid: u32,
+    runtime_dir_owner: &dyn Fn(&Path) -> Option<u32>,
 ) -> PathBuf {
-    if let Some(p) = flag {
-        return p;
-    }
-    if let Some(p) = env("EXECD_SOCKET").filter(|v| !v.is_empty()) {
-        return PathBuf::from(p);
-    }
-    if let Some(dir) = env("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        return Path::new(&dir).join("execd.sock");
-    }
-    if uid == 0 {
-        return PathBuf::from("/run/execd.sock");
-    }
-    PathBuf::from(format!("/tmp/execd-{uid}.sock"))
+    let mut all = socket_candidates(flag, env, uid, runtime_dir_owner);
+    all.swap_remove(0)
+}
+
+/// The directory of last resort for uid's socket, `/tmp/execd-UID`: execd makes it mode
+/// 0700 and uses it only when it is a directory owned by UID that no one else may write
+/// (anyone may create a name in /tmp first; a file of theirs there is refused, never
+/// used).
+pub fn private_socket_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/execd-{uid}"))
+}
+
+/// The owner of directory `dir`, if it is one (a symlink is followed, as `/run/user`
+/// entries are real directories the login manager made).
+pub fn dir_owner(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir)
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|m| m.uid())
 }
 
 /// What the daemon was started as (PROTOCOL 13): `argv0` made absolute, against the
@@ -306,7 +350,13 @@ pub fn flags_to_keep(args: &[OsString]) -> Vec<OsString> {
 /// The process's own socket path resolution, from its real environment and uid.
 pub fn default_socket(flag: Option<PathBuf>) -> PathBuf {
     let uid = crate::sys::ids::current_uid();
-    resolve_socket(flag, &|k| std::env::var_os(k), uid)
+    resolve_socket(flag, &|k| std::env::var_os(k), uid, &dir_owner)
+}
+
+/// The process's own candidates (`socket_candidates`), from its environment and uid.
+pub fn default_socket_candidates() -> Vec<PathBuf> {
+    let uid = crate::sys::ids::current_uid();
+    socket_candidates(None, &|k| std::env::var_os(k), uid, &dir_owner)
 }
 
 /// Parses a size: bytes, or with a K, M or G suffix (powers of 1024).
@@ -520,24 +570,58 @@ mod tests {
     #[test]
     fn socket_resolution_order() {
         let none = |_: &str| None;
-        assert_eq!(
-            resolve_socket(Some("/x".into()), &none, 5),
-            PathBuf::from("/x")
-        );
+        let nobody_owns = |_: &Path| None;
+        let resolve = |flag, env: &dyn Fn(&str) -> Option<OsString>, uid| {
+            resolve_socket(flag, env, uid, &nobody_owns)
+        };
+        assert_eq!(resolve(Some("/x".into()), &none, 5), PathBuf::from("/x"));
         let env = |k: &str| (k == "EXECD_SOCKET").then(|| OsString::from("/e.sock"));
-        assert_eq!(resolve_socket(None, &env, 5), PathBuf::from("/e.sock"));
+        assert_eq!(resolve(None, &env, 5), PathBuf::from("/e.sock"));
         let xdg = |k: &str| (k == "XDG_RUNTIME_DIR").then(|| OsString::from("/run/user/5"));
         assert_eq!(
-            resolve_socket(None, &xdg, 5),
+            resolve(None, &xdg, 5),
             PathBuf::from("/run/user/5/execd.sock")
         );
+        assert_eq!(resolve(None, &none, 0), PathBuf::from("/run/execd.sock"));
         assert_eq!(
-            resolve_socket(None, &none, 0),
-            PathBuf::from("/run/execd.sock")
+            resolve(None, &none, 1000),
+            PathBuf::from("/tmp/execd-1000/execd.sock")
+        );
+    }
+
+    #[test]
+    fn a_runtime_dir_of_ones_own_is_found_without_xdg_runtime_dir() {
+        let none = |_: &str| None;
+        let owned_by =
+            |owner: u32| move |d: &Path| (d == Path::new("/run/user/1000")).then_some(owner);
+        // Owned by the uid: before /tmp; owned by another: passed over.
+        assert_eq!(
+            socket_candidates(None, &none, 1000, &owned_by(1000)),
+            [
+                PathBuf::from("/run/user/1000/execd.sock"),
+                PathBuf::from("/tmp/execd-1000/execd.sock")
+            ]
         );
         assert_eq!(
-            resolve_socket(None, &none, 1000),
-            PathBuf::from("/tmp/execd-1000.sock")
+            socket_candidates(None, &none, 1000, &owned_by(0)),
+            [PathBuf::from("/tmp/execd-1000/execd.sock")]
+        );
+        // Root's own runtime directory comes before /run/execd.sock; XDG_RUNTIME_DIR
+        // naming the same place lists it once.
+        let root_owns = |d: &Path| (d == Path::new("/run/user/0")).then_some(0);
+        let xdg = |k: &str| (k == "XDG_RUNTIME_DIR").then(|| OsString::from("/run/user/0"));
+        let expect = [
+            PathBuf::from("/run/user/0/execd.sock"),
+            PathBuf::from("/run/execd.sock"),
+            PathBuf::from("/tmp/execd-0/execd.sock"),
+        ];
+        assert_eq!(socket_candidates(None, &none, 0, &root_owns), expect);
+        assert_eq!(socket_candidates(None, &xdg, 0, &root_owns), expect);
+        // A named socket is the only one.
+        let env = |k: &str| (k == "EXECD_SOCKET").then(|| OsString::from("/e.sock"));
+        assert_eq!(
+            socket_candidates(None, &env, 0, &root_owns),
+            [PathBuf::from("/e.sock")]
         );
     }
 

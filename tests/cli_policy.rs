@@ -309,14 +309,74 @@ fn approve_json_answers_requests_for_scripts() {
     let o = outcome(&run);
     assert_eq!(o.code, Some(125), "{o:?}");
     assert_eq!(o.stdout, "");
+    let rid = req["request_id"].as_str().expect("id");
     assert_eq!(
         o.stderr,
-        "execctl: not approved (policy rule ask-echo): not today\n"
+        format!(
+            "execctl: waiting for approval {rid} (rule ask-echo) ...\n\
+             execctl: not approved (policy rule ask-echo): not today\n"
+        )
     );
 
     // stdin's end ends the approver.
     drop(a.stdin);
     assert_eq!(a.ctl.wait().code(), Some(0));
+}
+
+/// A command held for approval says so on stderr at once, naming the approval and its
+/// rule, before anyone answers (`run` through a pipe here, `exec` on a terminal below);
+/// once the requester gives up (SIGINT), the approvers see the request withdrawn.
+#[test]
+fn a_command_waiting_for_approval_says_so_at_once_and_a_withdrawn_one_shows_withdrawn() {
+    let (d, _dir) = gated_daemon();
+    let mut a = JsonApprover::start(&d);
+    let t = TtyApprover::start(&d);
+    let mut cmd = command(Some(&d.socket), &["run", "echo", "piped"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut ctl = Ctl {
+        child: cmd.spawn().expect("spawn execctl run"),
+    };
+    let errs = lines_of(ctl.child.stderr.take().expect("stderr"));
+    let req = a.next("approval_request");
+    let rid = req["request_id"].as_str().expect("id").to_string();
+    let said = next_line(&errs);
+    assert_eq!(
+        said,
+        format!("execctl: waiting for approval {rid} (rule ask-echo) ...")
+    );
+    t.screen.wait_for("[y]es / [n]o / [s]ession", 1);
+    // Ctrl-C withdraws it: the JSON approver and the one on the terminal say so.
+    unsafe_kill(ctl.pid(), libc::SIGINT);
+    assert_eq!(ctl.wait().code(), Some(130));
+    assert_eq!(
+        a.next("approval_resolved"),
+        json!({"type": "approval_resolved", "request_id": rid, "response": "reject",
+               "reason": "withdrawn"})
+    );
+    let screen = t
+        .screen
+        .wait_for(&format!("{rid} was withdrawn by its requester"), 1);
+    assert!(!screen.contains("answered elsewhere"), "{screen}");
+
+    // On a terminal, exec says the same, and goes on once approved.
+    let (master, slave) = open_pty();
+    let screen = Screen::watch(master);
+    let mut cmd = command(Some(&d.socket), &["exec", "echo on-a-tty"]);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(slave.try_clone().expect("clone slave")))
+        .stderr(Stdio::from(slave));
+    let mut ctl = Ctl {
+        child: cmd.spawn().expect("spawn execctl exec"),
+    };
+    let req = a.next("approval_request");
+    let rid = req["request_id"].as_str().expect("id").to_string();
+    screen.wait_for(
+        &format!("waiting for approval {rid} (rule ask-echo) ..."),
+        1,
+    );
+    a.answer(json!({"request_id": rid, "response": "approve"}));
+    assert_eq!(ctl.wait().code(), Some(0));
+    screen.wait_for("on-a-tty", 1);
 }
 
 /// An interactive approver on a pseudo-terminal: stdin, stdout and stderr on its slave.

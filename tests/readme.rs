@@ -179,8 +179,8 @@ fn steps(body: &[&str]) -> Vec<Step> {
 }
 
 /// Whether `actual` matches `pattern`: a JSON line by its value (key order is the JSON
-/// library's business; a string holding `...` matches any string it fits), else as text
-/// where `...` stands for any text.
+/// library's business; a string holding `...` matches any string it fits, and `"..."`
+/// alone any value: a duration, an id), else as text where `...` stands for any text.
 fn line_matches(pattern: &str, actual: &str) -> bool {
     if let (Ok(e), Ok(a)) = (
         serde_json::from_str::<Value>(pattern),
@@ -195,6 +195,7 @@ fn line_matches(pattern: &str, actual: &str) -> bool {
 
 fn json_matches(e: &Value, a: &Value) -> bool {
     match (e, a) {
+        (Value::String(p), _) if p == "..." => true,
         (Value::String(p), Value::String(s)) => text_matches(p, s),
         (Value::Object(p), Value::Object(o)) => {
             p.len() == o.len()
@@ -613,6 +614,12 @@ fn the_line_matcher_understands_ellipses() {
         r#"{"a":1,"b":"xyz"}"#
     ));
     assert!(!line_matches(r#"{"a":1}"#, r#"{"a":1,"b":2}"#));
+    // "..." alone stands for any value, a number or null included.
+    assert!(line_matches(
+        r#"{"a":"...","b":"..."}"#,
+        r#"{"a":17,"b":null}"#
+    ));
+    assert!(!line_matches(r#"{"a":"x..."}"#, r#"{"a":17}"#));
     assert!(line_matches("pid ... on ...", "pid 42 on /x"));
     assert!(!line_matches("a...c", "abd"));
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();

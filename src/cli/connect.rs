@@ -4,11 +4,17 @@
 //! belongs to.
 //!
 //! Where, in order: `-H URL`; else `--socket PATH`; else `$EXECD_HOST`; else
-//! `$EXECD_SOCKET`, `$XDG_RUNTIME_DIR/execd.sock`, `/run/execd.sock` (root) or
-//! `/tmp/execd-$UID.sock`. A flag on the command line beats the environment, as docker's
-//! `--context` beats `DOCKER_HOST`: a `--socket` typed now is not overridden by an
-//! `EXECD_HOST` exported long ago. `dial-stdio` never reads `EXECD_HOST`: it is what an
-//! ssh login runs on the host itself, and must reach that host's daemon.
+//! `$EXECD_SOCKET`; else the places section 1 names, tried in order until one has a
+//! daemon: `$XDG_RUNTIME_DIR/execd.sock`, `/run/user/UID/execd.sock` (a runtime directory
+//! of the user's own), `/run/execd.sock` (root), `/tmp/execd-UID/execd.sock`. A flag on
+//! the command line beats the environment, as docker's `--context` beats `DOCKER_HOST`: a
+//! `--socket` typed now is not overridden by an `EXECD_HOST` exported long ago.
+//! `dial-stdio` never reads `EXECD_HOST`: it is what an ssh login runs on the host
+//! itself, and must reach that host's daemon.
+//!
+//! Whoever serves a local socket is checked on connect (`SO_PEERCRED` of the listener):
+//! a daemon of another uid than execctl's own or root is refused, so no other user can
+//! stand in for the daemon and read every command sent to it.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -57,30 +63,44 @@ impl Host {
     }
 
     /// Picks the daemon as the module header says. `env` reads an environment variable;
-    /// `host_env` is false for `dial-stdio`.
+    /// `host_env` is false for `dial-stdio`. With the daemon named nowhere, also the
+    /// places section 1 lists (`candidates`), for `Ctx::open` to try in turn; the host is
+    /// the first of them that holds a socket.
     pub fn resolve(
         flag_host: Option<&str>,
         flag_socket: Option<&str>,
         env: &dyn Fn(&str) -> Option<String>,
         host_env: bool,
-    ) -> Res<Host> {
+        candidates: &dyn Fn() -> Vec<PathBuf>,
+    ) -> Res<(Host, Vec<PathBuf>)> {
         match (flag_host, flag_socket) {
             (Some(_), Some(_)) => {
                 return Err(Fail::usage(
                     "-H and --socket both name the daemon; give one (a remote socket goes in the URL: ssh://HOST/PATH)",
                 ))
             }
-            (Some(h), None) => return Host::parse(h),
-            (None, Some(s)) => return Ok(Host::Local(PathBuf::from(s))),
+            (Some(h), None) => return Ok((Host::parse(h)?, Vec::new())),
+            (None, Some(s)) => return Ok((Host::Local(PathBuf::from(s)), Vec::new())),
             (None, None) => {}
         }
         if host_env {
             if let Some(h) = env("EXECD_HOST").filter(|h| !h.is_empty()) {
                 return Host::parse(&h)
+                    .map(|h| (h, Vec::new()))
                     .map_err(|f| Fail::usage(format!("$EXECD_HOST: {}", f.message)));
             }
         }
-        Ok(Host::Local(crate::config::default_socket(None)))
+        if let Some(s) = env("EXECD_SOCKET").filter(|s| !s.is_empty()) {
+            return Ok((Host::Local(PathBuf::from(s)), Vec::new()));
+        }
+        let all = candidates();
+        let first = all
+            .iter()
+            .find(|p| is_socket(p))
+            .or(all.first())
+            .cloned()
+            .unwrap_or_default();
+        Ok((Host::Local(first), all))
     }
 
     /// How messages name the daemon: `execd at PATH` or `execd on ssh://HOST`.
@@ -92,11 +112,20 @@ impl Host {
     }
 }
 
+/// Whether `path` is a socket file (not following a symlink).
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
 /// The global options every subcommand sees.
 #[derive(Debug, Clone)]
 pub struct Ctx {
     /// Where the daemon is.
     pub host: Host,
+    /// Where else it may be, in order, when nothing named it (section 1's places; the
+    /// host is one of them): tried in turn when the host has no daemon.
+    pub tried: Vec<PathBuf>,
     /// `--json`: results and errors as JSON.
     pub json: bool,
     /// `--verbose`: errors carry the daemon's code and data.
@@ -160,13 +189,14 @@ impl Ctx {
     /// local socket from an ssh link.
     pub fn open(&self) -> Res<Link> {
         match &self.host {
-            Host::Local(path) => match UnixStream::connect(path) {
-                Ok(stream) => Ok(Link {
+            Host::Local(path) => {
+                let (path, stream) = self.local(path)?;
+                served_by_us(&path, &stream)?;
+                Ok(Link {
                     stream,
-                    transport: Box::new(LocalSocket(path.clone())),
-                }),
-                Err(e) => Err(self.unreachable(path, &e)),
-            },
+                    transport: Box::new(LocalSocket(path)),
+                })
+            }
             Host::Ssh(remote) => {
                 let (stream, link) = remote.dial()?;
                 Ok(Link {
@@ -175,6 +205,36 @@ impl Ctx {
                 })
             }
         }
+    }
+
+    /// A connection to the local socket `path`, else (when nothing named the daemon and
+    /// there is none at `path`) to the first of the other places that has one.
+    fn local(&self, path: &Path) -> Res<(PathBuf, UnixStream)> {
+        let first = match UnixStream::connect(path) {
+            Ok(s) => return Ok((path.to_path_buf(), s)),
+            Err(e) => e,
+        };
+        let absent = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            )
+        };
+        if self.tried.len() < 2 || !absent(&first) {
+            return Err(self.unreachable(path, &first));
+        }
+        for other in self.tried.iter().filter(|p| p.as_path() != path) {
+            match UnixStream::connect(other) {
+                Ok(s) => return Ok((other.clone(), s)),
+                Err(e) if absent(&e) => {}
+                Err(e) => return Err(self.unreachable(other, &e)),
+            }
+        }
+        let tried: Vec<String> = self.tried.iter().map(|p| p.display().to_string()).collect();
+        Err(Fail::new(format!(
+            "no execd is listening (tried {}); start one with: execd",
+            tried.join(", ")
+        )))
     }
 
     /// A connection with no read timeout (execctl waits as long as its command runs).
@@ -215,6 +275,23 @@ impl Ctx {
              allow it: execd --allow-uid {uid}, or --socket-mode 0660 with --socket-group GROUP"
         ))
     }
+}
+
+/// Refuses a daemon that runs as another uid than execctl's own or root (`SO_PEERCRED`
+/// of the listening socket): it could be anyone's program reading the commands sent.
+fn served_by_us(path: &Path, stream: &UnixStream) -> Res<()> {
+    use std::os::fd::AsRawFd;
+    let own = crate::sys::ids::current_uid();
+    let server = crate::sys::ids::peer_cred(stream.as_raw_fd())
+        .map_err(|e| Fail::new(format!("cannot tell who serves {}: {e}", path.display())))?
+        .uid;
+    if server == own || server == 0 {
+        return Ok(());
+    }
+    Err(Fail::new(format!(
+        "{} is served by uid {server}, not by uid {own} or root; execctl sends no command to          another user's daemon (name yours with --socket PATH)",
+        path.display()
+    )))
 }
 
 /// Which family a process belongs to, with the session its methods need.
@@ -324,40 +401,58 @@ mod tests {
             _ => None,
         };
         let none = |_: &str| None;
+        let places = || {
+            vec![
+                PathBuf::from("/nowhere/a.sock"),
+                PathBuf::from("/nowhere/b.sock"),
+            ]
+        };
+        let resolve = |h, s, env: &dyn Fn(&str) -> Option<String>, host_env| {
+            Host::resolve(h, s, env, host_env, &places)
+        };
         let box_host = Host::Ssh(Remote {
             user: None,
             host: "box".into(),
             port: None,
             socket: Some("/run/execd.sock".into()),
         });
-        assert_eq!(Host::resolve(None, None, &env, true).ok(), Some(box_host));
         assert_eq!(
-            Host::resolve(None, Some("/s"), &env, true).ok(),
-            Some(Host::Local("/s".into())),
+            resolve(None, None, &env, true).ok(),
+            Some((box_host, vec![]))
+        );
+        assert_eq!(
+            resolve(None, Some("/s"), &env, true).ok(),
+            Some((Host::Local("/s".into()), vec![])),
             "--socket beats EXECD_HOST"
         );
         assert_eq!(
-            Host::resolve(Some("unix:///u"), None, &env, true).ok(),
-            Some(Host::Local("/u".into())),
+            resolve(Some("unix:///u"), None, &env, true).ok(),
+            Some((Host::Local("/u".into()), vec![])),
             "-H beats EXECD_HOST"
         );
         // dial-stdio never follows EXECD_HOST: it is what ssh runs on the daemon's host.
         assert!(matches!(
-            Host::resolve(None, None, &env, false),
-            Ok(Host::Local(_))
+            resolve(None, None, &env, false),
+            Ok((Host::Local(_), _))
         ));
-        assert!(matches!(
-            Host::resolve(None, None, &none, true),
-            Ok(Host::Local(_))
-        ));
-        assert!(Host::resolve(Some("ssh://box"), Some("/s"), &none, true).is_err());
+        // Named nowhere: the first place, with every place to try.
+        assert_eq!(
+            resolve(None, None, &none, true).ok(),
+            Some((Host::Local("/nowhere/a.sock".into()), places()))
+        );
+        let sock = |k: &str| (k == "EXECD_SOCKET").then(|| "/e.sock".to_string());
+        assert_eq!(
+            resolve(None, None, &sock, true).ok(),
+            Some((Host::Local("/e.sock".into()), vec![]))
+        );
+        assert!(resolve(Some("ssh://box"), Some("/s"), &none, true).is_err());
         for bad in ["tcp://box:1", "unix://relative", "box", "ssh://"] {
             assert!(Host::parse(bad).is_err(), "{bad}");
         }
         let empty = |k: &str| (k == "EXECD_HOST").then(String::new);
         assert!(matches!(
-            Host::resolve(None, None, &empty, true),
-            Ok(Host::Local(_))
+            resolve(None, None, &empty, true),
+            Ok((Host::Local(_), _))
         ));
     }
 }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::connect::{Ctx, Target};
 use super::errors::{Res, EXIT_BROKEN_PIPE, EXIT_TIMEOUT};
-use super::output::warn;
+use super::output::{self, warn};
 use crate::client::{is_timeout, CallError, Client};
 
 /// How often the main thread looks for a signal while a create may be held for approval.
@@ -217,6 +217,32 @@ pub fn watch_signals(killer: &Killer) {
     }
 }
 
+/// The `initialize` that asks the daemon to say when a request waits for an approver
+/// (PROTOCOL 7.3).
+pub fn approval_notices() -> Value {
+    json!({"protocolVersion": 1, "_meta": {"execd": {"approvalNotices": true}}})
+}
+
+/// What execctl says on stderr when notification `n` tells that request `id` waits for
+/// an approver: `waiting for approval appr_7 (rule push) ...`.
+pub fn waiting_for_approval(n: &Value, id: u64) -> Option<String> {
+    if n["method"] != "_execd/approval_pending" || n["params"]["requestId"] != json!(id) {
+        return None;
+    }
+    let p = &n["params"];
+    let rules: Vec<&str> = p["rules"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let rules = match rules.as_slice() {
+        [] => String::new(),
+        [one] => format!(" (rule {})", output::visible(one)),
+        many => format!(" (rules {})", output::visible(&many.join(", "))),
+    };
+    let appr = output::visible(p["approval"].as_str().unwrap_or("?"));
+    Some(format!("waiting for approval {appr}{rules} ..."))
+}
+
 /// Sends a creating request and waits for its answer. A signal meanwhile (the request
 /// may be held for approval) withdraws it: `$/cancel_request` ends a parked request at
 /// once; one held for approval is withdrawn when execctl hangs up, so after a short wait
@@ -227,11 +253,18 @@ pub fn create(
     params: Value,
     killer: &Killer,
 ) -> Result<Value, CallError> {
+    // Asked first on this connection, so the daemon knows before the request comes.
+    c.send("initialize", approval_notices())?;
     let id = c.send(method, params)?;
     c.timeout = Some(CREATE_TICK);
     let mut cancelled: Option<Instant> = None;
+    let mut said = |n: &Value| {
+        if let Some(text) = waiting_for_approval(n, id) {
+            warn(&text);
+        }
+    };
     let answer = loop {
-        match c.wait_response(id) {
+        match c.wait_response_watching(id, &mut said) {
             Err(CallError::Io(e)) if is_timeout(&e) => match cancelled {
                 None if killer.reason().is_some() => {
                     cancelled = Some(Instant::now());

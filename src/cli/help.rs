@@ -406,6 +406,38 @@ cannot be reached or does not let this user in.",
     stop_at_operand: false,
 };
 
+/// `execctl mcp`.
+pub const MCP: Spec = Spec {
+    name: "mcp",
+    usage: "[--cwd DIR] [--max-output-bytes N]",
+    about: "an MCP server on stdio: an agent's tools run through the daemon",
+    details: "\
+Serves the Model Context Protocol on stdin and stdout (one JSON-RPC message a line) for
+an agent that takes its tools from MCP servers (claude mcp add execd -- execctl mcp).
+Tools: run (a shell line, in one bash session of this process), read, write, kill, list,
+shell and shell_view (a shell session whose cd and exports persist). Every call passes
+the daemon's policy, approvals, audit and limits: a denied line is a tool error naming
+the rule; one waiting for approval says so (execctl approve answers it). Commands die
+when the client closes stdin, except those run with background: true. --cwd and
+--max-output-bytes are ceilings the model cannot lift. A daemon it cannot reach is one
+line on stderr, exit 1. See execctl(1).",
+    flags: &[
+        flag(
+            "--cwd",
+            Some("-w"),
+            Some("DIR"),
+            "calls run here, or in a directory inside it they name (default: execctl's own)",
+        ),
+        flag(
+            "--max-output-bytes",
+            None,
+            Some("N"),
+            "most output a call answers with, head and tail kept (default 30000)",
+        ),
+    ],
+    stop_at_operand: false,
+};
+
 /// The flags of `policy check`, which `policy --help` shows too.
 const POLICY_CHECK_FLAGS: &[Flag] = &[
     flag(
@@ -523,6 +555,7 @@ pub const COMMANDS: &[&Spec] = &[
     &APPROVE,
     &CALL,
     &DIAL_STDIO,
+    &MCP,
     &HELP,
     &COMPLETIONS,
 ];
@@ -549,6 +582,7 @@ pub const ALL: &[&Spec] = &[
     &APPROVE,
     &CALL,
     &DIAL_STDIO,
+    &MCP,
     &HELP,
     &COMPLETIONS,
 ];
@@ -567,8 +601,9 @@ pub fn usage() -> String {
          \x20 -H unix:///PATH or --socket PATH       a socket here\n\
          \x20 $EXECD_HOST                            a URL as -H takes\n\
          \x20 $EXECD_SOCKET                          a socket here\n\
-         \x20 $XDG_RUNTIME_DIR/execd.sock, else /run/execd.sock for root,\n\
-         \x20 else /tmp/execd-$UID.sock              as execd picks its own\n\
+         \x20 $XDG_RUNTIME_DIR/execd.sock, /run/user/$UID/execd.sock (yours),\n\
+         \x20 /run/execd.sock (root), /tmp/execd-$UID/execd.sock: the first\n\
+         \x20 with a daemon, as execd picks its own; one of another uid is refused\n\
          Commands run in the daemon's environment with -e/--env-file on top. See execctl(1).\n\n\
          commands:\n",
     );

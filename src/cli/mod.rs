@@ -28,6 +28,7 @@ mod foreground;
 mod help;
 mod kill;
 mod logs;
+mod mcp;
 mod output;
 mod policy;
 mod ps;
@@ -110,15 +111,17 @@ fn dispatch(argv: impl IntoIterator<Item = OsString>) -> Result<u8, Failed> {
     }
     // dial-stdio is what an ssh login runs on the daemon's own host: it never follows
     // EXECD_HOST elsewhere.
-    let host = Host::resolve(
+    let (host, tried) = Host::resolve(
         p.value("--host"),
         p.value("--socket"),
         &|k| std::env::var(k).ok(),
         spec.name != "dial-stdio",
+        &crate::config::default_socket_candidates,
     )
     .map_err(failed)?;
     let ctx = Ctx {
         host,
+        tried,
         json,
         verbose,
     };
@@ -233,6 +236,7 @@ fn run(spec: &Spec, ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
         "approve" => policy::approve(ctx, p),
         "call" => call(ctx, p),
         "dial-stdio" => dial::dial_stdio(ctx, p),
+        "mcp" => mcp::mcp(ctx, p),
         "help" => help_cmd(p),
         "completions" => completions(p),
         other => Err(Fail::usage(format!("unknown command {other:?}"))),

@@ -494,9 +494,14 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                         let payload = &v["params"]["payload"];
                         let rid = payload["request_id"].as_str().unwrap_or("");
                         let response = payload["response"].as_str().unwrap_or("?");
+                        let withdrawn = payload["reason"] == "withdrawn";
                         if ctx.json {
-                            output::print_json_line(&json!({"type": "approval_resolved",
-                                "request_id": rid, "response": response}))?;
+                            let mut line = json!({"type": "approval_resolved",
+                                "request_id": rid, "response": response});
+                            if withdrawn {
+                                line["reason"] = json!("withdrawn");
+                            }
+                            output::print_json_line(&line)?;
                         }
                         let Some(i) = queue.iter().position(|r| r.request_id == rid) else {
                             continue; // ours, already answered
@@ -507,11 +512,12 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                         }
                         if !ctx.json {
                             let lead = if i == 0 { "\n" } else { "" };
-                            output::print(&format!(
-                                "{lead}{} was answered elsewhere: {}\n",
-                                output::visible(rid),
-                                output::visible(response)
-                            ))?;
+                            let how = if withdrawn {
+                                "was withdrawn by its requester".to_string()
+                            } else {
+                                format!("was answered elsewhere: {}", output::visible(response))
+                            };
+                            output::print(&format!("{lead}{} {how}\n", output::visible(rid)))?;
                             if i == 0 && feedback_for.is_none() {
                                 show(&queue, false)?;
                             }

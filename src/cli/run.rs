@@ -871,6 +871,7 @@ mod tests {
     fn sink_counts_gaps_and_skips_repeats() {
         let killer = Killer::new(&Ctx {
             host: super::super::connect::Host::Local("/nonexistent".into()),
+            tried: Vec::new(),
             json: true,
             verbose: false,
         });

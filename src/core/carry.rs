@@ -302,6 +302,7 @@ impl Core {
             );
         }
         core.approvals.deaf = img.approvals.deaf.iter().copied().map(ConnId).collect();
+        core.approvals.notices = img.approvals.notices.iter().copied().map(ConnId).collect();
         for (owner, session, rules) in &img.approvals.grants {
             core.approvals.grants.insert(
                 (*owner, session.clone()),
@@ -375,12 +376,15 @@ impl super::gate::Approvals {
             })
             .collect();
         grants.sort();
+        let mut notices: Vec<usize> = self.notices.iter().map(|c| c.0).collect();
+        notices.sort_unstable();
         ApprovalsImage {
             approvers,
             deaf,
             pending,
             grants,
             next: self.next,
+            notices,
         }
     }
 }
@@ -968,6 +972,7 @@ mod tests {
                 pid: 109,
             },
         );
+        c.approvals.set_notices(C2, true);
         let t = terminal(&mut c);
         c.output(t, 0, "héllo wörld\n".as_bytes());
         c.table.subscribe(

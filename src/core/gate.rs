@@ -91,6 +91,9 @@ pub struct Approvals {
     pub pending: HashMap<String, PendingApproval>,
     /// Approvals for the session: per owner and session, the ask rules they cover.
     pub grants: HashMap<(u32, String), HashSet<String>>,
+    /// Requesters that asked in `initialize` (`_meta.execd.approvalNotices`) to be told
+    /// when a request of theirs waits for an approver.
+    pub notices: HashSet<ConnId>,
     pub(super) next: u64,
 }
 
@@ -140,6 +143,15 @@ impl Approvals {
     pub fn remove(&mut self, conn: ConnId) {
         self.approvers.remove(&conn);
         self.deaf.remove(&conn);
+    }
+
+    /// Whether connection `conn` is told when its requests wait for an approver.
+    pub fn set_notices(&mut self, conn: ConnId, on: bool) {
+        if on {
+            self.notices.insert(conn);
+        } else {
+            self.notices.remove(&conn);
+        }
     }
 
     /// Whether earlier approvals for this owner's session cover every one of `rules`.
@@ -199,15 +211,26 @@ pub fn request_line(id: &str, tool_call_id: &str, asked: &Asked) -> Vec<u8> {
     line
 }
 
-/// The Wire event that tells an approver how request `id` ended.
-pub fn resolved_line(id: &str, answer: Answer) -> Vec<u8> {
+/// The Wire event that tells an approver how request `id` ended; a request its requester
+/// withdrew (it left, or cancelled) says so in `reason`, so an approver shows it as
+/// withdrawn rather than as answered by someone else.
+pub fn resolved_line(id: &str, answer: Answer, withdrawn: bool) -> Vec<u8> {
+    let mut payload = json!({ "request_id": id, "response": answer.as_str() });
+    if withdrawn {
+        payload["reason"] = WITHDRAWN.into();
+    }
     let mut line = Vec::with_capacity(128);
-    rpc::write_event(
-        &mut line,
-        "ApprovalRequestResolved",
-        &json!({ "request_id": id, "response": answer.as_str() }),
-    );
+    rpc::write_event(&mut line, "ApprovalRequestResolved", &payload);
     line
+}
+
+/// The reason of a request its requester took back (disconnect, `$/cancel_request`).
+pub const WITHDRAWN: &str = "withdrawn";
+
+/// The params of `_execd/approval_pending` (PROTOCOL 7.3) but the requester's own
+/// `requestId`, which only its connection knows (the loop adds it).
+pub fn pending_notice(appr: &str, rules: &[String], unparsed: bool, timeout_ms: u64) -> Value {
+    json!({ "approval": appr, "rules": rules, "unparsed": unparsed, "timeoutMs": timeout_ms })
 }
 
 /// A command line as one string a person reads: the shell line itself, or an argv with
@@ -482,6 +505,21 @@ impl Core {
                         line: line.clone(),
                     });
                 }
+                if let Some(req) = req.filter(|_| self.approvals.notices.contains(&conn)) {
+                    // An unparsed line matched no ask rule of its own: the rule that
+                    // asked is the `unparsed` setting's.
+                    let rules = if verdict.asked.is_empty() {
+                        std::slice::from_ref(&verdict.rule)
+                    } else {
+                        verdict.asked.as_slice()
+                    };
+                    let timeout_ms = self.cfg.approval_timeout.as_millis() as u64;
+                    self.out.push(Effect::ApprovalPending {
+                        conn,
+                        req,
+                        params: pending_notice(&appr, rules, verdict.unparsed, timeout_ms),
+                    });
+                }
                 self.record(
                     "ask",
                     Some(peer),
@@ -551,7 +589,7 @@ impl Core {
             return;
         };
         self.timers.cancel(p.timer);
-        let line = resolved_line(id, answer);
+        let line = resolved_line(id, answer, reason == WITHDRAWN);
         for a in &p.sent_to {
             self.out.push(Effect::Send {
                 conn: *a,
@@ -845,6 +883,7 @@ mod tests {
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].1["params"]["payload"]["request_id"], id.as_str());
         assert_eq!(msgs[0].1["params"]["payload"]["response"], "reject");
+        assert_eq!(msgs[0].1["params"]["payload"]["reason"], "withdrawn");
         c.approval_answer(APPROVER, &id, &answer("approve", &id));
         assert!(launched(&std::mem::take(&mut c.out)).is_empty(), "too late");
         let reasons: Vec<Value> = audit(&mut c).iter().map(|r| r["reason"].clone()).collect();
@@ -1115,6 +1154,107 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_ask_is_resolved_as_withdrawn_for_the_approvers() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        let id = ask(&mut c, "true", 7);
+        c.cancel(C1, ReqNo(7));
+        let msgs = sent(&mut c);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert_eq!(msgs[0].0, APPROVER);
+        assert_eq!(
+            msgs[0].1["params"]["payload"],
+            json!({"request_id": id, "response": "reject", "reason": "withdrawn"})
+        );
+    }
+
+    #[test]
+    fn an_answered_or_timed_out_ask_carries_no_withdrawn_reason() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        let id = ask(&mut c, "true", 1);
+        c.approval_answer(APPROVER, &id, &answer("reject", &id));
+        let msgs = sent(&mut c);
+        assert_eq!(msgs[0].1["params"]["payload"].get("reason"), None);
+        ask(&mut c, "true", 2);
+        later(&mut c, Duration::from_secs(60));
+        let msgs = sent(&mut c);
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].1["params"]["payload"]["response"], "reject");
+        assert_eq!(msgs[0].1["params"]["payload"].get("reason"), None);
+    }
+
+    /// The `_execd/approval_pending` notices the core asked the loop to send.
+    fn notices(effects: &[Effect]) -> Vec<(ConnId, ReqNo, Value)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ApprovalPending { conn, req, params } => {
+                    Some((*conn, *req, params.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_requester_that_asked_is_told_at_once_that_it_waits_and_for_what() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        // Not asked for: nothing beyond the request to the approver.
+        assert!(matches!(
+            c.gate(line(1000, "s", "rm -rf x"), C1, Some(ReqNo(1))),
+            Gated::Asked
+        ));
+        assert!(notices(&std::mem::take(&mut c.out)).is_empty());
+        c.approvals.set_notices(C1, true);
+        assert!(matches!(
+            c.gate(line(1000, "s", "true; rm x"), C1, Some(ReqNo(2))),
+            Gated::Asked
+        ));
+        let effects = std::mem::take(&mut c.out);
+        let n = notices(&effects);
+        let appr = c
+            .approvals
+            .pending
+            .values()
+            .find(|p| p.req == Some(ReqNo(2)))
+            .unwrap()
+            .id
+            .clone();
+        assert_eq!(
+            n,
+            [(
+                C1,
+                ReqNo(2),
+                json!({"approval": appr, "rules": ["rm", "true"], "unparsed": false,
+                       "timeoutMs": 60000})
+            )]
+        );
+        // An unparsed line names the rule that asked; a notification (no request id) and
+        // another connection get no notice; a disconnect forgets the wish.
+        assert!(matches!(
+            c.gate(line(1000, "s", "echo $(true)"), C1, Some(ReqNo(3))),
+            Gated::Asked
+        ));
+        let n = notices(&std::mem::take(&mut c.out));
+        assert_eq!(n.len(), 1);
+        assert_eq!(n[0].2["unparsed"], true);
+        assert_eq!(n[0].2["rules"].as_array().map(Vec::len), Some(1));
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C1, None),
+            Gated::Asked
+        ));
+        assert!(matches!(
+            c.gate(line(1000, "s", "true"), C2, Some(ReqNo(4))),
+            Gated::Asked
+        ));
+        assert!(notices(&std::mem::take(&mut c.out)).is_empty());
+        c.disconnected(C1);
+        assert!(!c.approvals.notices.contains(&C1));
+    }
+
+    #[test]
     fn answers_are_read_strictly() {
         let ok = |r: Value| Answer::from_response("appr_1", &Ok(r));
         assert_eq!(
@@ -1163,7 +1303,8 @@ mod tests {
                     "display": [{"type": "brief", "text": brief}]}}})
         );
         let v: Value =
-            serde_json::from_slice(&resolved_line("appr_7", Answer::ApproveForSession)).unwrap();
+            serde_json::from_slice(&resolved_line("appr_7", Answer::ApproveForSession, false))
+                .unwrap();
         assert_eq!(
             v,
             json!({"jsonrpc": "2.0", "method": "event", "params": {

@@ -157,6 +157,14 @@ pub enum Effect {
     Resize { key: Key, size: WinSize },
     /// Queue a whole message (a Wire request or event) for a connection.
     Send { conn: ConnId, line: Vec<u8> },
+    /// Tell a requester that its request `req` waits for an approver: the notification
+    /// `_execd/approval_pending` with `params` and the request's own JSON-RPC id as
+    /// `requestId`, which only its connection knows (PROTOCOL 7.3).
+    ApprovalPending {
+        conn: ConnId,
+        req: ReqNo,
+        params: Value,
+    },
     /// An approved command: start it, then go on with the request that asked for it.
     Launch {
         conn: ConnId,
@@ -506,6 +514,7 @@ impl Core {
         }
         self.groups.remove(&conn);
         self.approvals.remove(conn);
+        self.approvals.set_notices(conn, false);
         // Its commands waiting for approval are withdrawn: nothing is started for a
         // requester that is gone.
         let mut withdrawn: Vec<String> = self
@@ -517,7 +526,7 @@ impl Core {
             .collect();
         withdrawn.sort();
         for id in withdrawn {
-            self.resolve_approval(&id, Answer::Reject, "withdrawn", None);
+            self.resolve_approval(&id, Answer::Reject, gate::WITHDRAWN, None);
         }
         // Commands it subscribed to are pumped again: a lossless subscriber leaving may
         // free their pipes.

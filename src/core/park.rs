@@ -173,7 +173,7 @@ impl Core {
             if let Some(p) = self.approvals.pending.get_mut(&id) {
                 p.req = None; // answered below with -32800, not with the reject
             }
-            self.resolve_approval(&id, Answer::Reject, "withdrawn", None);
+            self.resolve_approval(&id, Answer::Reject, super::gate::WITHDRAWN, None);
             self.out.push(Effect::Reply {
                 conn,
                 req,

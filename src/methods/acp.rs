@@ -55,6 +55,14 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
     if p.opt_value("protocolVersion").is_some() {
         p.opt_u64("protocolVersion")?;
     }
+    // A requester may ask to be told when a request of its waits for an approver.
+    let notices = p
+        .opt_object("_meta")?
+        .and_then(|m| m.get("execd"))
+        .and_then(|e| e.get("approvalNotices"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    core.approvals.set_notices(caller.conn, notices);
     let own = core.shares(caller.uid).then_some(caller.uid);
     let mine = |uid: u32| own.is_none_or(|o| o == uid);
     let running = own.map_or(core.table.running(), |o| core.table.running_of(o));

@@ -138,6 +138,14 @@ impl Clients {
         }
     }
 
+    /// Tells `conn` its request `req` waits for an approver (PROTOCOL 7.3).
+    pub fn approval_pending(&mut self, conn: ConnId, req: ReqNo, params: Value) {
+        if let Some(c) = self.map.get_mut(&token_of(conn)) {
+            c.notify_about(req, "_execd/approval_pending", params);
+            self.dirty.push(token_of(conn));
+        }
+    }
+
     // ---- accept ------------------------------------------------------------------------
 
     /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials

@@ -346,6 +346,24 @@ impl Conn {
         }
     }
 
+    /// Queues the notification `method` about request `req`, still unanswered: `params`
+    /// with the request's own JSON-RPC id as `requestId`. HTTP peers get none, nor a
+    /// request already answered.
+    pub fn notify_about(&mut self, req: ReqNo, method: &str, mut params: Value) {
+        let Dialect::Rpc(s) = &self.codec else {
+            return;
+        };
+        let Some(id) = s.id_of(req) else {
+            return;
+        };
+        params["requestId"] = id.to_value();
+        let msg = serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params});
+        let mut line = Vec::with_capacity(160);
+        crate::wire::encode::write_json(&mut line, &msg);
+        line.push(b'\n');
+        self.queue_bytes(&line);
+    }
+
     /// Queues bytes for the peer (a notification, an event). HTTP peers get none: they
     /// asked for answers only.
     pub fn queue_bytes(&mut self, bytes: &[u8]) {

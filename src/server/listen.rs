@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use mio::{Interest, Poll, Token};
@@ -373,9 +373,50 @@ fn read_token(path: &std::path::Path) -> io::Result<Vec<u8>> {
     Ok(token)
 }
 
+/// Makes `/tmp/execd-UID` (mode 0700) if it is not there, and refuses it unless it is a
+/// directory (not a symlink) owned by `uid` that no one else may write: anyone may make
+/// that name in /tmp first, and a socket in their directory is theirs to replace.
+fn private_dir(dir: &Path, uid: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let why = if !meta.is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != uid {
+        Some(format!("is owned by uid {}", meta.uid()))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "may be written by others (mode {:04o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} {why}; execd keeps its socket only in a directory of its own: remove it, or give --socket PATH",
+                dir.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Binds the socket as section 1 says: refuse beside a live daemon, replace a stale file.
 fn bind(cfg: &Config) -> io::Result<UnixListener> {
     let path = &cfg.socket;
+    let uid = crate::sys::ids::current_uid();
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| *d == crate::config::private_socket_dir(uid))
+    {
+        private_dir(dir, uid)?;
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if !meta.file_type().is_socket() {

@@ -689,6 +689,9 @@ impl Server {
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
                     Effect::Resize { key, size } => self.children.resize(key, size),
                     Effect::Send { conn, line } => self.clients.send(conn, &line),
+                    Effect::ApprovalPending { conn, req, params } => {
+                        self.clients.approval_pending(conn, req, params)
+                    }
                     Effect::Launch { conn, req, launch } => self.start(token_of(conn), req, launch),
                 }
             }

@@ -618,6 +618,10 @@ pub struct ApprovalsImage {
     pub grants: Vec<(u32, String, Vec<String>)>,
     /// The last approval number handed out (`appr_N`).
     pub next: u64,
+    /// Connections told when their requests wait for an approver (absent when none, so
+    /// a state without any reads in an image that predates them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1324,6 +1328,7 @@ mod tests {
                     approvers: vec![],
                     deaf: vec![],
                     pending: vec![],
+                    notices: vec![],
                     grants: vec![],
                     next: 0,
                 },

@@ -112,6 +112,13 @@ impl RpcSession {
         self.framer.pending()
     }
 
+    /// The JSON-RPC id the peer gave request `req`, while it is unanswered.
+    pub fn id_of(&self, req: ReqNo) -> Option<&Id> {
+        match self.open.get(&req)? {
+            ReplyTo::Single(id) | ReplyTo::Batch { id, .. } => Some(id),
+        }
+    }
+
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
         self.open.len()
