@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod fuse;
+pub mod mapper;
 pub mod trees;
 pub mod venv;
 
