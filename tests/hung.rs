@@ -110,24 +110,6 @@ fn state(pid: i32) -> Option<char> {
         .next()
 }
 
-/// The daemon's off-loop reader: its child named `execd-reader`.
-fn reader_of(daemon: i32) -> Option<i32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|&p| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-                return false;
-            };
-            let (name, rest) = stat.rsplit_once(')').unwrap_or_default();
-            let mut f = rest.split_whitespace();
-            let live = !matches!(f.next(), Some("Z" | "X"));
-            live && name.ends_with("(execd-reader")
-                && f.next().and_then(|pp| pp.parse().ok()) == Some(daemon)
-        })
-}
-
 /// SIGKILLs the mapper when the test ends, whatever happened (it dies once its read is
 /// answered, which the `Hang` dropped next makes sure of).
 struct KillOnDrop(i32);

@@ -366,26 +366,29 @@ impl Reader {
         let (Some(to), from) = (spawned.ends.stdin, spawned.ends.out) else {
             return;
         };
-        let from_token = Token(*next_token);
-        let to_token = Token(*next_token + 1);
-        *next_token += 2;
-        let from = File::from(from);
-        let watched = registry.register(
-            &mut SourceFd(&from.as_raw_fd()),
-            from_token,
-            Interest::READABLE,
-        );
-        self.running = Some(Running {
+        let running = Running {
             pid: spawned.pid,
             to: File::from(to),
-            from,
-            to_token,
-            from_token,
+            from: File::from(from),
+            to_token: Token(*next_token + 1),
+            from_token: Token(*next_token),
             writable: false,
             report: spawned.report,
             memory: Some(spawned.memory),
             hello: false,
-        });
+        };
+        *next_token += 2;
+        self.adopt(running, registry, now);
+    }
+
+    /// Watches a reader just started and sends it everything owed.
+    fn adopt(&mut self, running: Running, registry: &Registry, now: Instant) {
+        let watched = registry.register(
+            &mut SourceFd(&running.from.as_raw_fd()),
+            running.from_token,
+            Interest::READABLE,
+        );
+        self.running = Some(running);
         if let Err(e) = watched {
             self.died(registry, now, format!("could not be watched: {e}"));
             return;
@@ -702,5 +705,317 @@ fn spawn_failure(report: std::os::fd::RawFd) -> Option<String> {
     match crate::sys::spawn::read_report(report) {
         crate::sys::spawn::Report::Failed(_, e) => Some(format!("could not be started: {e}")),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// A reader stood in for by the test: a `sleep` as its process (so a SIGKILL hits
+    /// something of ours), and the far ends of its two pipes.
+    struct Stand {
+        kid: std::process::Child,
+        requests: File,
+        answers: File,
+    }
+
+    impl Stand {
+        fn new(reader: &mut Reader, registry: &Registry, token: usize) -> Stand {
+            let pipe = crate::sys::spawn::pipe;
+            let ((req_r, req_w), (ans_r, ans_w)) = (pipe().unwrap(), pipe().unwrap());
+            crate::sys::spawn::set_nonblocking(req_w.as_raw_fd()).unwrap();
+            crate::sys::spawn::set_nonblocking(ans_r.as_raw_fd()).unwrap();
+            crate::sys::spawn::set_nonblocking(req_r.as_raw_fd()).unwrap();
+            // A report pipe that says nothing: the spawn went well.
+            let (report, _) = pipe().unwrap();
+            let kid = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let running = Running {
+                pid: kid.id() as i32,
+                to: File::from(req_w),
+                from: File::from(ans_r),
+                to_token: Token(token + 1),
+                from_token: Token(token),
+                writable: false,
+                report,
+                memory: None,
+                hello: false,
+            };
+            reader.adopt(running, registry, Instant::now());
+            Stand {
+                kid,
+                requests: File::from(req_r),
+                answers: File::from(ans_w),
+            }
+        }
+
+        /// What the reader was sent since the last call.
+        fn sent(&mut self, reader: &mut Reader, registry: &Registry) -> Vec<Request> {
+            reader.flush(registry, Instant::now());
+            let mut bytes = vec![0u8; 1 << 16];
+            let n = self.requests.read(&mut bytes).unwrap_or(0);
+            let mut frames = Frames::default();
+            frames.push(&bytes[..n]);
+            std::iter::from_fn(|| frames.next::<Request>().unwrap()).collect()
+        }
+
+        /// The reader says `answers`.
+        fn says(&mut self, reader: &mut Reader, registry: &Registry, answers: &[Answer]) {
+            let mut bytes = Vec::new();
+            answers.iter().for_each(|a| a.encode(&mut bytes));
+            self.answers.write_all(&bytes).unwrap();
+            let token = reader.running.as_ref().unwrap().from_token;
+            reader.ready(token, registry, Instant::now());
+        }
+
+        /// The stand-in was SIGKILLed.
+        fn killed(mut self) -> bool {
+            self.kid.wait().unwrap().signal() == Some(libc::SIGKILL)
+        }
+    }
+
+    impl Drop for Stand {
+        fn drop(&mut self) {
+            let _ = self.kid.kill();
+            let _ = self.kid.wait();
+        }
+    }
+
+    fn input() -> InputFile {
+        InputFile {
+            dev: 1,
+            ino: 2,
+            tty: None,
+        }
+    }
+
+    #[test]
+    fn answers_reach_their_askers_in_order() {
+        let poll = mio::Poll::new().unwrap();
+        let registry = poll.registry();
+        let mut r = Reader::default();
+        // Asked before any reader runs: sent once one does.
+        r.ask_look(Key(7), 42, input());
+        let mut stand = Stand::new(&mut r, registry, 100);
+        r.ask_cookie(43, 9, Asker::Sweep);
+        let sent = stand.sent(&mut r, registry);
+        assert_eq!(
+            sent,
+            [
+                Request::Look {
+                    id: 1,
+                    pid: 42,
+                    input: input()
+                },
+                Request::Cookie {
+                    id: 2,
+                    pid: 43,
+                    start: 9
+                }
+            ]
+        );
+        stand.says(
+            &mut r,
+            registry,
+            &[
+                Answer::Hello {
+                    pid: 1,
+                    version: proto::VERSION,
+                },
+                Answer::Looked {
+                    id: 1,
+                    waiting: Some(true),
+                },
+                Answer::Cookie {
+                    id: 2,
+                    read: CookieRead::Absent,
+                },
+                // An answer to nothing asked is ignored.
+                Answer::Looked {
+                    id: 99,
+                    waiting: Some(true),
+                },
+            ],
+        );
+        assert_eq!(
+            r.take_heard(),
+            [
+                Heard::Looked {
+                    key: Key(7),
+                    waiting: Some(true)
+                },
+                Heard::Cookie {
+                    asker: Asker::Sweep,
+                    pid: 43,
+                    start: 9,
+                    read: CookieRead::Absent
+                }
+            ]
+        );
+        assert!(r.pending.is_empty());
+        assert_eq!(r.due(Instant::now()), None, "owed nothing, nothing hung");
+    }
+
+    /// A read stuck on a pid: that pid is skipped for a back-off that doubles, the reader
+    /// is killed, the cookie read of it answered `Hung`, and what else was owed is sent
+    /// again to the next reader, after the list of pids to skip.
+    #[test]
+    fn a_stuck_read_replaces_the_reader_and_skips_the_pid() {
+        let poll = mio::Poll::new().unwrap();
+        let registry = poll.registry();
+        let mut r = Reader::default();
+        let mut stand = Stand::new(&mut r, registry, 100);
+        let me = Instance::default();
+        r.ask_sweep(me, Scope::default());
+        r.ask_cookie(55, 7, Asker::Sweep);
+        r.ask_look(Key(1), 56, input());
+        assert_eq!(stand.sent(&mut r, registry).len(), 3);
+        stand.says(
+            &mut r,
+            registry,
+            &[
+                Answer::Killed {
+                    id: 1,
+                    pid: 60,
+                    comm: "x".into(),
+                },
+                Answer::Swept {
+                    id: 1,
+                    stats: SweepStats::default(),
+                },
+                Answer::Stuck {
+                    id: 2,
+                    pid: 55,
+                    start: 7,
+                },
+                // Said after the stuck read by a reader being let go: not heard.
+                Answer::Looked {
+                    id: 3,
+                    waiting: Some(true),
+                },
+            ],
+        );
+        assert_eq!(
+            r.take_heard(),
+            [
+                Heard::Killed {
+                    pid: 60,
+                    comm: "x".into()
+                },
+                Heard::Swept(SweepStats::default()),
+                Heard::Stuck {
+                    pid: 55,
+                    backoff: HUNG_FIRST
+                },
+                Heard::Cookie {
+                    asker: Asker::Sweep,
+                    pid: 55,
+                    start: 7,
+                    read: CookieRead::Hung
+                }
+            ]
+        );
+        assert!(r.running.is_none());
+        assert!(stand.killed(), "the stuck reader is SIGKILLed");
+        let now = Instant::now();
+        assert!(r.hung(55, now));
+        assert!(r.due(now).is_some_and(|t| t <= now), "another at once");
+        // Asked again while it is in its back-off: answered at once, nothing sent.
+        r.ask_cookie(55, 7, Asker::Sweep);
+        assert_eq!(
+            r.take_heard(),
+            [Heard::Cookie {
+                asker: Asker::Sweep,
+                pid: 55,
+                start: 7,
+                read: CookieRead::Hung
+            }]
+        );
+        let mut next = Stand::new(&mut r, registry, 200);
+        assert_eq!(
+            next.sent(&mut r, registry),
+            [
+                Request::Skip(vec![55]),
+                Request::Look {
+                    id: 3,
+                    pid: 56,
+                    input: input()
+                }
+            ]
+        );
+        // Stuck on the same process again: twice the back-off.
+        next.says(
+            &mut r,
+            registry,
+            &[Answer::Stuck {
+                id: 3,
+                pid: 55,
+                start: 7,
+            }],
+        );
+        assert_eq!(
+            r.take_heard(),
+            [Heard::Stuck {
+                pid: 55,
+                backoff: HUNG_FIRST * 2
+            }]
+        );
+        assert_eq!(r.pending.len(), 1, "the look is still owed");
+    }
+
+    /// A reader that dies costs the oldest request it owed a strike; at the second that
+    /// request is given up.
+    #[test]
+    fn a_request_two_readers_died_on_is_given_up() {
+        let poll = mio::Poll::new().unwrap();
+        let registry = poll.registry();
+        let mut r = Reader::default();
+        r.ask_look(Key(3), 70, input());
+        r.ask_cookie(71, 1, Asker::Sweep);
+        for round in 0..2 {
+            let mut stand = Stand::new(&mut r, registry, 100 + round * 10);
+            stand.says(
+                &mut r,
+                registry,
+                &[Answer::Hello {
+                    pid: 1,
+                    version: proto::VERSION,
+                }],
+            );
+            // Its stdout closes: it died.
+            let token = r.running.as_ref().unwrap().from_token;
+            drop(std::mem::replace(
+                &mut stand.answers,
+                File::from(crate::sys::spawn::pipe().unwrap().1),
+            ));
+            r.ready(token, registry, Instant::now());
+            let heard = r.take_heard();
+            assert!(
+                heard
+                    .iter()
+                    .any(|h| matches!(h, Heard::Ended { again, .. } if again.is_zero())),
+                "started again at once: {heard:?}"
+            );
+            let given_up = Heard::Looked {
+                key: Key(3),
+                waiting: None,
+            };
+            assert_eq!(heard.contains(&given_up), round == 1, "{heard:?}");
+        }
+        assert_eq!(r.pending.len(), 1, "the cookie read is still owed");
+        // A reader that dies before its hello could not start: the next waits.
+        let stand = Stand::new(&mut r, registry, 300);
+        let token = r.running.as_ref().unwrap().from_token;
+        drop(stand);
+        r.ready(token, registry, Instant::now());
+        assert!(matches!(
+            r.take_heard().first(),
+            Some(Heard::Ended { again, .. }) if *again == RESTART_FIRST
+        ));
+        assert!(r.restart_at.is_some());
     }
 }

@@ -321,6 +321,20 @@ pub fn rss_kb(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The daemon's off-loop reader: its live child named `execd-reader`.
+pub fn reader_of(daemon: i32) -> Option<i32> {
+    all_pids().into_iter().find(|&p| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            return false;
+        };
+        let (name, rest) = stat.rsplit_once(')').unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        name.ends_with("(execd-reader")
+            && is_live(&f.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            && f.get(1).and_then(|pp| pp.parse().ok()) == Some(daemon)
+    })
+}
+
 /// Children of `pid` that are zombies.
 pub fn zombie_children(pid: i32) -> Vec<i32> {
     all_pids()
