@@ -324,8 +324,8 @@ impl Reader {
     }
 
     /// Once a turn: starts a reader when none runs (and its back-off is over), replaces
-    /// one silent for `BACKSTOP` while it owes answers, forgets old hung pids, and writes
-    /// what the outbox holds.
+    /// one silent for `BACKSTOP` while it owes answers, forgets hung pids whose back-off
+    /// ended long ago, and writes what the outbox holds.
     pub fn step(
         &mut self,
         spawner: &mut Spawner,
@@ -333,10 +333,9 @@ impl Reader {
         next_token: &mut usize,
         now: Instant,
     ) {
-        self.hung.retain(|&pid, h| {
-            now < h.until + HUNG_FORGET
-                && (now < h.until || crate::sys::cookie::process_start(pid as u32) == Some(h.start))
-        });
+        // A pid's back-off is remembered a while after it ended (found hung again, it
+        // doubles); one that names another process by then starts over (`stuck`).
+        self.hung.retain(|_, h| now < h.until + HUNG_FORGET);
         if self.running.is_some() && !self.pending.is_empty() && now >= self.last_heard + BACKSTOP {
             let why = format!("said nothing for {} s", BACKSTOP.as_secs());
             self.died(registry, now, why);
@@ -785,6 +784,20 @@ mod tests {
         }
     }
 
+    /// What is heard once the reader's stdout is seen closed (a process another test
+    /// forks meanwhile may hold a copy of its write end until it execs: read again).
+    fn ended(r: &mut Reader, registry: &Registry, token: Token) -> Vec<Heard> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            r.ready(token, registry, Instant::now());
+            let heard = r.take_heard();
+            if !heard.is_empty() || Instant::now() > deadline {
+                return heard;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn input() -> InputFile {
         InputFile {
             dev: 1,
@@ -992,8 +1005,7 @@ mod tests {
                 &mut stand.answers,
                 File::from(crate::sys::spawn::pipe().unwrap().1),
             ));
-            r.ready(token, registry, Instant::now());
-            let heard = r.take_heard();
+            let heard = ended(&mut r, registry, token);
             assert!(
                 heard
                     .iter()
@@ -1011,9 +1023,8 @@ mod tests {
         let stand = Stand::new(&mut r, registry, 300);
         let token = r.running.as_ref().unwrap().from_token;
         drop(stand);
-        r.ready(token, registry, Instant::now());
         assert!(matches!(
-            r.take_heard().first(),
+            ended(&mut r, registry, token).first(),
             Some(Heard::Ended { again, .. }) if *again == RESTART_FIRST
         ));
         assert!(r.restart_at.is_some());
