@@ -885,11 +885,9 @@ fn twenty_upgrades_in_a_row_leave_nothing_behind() {
         now <= rss + rss / 2 + 2048,
         "RSS {now} KiB after 20 upgrades, {rss} KiB after the first"
     );
-    assert!(
-        zombie_children(pid).is_empty(),
-        "zombies: {:?}",
-        zombie_children(pid)
-    );
+    // The old image's reader, killed just before the last swap, may be dying still: it
+    // is reaped as it goes.
+    wait_until("no zombie is left", || zombie_children(pid).is_empty());
     for o in others.iter_mut() {
         meta(o);
     }
