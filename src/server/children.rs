@@ -88,6 +88,9 @@ pub struct Children {
     reader: Reader,
     /// Commands whose look the reader has not answered yet (one at a time each).
     looking: HashSet<Key>,
+    /// The looks for input are made on the loop, not by the reader: the daemon is not
+    /// root and Yama lets only the commands' ancestor read what they wait in.
+    looks_on_loop: bool,
     /// Spawns whose child has not reported yet (exec'd or failed), by pid.
     starting: HashMap<i32, Starting>,
     /// The report pipe of each spawn under way: its token, and the child's pid.
@@ -161,6 +164,10 @@ impl Children {
             inputs: HashMap::new(),
             reader: Reader::default(),
             looking: HashSet::new(),
+            looks_on_loop: !crate::sys::reader::looks_off_loop(
+                crate::sys::ids::effective_uid(),
+                crate::sys::reader::yama_scope().as_deref(),
+            ),
             starting: HashMap::new(),
             reports: HashMap::new(),
             failed: HashMap::new(),
@@ -646,6 +653,12 @@ impl Children {
                 continue;
             }
             match self.inputs.get(&key) {
+                // Only the daemon may look (`looks_on_loop`): as before the reader, a
+                // process whose memory hangs holds the loop while it is looked at.
+                Some(input) if self.looks_on_loop => {
+                    let waiting = crate::sys::waiting::look(pid, *input, &mut |_| true);
+                    core.input_seen(key, waiting == Some(true));
+                }
                 Some(input) => {
                     self.reader.ask_look(key, pid, *input);
                     self.looking.insert(key);
@@ -654,6 +667,11 @@ impl Children {
             }
         }
         self.hear(core);
+    }
+
+    /// Whether the looks for input are made on the loop (see `looks_on_loop`).
+    pub fn looks_on_loop(&self) -> bool {
+        self.looks_on_loop
     }
 
     // ---- the off-loop reader -------------------------------------------------------------

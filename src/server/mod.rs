@@ -227,6 +227,14 @@ impl Server {
         if let Some(l) = &leftovers {
             core.found_leftovers(l);
         }
+        if children.looks_on_loop() {
+            core.log.line(format_args!(
+                "looks for commands waiting for input run on the daemon's loop: Yama's \
+                 ptrace_scope is 1 and the daemon is not root, so only it (the commands' \
+                 ancestor) may read what they wait in, not its off-loop reader; a command \
+                 whose memory hangs can hold the daemon while it is looked at"
+            ));
+        }
         Ok(Server {
             core,
             poll,

@@ -60,6 +60,10 @@ const TICK: Duration = Duration::from_millis(50);
 /// The messages this build speaks (`Hello` says it).
 pub const VERSION: u32 = 1;
 
+/// Where Yama's `ptrace_scope` is read: 1 lets a process attach only to its descendants
+/// (reading a task's `syscall` or memory is attaching, as far as the check goes).
+const YAMA: &str = "/proc/sys/kernel/yama/ptrace_scope";
+
 /// The largest frame either side takes.
 pub const MAX_FRAME: usize = 4 << 20;
 
@@ -470,6 +474,24 @@ impl Frames {
 }
 
 // ---------------------------------------------------------------------------------------
+// Whether the looks can be the reader's
+// ---------------------------------------------------------------------------------------
+
+/// Whether the reader may make the looks for input: reading a task's `syscall` and memory
+/// needs the right to attach to it. Root has it. Otherwise the commands run as the
+/// daemon's own user, and where Yama's `ptrace_scope` (`yama`, as its file reads) is 1
+/// only their ancestor, the daemon, may attach: the reader is their sibling. (At 2 or 3
+/// nobody without `CAP_SYS_PTRACE` may, the daemon neither.)
+pub fn looks_off_loop(euid: u32, yama: Option<&str>) -> bool {
+    euid == 0 || yama.is_none_or(|scope| scope.trim() != "1")
+}
+
+/// This host's Yama `ptrace_scope`, as its file reads (none without Yama).
+pub fn yama_scope() -> Option<String> {
+    std::fs::read_to_string(YAMA).ok()
+}
+
+// ---------------------------------------------------------------------------------------
 // The reader process
 // ---------------------------------------------------------------------------------------
 
@@ -851,6 +873,20 @@ mod tests {
             }
         }
         assert_eq!(got, messages, "cut at {cut}");
+    }
+
+    #[test]
+    fn the_looks_stay_on_the_loop_only_where_only_an_ancestor_may_attach() {
+        assert!(
+            looks_off_loop(0, Some("1\n")),
+            "root may attach to anything"
+        );
+        assert!(looks_off_loop(1000, None), "no Yama");
+        assert!(looks_off_loop(1000, Some("0\n")));
+        assert!(!looks_off_loop(1000, Some("1\n")), "only the daemon may");
+        // Nobody may but CAP_SYS_PTRACE: the daemon cannot either; nothing hangs the loop.
+        assert!(looks_off_loop(1000, Some("2\n")));
+        assert!(looks_off_loop(1000, Some("3\n")));
     }
 
     #[test]
