@@ -89,8 +89,13 @@ fn mapper(map: OsString, go: OsString) -> ! {
             die(6, b"mapper: no pipe\n");
         }
         let [go_r, go_w] = pipe;
-        // The input thread: let go with the main thread, then polls stdin.
+        // The input thread: let go with the main thread, then polls stdin. It says it
+        // runs before the fault starts: a thread's start allocates (a new malloc arena is
+        // an mmap), which would queue behind the fault and never reach the poll.
+        static INPUT_RUNS: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
         std::thread::spawn(move || {
+            INPUT_RUNS.store(true, std::sync::atomic::Ordering::Release);
             let mut b = [0u8; 1];
             libc::read(go_r, b.as_mut_ptr().cast(), 1);
             let mut buf = [0u8; 512];
@@ -109,6 +114,14 @@ fn mapper(map: OsString, go: OsString) -> ! {
                 libc::pause();
             }
         });
+        let mut waited = 0;
+        while !INPUT_RUNS.load(std::sync::atomic::Ordering::Acquire) {
+            if waited > 20_000 {
+                die(9, b"mapper: the input thread never ran\n");
+            }
+            libc::usleep(1_000);
+            waited += 1;
+        }
         // The faulting thread.
         let addr = addr as i64;
         std::thread::spawn(move || {
