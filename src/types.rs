@@ -271,8 +271,11 @@ pub struct Swept {
     pub read: usize,
     /// Passes over /proc: another follows each one that killed something.
     pub passes: usize,
-    /// From the first read to the last (chunks of a sweep run between other work).
+    /// The time the reader spent on it.
     pub elapsed: Duration,
+    /// Processes it did not read because their memory did not answer (a hung file
+    /// system): each is read again alone later.
+    pub skipped: Vec<i32>,
 }
 
 /// How execd chooses its ROOT: `--cgroup auto|off|PATH`.

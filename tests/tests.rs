@@ -32,6 +32,7 @@ mod gate;
 mod holds;
 mod hosts;
 mod http;
+mod hung;
 mod input;
 mod mcp;
 mod peers;

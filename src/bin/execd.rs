@@ -5,7 +5,9 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use execd::config::{flags_to_keep, parse_args, started_as, Invocation, USAGE};
-use execd::server::{handed_back_flags, refuse_unparsed, upgrade_check_line, Server};
+use execd::server::{
+    handed_back_flags, reader_main, refuse_unparsed, upgrade_check_line, Server, READER_FLAG,
+};
 
 fn main() -> ExitCode {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
@@ -14,6 +16,10 @@ fn main() -> ExitCode {
     } else {
         argv.remove(0)
     };
+    // The daemon's off-loop reader: a process of its own, with nothing else to parse.
+    if argv.len() == 1 && argv[0] == READER_FLAG {
+        return ExitCode::from(reader_main().clamp(0, 255) as u8);
+    }
     let resume_from = argv
         .iter()
         .position(|a| a == "--resume-from")

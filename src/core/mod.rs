@@ -354,6 +354,19 @@ impl Core {
                 s.spared
             ));
         }
+        if !s.skipped.is_empty() {
+            let pids: Vec<String> = s.skipped.iter().map(i32::to_string).collect();
+            self.log.refusal(
+                "hung processes",
+                self.now,
+                format_args!(
+                    "a cookie sweep did not read {} process(es) whose memory does not answer \
+                     (a hung file system?), pid {}: each is read again alone later",
+                    pids.len(),
+                    pids.join(", ")
+                ),
+            );
+        }
         if s.killed == 0 {
             return;
         }

@@ -1,7 +1,9 @@
 //! The commands' side of the loop: starting a command (its place, the spawn, its pipes),
 //! reading its pipes into the core, writing its stdin, and reaping it. Owns the pipe
-//! descriptors, the containment and the spawner; the loop lends it the core and the
-//! connections for each call, and carries out the effects it leaves in the core.
+//! descriptors, the containment, the spawner and the off-loop reader (`server::reader`,
+//! which runs the cookie sweeps and the looks for commands waiting for input); the loop
+//! lends it the core and the connections for each call, and carries out the effects it
+//! leaves in the core.
 //!
 //! Invariants:
 //! - A command that cannot be watched is not left running: a failure after the spawn
@@ -13,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -25,6 +28,7 @@ use crate::core::table::{ConnId, Key, KillReason, Peer};
 use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
+use crate::server::reader::{Asker, Heard, Reader};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
@@ -32,7 +36,7 @@ use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, Spawned};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
-use crate::types::{Ended, Swept, Usage};
+use crate::types::{Ended, Usage};
 use crate::wire::rpc::{self, ReqNo, RpcError};
 use crate::wire::state::{InputImage, ServerImage};
 
@@ -80,6 +84,13 @@ pub struct Children {
     /// The file each running command reads its input from, while its stdin is open (for
     /// telling when it waits for input).
     inputs: HashMap<Key, crate::sys::waiting::InputFile>,
+    /// The off-loop reader: sweeps, looks, cookies.
+    reader: Reader,
+    /// Commands whose look the reader has not answered yet (one at a time each).
+    looking: HashSet<Key>,
+    /// The looks for input are made on the loop, not by the reader: the daemon is not
+    /// root and Yama lets only the commands' ancestor read what they wait in.
+    looks_on_loop: bool,
     /// Spawns whose child has not reported yet (exec'd or failed), by pid.
     starting: HashMap<i32, Starting>,
     /// The report pipe of each spawn under way: its token, and the child's pid.
@@ -151,6 +162,12 @@ impl Children {
             orphans: false,
             hot: Hot::default(),
             inputs: HashMap::new(),
+            reader: Reader::default(),
+            looking: HashSet::new(),
+            looks_on_loop: !crate::sys::reader::looks_off_loop(
+                crate::sys::ids::effective_uid(),
+                crate::sys::reader::yama_scope().as_deref(),
+            ),
             starting: HashMap::new(),
             reports: HashMap::new(),
             failed: HashMap::new(),
@@ -162,10 +179,11 @@ impl Children {
 
     /// Chooses containment as `--cgroup` says, before anything is spawned: it may move the
     /// daemon into its cgroup's leaf and end what a previous instance left behind in
-    /// command cgroups; then it ends what earlier instances on this socket left carrying
-    /// their cookies (it returns both). A daemon-wide limit it cannot enforce stops the
-    /// start (before any sweep). `cfg.socket` is the socket the daemon holds.
-    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<(Option<Leftovers>, Swept)> {
+    /// command cgroups (it returns that); what earlier instances on this socket left
+    /// carrying their cookies is swept first thing (by the reader, once the loop runs). A
+    /// daemon-wide limit it cannot enforce stops the start (before any sweep).
+    /// `cfg.socket` is the socket the daemon holds.
+    pub fn choose_containment(&mut self, cfg: &Config) -> io::Result<Option<Leftovers>> {
         let (mut contain, leftovers) = Contain::choose(&cfg.cgroup, Instance::of_self(&cfg.socket));
         if let Err(u) = contain.check(&cfg.limits) {
             return Err(io::Error::new(
@@ -178,9 +196,9 @@ impl Children {
                 ),
             ));
         }
-        let swept = contain.sweep_earlier();
+        contain.ask_earlier();
         self.contain = contain;
-        Ok((leftovers, swept))
+        Ok(leftovers)
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -625,15 +643,148 @@ impl Children {
         }
     }
 
-    /// Looks at the commands the core names (running, stdin open, quiet) for one whose
-    /// tree is blocked reading its input (PROTOCOL 12.3), and tells the core what it saw.
+    /// Asks the reader to look at the commands the core names (running, stdin open,
+    /// quiet) for one whose tree is blocked reading its input (PROTOCOL 12.3); the core is
+    /// told what it saw when it answers (`hear`). A command whose last look is not
+    /// answered yet is not asked about again.
     pub fn look_for_input_waits(&mut self, core: &mut Core) {
         for (key, pid) in core.input_candidates() {
-            let waiting = self
-                .inputs
-                .get(&key)
-                .is_some_and(|input| crate::sys::waiting::waiting_for_input(pid, *input));
-            core.input_seen(key, waiting);
+            if self.looking.contains(&key) {
+                continue;
+            }
+            match self.inputs.get(&key) {
+                // Only the daemon may look (`looks_on_loop`): as before the reader, a
+                // process whose memory hangs holds the loop while it is looked at.
+                Some(input) if self.looks_on_loop => {
+                    let waiting = crate::sys::waiting::look(pid, *input, &mut |_| true);
+                    core.input_seen(key, waiting == Some(true));
+                }
+                Some(input) => {
+                    self.reader.ask_look(key, pid, *input);
+                    self.looking.insert(key);
+                }
+                None => core.input_seen(key, false),
+            }
+        }
+        self.hear(core);
+    }
+
+    /// Whether the looks for input are made on the loop (see `looks_on_loop`).
+    pub fn looks_on_loop(&self) -> bool {
+        self.looks_on_loop
+    }
+
+    // ---- the off-loop reader -------------------------------------------------------------
+
+    /// Whether `token` is one of the reader's pipes.
+    pub fn reader_owns(&self, token: Token) -> bool {
+        self.reader.owns(token)
+    }
+
+    /// One of the reader's pipes is ready: what it said is acted on.
+    pub fn on_reader(&mut self, core: &mut Core, registry: &Registry, token: Token) {
+        self.reader.ready(token, registry, Instant::now());
+        self.hear(core);
+    }
+
+    /// Once a turn: the reader is started (or replaced), given the sweep that is due and
+    /// the skipped processes whose back-off is over, and what it owes is written to it.
+    pub fn step_reader(
+        &mut self,
+        core: &mut Core,
+        registry: &Registry,
+        next_token: &mut usize,
+        now: Instant,
+    ) {
+        if let Some((me, scope)) = self.contain.sweep_next(now) {
+            self.reader.ask_sweep(me, scope);
+        }
+        let reader = &self.reader;
+        let due = self.contain.sweep_retries_due(|pid| reader.hung(pid, now));
+        for (pid, start) in due {
+            self.reader.ask_cookie(pid, start, Asker::Sweep);
+        }
+        self.reader
+            .step(&mut self.spawner, registry, next_token, now);
+        self.hear(core);
+    }
+
+    /// When the loop should call `step_reader` next.
+    pub fn reader_due(&self, now: Instant) -> Option<Instant> {
+        self.contain
+            .sweep_due()
+            .into_iter()
+            .chain(self.reader.due(now))
+            .min()
+    }
+
+    /// Kills the reader (the daemon is about to re-execute itself; the new image starts
+    /// its own, and a failed `execve` starts another here at the next turn).
+    pub fn stop_reader(&mut self, registry: &Registry) {
+        self.reader.stop(registry);
+    }
+
+    /// Routes what the reader said: sweeps to containment (their reports to the core's
+    /// log and audit), looks to the core, cookie reads to whoever asked.
+    fn hear(&mut self, core: &mut Core) {
+        for heard in self.reader.take_heard() {
+            let now = Instant::now();
+            match heard {
+                Heard::Killed { pid, comm } => self.contain.sweep_killed(pid, comm),
+                Heard::Swept(stats) => {
+                    if let Some(s) = self.contain.sweep_done(stats, now) {
+                        core.swept(&s);
+                    }
+                }
+                Heard::SweepLost => {
+                    core.log.line(format_args!(
+                        "a cookie sweep could not be run (its readers failed twice); asked \
+                         again"
+                    ));
+                    if let Some(s) = self.contain.sweep_lost(now) {
+                        core.swept(&s);
+                    }
+                }
+                Heard::Looked { key, waiting } => {
+                    self.looking.remove(&key);
+                    if let Some(waiting) = waiting {
+                        core.input_seen(key, waiting);
+                    }
+                }
+                Heard::Cookie {
+                    asker: Asker::Sweep,
+                    pid,
+                    start,
+                    read,
+                } => {
+                    if let Some(s) = self.contain.sweep_retried(pid, start, &read) {
+                        core.swept(&s);
+                    }
+                }
+                Heard::Stuck { pid, backoff } => core.log.refusal(
+                    "hung processes",
+                    core.now,
+                    format_args!(
+                        "process {pid} did not let its memory be read within {} ms (a hung \
+                         file system?): the off-loop reader was replaced, and {pid} is \
+                         skipped for {} s",
+                        crate::sys::reader::DEADLINE.as_millis(),
+                        backoff.as_secs()
+                    ),
+                ),
+                Heard::Ended { why, again } => core.log.refusal(
+                    "reader restarts",
+                    core.now,
+                    format_args!(
+                        "the off-loop reader {why}; another is started{}",
+                        if again.is_zero() {
+                            String::new()
+                        } else {
+                            format!(" in {} ms", again.as_millis())
+                        }
+                    ),
+                ),
+            }
         }
     }
 
@@ -662,6 +813,14 @@ impl Children {
             }
             return ReapOutcome::Nothing;
         };
+        let how = match r.ended {
+            Ended::Code(c) => format!("exited with {c}"),
+            Ended::Signal(s) => format!("was killed by signal {s}"),
+        };
+        if self.reader.reaped(r.pid, &how, registry, Instant::now()) {
+            self.hear(core);
+            return ReapOutcome::Other;
+        }
         if self.probe == Some(r.pid) {
             self.probe = None;
             self.probe_ended = Some(r.ended);

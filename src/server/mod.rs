@@ -20,6 +20,7 @@ mod clients;
 mod conn;
 mod listen;
 mod pipes;
+mod reader;
 mod upgrade;
 
 use std::io;
@@ -48,6 +49,16 @@ use crate::wire::rpc::{Incoming, ReqNo, RpcError};
 
 pub use upgrade::{handed_back_flags, refuse_unparsed};
 
+/// The flag the daemon runs its off-loop reader with (`execd --reader`).
+pub const READER_FLAG: &str = crate::sys::reader::FLAG;
+
+/// `execd --reader`: the off-loop reader's process, started by the daemon (never by
+/// hand); it serves the daemon's requests on its stdin until that ends. Returns the exit
+/// code.
+pub fn reader_main() -> i32 {
+    crate::sys::reader::serve()
+}
+
 /// What `execd --upgrade-check` prints: this build's version and the upgrade states it
 /// takes, one JSON line (PROTOCOL 13).
 pub fn upgrade_check_line() -> String {
@@ -75,6 +86,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// How often shutdown looks again for what is left of killed trees.
 const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
+/// How long shutdown waits past its deadline for the last cookie sweep (which a process
+/// whose memory hangs delays by the reader's deadline each).
+const FINAL_SWEEP: Duration = Duration::from_secs(3);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
 
@@ -141,6 +155,8 @@ pub struct Server {
     sinks: Sinks,
     /// An upgrade in place under way (PROTOCOL 13).
     upgrade: Option<upgrade::Upgrading>,
+    /// Shutdown's deadline passed: it ends once the last cookie sweep did, or then.
+    final_sweep_until: Option<Instant>,
     /// What this image, resumed from an upgrade, tells once it serves.
     resumed: Option<upgrade::Resumed>,
 }
@@ -190,7 +206,7 @@ impl Server {
             }
             Ok(found)
         });
-        let (leftovers, swept) = contained.inspect_err(|_| listeners.remove_socket_file())?;
+        let leftovers = contained.inspect_err(|_| listeners.remove_socket_file())?;
         let mut core = Core::new(cfg, Instant::now(), SystemTime::now(), log);
         core.policy = policy;
         core.containment = Containment {
@@ -211,7 +227,14 @@ impl Server {
         if let Some(l) = &leftovers {
             core.found_leftovers(l);
         }
-        core.swept(&swept);
+        if children.looks_on_loop() {
+            core.log.line(format_args!(
+                "looks for commands waiting for input run on the daemon's loop: Yama's \
+                 ptrace_scope is 1 and the daemon is not root, so only it (the commands' \
+                 ancestor) may read what they wait in, not its off-loop reader; a command \
+                 whose memory hangs can hold the daemon while it is looked at"
+            ));
+        }
         Ok(Server {
             core,
             poll,
@@ -232,6 +255,7 @@ impl Server {
             status_pending: false,
             upgrade: None,
             resumed: None,
+            final_sweep_until: None,
         })
     }
 
@@ -265,7 +289,7 @@ impl Server {
                 let next = [
                     self.core.next_deadline(),
                     self.timers.next_deadline(),
-                    self.children.contain.sweep_due(),
+                    self.children.reader_due(Instant::now()),
                 ]
                 .into_iter()
                 .flatten()
@@ -286,6 +310,10 @@ impl Server {
                     SIGNALS => self.on_signals(),
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
+                    t if self.children.reader_owns(t) => {
+                        let registry = self.poll.registry();
+                        self.children.on_reader(&mut self.core, registry, t);
+                    }
                     t if self.probe_token(t) => self.on_probe(t),
                     t => self.on_ready(
                         t,
@@ -297,10 +325,15 @@ impl Server {
             let (core, clients) = (&mut self.core, &mut self.clients);
             self.children
                 .service_hot(core, clients, self.poll.registry());
-            // One bounded chunk of a cookie sweep per turn, between the other work.
-            if let Some(swept) = self.children.contain.sweep_step(Instant::now()) {
-                self.core.swept(&swept);
-            }
+            // The off-loop reader: started or replaced, handed the sweep that is due, and
+            // written to; what it answers arrives as its pipe's readiness.
+            let registry = self.poll.registry();
+            self.children.step_reader(
+                &mut self.core,
+                registry,
+                &mut self.next_token,
+                Instant::now(),
+            );
             self.fire_timers();
             self.apply();
             // While a running command has its stdin open, look every so often whether it
@@ -833,13 +866,12 @@ impl Server {
                     }
                 }
                 LoopTimer::ShutdownDeadline => {
-                    // The grace is over: end whatever is left (the cookie sweeps to their
-                    // end, now) and stop waiting for it.
+                    // The grace is over: end whatever is left, and stop waiting for it once
+                    // the last cookie sweep ended (`shutdown_done`), or `FINAL_SWEEP` on.
                     self.children.contain.kill_all();
-                    for swept in self.children.contain.finish_sweeps() {
-                        self.core.swept(&swept);
-                    }
-                    self.finish_shutdown();
+                    let until = Instant::now() + FINAL_SWEEP;
+                    self.final_sweep_until = Some(until);
+                    self.timers.add(until, LoopTimer::ShutdownRecheck);
                 }
                 LoopTimer::ShutdownRecheck => {}
                 LoopTimer::Watchdog => {
@@ -903,6 +935,21 @@ impl Server {
     fn shutdown_done(&mut self) -> bool {
         match self.shutdown {
             None => false,
+            Some(Shutdown::Killing) if self.final_sweep_until.is_some() => {
+                let sweeping = self.children.contain.sweeping();
+                if sweeping && self.final_sweep_until.is_some_and(|t| Instant::now() < t) {
+                    return false;
+                }
+                if sweeping {
+                    self.core.log.line(format_args!(
+                        "stopping without the end of the last cookie sweep ({} s past the \
+                         grace): what it did not reach is swept at the next start",
+                        FINAL_SWEEP.as_secs()
+                    ));
+                }
+                self.finish_shutdown();
+                self.shutdown_done()
+            }
             Some(Shutdown::Killing) => {
                 // Every killed command was reaped: what their trees still hold goes now
                 // (the leaders had their grace), with one sweep of every command's

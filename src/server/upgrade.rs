@@ -522,6 +522,9 @@ impl Server {
         let built = self.write_state(&binary, asked_by, stopped);
         let failure = match built {
             Ok((memfd, old_exe, fds)) => {
+                // The off-loop reader does not cross: the new image starts its own (what
+                // it owed is carried: the sweeps asked, the processes still to read).
+                self.children.stop_reader(self.poll.registry());
                 let mut args = self.core.cfg.args.clone();
                 args.push("--resume-from".into());
                 args.push(memfd.as_raw_fd().to_string().into());
@@ -872,6 +875,7 @@ impl Server {
             sinks,
             upgrade: None,
             resumed: Some(resumed),
+            final_sweep_until: None,
         };
         // Input that waited for a command's stdin, and lines that waited for a shell's
         // command pipe, go on being written.

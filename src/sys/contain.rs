@@ -22,7 +22,9 @@
 //!   group or cgroup is still held: what left both is found by its cookie alone. With
 //!   cgroups the sweep runs too (a cheap second net: a root command may move itself out
 //!   of its cgroup). Shutdown sweeps every command of this instance once; start sweeps
-//!   what earlier instances on the same socket left.
+//!   what earlier instances on the same socket left. Sweeps are only asked for here: the
+//!   off-loop reader runs them (`server::reader`), and the loop hands this module what
+//!   it said (`sweep_next`, `sweep_killed`, `sweep_done`, ...).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -32,13 +34,15 @@ use std::path::PathBuf;
 
 use crate::core::table::Key;
 use crate::sys::cgroup::{self, Cgroup, CreateError, Fallback, Tree};
-use crate::sys::cookie::{Instance, Sweeper};
+use crate::sys::cookie::{CookieRead, Instance, Scope, SweepStats, Sweeper, SweepsCarried};
 use crate::types::CgroupLimits;
 use crate::types::Leftovers;
 use crate::types::Mode;
 use crate::types::Swept;
 use crate::types::TreeUsage;
-use crate::wire::state::{Bytes, CgroupsImage, ContainImage, FallbackImage, HoldImage};
+use crate::wire::state::{
+    Bytes, CgroupsImage, ContainImage, FallbackImage, HoldImage, SweepRetryImage,
+};
 
 /// A command cgroup made for a spawn: the child joins it through `procs`.
 #[derive(Debug)]
@@ -385,26 +389,55 @@ impl Contain {
 
     // ---- cookie sweeps -------------------------------------------------------------------
 
-    /// When the loop should run `sweep_step` next (None: no sweep asked for).
+    /// At start: what earlier instances on this socket path left (by their cookies) is
+    /// swept, first of all.
+    pub fn ask_earlier(&mut self) {
+        self.cookies.ask_earlier();
+    }
+
+    /// When the loop should look for a sweep to hand the reader (None: none asked, or one
+    /// runs).
     pub fn sweep_due(&self) -> Option<std::time::Instant> {
         self.cookies.due()
     }
 
-    /// One bounded chunk of the current sweep; the report of one that ended.
-    pub fn sweep_step(&mut self, now: std::time::Instant) -> Option<Swept> {
-        self.cookies.due()?;
-        self.cookies.step(now)
+    /// The next sweep for the reader, when one is asked and may start.
+    pub fn sweep_next(&mut self, now: std::time::Instant) -> Option<(Instance, Scope)> {
+        let me = *self.cookies.instance();
+        self.cookies.next(now).map(|scope| (me, scope))
     }
 
-    /// Every sweep asked for, run to its end now (the daemon is about to exit).
-    pub fn finish_sweeps(&mut self) -> Vec<Swept> {
-        self.cookies.finish()
+    /// The sweep under way killed `pid`.
+    pub fn sweep_killed(&mut self, pid: i32, comm: String) {
+        self.cookies.killed(pid, comm);
     }
 
-    /// At start: kills what earlier instances on this socket path left (by their
-    /// cookies), before anything is spawned.
-    pub fn sweep_earlier(&mut self) -> Swept {
-        self.cookies.sweep_earlier()
+    /// The sweep under way ended: its report.
+    pub fn sweep_done(&mut self, stats: SweepStats, now: std::time::Instant) -> Option<Swept> {
+        self.cookies.done(stats, now)
+    }
+
+    /// The sweep under way could not be run: asked again later; what it killed.
+    pub fn sweep_lost(&mut self, now: std::time::Instant) -> Option<Swept> {
+        self.cookies.lost(now)
+    }
+
+    /// Processes a sweep skipped whose cookies may be read again now.
+    pub fn sweep_retries_due(&mut self, hung: impl Fn(i32) -> bool) -> Vec<(i32, u64)> {
+        if !self.cookies.retrying() {
+            return Vec::new();
+        }
+        self.cookies.retries_due(hung)
+    }
+
+    /// A skipped process's cookie, read again: what became of it.
+    pub fn sweep_retried(&mut self, pid: i32, start: u64, read: &CookieRead) -> Option<Swept> {
+        self.cookies.retried(pid, start, read)
+    }
+
+    /// Whether a sweep runs or waits to (not counting processes to read again).
+    pub fn sweeping(&self) -> bool {
+        self.cookies.busy()
     }
 }
 
@@ -442,7 +475,12 @@ impl Contain {
                 watches,
             }
         });
-        let (sweep_asked, every) = self.cookies.carry();
+        let SweepsCarried {
+            asked: sweep_asked,
+            every,
+            earlier: sweep_earlier,
+            retries,
+        } = self.cookies.carry();
         ContainImage {
             holds,
             lingering: self.lingering.iter().map(|k| k.0).collect(),
@@ -459,6 +497,17 @@ impl Contain {
             instance: self.cookies.instance().to_string(),
             sweep_asked,
             sweep_every: every.to_string(),
+            sweep_earlier,
+            sweep_retries: retries
+                .into_iter()
+                .map(|(pid, start, scope)| SweepRetryImage {
+                    pid,
+                    start,
+                    ids: scope.ids.into_iter().collect(),
+                    every: scope.every,
+                    earlier: scope.earlier,
+                })
+                .collect(),
         }
     }
 
@@ -467,7 +516,28 @@ impl Contain {
     pub fn resume(img: &ContainImage, inotify: Option<OwnedFd>) -> Result<Contain, String> {
         let me = Instance::parse(img.instance.as_bytes())
             .ok_or_else(|| format!("cookie instance {:?}", img.instance))?;
-        let cookies = Sweeper::resume(me, &img.sweep_asked, &img.sweep_every)
+        let every = ["no", "asked", "done"]
+            .into_iter()
+            .find(|e| *e == img.sweep_every)
+            .ok_or_else(|| format!("cookie sweep state {:?}", img.sweep_every))?;
+        let carried = SweepsCarried {
+            asked: img.sweep_asked.clone(),
+            every,
+            earlier: img.sweep_earlier,
+            retries: img
+                .sweep_retries
+                .iter()
+                .map(|r| {
+                    let scope = Scope {
+                        ids: r.ids.iter().cloned().collect(),
+                        every: r.every,
+                        earlier: r.earlier,
+                    };
+                    (r.pid, r.start, scope)
+                })
+                .collect(),
+        };
+        let cookies = Sweeper::resume(me, &carried)
             .ok_or_else(|| format!("cookie sweep state {:?}", img.sweep_every))?;
         let cgroups = match (&img.cgroups, inotify) {
             (None, _) => None,

@@ -18,20 +18,34 @@
 //!
 //! A sweep reads `/proc/PID/environ` of every process (those execd may not read, EACCES,
 //! are skipped: it could not signal them either) and SIGKILLs those whose first
-//! `EXECD_TREE` entry is in scope. It never signals pid 1 or below, nor the daemon itself.
-//! A process found carrying one is opened as `/proc/PID`, its environment read again
-//! through that descriptor, and signalled through it (`pidfd_send_signal`), so a pid
-//! reused since the first read is never hit.
+//! `EXECD_TREE` entry is in scope. It never signals pid 1 or below, nor the process
+//! sweeping. A process found carrying one is opened as `/proc/PID`, its environment read
+//! again through that descriptor, and signalled through it (`pidfd_send_signal`), so a
+//! pid reused since the first read is never hit.
+//!
+//! Reading an environment waits for the process's memory lock, which a process stuck in
+//! a page fault on a hung file system can hold for ever; so sweeps run in the off-loop
+//! reader (`sys::reader`), never on the loop. This module has both halves:
+//! - `sweep` and `read_cookie`, what the reader process runs: a whole sweep over /proc,
+//!   or one process's cookie, pinned by its pid and start time. A pid the reader is told
+//!   to skip (one whose memory did not answer in time) is not read; the sweep names the
+//!   ones it met, with their start times.
+//! - `Sweeper`, the loop's bookkeeping: which commands' cookies the next sweep looks for,
+//!   when it may start (as long after the last as that one kept the reader busy, so a
+//!   stream of kills costs the reader at most half its time), the report it adds up from
+//!   what the reader says, and the processes a sweep had to skip: each is asked again
+//!   alone (`read_cookie` through the reader) once its back-off is over, and killed from
+//!   the loop when its cookie is in the scope that skipped it (`kill_pinned`: a `/proc`
+//!   descriptor and its `stat`, no memory lock). Nothing here reads a process's memory on
+//!   the loop.
 //!
 //! Sweeps are paid for when a command is killed or released (at the SIGKILL stage after
 //! the grace; at once for `bash/kill` with SIGKILL), at shutdown and at start; never per
-//! spawn. Several commands killed close together share one sweep. The loop runs a sweep
-//! in chunks (`CHUNK_PIDS`, `CHUNK_TIME`) between its other work, and waits as long as
-//! the last sweep took before starting the next, so a stream of kills costs at most half
-//! of the loop's time. A pass lists /proc once; a process forked after the listing is
-//! caught by the next pass, which follows every pass that killed something (at most
-//! `MAX_PASSES`) and reads only the pids the sweep has not read yet. The sweep at start
-//! runs to its end before the daemon listens.
+//! spawn. Several commands killed close together share one sweep. A pass lists /proc
+//! once; a process forked after the listing is caught by the next pass, which follows
+//! every pass that killed something (at most `MAX_PASSES`) and reads only the pids the
+//! sweep has not read yet. The sweep at start runs while the daemon already serves (what
+//! it kills carries an earlier instance's cookie, never a command of this one).
 //!
 //! What a cookie cannot catch, and the README says: a process that clears its environment
 //! (`env -i`, `sudo` resetting it) or one that changes to a uid execd may not signal. A
@@ -39,7 +53,7 @@
 //! treated as that command's (it can only do so for processes it could signal anyway, or
 //! programs it starts).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -52,14 +66,12 @@ use crate::types::{SweepScope, Swept};
 /// The variable every command's environment carries.
 pub const VAR: &str = "EXECD_TREE";
 
-/// Most processes one chunk of a sweep reads before the loop takes its turn.
-const CHUNK_PIDS: usize = 256;
-/// Longest one chunk of a sweep holds the loop (checked every few processes).
-const CHUNK_TIME: Duration = Duration::from_millis(2);
 /// Most passes over /proc in one sweep.
 const MAX_PASSES: usize = 8;
 /// How many killed processes a sweep names in its report.
 const SAMPLE: usize = 8;
+/// How long a sweep the reader could not finish (it failed twice) waits to be asked again.
+const LOST_AGAIN: Duration = Duration::from_secs(1);
 
 // ---------------------------------------------------------------------------------------
 // The instance and the cookie (pure)
@@ -167,31 +179,74 @@ fn judge(scope: &Scope, me: &Instance, value: &[u8]) -> Fate {
     let Some((inst, id)) = parse_cookie(value) else {
         return Fate::Leave;
     };
-    match scope {
-        Scope::Commands(ids) if inst == *me => match std::str::from_utf8(id) {
-            Ok(id) if ids.contains(id) => Fate::Kill,
-            _ => Fate::Leave,
-        },
-        Scope::Every if inst == *me => Fate::Kill,
-        Scope::Earlier if inst.path == me.path && inst != *me => Fate::Earlier(inst),
-        _ => Fate::Leave,
+    if inst == *me {
+        let named = std::str::from_utf8(id).is_ok_and(|id| scope.ids.contains(id));
+        return if scope.every || named {
+            Fate::Kill
+        } else {
+            Fate::Leave
+        };
     }
+    if scope.earlier && inst.path == me.path {
+        return Fate::Earlier(inst);
+    }
+    Fate::Leave
 }
 
-/// What a sweep looks for (its ids in a set, for lookups).
-#[derive(Debug, Clone, PartialEq)]
-enum Scope {
-    Commands(BTreeSet<String>),
-    Every,
-    Earlier,
+/// What a sweep looks for: these commands of this instance, every command of it (the
+/// daemon stops), and what earlier instances on this socket left (at start). One sweep
+/// asks for one of the three; a process a sweep had to skip keeps the union of what every
+/// sweep that skipped it asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub ids: BTreeSet<String>,
+    pub every: bool,
+    pub earlier: bool,
 }
 
 impl Scope {
+    fn commands(ids: BTreeSet<String>) -> Scope {
+        Scope {
+            ids,
+            ..Scope::default()
+        }
+    }
+
+    fn every() -> Scope {
+        Scope {
+            every: true,
+            ..Scope::default()
+        }
+    }
+
+    fn earlier() -> Scope {
+        Scope {
+            earlier: true,
+            ..Scope::default()
+        }
+    }
+
+    /// Adds what `other` asks for.
+    fn merge(&mut self, other: &Scope) {
+        self.every |= other.every;
+        self.earlier |= other.earlier;
+        if self.every {
+            // Every command's cookie covers the ones named.
+            self.ids.clear();
+        } else {
+            self.ids.extend(other.ids.iter().cloned());
+        }
+    }
+
+    /// How the log and the audit name it: the leftovers of an earlier instance first
+    /// (their own record), then every command, then the commands named.
     fn report(&self) -> SweepScope {
-        match self {
-            Scope::Commands(ids) => SweepScope::Commands(ids.iter().cloned().collect()),
-            Scope::Every => SweepScope::Every,
-            Scope::Earlier => SweepScope::Earlier,
+        if self.earlier {
+            SweepScope::Earlier
+        } else if self.every {
+            SweepScope::Every
+        } else {
+            SweepScope::Commands(self.ids.iter().cloned().collect())
         }
     }
 }
@@ -200,12 +255,21 @@ impl Scope {
 // /proc
 // ---------------------------------------------------------------------------------------
 
-/// The start of process `pid` in clock ticks since boot (field 22 of its stat).
-fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+/// The start of process `pid` in clock ticks since boot (field 22 of its stat). Reading
+/// `stat` takes no lock of the process's memory.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, start)| start)
+}
+
+/// The state letter (field 3) and the start (field 22) of a `stat` text. The name (field
+/// 2) may hold spaces and parentheses: fields are counted from the last ')'.
+fn parse_stat(stat: &[u8]) -> Option<(u8, u64)> {
+    let rest = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let rest = std::str::from_utf8(rest).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
 }
 
 /// Every process id /proc lists now.
@@ -295,133 +359,158 @@ fn comm(dir: &OwnedFd, buf: &mut Vec<u8>) -> String {
     }
 }
 
+/// What a read of one process's `EXECD_TREE` found (`read_cookie`, run by the reader).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CookieRead {
+    /// Its first `EXECD_TREE` entry holds this value (bytes: a process may set anything).
+    Found(Vec<u8>),
+    /// Its environment holds no `EXECD_TREE`.
+    Absent,
+    /// It is gone, a zombie, or the pid names another process now (another start time).
+    Gone,
+    /// Its environment may not be read (another user's process, for a daemon not root).
+    Denied,
+    /// Its memory did not answer within the reader's deadline, now or recently: not known.
+    Hung,
+}
+
 // ---------------------------------------------------------------------------------------
-// Sweeps
+// Sweeps, as the reader runs them
 // ---------------------------------------------------------------------------------------
 
-/// One sweep in progress.
-#[derive(Debug)]
-struct Sweep {
-    scope: Scope,
-    /// This pass's listing of /proc, and where the pass is in it.
-    pids: Vec<i32>,
-    next: usize,
-    killed_this_pass: usize,
-    passes: usize,
-    read: usize,
-    killed: usize,
-    sample: Vec<(i32, String)>,
-    spared: usize,
+/// What the reader says of one sweep when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Environments read, over every pass.
+    pub read: u64,
+    /// Passes over /proc: another follows each one that killed something.
+    pub passes: u32,
+    /// Processes of an earlier instance left alone because its daemon still runs.
+    pub spared: u64,
+    /// Time the sweep took, in microseconds.
+    pub micros: u64,
+    /// Processes not read because the reader was told to skip them (their memory did not
+    /// answer before), with their start times.
+    pub skipped: Vec<(i32, u64)>,
+}
+
+/// What a sweep asks of whoever runs it, process by process.
+pub trait Visit {
+    /// Whether to read `pid` (false: it is skipped), asked before anything of it is read.
+    fn read(&mut self, pid: i32) -> bool;
+    /// `pid`, named `comm`, carried a cookie in scope and was SIGKILLed.
+    fn killed(&mut self, pid: i32, comm: String);
+}
+
+/// Sweeps every process for cookies in `scope` of instance `me`, SIGKILLing those that
+/// carry one, to the end (see the module doc). It runs in the reader, whose loop is its
+/// own: a process whose memory hangs holds this call, never the daemon's loop.
+pub fn sweep(me: &Instance, scope: &Scope, visit: &mut dyn Visit) -> SweepStats {
+    let started = Instant::now();
+    let mut s = Sweep {
+        me,
+        scope,
+        buf: Vec::new(),
+        stats: SweepStats {
+            passes: 1,
+            ..SweepStats::default()
+        },
+        alive: HashMap::new(),
+        seen: HashSet::new(),
+    };
+    let mut pids = list_pids();
+    loop {
+        let mut killed = 0;
+        for pid in pids {
+            if s.visit(pid, visit) {
+                killed += 1;
+            }
+        }
+        if killed == 0 || s.stats.passes as usize == MAX_PASSES {
+            break;
+        }
+        // Something was killed: what it forked after the listing is looked for in a fresh
+        // one, among the pids not read yet.
+        let seen = &s.seen;
+        pids = list_pids()
+            .into_iter()
+            .filter(|p| !seen.contains(p))
+            .collect();
+        s.stats.passes += 1;
+    }
+    s.stats.micros = started.elapsed().as_micros() as u64;
+    s.stats
+}
+
+/// One sweep in progress, in the reader.
+struct Sweep<'a> {
+    me: &'a Instance,
+    scope: &'a Scope,
+    buf: Vec<u8>,
+    stats: SweepStats,
     /// Earlier instances already looked up: whether each one's daemon still runs.
     alive: HashMap<Instance, bool>,
-    /// Pids read in this sweep. A later pass reads only the others: a process already
+    /// Pids met in this sweep. A later pass reads only the others: a process already
     /// read cannot have gained a cookie since (it would have to exec with one it made
     /// up), and one already killed is dying.
     seen: HashSet<i32>,
-    started: Instant,
-    /// Time spent reading and killing, without the loop's turns in between.
-    busy: Duration,
 }
 
-impl Sweep {
-    fn new(scope: Scope, now: Instant) -> Sweep {
-        Sweep {
-            scope,
-            pids: list_pids(),
-            next: 0,
-            killed_this_pass: 0,
-            passes: 1,
-            read: 0,
-            killed: 0,
-            sample: Vec::new(),
-            spared: 0,
-            alive: HashMap::new(),
-            seen: HashSet::new(),
-            started: now,
-            busy: Duration::ZERO,
-        }
-    }
-
-    /// Reads up to `max` processes (or for `time`); returns whether the sweep is over.
-    fn run(&mut self, me: &Instance, buf: &mut Vec<u8>, max: usize, time: Duration) -> bool {
-        let t0 = Instant::now();
-        let mut done = 0;
-        loop {
-            if self.next == self.pids.len() {
-                if self.killed_this_pass == 0 || self.passes == MAX_PASSES {
-                    self.busy += t0.elapsed();
-                    return true;
-                }
-                // Something was killed: what it forked after the listing is looked for
-                // in a fresh one, among the pids not read yet.
-                let seen = &self.seen;
-                self.pids = list_pids()
-                    .into_iter()
-                    .filter(|p| !seen.contains(p))
-                    .collect();
-                self.next = 0;
-                self.killed_this_pass = 0;
-                self.passes += 1;
-            }
-            let pid = self.pids[self.next];
-            self.next += 1;
-            self.visit(pid, me, buf);
-            done += 1;
-            if done >= max || (done % 16 == 0 && t0.elapsed() >= time) {
-                self.busy += t0.elapsed();
-                return false;
-            }
-        }
-    }
-
-    /// Reads one process's environment; kills it if its cookie is in scope. Most
-    /// processes carry no cookie in scope, and cost one open, one read and one close;
-    /// one that does is opened again as its `/proc/PID` directory, read again through it
-    /// (the same process, or the open fails), and signalled through it.
-    fn visit(&mut self, pid: i32, me: &Instance, buf: &mut Vec<u8>) {
+impl Sweep<'_> {
+    /// Reads one process's environment; kills it if its cookie is in scope (returns
+    /// whether it did). Most processes carry no cookie in scope, and cost one open, one
+    /// read and one close; one that does is opened again as its `/proc/PID` directory,
+    /// read again through it (the same process, or the open fails), and signalled
+    /// through it.
+    fn visit(&mut self, pid: i32, visit: &mut dyn Visit) -> bool {
         if pid <= 1 || pid as u32 == std::process::id() || !self.seen.insert(pid) {
-            return;
+            return false;
+        }
+        if !visit.read(pid) {
+            if let Some(start) = process_start(pid as u32) {
+                self.stats.skipped.push((pid, start));
+            }
+            return false;
         }
         let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}/environ")) else {
-            return;
+            return false;
         };
         // EACCES: another user's process, which execd could not signal either; ENOENT:
         // gone.
         let Ok(env) = open_at(libc::AT_FDCWD, &path, 0) else {
-            return;
+            return false;
         };
-        if read_all(&env, buf).is_err() {
-            return;
+        if read_all(&env, &mut self.buf).is_err() {
+            return false;
         }
         drop(env);
-        self.read += 1;
-        if !self.wanted(me, buf) {
-            return;
+        self.stats.read += 1;
+        if !self.wanted() {
+            return false;
         }
         let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}")) else {
-            return;
+            return false;
         };
         let Ok(dir) = open_at(libc::AT_FDCWD, &path, libc::O_DIRECTORY) else {
-            return;
+            return false;
         };
-        let still = open_at(dir.as_raw_fd(), c"environ", 0).and_then(|f| read_all(&f, buf));
-        if still.is_ok() && self.wanted(me, buf) && kill_process(&dir, pid) {
-            self.killed += 1;
-            self.killed_this_pass += 1;
-            if self.sample.len() < SAMPLE {
-                let name = comm(&dir, buf);
-                self.sample.push((pid, name));
-            }
+        let still =
+            open_at(dir.as_raw_fd(), c"environ", 0).and_then(|f| read_all(&f, &mut self.buf));
+        if still.is_ok() && self.wanted() && kill_process(&dir, pid) {
+            let name = comm(&dir, &mut self.buf);
+            visit.killed(pid, name);
+            return true;
         }
+        false
     }
 
     /// Whether the environment in `buf` carries a cookie in scope (for an earlier
     /// instance: one whose daemon is gone).
-    fn wanted(&mut self, me: &Instance, buf: &[u8]) -> bool {
-        let Some(value) = find_cookie(buf) else {
+    fn wanted(&mut self) -> bool {
+        let Some(value) = find_cookie(&self.buf) else {
             return false;
         };
-        match judge(&self.scope, me, value) {
+        match judge(self.scope, self.me, value) {
             Fate::Kill => true,
             Fate::Leave => false,
             Fate::Earlier(inst) => {
@@ -430,48 +519,145 @@ impl Sweep {
                     .entry(inst)
                     .or_insert_with(|| process_start(inst.pid) == Some(inst.start));
                 if alive {
-                    self.spared += 1;
+                    self.stats.spared += 1;
                 }
                 !alive
             }
         }
     }
+}
 
-    fn report(self) -> Swept {
-        Swept {
-            scope: self.scope.report(),
-            killed: self.killed,
-            sample: self.sample,
-            spared: self.spared,
-            read: self.read,
-            passes: self.passes,
-            elapsed: self.started.elapsed(),
+/// The cookie of the process that is `pid` and started at `start` (as its `stat` says),
+/// for the reader: its `/proc/PID` directory is opened first and everything read through
+/// it, so a pid reused meanwhile is `Gone`, never another process's answer.
+pub fn read_cookie(pid: i32, start: u64) -> CookieRead {
+    let Some(dir) = open_pinned(pid, start) else {
+        return CookieRead::Gone;
+    };
+    let mut buf = Vec::new();
+    match open_at(dir.as_raw_fd(), c"environ", 0).and_then(|f| read_all(&f, &mut buf)) {
+        Ok(()) => match find_cookie(&buf) {
+            Some(value) => CookieRead::Found(value.to_vec()),
+            None => CookieRead::Absent,
+        },
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            CookieRead::Denied
         }
+        Err(_) => CookieRead::Gone,
     }
 }
 
-/// Whether a shutdown's sweep of every command was asked for, and done.
+/// `/proc/PID` of `pid` while it is the live process that started at `start`: its `stat`
+/// is read through the directory, so the descriptor names that process or none. Reading
+/// `stat` takes no lock of the process's memory.
+fn open_pinned(pid: i32, start: u64) -> Option<OwnedFd> {
+    if pid <= 1 {
+        return None;
+    }
+    let path = std::ffi::CString::new(format!("/proc/{pid}")).ok()?;
+    let dir = open_at(libc::AT_FDCWD, &path, libc::O_DIRECTORY).ok()?;
+    let mut buf = Vec::new();
+    open_at(dir.as_raw_fd(), c"stat", 0)
+        .and_then(|f| read_all(&f, &mut buf))
+        .ok()?;
+    match parse_stat(&buf)? {
+        (b'Z' | b'X', _) => None,
+        (_, s) if s == start => Some(dir),
+        _ => None,
+    }
+}
+
+/// SIGKILL to `pid` while it is the process that started at `start`, through its pinned
+/// `/proc/PID` descriptor; its command name when it was signalled. No memory lock is
+/// taken, so the loop may call it.
+pub fn kill_pinned(pid: i32, start: u64) -> Option<String> {
+    if pid as u32 == std::process::id() {
+        return None;
+    }
+    let dir = open_pinned(pid, start)?;
+    let mut buf = Vec::new();
+    kill_process(&dir, pid).then(|| comm(&dir, &mut buf))
+}
+
+// ---------------------------------------------------------------------------------------
+// Sweeps, as the loop keeps them
+// ---------------------------------------------------------------------------------------
+
+/// The sweep the reader runs: what it asks for, and what the reader said of it so far.
+#[derive(Debug)]
+struct Current {
+    scope: Scope,
+    killed: usize,
+    sample: Vec<(i32, String)>,
+}
+
+/// A process a sweep had to skip (its memory did not answer): its cookie is read again
+/// alone, once its back-off is over, for the union of what the sweeps that skipped it
+/// asked for.
+#[derive(Debug, Clone, PartialEq)]
+struct Retry {
+    start: u64,
+    scope: Scope,
+    /// Handed to the reader and not answered yet.
+    asked: bool,
+}
+
+/// A sweep that happens at most once a run (of every command at shutdown, of earlier
+/// instances' leftovers at start): not asked, asked, or done.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-enum Every {
+pub enum Once {
     #[default]
     No,
     Asked,
     Done,
 }
 
-/// The sweeps of one daemon run: what is asked, what runs, when the next may start.
+impl Once {
+    fn name(self) -> &'static str {
+        match self {
+            Once::No => "no",
+            Once::Asked => "asked",
+            Once::Done => "done",
+        }
+    }
+
+    fn named(name: &str) -> Option<Once> {
+        match name {
+            "no" => Some(Once::No),
+            "asked" => Some(Once::Asked),
+            "done" => Some(Once::Done),
+            _ => None,
+        }
+    }
+}
+
+/// What an upgrade in place carries of the sweeps (`Sweeper::carry`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepsCarried {
+    /// Commands whose cookies the next sweep looks for (those of a sweep under way too:
+    /// it starts again in the new image).
+    pub asked: Vec<String>,
+    /// The sweep of every cookie at shutdown: `no`, `asked` or `done`.
+    pub every: &'static str,
+    /// The sweep of earlier instances' leftovers is still owed.
+    pub earlier: bool,
+    /// Processes skipped, to be read again: pid, start, and the scope they are read for.
+    pub retries: Vec<(i32, u64, Scope)>,
+}
+
+/// The sweeps of one daemon run, as the loop keeps them: what is asked, what the reader
+/// runs (one sweep at a time), when the next may start, and what is to be read again.
 #[derive(Debug, Default)]
 pub struct Sweeper {
     me: Instance,
     /// Commands killed or released since the last sweep began.
     asked: BTreeSet<String>,
-    every: Every,
-    current: Option<Sweep>,
+    every: Once,
+    earlier: Once,
+    current: Option<Current>,
     /// A new sweep starts no earlier (as long after the last as that one took).
     not_before: Option<Instant>,
-    /// When the loop last ran a chunk or asked for a sweep: a due time in the past.
-    stepped: Option<Instant>,
-    buf: Vec<u8>,
+    retries: BTreeMap<i32, Retry>,
 }
 
 impl Sweeper {
@@ -489,140 +675,261 @@ impl Sweeper {
 
     /// Command `id` was killed or released: what carries its cookie goes at the next sweep.
     pub fn ask(&mut self, id: &str) {
-        if self.every != Every::Done {
+        if self.every != Once::Done {
             self.asked.insert(id.to_string());
-            self.stepped.get_or_insert_with(Instant::now);
         }
     }
 
     /// The daemon stops: everything carrying this instance's cookie goes, once.
     pub fn ask_every(&mut self) {
-        if self.every == Every::No {
-            self.every = Every::Asked;
-            self.stepped.get_or_insert_with(Instant::now);
+        if self.every == Once::No {
+            self.every = Once::Asked;
         }
     }
 
-    /// Whether a sweep runs or waits to.
+    /// The daemon starts: what earlier instances on this socket left goes, once.
+    pub fn ask_earlier(&mut self) {
+        if self.earlier == Once::No {
+            self.earlier = Once::Asked;
+        }
+    }
+
+    /// Whether a sweep runs or waits to (the processes to read again alone are not
+    /// waited for: they wait for a file system that may never answer).
     pub fn busy(&self) -> bool {
-        self.current.is_some() || !self.asked.is_empty() || self.every == Every::Asked
+        self.current.is_some()
+            || !self.asked.is_empty()
+            || self.every == Once::Asked
+            || self.earlier == Once::Asked
     }
 
-    /// When the loop should run `step` next: None when nothing is asked.
+    /// When `next` may hand out a sweep: None while one runs or none is asked.
     pub fn due(&self) -> Option<Instant> {
-        if self.current.is_some() {
-            return self.stepped;
-        }
-        if !self.busy() {
+        if self.current.is_some() || !self.busy() {
             return None;
         }
-        match (self.not_before, self.stepped) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
+        Some(self.not_before.unwrap_or_else(Instant::now))
     }
 
-    /// Starts the next sweep when one is asked and may start.
-    fn start(&mut self, now: Instant) -> bool {
-        if self.current.is_some() {
-            return true;
+    /// The next sweep for the reader, when one is asked and may start: the leftovers of
+    /// earlier instances first, then every command (which covers the ones named), then
+    /// the commands named.
+    pub fn next(&mut self, now: Instant) -> Option<Scope> {
+        if self.current.is_some() || self.not_before.is_some_and(|t| now < t) {
+            return None;
         }
-        if self.not_before.is_some_and(|t| now < t) {
-            return false;
-        }
-        let scope = if self.every == Every::Asked {
-            // Every command's cookie covers the ones asked for by name.
-            self.every = Every::Done;
+        let scope = if self.earlier == Once::Asked {
+            self.earlier = Once::Done;
+            Scope::earlier()
+        } else if self.every == Once::Asked {
+            self.every = Once::Done;
             self.asked.clear();
-            Scope::Every
+            Scope::every()
         } else if !self.asked.is_empty() {
-            Scope::Commands(std::mem::take(&mut self.asked))
+            Scope::commands(std::mem::take(&mut self.asked))
         } else {
-            return false;
+            return None;
         };
-        self.current = Some(Sweep::new(scope, now));
-        true
+        self.current = Some(Current {
+            scope: scope.clone(),
+            killed: 0,
+            sample: Vec::new(),
+        });
+        Some(scope)
     }
 
-    /// Runs one chunk of the current sweep (starting one if asked and due); returns the
-    /// report of a sweep that ended.
-    pub fn step(&mut self, now: Instant) -> Option<Swept> {
-        self.stepped = Some(now);
-        if !self.start(now) {
-            return None;
-        }
-        let sweep = self.current.as_mut()?;
-        if !sweep.run(&self.me, &mut self.buf, CHUNK_PIDS, CHUNK_TIME) {
-            return None;
-        }
-        let sweep = self.current.take()?;
-        self.not_before = Some(Instant::now() + sweep.busy);
-        self.stepped = None;
-        if self.busy() {
-            self.stepped = Some(now);
-        }
-        Some(sweep.report())
-    }
-
-    /// Runs what is asked to its end now, whatever the time (the daemon is about to exit).
-    pub fn finish(&mut self) -> Vec<Swept> {
-        self.not_before = None;
-        let mut done = Vec::new();
-        while self.start(Instant::now()) {
-            if let Some(mut sweep) = self.current.take() {
-                while !sweep.run(&self.me, &mut self.buf, usize::MAX, Duration::MAX) {}
-                done.push(sweep.report());
+    /// The reader killed `pid` in the sweep under way.
+    pub fn killed(&mut self, pid: i32, comm: String) {
+        if let Some(c) = self.current.as_mut() {
+            c.killed += 1;
+            if c.sample.len() < SAMPLE {
+                c.sample.push((pid, comm));
             }
         }
-        self.stepped = None;
-        done
     }
 
-    /// What an upgrade in place carries: the commands whose cookies the next sweep looks
-    /// for (those of a sweep under way included: it starts again in the new image), and
-    /// where the shutdown's sweep of every cookie stands (`no`, `asked`, `done`).
-    pub fn carry(&self) -> (Vec<String>, &'static str) {
-        let mut asked: Vec<String> = self.asked.iter().cloned().collect();
-        let mut every = self.every;
-        match self.current.as_ref().map(|s| &s.scope) {
-            Some(Scope::Commands(ids)) => asked.extend(ids.iter().cloned()),
-            Some(Scope::Every) => every = Every::Asked,
-            Some(Scope::Earlier) | None => {}
+    /// The sweep under way ended: its report. The processes it skipped are read again
+    /// alone later; the next sweep waits as long as this one kept the reader busy.
+    pub fn done(&mut self, stats: SweepStats, now: Instant) -> Option<Swept> {
+        let c = self.current.take()?;
+        let busy = Duration::from_micros(stats.micros);
+        self.not_before = Some(now + busy);
+        for &(pid, start) in &stats.skipped {
+            self.retry(pid, start, &c.scope);
         }
-        asked.sort();
-        asked.dedup();
-        let every = match every {
-            Every::No => "no",
-            Every::Asked => "asked",
-            Every::Done => "done",
-        };
-        (asked, every)
-    }
-
-    /// The sweeps `carry` described, for instance `me`.
-    pub fn resume(me: Instance, asked: &[String], every: &str) -> Option<Sweeper> {
-        let every = match every {
-            "no" => Every::No,
-            "asked" => Every::Asked,
-            "done" => Every::Done,
-            _ => return None,
-        };
-        let busy = !asked.is_empty() || every == Every::Asked;
-        Some(Sweeper {
-            me,
-            asked: asked.iter().cloned().collect(),
-            every,
-            stepped: busy.then(Instant::now),
-            ..Sweeper::default()
+        Some(Swept {
+            scope: c.scope.report(),
+            killed: c.killed,
+            sample: c.sample,
+            spared: stats.spared as usize,
+            read: stats.read as usize,
+            passes: stats.passes as usize,
+            elapsed: busy,
+            skipped: stats.skipped.iter().map(|&(pid, _)| pid).collect(),
         })
     }
 
-    /// At start, before anything is spawned: kills what earlier instances on this socket
-    /// left, to the end.
-    pub fn sweep_earlier(&mut self) -> Swept {
-        let mut sweep = Sweep::new(Scope::Earlier, Instant::now());
-        while !sweep.run(&self.me, &mut self.buf, usize::MAX, Duration::MAX) {}
-        sweep.report()
+    /// The reader could not finish the sweep under way (it failed twice): the sweep is
+    /// asked again a little later. What it killed before is reported.
+    pub fn lost(&mut self, now: Instant) -> Option<Swept> {
+        let c = self.current.take()?;
+        if c.scope.earlier {
+            self.earlier = Once::Asked;
+        }
+        if c.scope.every {
+            self.every = Once::Asked;
+        }
+        self.asked.extend(c.scope.ids.iter().cloned());
+        self.not_before = Some(now + LOST_AGAIN);
+        (c.killed > 0).then(|| Swept {
+            scope: c.scope.report(),
+            killed: c.killed,
+            sample: c.sample,
+            spared: 0,
+            read: 0,
+            passes: 0,
+            elapsed: Duration::ZERO,
+            skipped: Vec::new(),
+        })
+    }
+
+    /// Notes `pid` (started at `start`) for a read of its own, for `scope` too.
+    fn retry(&mut self, pid: i32, start: u64, scope: &Scope) {
+        let r = self.retries.entry(pid).or_insert_with(|| Retry {
+            start,
+            scope: Scope::default(),
+            asked: false,
+        });
+        if r.start != start {
+            // The pid names another process now: the one skipped is gone.
+            *r = Retry {
+                start,
+                scope: Scope::default(),
+                asked: false,
+            };
+        }
+        r.scope.merge(scope);
+    }
+
+    /// Processes skipped by a sweep that may be read again now (`hung` says whose memory
+    /// is still being waited out): each is handed out once until it is answered.
+    pub fn retries_due(&mut self, hung: impl Fn(i32) -> bool) -> Vec<(i32, u64)> {
+        let mut due = Vec::new();
+        for (&pid, r) in &mut self.retries {
+            if !r.asked && !hung(pid) {
+                r.asked = true;
+                due.push((pid, r.start));
+            }
+        }
+        due
+    }
+
+    /// Whether processes skipped by a sweep are still to be read again.
+    pub fn retrying(&self) -> bool {
+        !self.retries.is_empty()
+    }
+
+    /// What the reader found of a process read again alone: killed from here (pinned by
+    /// its start) when its cookie is in the scope that skipped it; read again later when
+    /// its memory still does not answer; forgotten otherwise.
+    pub fn retried(&mut self, pid: i32, start: u64, read: &CookieRead) -> Option<Swept> {
+        let r = self.retries.get_mut(&pid).filter(|r| r.start == start)?;
+        r.asked = false;
+        let CookieRead::Found(value) = read else {
+            if *read != CookieRead::Hung {
+                self.retries.remove(&pid);
+            }
+            return None;
+        };
+        let r = self.retries.remove(&pid)?;
+        let mut swept = Swept {
+            scope: SweepScope::Earlier,
+            killed: 0,
+            sample: Vec::new(),
+            spared: 0,
+            read: 1,
+            passes: 1,
+            elapsed: Duration::ZERO,
+            skipped: Vec::new(),
+        };
+        match judge(&r.scope, &self.me, value) {
+            Fate::Leave => return None,
+            Fate::Kill => {
+                let (_, id) = parse_cookie(value)?;
+                swept.scope = if r.scope.every {
+                    SweepScope::Every
+                } else {
+                    SweepScope::Commands(vec![String::from_utf8_lossy(id).into_owned()])
+                };
+            }
+            Fate::Earlier(inst) => {
+                if process_start(inst.pid) == Some(inst.start) {
+                    swept.spared = 1;
+                    return Some(swept);
+                }
+            }
+        }
+        if let Some(comm) = kill_pinned(pid, start) {
+            swept.killed = 1;
+            swept.sample.push((pid, comm));
+        }
+        Some(swept)
+    }
+
+    /// What an upgrade in place carries: the sweeps asked (one under way included: it
+    /// starts again in the new image) and the processes to read again.
+    pub fn carry(&self) -> SweepsCarried {
+        let mut asked: Vec<String> = self.asked.iter().cloned().collect();
+        let (mut every, mut earlier) = (self.every, self.earlier);
+        if let Some(c) = &self.current {
+            asked.extend(c.scope.ids.iter().cloned());
+            if c.scope.every {
+                every = Once::Asked;
+            }
+            if c.scope.earlier {
+                earlier = Once::Asked;
+            }
+        }
+        asked.sort();
+        asked.dedup();
+        SweepsCarried {
+            asked,
+            every: every.name(),
+            earlier: earlier == Once::Asked,
+            retries: self
+                .retries
+                .iter()
+                .map(|(&pid, r)| (pid, r.start, r.scope.clone()))
+                .collect(),
+        }
+    }
+
+    /// The sweeps `carry` described, for instance `me`.
+    pub fn resume(me: Instance, carried: &SweepsCarried) -> Option<Sweeper> {
+        let every = Once::named(carried.every)?;
+        Some(Sweeper {
+            me,
+            asked: carried.asked.iter().cloned().collect(),
+            every,
+            earlier: if carried.earlier {
+                Once::Asked
+            } else {
+                Once::Done
+            },
+            retries: carried
+                .retries
+                .iter()
+                .map(|(pid, start, scope)| {
+                    let r = Retry {
+                        start: *start,
+                        scope: scope.clone(),
+                        asked: false,
+                    };
+                    (*pid, r)
+                })
+                .collect(),
+            ..Sweeper::default()
+        })
     }
 }
 
@@ -685,7 +992,7 @@ mod tests {
     #[test]
     fn a_sweep_kills_only_what_its_scope_names() {
         let me = me();
-        let ids = Scope::Commands(["term_3".to_string()].into());
+        let ids = Scope::commands(["term_3".to_string()].into());
         let ours = me.cookie("term_3");
         let other_cmd = me.cookie("term_4");
         let restarted = Instance { start: 999, ..me };
@@ -699,22 +1006,32 @@ mod tests {
         assert_eq!(v(&ids, &ours), Fate::Kill);
         assert_eq!(v(&ids, &other_cmd), Fate::Leave);
         assert_eq!(v(&ids, &restarted.cookie("term_3")), Fate::Leave);
-        assert_eq!(v(&Scope::Every, &other_cmd), Fate::Kill);
+        assert_eq!(v(&Scope::every(), &other_cmd), Fate::Kill);
         assert_eq!(
-            v(&Scope::Every, &other_socket.cookie("term_3")),
+            v(&Scope::every(), &other_socket.cookie("term_3")),
             Fate::Leave
         );
         // At start: earlier instances on this path, never this one, never another path.
+        let earlier = Scope::earlier();
         assert_eq!(
-            v(&Scope::Earlier, &restarted.cookie("cmd_9")),
+            v(&earlier, &restarted.cookie("cmd_9")),
             Fate::Earlier(restarted)
         );
         assert_eq!(
-            v(&Scope::Earlier, &same_pid_later.cookie("cmd_9")),
+            v(&earlier, &same_pid_later.cookie("cmd_9")),
             Fate::Earlier(same_pid_later)
         );
-        assert_eq!(v(&Scope::Earlier, &ours), Fate::Leave);
-        assert_eq!(v(&Scope::Earlier, &other_socket.cookie("x")), Fate::Leave);
+        assert_eq!(v(&earlier, &ours), Fate::Leave);
+        assert_eq!(v(&earlier, &other_socket.cookie("x")), Fate::Leave);
+        // A union (what a skipped process is read again for) asks for each part.
+        let mut union = ids.clone();
+        union.merge(&earlier);
+        assert_eq!(v(&union, &ours), Fate::Kill);
+        assert_eq!(v(&union, &other_cmd), Fate::Leave);
+        assert_eq!(v(&union, &restarted.cookie("x")), Fate::Earlier(restarted));
+        union.merge(&Scope::every());
+        assert!(union.ids.is_empty(), "every command covers the ones named");
+        assert_eq!(v(&union, &other_cmd), Fate::Kill);
         // Whatever does not read as a cookie is left alone.
         for junk in [
             "",
@@ -723,8 +1040,16 @@ mod tests {
             &format!("{me}:"),
             &format!("{me}"),
         ] {
-            assert_eq!(v(&Scope::Every, junk), Fate::Leave, "{junk:?}");
+            assert_eq!(v(&Scope::every(), junk), Fate::Leave, "{junk:?}");
         }
+    }
+
+    #[test]
+    fn stat_gives_the_state_and_the_start_whatever_the_name() {
+        let stat = b"42 (a b) c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1 2";
+        assert_eq!(parse_stat(stat), Some((b'S', 98765)));
+        assert_eq!(parse_stat(b"42 (x) Z 1"), None);
+        assert_eq!(parse_stat(b"no parenthesis"), None);
     }
 
     #[test]
@@ -732,44 +1057,145 @@ mod tests {
         let mut s = Sweeper::new(me());
         assert!(!s.busy());
         assert_eq!(s.due(), None);
+        s.ask_earlier();
         s.ask("term_1");
         s.ask("term_2");
         assert!(s.busy());
         assert!(s.due().is_some());
         let now = Instant::now();
-        assert!(s.start(now));
+        // What earlier instances left goes first, in a sweep of its own.
+        assert_eq!(s.next(now), Some(Scope::earlier()));
+        assert_eq!(s.next(now), None, "one sweep at a time");
+        assert_eq!(s.due(), None, "nothing to hand out while one runs");
+        let r = s.done(SweepStats::default(), now).unwrap();
+        assert_eq!(r.scope, SweepScope::Earlier);
         assert_eq!(
-            s.current.as_ref().map(|c| c.scope.clone()),
-            Some(Scope::Commands(
+            s.next(now),
+            Some(Scope::commands(
                 ["term_1".to_string(), "term_2".to_string()].into()
             ))
         );
-        s.current = None;
+        s.done(SweepStats::default(), now);
         s.ask("term_3");
         s.ask_every();
-        assert!(s.start(now));
-        assert_eq!(
-            s.current.as_ref().map(|c| c.scope.clone()),
-            Some(Scope::Every)
-        );
+        assert_eq!(s.next(now), Some(Scope::every()));
         assert!(s.asked.is_empty(), "every command covers term_3");
-        s.current = None;
+        s.done(SweepStats::default(), now);
         // After the shutdown's sweep nothing more is asked for.
         s.ask("term_4");
         s.ask_every();
+        s.ask_earlier();
         assert!(!s.busy());
     }
 
     #[test]
-    fn a_sweep_waits_as_long_after_the_last_as_that_one_took() {
+    fn a_sweep_waits_as_long_after_the_last_as_that_one_kept_the_reader() {
         let mut s = Sweeper::new(me());
         let now = Instant::now();
-        s.not_before = Some(now + Duration::from_millis(5));
         s.ask("term_1");
+        assert!(s.next(now).is_some());
+        s.killed(42, "sleep".into());
+        let stats = SweepStats {
+            read: 100,
+            passes: 2,
+            micros: 5_000,
+            ..SweepStats::default()
+        };
+        let r = s.done(stats, now).unwrap();
+        assert_eq!(
+            (r.killed, r.sample.clone(), r.read, r.passes),
+            (1, vec![(42, "sleep".to_string())], 100, 2)
+        );
+        assert_eq!(r.elapsed, Duration::from_millis(5));
+        s.ask("term_2");
         assert_eq!(s.due(), Some(now + Duration::from_millis(5)));
-        assert!(s.step(now).is_none(), "not yet");
-        assert!(s.current.is_none());
+        assert_eq!(s.next(now), None, "not yet");
+        assert!(s.next(now + Duration::from_millis(5)).is_some());
+    }
+
+    #[test]
+    fn a_lost_sweep_is_asked_again_with_what_it_killed_reported() {
+        let mut s = Sweeper::new(me());
+        let now = Instant::now();
+        s.ask_every();
+        assert_eq!(s.next(now), Some(Scope::every()));
+        s.killed(7, "x".into());
+        let r = s.lost(now).unwrap();
+        assert_eq!((r.scope, r.killed), (SweepScope::Every, 1));
         assert!(s.busy());
+        assert_eq!(s.next(now), None, "a little later");
+        assert_eq!(s.next(now + LOST_AGAIN), Some(Scope::every()));
+    }
+
+    /// A process a sweep skipped is read again alone once its back-off is over, for what
+    /// that sweep asked for; read again later while its memory still hangs; forgotten
+    /// when it is gone or carries nothing in scope.
+    #[test]
+    fn a_skipped_process_is_read_again_and_killed_when_in_scope() {
+        let me = Instance {
+            path: path_hash(format!("retry-{}", std::process::id()).as_bytes()),
+            ..me()
+        };
+        let mut kid = std::process::Command::new("sleep")
+            .arg("30")
+            .env(VAR, me.cookie("cmd_1"))
+            .spawn()
+            .expect("spawn sleep");
+        let pid = kid.id() as i32;
+        let start = process_start(kid.id()).unwrap();
+        let mut s = Sweeper::new(me);
+        let now = Instant::now();
+        s.ask("cmd_1");
+        s.next(now);
+        let stats = SweepStats {
+            skipped: vec![(pid, start), (999_999_999, 5)],
+            ..SweepStats::default()
+        };
+        let r = s.done(stats, now).unwrap();
+        assert_eq!(r.skipped, vec![pid, 999_999_999]);
+        assert!(s.retrying());
+        assert!(!s.busy(), "shutdown does not wait for these");
+        // Still hung: not handed out.
+        assert!(s.retries_due(|_| true).is_empty());
+        let due = s.retries_due(|_| false);
+        assert_eq!(due, vec![(pid, start), (999_999_999, 5)]);
+        assert!(s.retries_due(|_| false).is_empty(), "each handed out once");
+        // Hung again: handed out again later; gone: forgotten.
+        assert_eq!(s.retried(pid, start, &CookieRead::Hung), None);
+        assert_eq!(s.retried(999_999_999, 5, &CookieRead::Gone), None);
+        assert_eq!(s.retries_due(|_| false), vec![(pid, start)]);
+        // An answer for another start time is not this process's.
+        let found = CookieRead::Found(me.cookie("cmd_1").into_bytes());
+        assert_eq!(s.retried(pid, start + 1, &found), None);
+        let r = s.retried(pid, start, &found).expect("killed");
+        assert_eq!(r.scope, SweepScope::Commands(vec!["cmd_1".into()]));
+        assert_eq!(r.sample, vec![(pid, "sleep".to_string())]);
+        assert!(!s.retrying());
+        let status = kid.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
+
+    #[test]
+    fn sweeps_carried_by_an_upgrade_are_the_same_after() {
+        let mut s = Sweeper::new(me());
+        let now = Instant::now();
+        s.ask_earlier();
+        s.ask("term_9");
+        s.next(now);
+        s.retry(55, 66, &Scope::commands(["term_1".to_string()].into()));
+        let c = s.carry();
+        assert!(c.earlier, "the sweep under way starts again");
+        assert_eq!(c.asked, vec!["term_9".to_string()]);
+        assert_eq!(c.every, "no");
+        assert_eq!(c.retries.len(), 1);
+        let back = Sweeper::resume(me(), &c).unwrap();
+        assert_eq!(back.carry(), c);
+        let mut bad = c.clone();
+        bad.every = "sometimes";
+        assert!(Sweeper::resume(me(), &bad).is_none());
     }
 
     /// A real sweep over this host's /proc: a child carrying a cookie in scope is killed,
@@ -789,15 +1215,24 @@ mod tests {
         };
         let mut doomed = spawn("cmd_1");
         let mut spared = spawn("cmd_2");
-        let mut s = Sweeper::new(me);
-        s.ask("cmd_1");
-        let reports = s.finish();
-        assert_eq!(reports.len(), 1);
-        let r = &reports[0];
-        assert_eq!(r.scope, SweepScope::Commands(vec!["cmd_1".into()]));
-        assert_eq!(r.killed, 1, "{r:?}");
-        assert_eq!(r.sample, vec![(doomed.id() as i32, "sleep".to_string())]);
-        assert!(r.passes >= 2, "a pass that killed is followed by another");
+        struct Killed(Vec<(i32, String)>);
+        impl Visit for Killed {
+            fn read(&mut self, _: i32) -> bool {
+                true
+            }
+            fn killed(&mut self, pid: i32, comm: String) {
+                self.0.push((pid, comm));
+            }
+        }
+        let mut killed = Killed(Vec::new());
+        let scope = Scope::commands(["cmd_1".to_string()].into());
+        let stats = sweep(&me, &scope, &mut killed);
+        assert_eq!(killed.0, vec![(doomed.id() as i32, "sleep".to_string())]);
+        assert!(
+            stats.passes >= 2,
+            "a pass that killed is followed by another"
+        );
+        assert!(stats.read > 0 && stats.skipped.is_empty(), "{stats:?}");
         let status = doomed.wait().expect("wait");
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
@@ -807,7 +1242,18 @@ mod tests {
             matches!(spared.try_wait(), Ok(None)),
             "the other command's lives"
         );
-        let _ = spared.kill();
+        // Read alone, pinned by its start: its cookie; with another start: gone.
+        let start = process_start(spared.id()).unwrap();
+        assert_eq!(
+            read_cookie(spared.id() as i32, start),
+            CookieRead::Found(me.cookie("cmd_2").into_bytes())
+        );
+        assert_eq!(read_cookie(spared.id() as i32, start + 1), CookieRead::Gone);
+        assert_eq!(kill_pinned(spared.id() as i32, start + 1), None);
+        assert_eq!(
+            kill_pinned(spared.id() as i32, start),
+            Some("sleep".to_string())
+        );
         let _ = spared.wait();
     }
 }

@@ -152,6 +152,12 @@ pub fn current_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// The daemon's effective uid (what the kernel checks access to other processes with).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// The daemon's real gid.
 pub fn current_gid() -> u32 {
     // SAFETY: getgid cannot fail.

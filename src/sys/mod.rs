@@ -2,8 +2,9 @@
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
 //! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
-//! sinks, whether a command waits for input (`waiting`), and the system calls of an
-//! upgrade in place (`upgrade`). `term` is execctl's: its own terminal's modes and size.
+//! sinks, whether a command waits for input (`waiting`), the off-loop reader's process
+//! (`reader`: what reads other processes' memory, away from the loop), and the system
+//! calls of an upgrade in place (`upgrade`). `term` is execctl's: its own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
@@ -14,6 +15,7 @@ pub mod host;
 pub mod ids;
 pub mod inotify;
 pub mod pty;
+pub mod reader;
 pub mod reap;
 pub mod sinks;
 pub mod socket;

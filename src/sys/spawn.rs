@@ -813,14 +813,12 @@ impl Spawner {
             Stdio3::Shell(size) => Wired::shell(size)?,
             stdio => Wired::pipes(stdio)?,
         };
-        let (report, report_w) = pipe()?;
-        set_nonblocking(report.as_raw_fd())?;
         let user = spec.user.map(|u| (u.uid, u.gid, u.groups.clone()));
         let candidates = candidates(
             program.as_bytes(),
             path.as_deref().or(self.shared.path_var.as_deref()),
         )?;
-        let mut prepared = Box::new(Prepared {
+        let prepared = Box::new(Prepared {
             candidate_ptrs: Vec::new(),
             candidates,
             argv_ptrs: Vec::new(),
@@ -834,6 +832,60 @@ impl Spawner {
             stack: vec![0u8; CHILD_STACK],
             plan: ChildPlan::EMPTY,
         });
+        self.clone_child(prepared, wired, user.map(|u| (u.0, u.1)), spec.cgroup_procs)
+    }
+
+    /// Starts the off-loop reader (`sys::reader`): this executable, `/proc/self/exe`, with
+    /// `--reader`, cloned as a command is (its own session, signals reset, every other
+    /// descriptor closed, the parent-death signal) but with nothing of one: an empty
+    /// environment (no cookie), no resource limit, the daemon's own user and cgroup, `/`
+    /// as its directory, its stdin and stdout two pipes (the parent's ends non-blocking)
+    /// and its stderr `/dev/null`. `ends.stdin` takes requests; `ends.out` gives answers.
+    pub fn spawn_reader(&mut self) -> io::Result<Spawned> {
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        set_nonblocking(in_w.as_raw_fd())?;
+        set_nonblocking(out_r.as_raw_fd())?;
+        let wired = Wired {
+            child: [Some(in_r), Some(out_w), Some(dev_null()?)],
+            tty: false,
+            ctty: false,
+            parent: ParentEnds {
+                out: out_r,
+                err: None,
+                stdin: Some(in_w),
+                input: None,
+                commands: None,
+            },
+        };
+        let prepared = Box::new(Prepared {
+            candidate_ptrs: Vec::new(),
+            candidates: vec![cstring("/proc/self/exe")?],
+            argv_ptrs: Vec::new(),
+            argv: vec![cstring("execd")?, cstring(super::reader::FLAG)?],
+            envp_ptrs: Vec::new(),
+            envp: Vec::new(),
+            cwd: cstring("/")?,
+            groups: Vec::new(),
+            limits: Vec::new(),
+            reset: self.shared.reset.clone(),
+            stack: vec![0u8; CHILD_STACK],
+            plan: ChildPlan::EMPTY,
+        });
+        self.clone_child(prepared, wired, None, None)
+    }
+
+    /// Clones the child that runs `prepared`'s plan with `wired`'s stdio, as `user` (uid,
+    /// gid; the groups are in `prepared`) and into the cgroup of `cgroup_procs`.
+    fn clone_child(
+        &mut self,
+        mut prepared: Box<Prepared>,
+        wired: Wired,
+        user: Option<(libc::uid_t, libc::gid_t)>,
+        cgroup_procs: Option<RawFd>,
+    ) -> io::Result<Spawned> {
+        let (report, report_w) = pipe()?;
+        set_nonblocking(report.as_raw_fd())?;
         let p = &mut *prepared;
         let nul_ended = |strings: &[CString]| -> Vec<*const libc::c_char> {
             strings
@@ -872,10 +924,10 @@ impl Spawner {
             reset: p.reset.as_ptr(),
             nreset: p.reset.len(),
             parent: self.shared.parent,
-            user: user.as_ref().map(|u| (u.0, u.1)),
+            user,
             groups: p.groups.as_ptr(),
             ngroups: p.groups.len(),
-            cgroup_procs: spec.cgroup_procs.unwrap_or(-1),
+            cgroup_procs: cgroup_procs.unwrap_or(-1),
             tty: wired.ctty,
             report: report_w.as_raw_fd(),
         };

@@ -1110,6 +1110,24 @@ pub struct ContainImage {
     pub sweep_asked: Vec<String>,
     /// `no`, `asked` or `done`: the sweep of every cookie at shutdown.
     pub sweep_every: String,
+    /// The sweep of what earlier instances on this socket left is still owed (it runs
+    /// in the off-loop reader, after the daemon started serving).
+    #[serde(default)]
+    pub sweep_earlier: bool,
+    /// Processes a sweep could not read (their memory did not answer), to be read again.
+    #[serde(default)]
+    pub sweep_retries: Vec<SweepRetryImage>,
+}
+
+/// A process a cookie sweep skipped: its pid and start time, and what it is read for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepRetryImage {
+    pub pid: i32,
+    pub start: u64,
+    pub ids: Vec<String>,
+    pub every: bool,
+    pub earlier: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1373,6 +1391,14 @@ mod tests {
                     instance: "x".into(),
                     sweep_asked: vec![],
                     sweep_every: "no".into(),
+                    sweep_earlier: false,
+                    sweep_retries: vec![SweepRetryImage {
+                        pid: 4242,
+                        start: 7,
+                        ids: vec!["term_1".into()],
+                        every: false,
+                        earlier: true,
+                    }],
                 },
                 audit_fd: None,
                 nofile: 1024,

@@ -4,13 +4,19 @@
 //! directory or nothing (`ENOENT`). It is how a test makes a path's lookup hang, as on a
 //! dead network mount, without a network or a FUSE library.
 //!
+//! It also holds one regular file, `data` (`DATA_BYTES` of `x`), found, opened and stat'ed
+//! at once, whose READs are held until `release_reads`: a process that maps it and
+//! touches a page sleeps in the kernel's page fault, as on a dead NFS server, until then.
+//! A held READ that the kernel has handed over cannot be interrupted, not even by SIGKILL:
+//! the process waits for the answer (or for the connection to be aborted).
+//!
 //! One thread serves it: it polls the device and an eventfd, reads one request per read
 //! and answers at once, except that a held lookup of `slow` is only noted; the answer is
 //! written when `release` (or drop) wakes the thread through the eventfd, so a held lookup
 //! never stops other requests (the root's GETATTR, say) from being answered. Requests it
 //! does not know get `ENOSYS`, which the kernel takes as "not supported" and copes with.
 //!
-//! Drop releases a held lookup (as `ENOENT`), detaches the mount, stops and joins the
+//! Drop releases a held lookup (as `ENOENT`) and the held reads, detaches the mount, stops and joins the
 //! thread (bounded), closes the device (which aborts the connection should anything still
 //! wait on it) and removes the directory, also when the test failed.
 
@@ -60,6 +66,10 @@ struct State {
     found: Option<Found>,
     /// The pids whose lookups of `slow` have been held, in arrival order.
     held_for: Vec<u32>,
+    /// Reads of `data` are answered (until then they are held).
+    reads_free: bool,
+    /// The threads whose reads of `data` have been held, in arrival order.
+    reads_held_for: Vec<u32>,
     stop: bool,
 }
 
@@ -67,12 +77,19 @@ struct State {
 const FUSE_LOOKUP: u32 = 1;
 const FUSE_FORGET: u32 = 2;
 const FUSE_GETATTR: u32 = 3;
+const FUSE_OPEN: u32 = 14;
+const FUSE_READ: u32 = 15;
+const FUSE_RELEASE: u32 = 18;
+const FUSE_FLUSH: u32 = 25;
 const FUSE_INIT: u32 = 26;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_DESTROY: u32 = 38;
 const FUSE_BATCH_FORGET: u32 = 42;
 const ROOT: u64 = 1;
 const SLOW: u64 = 2;
+const DATA: u64 = 3;
+/// The size of `data`.
+pub const DATA_BYTES: usize = 64 << 10;
 /// `struct fuse_in_header`: len, opcode, unique, nodeid, uid, gid, pid, extlen+padding.
 const IN_HEADER: usize = 40;
 /// The minor version we speak at most: entry and attr replies at their full size (from
@@ -189,11 +206,48 @@ impl SlowFs {
         self.shared.lock().found.get_or_insert(found);
         self.shared.wake();
     }
+
+    /// The file whose reads are held.
+    pub fn data(&self) -> PathBuf {
+        self.mount.join("data")
+    }
+
+    /// Waits (at most `WAIT`) until a read of `data` is being held; returns the thread
+    /// whose read it is.
+    #[track_caller]
+    pub fn wait_read_held(&self) -> u32 {
+        let deadline = Instant::now() + WAIT;
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(&tid) = st.reads_held_for.first() {
+                return tid;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "nothing read {} within {WAIT:?}",
+                self.data().display()
+            );
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Answers every held read of `data`, and every later one at once.
+    pub fn release_reads(&self) {
+        self.shared.lock().reads_free = true;
+        self.shared.wake();
+    }
 }
 
 impl Drop for SlowFs {
     fn drop(&mut self) {
         self.release(Found::Nothing);
+        self.release_reads();
         let target = cstr(self.mount.as_os_str().as_bytes());
         // SAFETY: a NUL-terminated path that outlives the call.
         if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
@@ -250,15 +304,22 @@ fn serve(shared: &Shared) {
     let dev = shared.dev.as_raw_fd();
     let mut buf = vec![0u8; (1 << 20) + 4096];
     let mut held: Vec<u64> = Vec::new();
+    // Held reads of `data`: unique, offset, size.
+    let mut reads: Vec<(u64, u64, u32)> = Vec::new();
     loop {
-        let (found, stop) = {
+        let (found, reads_free, stop) = {
             let st = shared.lock();
-            (st.found, st.stop)
+            (st.found, st.reads_free, st.stop)
         };
-        // Held lookups are answered before a stop: drop releases, then stops.
+        // Held lookups and reads are answered before a stop: drop releases, then stops.
         if let Some(found) = found {
             for unique in held.drain(..) {
                 answer_slow(shared, unique, found);
+            }
+        }
+        if reads_free {
+            for (unique, offset, size) in reads.drain(..) {
+                answer_read(shared, unique, offset, size);
             }
         }
         if stop {
@@ -299,6 +360,10 @@ fn serve(shared: &Shared) {
             }
             FUSE_LOOKUP => {
                 let name = body.split(|&b| b == 0).next().unwrap_or_default();
+                if node == ROOT && name == b"data" {
+                    shared.reply(unique, 0, &entry(DATA, &file_attr()));
+                    continue;
+                }
                 if node != ROOT || name != b"slow" {
                     shared.reply(unique, libc::ENOENT, &[]);
                     continue;
@@ -318,17 +383,39 @@ fn serve(shared: &Shared) {
             }
             FUSE_GETATTR => {
                 let found = shared.lock().found;
-                if node == ROOT || (node == SLOW && found == Some(Found::Dir)) {
+                let attr = match node {
+                    DATA => Some(file_attr()),
+                    ROOT => Some(dir_attr(node)),
+                    SLOW if found == Some(Found::Dir) => Some(dir_attr(node)),
+                    _ => None,
+                };
+                if let Some(attr) = attr {
                     let mut out = Vec::with_capacity(104);
                     out.extend_from_slice(&VALID.to_ne_bytes()); // attr_valid
                     out.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
                     out.extend_from_slice(&0u32.to_ne_bytes()); // dummy
-                    out.extend_from_slice(&dir_attr(node));
+                    out.extend_from_slice(&attr);
                     shared.reply(unique, 0, &out);
                 } else {
                     shared.reply(unique, libc::ENOENT, &[]);
                 }
             }
+            // fuse_open_out: fh, open_flags, padding (page cache kept: mappable).
+            FUSE_OPEN if node == DATA => shared.reply(unique, 0, &[0; 16]),
+            FUSE_READ if node == DATA => {
+                // fuse_read_in: fh, offset, size, ...
+                let (offset, size) = (u64_at(body, 8), u32_at(body, 16));
+                let mut st = shared.lock();
+                if st.reads_free {
+                    drop(st);
+                    answer_read(shared, unique, offset, size);
+                } else {
+                    reads.push((unique, offset, size));
+                    st.reads_held_for.push(pid);
+                    shared.changed.notify_all();
+                }
+            }
+            FUSE_FLUSH | FUSE_RELEASE => shared.reply(unique, 0, &[]),
             // No reply is expected to these.
             FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => {}
             FUSE_DESTROY => {
@@ -343,32 +430,52 @@ fn serve(shared: &Shared) {
 /// Answers a lookup of `slow`: `fuse_entry_out` for a directory, or `ENOENT`.
 fn answer_slow(shared: &Shared, unique: u64, found: Found) {
     match found {
-        Found::Dir => {
-            let mut out = Vec::with_capacity(128);
-            out.extend_from_slice(&SLOW.to_ne_bytes()); // nodeid
-            out.extend_from_slice(&1u64.to_ne_bytes()); // generation
-            out.extend_from_slice(&VALID.to_ne_bytes()); // entry_valid
-            out.extend_from_slice(&VALID.to_ne_bytes()); // attr_valid
-            out.extend_from_slice(&0u32.to_ne_bytes()); // entry_valid_nsec
-            out.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
-            out.extend_from_slice(&dir_attr(SLOW));
-            shared.reply(unique, 0, &out);
-        }
+        Found::Dir => shared.reply(unique, 0, &entry(SLOW, &dir_attr(SLOW))),
         Found::Nothing => shared.reply(unique, libc::ENOENT, &[]),
     }
 }
 
+/// Answers a read of `data`: `size` bytes of `x` from `offset`, fewer at its end.
+fn answer_read(shared: &Shared, unique: u64, offset: u64, size: u32) {
+    let left = (DATA_BYTES as u64).saturating_sub(offset);
+    let n = left.min(u64::from(size)) as usize;
+    shared.reply(unique, 0, &vec![b'x'; n]);
+}
+
+/// `struct fuse_entry_out` of node `node` with attributes `attr`.
+fn entry(node: u64, attr: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(&node.to_ne_bytes()); // nodeid
+    out.extend_from_slice(&1u64.to_ne_bytes()); // generation
+    out.extend_from_slice(&VALID.to_ne_bytes()); // entry_valid
+    out.extend_from_slice(&VALID.to_ne_bytes()); // attr_valid
+    out.extend_from_slice(&0u32.to_ne_bytes()); // entry_valid_nsec
+    out.extend_from_slice(&0u32.to_ne_bytes()); // attr_valid_nsec
+    out.extend_from_slice(attr);
+    out
+}
+
 /// `struct fuse_attr` (88 bytes) of a directory `drwxr-xr-x` owned by us.
 fn dir_attr(ino: u64) -> Vec<u8> {
+    attr(ino, 0o040755, 0, 2)
+}
+
+/// `struct fuse_attr` of `data`, a file `-rw-r--r--` of `DATA_BYTES` owned by us.
+fn file_attr() -> Vec<u8> {
+    attr(DATA, 0o100644, DATA_BYTES as u64, 1)
+}
+
+/// `struct fuse_attr` (88 bytes).
+fn attr(ino: u64, mode: u32, size: u64, nlink: u32) -> Vec<u8> {
     // SAFETY: geteuid and getegid cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let mut a = Vec::with_capacity(88);
-    for v in [ino, 0, 0, 0, 0, 0] {
+    for v in [ino, size, size.div_ceil(512), 0, 0, 0] {
         // ino, size, blocks, atime, mtime, ctime
         a.extend_from_slice(&v.to_ne_bytes());
     }
     // atimensec, mtimensec, ctimensec, mode, nlink, uid, gid, rdev, blksize, flags
-    for v in [0, 0, 0, 0o040755, 2, uid, gid, 0, 4096, 0u32] {
+    for v in [0, 0, 0, mode, nlink, uid, gid, 0, 4096, 0u32] {
         a.extend_from_slice(&v.to_ne_bytes());
     }
     a

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod fuse;
+pub mod mapper;
 pub mod trees;
 pub mod venv;
 
@@ -318,6 +319,20 @@ pub fn rss_kb(pid: i32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// The daemon's off-loop reader: its live child named `execd-reader`.
+pub fn reader_of(daemon: i32) -> Option<i32> {
+    all_pids().into_iter().find(|&p| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            return false;
+        };
+        let (name, rest) = stat.rsplit_once(')').unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        name.ends_with("(execd-reader")
+            && is_live(&f.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            && f.get(1).and_then(|pp| pp.parse().ok()) == Some(daemon)
+    })
 }
 
 /// Children of `pid` that are zombies.
