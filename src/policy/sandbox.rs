@@ -817,6 +817,79 @@ impl Given {
     }
 }
 
+/// What the kernel offers a sandbox, probed once at start (`sys::sandbox::probe`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Kernel {
+    /// The Landlock ABI used: the kernel's, at most `--landlock-abi-max` (and the newest
+    /// execd knows); 0 without Landlock.
+    pub abi: u8,
+    /// The kernel's own.
+    pub kernel_abi: u8,
+    /// Why no mount namespace can be made for `protect`, if none can.
+    pub no_namespace: Option<String>,
+    /// The daemon holds `CAP_SETPCAP`: commands' bounding sets can be emptied.
+    pub setpcap: bool,
+}
+
+impl Kernel {
+    /// Why `g` cannot be given here, if it cannot: the `sandbox unavailable: ...` reason.
+    /// Fail closed: no Landlock, or an ABI below 3 for a sandbox that restricts writes
+    /// (truncation is mediated from 3), or `protect` where no mount namespace can be made.
+    pub fn unavailable(&self, g: &Given) -> Option<String> {
+        if g.is_off() {
+            return None;
+        }
+        let s = &g.sandbox;
+        if self.abi == 0 {
+            return Some(if self.kernel_abi == 0 {
+                "the kernel offers no Landlock (Linux 5.13+ with landlock in lsm=)".into()
+            } else {
+                "--landlock-abi-max 0 leaves no Landlock".into()
+            });
+        }
+        if s.write != Paths::All && self.abi < 3 {
+            return Some(format!(
+                "restricting writes needs Landlock ABI 3 or later (truncation is mediated \
+                 from 3), and {} is in use{}",
+                self.abi,
+                if self.kernel_abi > self.abi {
+                    format!(" (--landlock-abi-max; the kernel offers {})", self.kernel_abi)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if needs_namespace(g) {
+            if let Some(why) = &self.no_namespace {
+                return Some(format!("protect needs a mount namespace, and {why}"));
+            }
+        }
+        None
+    }
+
+    /// Signals are scoped by Landlock (ABI 6+); below it a seccomp rule guards the daemon.
+    pub fn signals_scoped(&self) -> bool {
+        self.abi >= 6
+    }
+
+    /// What `initialize` says of it (`_meta.execd.sandbox`, with the workspaces added).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "landlockAbi": self.abi,
+            "kernelLandlockAbi": self.kernel_abi,
+            "network": self.abi >= 4,
+            "signals": self.signals_scoped(),
+            "protect": self.no_namespace.is_none(),
+            "protectUnavailable": self.no_namespace,
+        })
+    }
+}
+
+/// Whether `g` runs in a mount namespace: it protects names and may write somewhere.
+pub fn needs_namespace(g: &Given) -> bool {
+    !g.sandbox.protect.is_empty() && g.sandbox.write != Paths::Only(Vec::new())
+}
+
 /// The workspace a directory lies in, read from its words: the longest workspace that is
 /// the directory or holds it, by the path given (`given`) or its real path. Nothing is
 /// looked at; the child checks the answer on the directory it entered.

@@ -247,7 +247,7 @@ impl Children {
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
         };
-        let spawned = match self.spawner.spawn(&spec) {
+        let spawned = match self.spawner.spawn(&spec, None) {
             Ok(spawned) => spawned,
             Err(e) => {
                 self.contain.abandon(place);
@@ -812,7 +812,7 @@ impl Children {
             cgroup_procs: None,
             cookie: &self.contain.cookie("upgrade-check"),
         };
-        let spawned = self.spawner.spawn(&spec)?;
+        let spawned = self.spawner.spawn(&spec, None)?;
         self.probe = Some(spawned.pid);
         self.probe_ended = None;
         Ok(spawned)

@@ -15,6 +15,7 @@ pub mod ids;
 pub mod inotify;
 pub mod pty;
 pub mod reap;
+pub mod sandbox;
 pub mod sinks;
 pub mod socket;
 pub mod spawn;
