@@ -43,6 +43,8 @@ pub const BASH_HISTORY: usize = 100;
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Approvals waiting for an answer at once, all peers together.
 pub const DEFAULT_MAX_PENDING_APPROVALS: usize = 256;
+/// What `$TMPDIR` stands for in a sandbox unless `--tmpdir` says otherwise.
+pub const DEFAULT_TMPDIR: &str = "/tmp";
 /// Socket file mode unless `--socket-mode` widens it.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
@@ -109,6 +111,17 @@ pub struct Config {
     /// The flags the daemon was started with, as given (without `--resume-from`): the next
     /// image gets them unchanged.
     pub args: Vec<OsString>,
+    /// `--workdir` was given (it then counts as the workspace when none is named).
+    pub workdir_given: bool,
+    /// `--sandbox PRESET|FILE`: every command's sandbox unless the policy says otherwise
+    /// (PROTOCOL 16); none: `off`.
+    pub sandbox: Option<crate::policy::sandbox::Partial>,
+    /// `--workspace DIR` (repeatable): where `$CWD` may stand for.
+    pub workspaces: Vec<PathBuf>,
+    /// `--tmpdir DIR`: what `$TMPDIR` stands for (default `/tmp`).
+    pub tmpdir: PathBuf,
+    /// `--landlock-abi-max N`: use no newer Landlock ABI than N (it can only refuse more).
+    pub landlock_abi_max: Option<u8>,
 }
 
 /// Where `--audit` sends records.
@@ -161,6 +174,11 @@ impl Default for Config {
             resume_from: None,
             binary: None,
             args: Vec::new(),
+            workdir_given: false,
+            sandbox: None,
+            workspaces: Vec::new(),
+            tmpdir: PathBuf::from(DEFAULT_TMPDIR),
+            landlock_abi_max: None,
         }
     }
 }
@@ -209,6 +227,14 @@ options:
   --shell PATH             shell for command lines (default /bin/bash, else /bin/sh)
   --clean-env              start commands with an empty environment
   --workdir DIR            default working directory (default: the daemon's)
+  --sandbox PRESET|FILE    every command's sandbox (PROTOCOL 16): workspace (write
+                           $CWD and $TMPDIR, no network, .git read-only), read-only,
+                           off (the default), or a JSON file of that shape; the
+                           policy's own sandbox and rules narrow or change it
+  --workspace DIR          a directory $CWD may stand for (repeatable; default: the
+                           policy's workspaces, else --workdir when given)
+  --tmpdir DIR             what $TMPDIR stands for in a sandbox (default /tmp)
+  --landlock-abi-max N     use no newer Landlock ABI than N (it can only refuse more)
   --rlimit NAME=VALUE      limit for commands: cpu, as, nofile, nproc, fsize, core
                            (repeatable)
   --run-as USER            (root daemon) run non-root peers' commands as USER
@@ -252,6 +278,23 @@ options:
 
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
+
+/// `--sandbox`'s value: a preset's name, or a file holding a sandbox object.
+fn sandbox_flag(v: &str) -> Result<crate::policy::sandbox::Partial, String> {
+    use crate::policy::sandbox;
+    if sandbox::PRESETS.contains(&v) {
+        return sandbox::parse(&serde_json::Value::from(v)).map_err(|e| format!("--sandbox: {e}"));
+    }
+    let text = std::fs::read_to_string(v).map_err(|e| {
+        format!(
+            "--sandbox: {v:?} is neither a preset ({}) nor a readable file: {e}",
+            sandbox::PRESETS.join(", ")
+        )
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("--sandbox: {v}: not JSON: {e}"))?;
+    sandbox::parse(&value).map_err(|e| format!("--sandbox: {v}: {e}"))
+}
 
 /// Resolves the socket path as section 1 of the protocol says: `--socket`, else
 /// `$EXECD_SOCKET`, else `$XDG_RUNTIME_DIR/execd.sock`, else `/run/execd.sock` for root,
@@ -418,7 +461,32 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--session-idle" => cfg.session_idle = duration(&flag, &value()?)?,
             "--shell" => cfg.shell = PathBuf::from(value()?),
             "--clean-env" => cfg.clean_env = true,
-            "--workdir" => cfg.workdir = PathBuf::from(value()?),
+            "--workdir" => {
+                cfg.workdir = PathBuf::from(value()?);
+                cfg.workdir_given = true;
+            }
+            "--sandbox" => cfg.sandbox = Some(sandbox_flag(&value()?)?),
+            "--workspace" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() || !v.is_dir() || v == Path::new("/") {
+                    return Err(format!(
+                        "--workspace: {} is not an absolute path to a directory other than /",
+                        v.display()
+                    ));
+                }
+                cfg.workspaces.push(v);
+            }
+            "--tmpdir" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() || !v.is_dir() {
+                    return Err(format!(
+                        "--tmpdir: {} is not an absolute path to a directory",
+                        v.display()
+                    ));
+                }
+                cfg.tmpdir = v;
+            }
+            "--landlock-abi-max" => cfg.landlock_abi_max = Some(parse_num(&flag, &value()?)?),
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
             "--upgrade-check" => return Ok(Invocation::UpgradeCheck),

@@ -429,7 +429,8 @@ pub struct Confined {
     pub tmpdir: Option<PathBuf>,
     strings: Vec<CString>,
     bases: Vec<OwnedFd>,
-    filters: Arc<Filters>,
+    /// What `programs` point into, kept alive with them.
+    _filters: Arc<Filters>,
 }
 
 /// The Landlock ABI enum of a version number.
@@ -646,7 +647,7 @@ impl Sandboxer {
             tmpdir: self.tmpdir.clone(),
             strings: Vec::new(),
             bases: Vec::new(),
-            filters: self.filters.clone(),
+            _filters: self.filters.clone(),
         };
         confined.protect_ptrs = confined.protect.iter().map(|c| c.as_ptr()).collect();
 
