@@ -215,7 +215,12 @@ quoted as a shell would need). Rows are cut to the terminal's width. -l adds SAN
 the sandbox each runs in (workspace:/its/workspace, read-only, custom, off).",
     flags: &[
         flag("--running", None, None, "only running commands"),
-        flag("--long", Some("-l"), None, "also show each command's sandbox"),
+        flag(
+            "--long",
+            Some("-l"),
+            None,
+            "also show each command's sandbox",
+        ),
         flag(
             "--session",
             None,

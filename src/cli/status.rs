@@ -75,9 +75,21 @@ fn sandbox_line(s: &Value) -> String {
     format!(
         "default {}; Landlock ABI {abi}{}; signals {}; protect {}; workspaces {}",
         s["default"]["name"].as_str().unwrap_or("?"),
-        if abi == 0 { " (none: sandboxes refused)" } else { "" },
-        if s["signals"] == true { "scoped" } else { "by seccomp" },
-        if s["protect"] == true { "yes" } else { "unavailable" },
+        if abi == 0 {
+            " (none: sandboxes refused)"
+        } else {
+            ""
+        },
+        if s["signals"] == true {
+            "scoped"
+        } else {
+            "by seccomp"
+        },
+        if s["protect"] == true {
+            "yes"
+        } else {
+            "unavailable"
+        },
         if workspaces.is_empty() {
             "none".to_string()
         } else {

@@ -690,7 +690,10 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
         stdin,
         commands,
         runs_as: p.runs_as,
-        sandbox: p.sandbox.as_ref().and_then(crate::policy::sandbox::Given::from_json),
+        sandbox: p
+            .sandbox
+            .as_ref()
+            .and_then(crate::policy::sandbox::Given::from_json),
         exit: p.exit.as_ref().map(|e| Exit {
             ended: match e.ended {
                 EndedImage::Code(c) => Ended::Code(c),
@@ -892,7 +895,10 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
         },
         origin: shell::carry::origin_of(&l.origin),
         sandbox_asked: None,
-        sandbox: l.sandbox.as_ref().and_then(crate::policy::sandbox::Given::from_json),
+        sandbox: l
+            .sandbox
+            .as_ref()
+            .and_then(crate::policy::sandbox::Given::from_json),
         ceiling: None,
     })
 }

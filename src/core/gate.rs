@@ -23,15 +23,15 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
+use crate::core::confine::Decided;
 use crate::core::launch::{Admitted, LaunchRequest};
 use crate::core::table::ConnId;
 use crate::core::table::Peer;
 use crate::core::timers::TimerId;
 use crate::core::view::cut_middle;
-use crate::core::confine::Decided;
 use crate::core::vocab::Answer;
-use crate::policy::sandbox::Given;
 use crate::core::{Core, Effect, Timer};
+use crate::policy::sandbox::Given;
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
@@ -517,11 +517,7 @@ impl Core {
                 json!({ "id": id, "rule": verdict.rule, "reason": "no approver" }),
             );
             self.launch_failed(&launch);
-            return Gated::Refused(RpcError::not_approved(
-                &verdict.rule,
-                "no approver",
-                None,
-            ));
+            return Gated::Refused(RpcError::not_approved(&verdict.rule, "no approver", None));
         }
         // The pending asks are bounded, and a non-root uid's commands hold at most
         // half of them (PROTOCOL 8, fair shares).

@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
-use crate::policy::sandbox::{Given, Partial};
 use crate::core::vocab::After;
+use crate::policy::sandbox::{Given, Partial};
 use crate::types::CgroupLimits;
 use crate::types::Program;
 use crate::types::{Stdio3, WinSize};

@@ -106,10 +106,10 @@ impl Core {
                     fields["argv"] = json!(req.program.argv());
                 }
             }
-            fields["sandbox"] = req
-                .sandbox
-                .as_ref()
-                .map_or_else(|| crate::policy::sandbox::Given::off().to_json(), |g| g.to_json());
+            fields["sandbox"] = req.sandbox.as_ref().map_or_else(
+                || crate::policy::sandbox::Given::off().to_json(),
+                |g| g.to_json(),
+            );
             self.record("start", Some(req.peer), fields);
         }
         // A shell session's sandbox is fixed once its first shell runs: its restarts

@@ -56,11 +56,11 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         after: After::Terminal,
         admitted: None,
         origin: None,
-    }
         sandbox_asked: None,
         sandbox: None,
         ceiling: None,
     }
+}
 
 /// Starts a fake terminal (pid = key + 1000) and returns its key.
 pub fn terminal(c: &mut Core) -> Key {

@@ -70,7 +70,12 @@ fn sandbox_meta(core: &Core) -> Value {
     let mut default = top.to_json();
     default["name"] = name.into();
     v["default"] = default;
-    v["escalation"] = if core.policy.escalation_denied() { "deny" } else { "ask" }.into();
+    v["escalation"] = if core.policy.escalation_denied() {
+        "deny"
+    } else {
+        "ask"
+    }
+    .into();
     v
 }
 
@@ -436,9 +441,10 @@ pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rpc
 
 /// The sandbox a command runs in, as command objects show it.
 pub fn sandbox_of(p: &crate::core::table::Proc) -> Value {
-    p.sandbox
-        .as_ref()
-        .map_or_else(|| crate::policy::sandbox::Given::off().to_json(), |g| g.to_json())
+    p.sandbox.as_ref().map_or_else(
+        || crate::policy::sandbox::Given::off().to_json(),
+        |g| g.to_json(),
+    )
 }
 
 /// `terminal/list` (extension): the caller's terminals, newest first, a page at a time

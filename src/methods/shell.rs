@@ -378,10 +378,13 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
             // starts in the session's directory, not the line's `exec_dir` that chose
             // `$CWD`, so there is nothing to check there.
             if let Some(s) = core.shells.map.get_mut(&key) {
-                s.sandbox = launch.sandbox.clone().map(|g| crate::policy::sandbox::Given {
-                    verify_cwd: false,
-                    ..g
-                });
+                s.sandbox = launch
+                    .sandbox
+                    .clone()
+                    .map(|g| crate::policy::sandbox::Given {
+                        verify_cwd: false,
+                        ..g
+                    });
             }
             fresh = true;
         }

@@ -257,15 +257,12 @@ impl Policy {
             Value::Object(fields) => fields,
             other => return Err(format!("policy must be a JSON object, not {}", kind(other))),
         };
-        if let Some(key) = top
-            .keys()
-            .find(|k| {
-                !matches!(
-                    k.as_str(),
-                    "default" | "unparsed" | "env" | "rules" | "sandbox" | "workspaces" | "escalation"
-                )
-            })
-        {
+        if let Some(key) = top.keys().find(|k| {
+            !matches!(
+                k.as_str(),
+                "default" | "unparsed" | "env" | "rules" | "sandbox" | "workspaces" | "escalation"
+            )
+        }) {
             return Err(format!(
                 "unknown field {key:?} at the top level (known: {TOP_FIELDS})"
             ));
@@ -307,7 +304,8 @@ impl Policy {
                     Some("/") => Err("\"workspaces\": / is never a workspace".to_string()),
                     _ => Err(format!(
                         "\"workspaces\" must hold absolute paths, not {}",
-                        d.as_str().map_or_else(|| kind(d).to_string(), |s| format!("{s:?}"))
+                        d.as_str()
+                            .map_or_else(|| kind(d).to_string(), |s| format!("{s:?}"))
                     )),
                 })
                 .collect::<Result<_, _>>()?,
@@ -1257,7 +1255,10 @@ mod tests {
         assert!(v.sandbox_rules.is_empty() && v.sandbox_top);
         for (text, message) in [
             (r#"{"sandbox": "sealed"}"#, "\"sandbox\" unknown preset"),
-            (r#"{"sandbox": {"write": [], "net": "none"}}"#, "\"sandbox\" \"net\": unknown key"),
+            (
+                r#"{"sandbox": {"write": [], "net": "none"}}"#,
+                "\"sandbox\" \"net\": unknown key",
+            ),
             (r#"{"workspaces": ["/"]}"#, "/ is never a workspace"),
             (r#"{"workspaces": ["rel"]}"#, "absolute paths"),
             (r#"{"escalation": "maybe"}"#, "\"escalation\" must be"),

@@ -171,10 +171,12 @@ impl Template {
 
     /// Whether any root names `base`.
     pub fn names(&self, base: Base) -> bool {
-        [&self.write, &self.read, &self.exec].iter().any(|p| match p {
-            Paths::All => false,
-            Paths::Only(v) => v.iter().any(|r| r.base == base),
-        })
+        [&self.write, &self.read, &self.exec]
+            .iter()
+            .any(|p| match p {
+                Paths::All => false,
+                Paths::Only(v) => v.iter().any(|r| r.base == base),
+            })
     }
 
     /// Every absolute root it names, as written (what `sys::sandbox` resolves at start).
@@ -345,12 +347,11 @@ fn strip_trailing(p: PathBuf) -> PathBuf {
     p.components().collect()
 }
 
-/// Sorted, deduplicated, and without a root that lies in another.
+/// Sorted and deduplicated. A root inside another is kept: `protect` looks for its names
+/// directly in each write root (a workspace inside `$TMPDIR` keeps its `.git`).
 fn minimal(mut roots: Vec<PathBuf>) -> Vec<PathBuf> {
     roots.sort();
     roots.dedup();
-    let all = roots.clone();
-    roots.retain(|r| !all.iter().any(|o| o != r && r.starts_with(o)));
     roots
 }
 
@@ -451,10 +452,13 @@ impl Resolved {
         if self.network == Network::All && other.network == Network::None {
             why.push("network all".into());
         }
+        // What protects nothing writable is not missed: a sandbox that writes nothing
+        // needs no protected names.
+        let writes = self.write != Paths::Only(Vec::new());
         let dropped: Vec<&str> = other
             .protect
             .iter()
-            .filter(|n| !self.protect.contains(n))
+            .filter(|n| writes && !self.protect.contains(n))
             .map(String::as_str)
             .collect();
         if !dropped.is_empty() {
@@ -466,12 +470,7 @@ impl Resolved {
     /// The intersection: roots within both, `network: none` if either says so, the union
     /// of `protect`.
     pub fn meet(&self, other: &Resolved) -> Resolved {
-        let mut protect: Vec<String> = self
-            .protect
-            .iter()
-            .chain(&other.protect)
-            .cloned()
-            .collect();
+        let mut protect: Vec<String> = self.protect.iter().chain(&other.protect).cloned().collect();
         protect.sort();
         protect.dedup();
         Sandbox {
@@ -573,19 +572,13 @@ pub fn parse(value: &Value) -> Result<Partial, ShapeError> {
             Some(t) => Ok(Partial::of_preset(name, t)),
             None => Err(ShapeError::new(
                 "",
-                format!(
-                    "unknown preset {name:?} (known: {})",
-                    PRESETS.join(", ")
-                ),
+                format!("unknown preset {name:?} (known: {})", PRESETS.join(", ")),
             )),
         },
         Value::Object(o) => parse_object(o),
         other => Err(ShapeError::new(
             "",
-            format!(
-                "must be a preset name or an object, not {}",
-                kind(other)
-            ),
+            format!("must be a preset name or an object, not {}", kind(other)),
         )),
     }
 }
@@ -643,10 +636,7 @@ fn parse_object(o: &Map<String, Value>) -> Result<Partial, ShapeError> {
                     return Err(ShapeError::new(k, "must be an array of names"));
                 };
                 if a.len() > MAX_PROTECT {
-                    return Err(ShapeError::new(
-                        k,
-                        format!("at most {MAX_PROTECT} names"),
-                    ));
+                    return Err(ShapeError::new(k, format!("at most {MAX_PROTECT} names")));
                 }
                 let mut names = Vec::with_capacity(a.len());
                 for n in a {
@@ -853,7 +843,10 @@ impl Kernel {
                  from 3), and {} is in use{}",
                 self.abi,
                 if self.kernel_abi > self.abi {
-                    format!(" (--landlock-abi-max; the kernel offers {})", self.kernel_abi)
+                    format!(
+                        " (--landlock-abi-max; the kernel offers {})",
+                        self.kernel_abi
+                    )
                 } else {
                     String::new()
                 }
@@ -1033,6 +1026,9 @@ mod tests {
         assert_eq!(r.write, only(&["/w/src"]));
         assert_eq!(r.network, Network::None);
         assert!(r.within(&in_force));
+        // read-only is within workspace: protecting names matters only where it writes.
+        let (ro, _) = Template::read_only().resolve(&n);
+        assert!(ro.within(&in_force), "{:?}", ro.outside(&in_force));
         let wider = parse(&json!({"network": "all"})).unwrap();
         let (r, _) = wider.resolve_over(&in_force, &n);
         assert_eq!(r.outside(&in_force), vec!["network all".to_string()]);
@@ -1089,7 +1085,14 @@ mod tests {
             escalated: true,
         };
         assert_eq!(Given::from_json(&g.to_json()), Some(g.clone()));
-        assert_eq!(Given::from_json(&Given::off().to_json()), Some(Given::off()));
-        assert!(g.brief().starts_with("workspace: write /tmp /w"), "{}", g.brief());
+        assert_eq!(
+            Given::from_json(&Given::off().to_json()),
+            Some(Given::off())
+        );
+        assert!(
+            g.brief().starts_with("workspace: write /tmp /w"),
+            "{}",
+            g.brief()
+        );
     }
 }

@@ -19,6 +19,7 @@ use mio::{Interest, Registry, Token};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::core::confine::Decided;
 use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, KillReason, Peer};
@@ -28,7 +29,6 @@ use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
-use crate::core::confine::Decided;
 use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, SandboxStep, Spawned};
 use crate::sys::systemd;
 use crate::types::Leftovers;
@@ -143,8 +143,8 @@ impl Children {
             &cfg.rlimits,
             nofile.raised_from,
         )?;
-        let sandbox = crate::sys::sandbox::Sandboxer::new(cfg.landlock_abi_max)
-            .map_err(io::Error::other)?;
+        let sandbox =
+            crate::sys::sandbox::Sandboxer::new(cfg.landlock_abi_max).map_err(io::Error::other)?;
         Ok(Children {
             nofile,
             pipes: Pipes::default(),
@@ -242,7 +242,9 @@ impl Children {
             .sandbox
             .as_ref()
             .map_or_else(Template::off, |p| p.over(&Template::off()));
-        let top = policy.sandbox().map_or_else(|| default.clone(), |p| p.over(&default));
+        let top = policy
+            .sandbox()
+            .map_or_else(|| default.clone(), |p| p.over(&default));
         let templates: Vec<Template> = std::iter::once(default.clone())
             .chain(std::iter::once(top.clone()))
             .chain(policy.sandboxes().map(|p: &Partial| p.over(&top)))

@@ -103,9 +103,7 @@ pub fn probe(abi_max: Option<u8>) -> Kernel {
         )
     };
     let kernel_abi = u8::try_from(v.max(0)).unwrap_or(u8::MAX);
-    let abi = kernel_abi
-        .min(ABI_USED_MAX)
-        .min(abi_max.unwrap_or(u8::MAX));
+    let abi = kernel_abi.min(ABI_USED_MAX).min(abi_max.unwrap_or(u8::MAX));
     Kernel {
         abi,
         kernel_abi,
@@ -278,8 +276,13 @@ fn compile(
     let arch = std::env::consts::ARCH
         .try_into()
         .map_err(|e| format!("seccomp on {}: {e}", std::env::consts::ARCH))?;
-    let filter = SeccompFilter::new(rules.into_iter().collect(), SeccompAction::Allow, action, arch)
-        .map_err(|e| format!("seccomp: {e}"))?;
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        action,
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
     let prog: seccompiler::BpfProgram = filter.try_into().map_err(|e| format!("seccomp: {e}"))?;
     Ok(bpf(prog))
 }
@@ -571,8 +574,16 @@ impl Sandboxer {
         self.tmpdir = Some(tmpdir.to_path_buf());
         let mut trusted = HashMap::new();
         let mut ids = HashMap::new();
-        let fixed = DEVICES.iter().chain(std::iter::once(&SHM)).map(PathBuf::from);
-        for p in roots.iter().cloned().chain(workspaces.iter().cloned()).chain(fixed) {
+        let fixed = DEVICES
+            .iter()
+            .chain(std::iter::once(&SHM))
+            .map(PathBuf::from);
+        for p in roots
+            .iter()
+            .cloned()
+            .chain(workspaces.iter().cloned())
+            .chain(fixed)
+        {
             if trusted.contains_key(&p) {
                 continue;
             }
@@ -683,7 +694,11 @@ impl Sandboxer {
                 | AccessFs::Truncate
                 | AccessFs::IoctlDev
                 | AccessFs::ReadDir;
-            wanted.extend(DEVICES.iter().map(|d| (PathBuf::from(d), device_rights, false)));
+            wanted.extend(
+                DEVICES
+                    .iter()
+                    .map(|d| (PathBuf::from(d), device_rights, false)),
+            );
             let tmp_writable = match &s.write {
                 Paths::All => true,
                 Paths::Only(roots) => self
@@ -810,8 +825,7 @@ impl Sandboxer {
                     let Some(text) = read_small(dir, name) else {
                         continue;
                     };
-                    let Some(gitdir) = text.lines().find_map(|l| l.strip_prefix("gitdir: "))
-                    else {
+                    let Some(gitdir) = text.lines().find_map(|l| l.strip_prefix("gitdir: ")) else {
                         continue;
                     };
                     let gitdir = lexical(root, gitdir.trim());

@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 
 use super::cookie;
 use super::cstring;
-use super::sandbox::{ChildRule, Confined, DROPPED_ENV};
 use super::ids::Identity;
+use super::sandbox::{ChildRule, Confined, DROPPED_ENV};
 use super::waiting::InputFile;
 use crate::types::{Program, Rlimit, Stdio3, WinSize};
 
@@ -610,10 +610,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         // Every other descriptor goes now rather than at exec (all are close-on-exec):
         // nothing of the daemon's stays open here while a slow step runs.
-        close_all_but(
-            3,
-            [plan.cgroup_procs, plan.report, sb.ruleset, sb.mntns],
-        );
+        close_all_but(3, [plan.cgroup_procs, plan.report, sb.ruleset, sb.mntns]);
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
         if plan.cgroup_procs >= 0 {
@@ -836,7 +833,16 @@ unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
         let cur = unsafe { sys!(libc::SYS_prctl, libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
         ok(cur)?;
         // SAFETY: prctl with integer arguments.
-        ok(unsafe { sys!(libc::SYS_prctl, libc::PR_SET_SECUREBITS, cur | 0xe3, 0, 0, 0) })?;
+        ok(unsafe {
+            sys!(
+                libc::SYS_prctl,
+                libc::PR_SET_SECUREBITS,
+                cur | 0xe3,
+                0,
+                0,
+                0
+            )
+        })?;
     }
     Ok(())
 }
@@ -848,7 +854,13 @@ unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
 /// # Safety
 /// Raw system calls on the plan's memory; for the child between clone and exec.
 unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
-    let ok = |r: isize| if r < 0 { Err((FAILED_SANDBOX, r)) } else { Ok(()) };
+    let ok = |r: isize| {
+        if r < 0 {
+            Err((FAILED_SANDBOX, r))
+        } else {
+            Ok(())
+        }
+    };
     if let Some(root) = sb.verify {
         // SAFETY: raw system calls on this stack.
         unsafe { under(root) }?;
@@ -860,7 +872,11 @@ unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
     let mut data = [super::sandbox::CapData::default(); 2];
     // SAFETY: capget/capset with a v3 header and two data words on this stack.
     unsafe {
-        ok(sys!(libc::SYS_capget, &mut hdr as *mut _, data.as_mut_ptr()))?;
+        ok(sys!(
+            libc::SYS_capget,
+            &mut hdr as *mut _,
+            data.as_mut_ptr()
+        ))?;
         data[0].inheritable = 0;
         data[1].inheritable = 0;
         ok(sys!(libc::SYS_capset, &mut hdr as *mut _, data.as_ptr()))?;
@@ -873,7 +889,12 @@ unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
         }
         for prog in std::slice::from_raw_parts(sb.programs, sb.nprograms) {
             // seccomp(SECCOMP_SET_MODE_FILTER, 0, prog)
-            ok(sys!(libc::SYS_seccomp, 1, 0, prog as *const libc::sock_fprog))?;
+            ok(sys!(
+                libc::SYS_seccomp,
+                1,
+                0,
+                prog as *const libc::sock_fprog
+            ))?;
         }
     }
     Ok(())

@@ -314,7 +314,10 @@ impl Shells {
                 },
                 peer: peer_of(s.peer),
                 origin: origin_of(&s.origin),
-                sandbox: s.sandbox.as_ref().and_then(crate::policy::sandbox::Given::from_json),
+                sandbox: s
+                    .sandbox
+                    .as_ref()
+                    .and_then(crate::policy::sandbox::Given::from_json),
                 idle_timer: None,
                 waiters: s.waiters.iter().copied().map(ParkId).collect(),
                 old: s.old.iter().copied().map(Key).collect(),

@@ -589,10 +589,10 @@ impl Core {
             .clone()
             .unwrap_or_else(|| s.workdir.display().to_string());
         s.phase = Phase::Busy;
-        let sandbox = s
-            .sandbox
-            .as_ref()
-            .map_or_else(|| crate::policy::sandbox::Given::off().to_json(), |g| g.to_json());
+        let sandbox = s.sandbox.as_ref().map_or_else(
+            || crate::policy::sandbox::Given::off().to_json(),
+            |g| g.to_json(),
+        );
         let runs_as = self.table.get(shell).map_or(peer.uid, |p| p.runs_as);
         self.record(
             "start",
