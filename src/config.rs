@@ -114,8 +114,8 @@ pub struct Config {
     /// `--workdir` was given (it then counts as the workspace when none is named).
     pub workdir_given: bool,
     /// `--sandbox PRESET|FILE`: every command's sandbox unless the policy says otherwise
-    /// (PROTOCOL 16); none: `off`.
-    pub sandbox: Option<crate::policy::sandbox::Partial>,
+    /// (PROTOCOL 16); none: `off`. A file is read when the daemon starts (`sandbox_of`).
+    pub sandbox: Option<SandboxFlag>,
     /// `--workspace DIR` (repeatable): where `$CWD` may stand for.
     pub workspaces: Vec<PathBuf>,
     /// `--tmpdir DIR`: what `$TMPDIR` stands for (default `/tmp`).
@@ -279,21 +279,49 @@ options:
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
 
+/// `--sandbox PRESET|FILE` as given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SandboxFlag {
+    Preset(String),
+    /// A file holding a sandbox object, read when the daemon starts: what it holds that
+    /// execd does not know stops the start (exit 1), as a policy file's does.
+    File(PathBuf),
+}
+
+impl SandboxFlag {
+    /// The sandbox it names (the error names the file and the problem).
+    pub fn read(&self) -> Result<crate::policy::sandbox::Partial, String> {
+        use crate::policy::sandbox;
+        match self {
+            SandboxFlag::Preset(p) => {
+                sandbox::parse(&serde_json::Value::from(p.as_str())).map_err(|e| e.to_string())
+            }
+            SandboxFlag::File(path) => {
+                let shown = path.display();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--sandbox {shown}: cannot read: {e}"))?;
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("--sandbox {shown}: not JSON: {e}"))?;
+                sandbox::parse(&value).map_err(|e| format!("--sandbox {shown}: {e}"))
+            }
+        }
+    }
+}
+
 /// `--sandbox`'s value: a preset's name, or a file holding a sandbox object.
-fn sandbox_flag(v: &str) -> Result<crate::policy::sandbox::Partial, String> {
+fn sandbox_flag(v: &str) -> Result<SandboxFlag, String> {
     use crate::policy::sandbox;
     if sandbox::PRESETS.contains(&v) {
-        return sandbox::parse(&serde_json::Value::from(v)).map_err(|e| format!("--sandbox: {e}"));
+        return Ok(SandboxFlag::Preset(v.to_string()));
     }
-    let text = std::fs::read_to_string(v).map_err(|e| {
-        format!(
-            "--sandbox: {v:?} is neither a preset ({}) nor a readable file: {e}",
+    let path = PathBuf::from(v);
+    if !path.is_file() {
+        return Err(format!(
+            "--sandbox: {v:?} is neither a preset ({}) nor a file",
             sandbox::PRESETS.join(", ")
-        )
-    })?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("--sandbox: {v}: not JSON: {e}"))?;
-    sandbox::parse(&value).map_err(|e| format!("--sandbox: {v}: {e}"))
+        ));
+    }
+    Ok(SandboxFlag::File(path))
 }
 
 /// Resolves the socket path as section 1 of the protocol says: `--socket`, else

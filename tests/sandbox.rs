@@ -895,3 +895,159 @@ fn under_a_docker_like_seccomp_filter_execd_runs_commands_but_refuses_sandboxes(
     assert_eq!(sb["landlockAbi"], 0, "{sb}");
     assert_eq!(sb["protect"], false, "{sb}");
 }
+
+#[test]
+fn below_landlock_6_a_seccomp_rule_keeps_signals_off_the_daemon() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("workspace", &["--landlock-abi-max", "5"]);
+    let mut c = d.client();
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init["_meta"]["execd"]["sandbox"]["signals"], false);
+    assert_eq!(init["_meta"]["execd"]["sandbox"]["landlockAbi"], 5);
+    let daemon = d.pid();
+    let line = format!(
+        "kill -TERM {daemon}; echo pid=$?; kill -TERM -{daemon}; echo group=$?; \
+         kill -0 -1; echo all=$?; echo x > {}/f; echo in > mine && echo KEPT",
+        s(&p.out())
+    );
+    let (text, _) = bash(&mut c, &line, &p.ws(), json!({}));
+    for want in ["pid=1", "group=1", "all=1", "KEPT"] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    assert!(pid_alive(daemon));
+    assert!(!p.out().join("f").exists());
+}
+
+#[test]
+fn a_sandboxed_command_gets_no_way_to_the_hosts_sockets_and_the_daemons_tmpdir() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let mut flags = p.flags("workspace");
+    flags.extend(["--socket".into(), s(&p.dir.path().join("e.sock"))]);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+    cmd.args(&flags)
+        .args(["--kill-grace", "1s"])
+        .env("SSH_AUTH_SOCK", "/nowhere/agent")
+        .env("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nowhere/bus")
+        .env("DISPLAY", ":0")
+        .env("TMUX", "/nowhere/tmux,1,0")
+        .env("WAYLAND_DISPLAY", "wayland-0")
+        .env("XDG_RUNTIME_DIR", "/nowhere")
+        .env("KEEP_ME", "kept")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let d = Daemon::adopt(
+        Some(cmd.spawn().expect("execd")),
+        p.dir.path().join("e.sock"),
+        TempDir::new(),
+    );
+    let mut c = d.client();
+    let (text, code) = bash(
+        &mut c,
+        "env",
+        &p.ws(),
+        json!({"env": {"TMPDIR": "/elsewhere", "SSH_AUTH_SOCK": "/asked"}}),
+    );
+    assert_eq!(code, 0, "{text}");
+    for gone in [
+        "SSH_AUTH_SOCK",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "DISPLAY=",
+        "TMUX=",
+        "WAYLAND_DISPLAY",
+        "XDG_RUNTIME_DIR",
+    ] {
+        assert!(!text.contains(gone), "{gone} in:\n{text}");
+    }
+    assert!(text.contains("KEEP_ME=kept"), "{text}");
+    assert!(
+        text.contains(&format!("TMPDIR={}\n", s(&p.tmp()))),
+        "{text}"
+    );
+    // Running unsandboxed is wider than the workspace: it needs an approver.
+    let (code, _, _) = err(
+        &mut c,
+        "bash/exec",
+        json!({"command": "env", "exec_dir": s(&p.ws()), "sandbox": "off"}),
+    );
+    assert_eq!(code, -32006);
+}
+
+#[test]
+fn a_symlink_out_of_the_workspace_is_no_way_out() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("workspace", &[]);
+    let mut c = d.client();
+    std::os::unix::fs::symlink(p.out(), p.ws().join("link")).expect("symlink");
+    // A directory whose words lie in the workspace but which really lies outside: the
+    // child finds it out and the start is refused, naming the field.
+    let (code, msg, data) = err(
+        &mut c,
+        "bash/exec",
+        json!({"command": "echo x > f", "exec_dir": s(&p.ws().join("link"))}),
+    );
+    assert_eq!(code, -32602, "{msg}");
+    assert_eq!(data.expect("data")["field"], "exec_dir", "{msg}");
+    assert!(!p.out().join("f").exists());
+    // A root a request names through it: opened beneath the workspace, so refused.
+    let (code, msg, data) = err(
+        &mut c,
+        "bash/exec",
+        json!({"command": "echo x > link/g", "exec_dir": s(&p.ws()),
+               "sandbox": {"write": ["$CWD/link"]}}),
+    );
+    assert_eq!(code, -32602, "{msg}");
+    assert_eq!(data.expect("data")["field"], "sandbox", "{msg}");
+    assert!(msg.contains("leads out"), "{msg}");
+    assert!(!p.out().join("g").exists());
+    // A root inside that exists narrows as asked.
+    std::fs::create_dir_all(p.ws().join("sub")).expect("mkdir");
+    let (text, _) = bash(
+        &mut c,
+        "echo x > sub/ok && echo x > notok",
+        &p.ws(),
+        json!({"sandbox": {"write": ["$CWD/sub"]}}),
+    );
+    assert!(p.ws().join("sub/ok").exists(), "{text}");
+    assert!(!p.ws().join("notok").exists(), "{text}");
+}
+
+#[test]
+fn an_upgrade_keeps_a_sessions_sandbox() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("workspace", &[]);
+    let mut c = d.client();
+    let r = ok(
+        &mut c,
+        "shell/sessions/create",
+        json!({"id": "kept", "exec_dir": s(&p.ws()), "sandbox": "read-only"}),
+    );
+    assert_eq!(r["sandbox"]["name"], "read-only", "{r}");
+    unsafe_kill(d.pid(), libc::SIGUSR2);
+    wait_until("the new image serves", || {
+        c.call("initialize", json!({"protocolVersion": 1}))
+            .is_ok_and(|v| v["_meta"]["execd"]["upgrades"] == 1)
+    });
+    // Its shell, restarted after the upgrade too, runs in it still.
+    shell(&mut c, "kept", "echo x > after; exit", &p.ws());
+    let (text, _) = shell(&mut c, "kept", "echo x > after2", &p.ws());
+    assert!(
+        text.contains("Read-only file system") || text.contains("Permission denied"),
+        "{text}"
+    );
+    assert!(!p.ws().join("after").exists() && !p.ws().join("after2").exists());
+    let sessions = ok(&mut c, "shell/sessions", json!({}));
+    assert_eq!(sessions["sessions"]["kept"]["sandbox"]["name"], "read-only");
+}

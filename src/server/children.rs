@@ -238,10 +238,10 @@ impl Children {
                 homes.insert(uid, std::fs::canonicalize(&h).unwrap_or(h));
             }
         }
-        let default = cfg
-            .sandbox
-            .as_ref()
-            .map_or_else(Template::off, |p| p.over(&Template::off()));
+        let default = match &cfg.sandbox {
+            None => Template::off(),
+            Some(flag) => flag.read()?.over(&Template::off()),
+        };
         let top = policy
             .sandbox()
             .map_or_else(|| default.clone(), |p| p.over(&default));
