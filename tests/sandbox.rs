@@ -569,6 +569,16 @@ fn a_session_keeps_its_sandbox_after_cd_and_exit_and_refuses_another() {
     // The session says its sandbox.
     let sessions = ok(&mut c, "shell/sessions", json!({}));
     assert_eq!(sessions["sessions"]["s1"]["sandbox"]["name"], "workspace");
+    // A session asked wider than in force waits for an approver; with none it is not
+    // made at all.
+    let (code, _, _) = err(
+        &mut c,
+        "shell/sessions/create",
+        json!({"id": "wide", "exec_dir": s(&p.ws()), "sandbox": "off"}),
+    );
+    assert_eq!(code, -32006);
+    let sessions = ok(&mut c, "shell/sessions", json!({}));
+    assert!(sessions["sessions"].get("wide").is_none(), "{sessions}");
 }
 
 #[test]

@@ -762,6 +762,21 @@ impl Core {
     /// A command that will not start (refused by the gate or an approver, or its spawn
     /// failed): a bash session made for it alone is not kept.
     pub fn launch_failed(&mut self, launch: &LaunchRequest) {
+        // A session made by `shell/sessions/create` whose first shell was refused (its
+        // sandbox, or no approver for it) never had a shell: it is not kept.
+        if let crate::core::vocab::After::ShellStart(crate::core::vocab::ShellThen::Create) =
+            launch.after
+        {
+            let key = (launch.peer.uid, launch.family.session_id().to_string());
+            if self
+                .shells
+                .map
+                .get(&key)
+                .is_some_and(|s| s.shell.is_none() && s.sandbox.is_none())
+            {
+                self.forget_shell(&key);
+            }
+        }
         if let crate::core::vocab::After::BashExec {
             created_session: true,
             ..
