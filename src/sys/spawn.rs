@@ -1150,11 +1150,7 @@ impl Spawner {
                 last.get(k.as_bytes()) == Some(i) && k != cookie::VAR && !withheld(k.as_bytes())
             })
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
-            .chain(
-                tmpdir
-                    .map(|t| env_entry(b"TMPDIR", t.as_os_str().as_bytes()))
-                    .into_iter(),
-            )
+            .chain(tmpdir.map(|t| env_entry(b"TMPDIR", t.as_os_str().as_bytes())))
             .chain(std::iter::once(env_entry(
                 cookie::VAR.as_bytes(),
                 spec.cookie.as_bytes(),
