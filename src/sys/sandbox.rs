@@ -27,7 +27,8 @@
 //!   once by a short-lived thread and entered by the child with `setns`. A namespace is
 //!   made again when an entry was replaced (its device and inode changed: a bind mount
 //!   over a removed directory goes away with it). The namespace also hides
-//!   `/run/user/*` and `/tmp/.X11-unix` under empty read-only directories. A root a
+//!   `/run/user/*` and `/tmp/.X11-unix` under empty read-only directories. With nothing
+//!   to protect (no such entry at spawn) there is no namespace, and nothing is hidden. A root a
 //!   request named in which a protected name exists is refused (fail closed): no
 //!   namespace is made per spawn.
 //! - Capabilities: the bounding set is emptied and `SECBIT_NOROOT` locked before the
@@ -769,7 +770,7 @@ impl Sandboxer {
         }
 
         if needs_namespace(g) {
-            confined.mntns = Some(self.namespace_for(g)?);
+            confined.mntns = self.namespace_for(g)?;
         }
         if let Some(root) = &g.cwd_root {
             if g.verify_cwd {
@@ -801,8 +802,10 @@ impl Sandboxer {
     /// The mount namespace for `g`'s protected entries (a duplicate descriptor): the
     /// entries named in `protect` directly in each write root execd opened, a `.git`
     /// file's gitdir and commondir when they lie in a write root; made when no namespace
-    /// for exactly these entries (by device and inode) is kept.
-    fn namespace_for(&mut self, g: &Given) -> Result<OwnedFd, String> {
+    /// for exactly these entries (by device and inode) is kept. None when there is
+    /// nothing to protect (a name absent at spawn is not protected): the command then
+    /// runs in the daemon's own mount namespace, its runtime directories not hidden.
+    fn namespace_for(&mut self, g: &Given) -> Result<Option<OwnedFd>, String> {
         let Paths::Only(roots) = &g.sandbox.write else {
             return Err("protect with every path writable protects nothing".into());
         };
@@ -848,8 +851,11 @@ impl Sandboxer {
         // An entry inside another is covered by it.
         let all = entries.clone();
         entries.retain(|(p, _, _)| !all.iter().any(|(o, _, _)| o != p && p.starts_with(o)));
+        if entries.is_empty() {
+            return Ok(None);
+        }
         if let Some(ns) = self.namespaces.get(&entries) {
-            return ns.fd.try_clone().map_err(|e| format!("dup: {e}"));
+            return ns.fd.try_clone().map(Some).map_err(|e| format!("dup: {e}"));
         }
         let paths: Vec<PathBuf> = entries.iter().map(|e| e.0.clone()).collect();
         let fd = make_namespace(&paths, &self.hide)
@@ -862,6 +868,6 @@ impl Sandboxer {
         }
         let dup = fd.try_clone().map_err(|e| format!("dup: {e}"))?;
         self.namespaces.insert(entries, Namespace { fd });
-        Ok(dup)
+        Ok(Some(dup))
     }
 }
