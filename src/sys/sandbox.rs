@@ -7,8 +7,9 @@
 //! Choices:
 //! - Nothing here opens or looks at a path a peer chose. The roots execd trusts (the
 //!   workspaces, `--tmpdir`, homes, the devices every sandbox allows, each absolute path
-//!   the operator's sandboxes name) are resolved and opened `O_PATH` at start (and at a
-//!   policy reload), and a spawn's ruleset is built from those descriptors. A root a
+//!   the operator's sandboxes name) are resolved at start (and at a policy reload) and
+//!   opened `O_PATH` at the first sandboxed spawn after that, and a spawn's ruleset is
+//!   built from those descriptors. A root a
 //!   request named is opened by the child: `openat2` beneath the trusted root it lies in
 //!   (`RESOLVE_BENEATH`, so a symlink cannot lead it out), or as named when an approver
 //!   let it run wider than in force.
@@ -389,6 +390,8 @@ pub struct Sandboxer {
     hide: Vec<PathBuf>,
     /// The real `--tmpdir`.
     tmpdir: Option<PathBuf>,
+    /// Roots to trust, opened at the first sandboxed spawn (`trust`).
+    pending: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
 }
 
 /// A `Confined` child rule: a root the child opens and adds to its ruleset.
@@ -565,14 +568,29 @@ impl Sandboxer {
             namespaces: HashMap::new(),
             hide,
             tmpdir: None,
+            pending: None,
         })
     }
 
-    /// Trusts these roots (their real paths), opened now; workspaces' roots are also
-    /// remembered by device and inode. Replaces what was trusted before. Paths that do
-    /// not exist are left out (a root that is not there grants nothing).
+    /// Trusts these roots (their real paths, resolved by the caller), replacing what was
+    /// trusted before; workspaces' roots are also remembered by device and inode. They
+    /// are opened at the first sandboxed spawn: a daemon that never sandboxes holds none
+    /// of their descriptors. Paths that do not exist then are left out (a root that is
+    /// not there grants nothing).
     pub fn trust(&mut self, roots: &[PathBuf], workspaces: &[PathBuf], tmpdir: &Path) {
         self.tmpdir = Some(tmpdir.to_path_buf());
+        let mut all = roots.to_vec();
+        all.push(tmpdir.to_path_buf());
+        self.pending = Some((all, workspaces.to_vec()));
+        self.trusted.clear();
+        self.roots.clear();
+    }
+
+    /// Opens what `trust` named, once.
+    fn open_trusted(&mut self) {
+        let Some((roots, workspaces)) = self.pending.take() else {
+            return;
+        };
         let mut trusted = HashMap::new();
         let mut ids = HashMap::new();
         let fixed = DEVICES
@@ -622,6 +640,7 @@ impl Sandboxer {
         if let Some(why) = self.kernel.unavailable(g) {
             return Err(why);
         }
+        self.open_trusted();
         let s = &g.sandbox;
         let abi = abi_of(self.kernel.abi);
         let write_rights = AccessFs::from_write(abi);
