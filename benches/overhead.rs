@@ -175,6 +175,89 @@ fn bench_spawn(rows: &mut Vec<Row>) {
     );
 }
 
+/// The spawn round trip of `true` in the workspace sandbox (PROTOCOL 16) against none,
+/// both in a workspace without `.git`, and again with a `.git` to protect (a mount
+/// namespace entered per spawn); interleaved, three daemons side by side.
+fn bench_sandbox(rows: &mut Vec<Row>) {
+    let dir = common::TempDir::new();
+    let (plain, repo, tmp) = (
+        dir.path().join("plain"),
+        dir.path().join("repo"),
+        dir.path().join("tmp"),
+    );
+    for d in [&plain, &repo.join(".git"), &tmp] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let flags = |ws: &std::path::Path, sandbox: &str| -> Vec<String> {
+        vec![
+            "--sandbox".into(),
+            sandbox.into(),
+            "--workspace".into(),
+            ws.display().to_string(),
+            "--tmpdir".into(),
+            tmp.display().to_string(),
+        ]
+    };
+    let start = |f: Vec<String>| {
+        let refs: Vec<&str> = f.iter().map(String::as_str).collect();
+        Daemon::start(&refs)
+    };
+    let (none, boxed, git) = (
+        start(flags(&plain, "off")),
+        start(flags(&plain, "workspace")),
+        start(flags(&repo, "workspace")),
+    );
+    let run = |c: &mut Client, cwd: &std::path::Path| {
+        let id = call(
+            c,
+            "terminal/create",
+            json!({"sessionId": "b", "command": "/bin/true", "cwd": cwd.display().to_string()}),
+        )["terminalId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ids = json!({"sessionId": "b", "terminalId": id});
+        let exit = call(c, "terminal/wait_for_exit", ids.clone());
+        assert_eq!(exit["exitCode"], 0, "{exit}");
+        call(c, "terminal/release", ids);
+    };
+    let (mut cn, mut cb, mut cg) = (client(&none), client(&boxed), client(&git));
+    for _ in 0..20 {
+        run(&mut cn, &plain);
+        run(&mut cb, &plain);
+        run(&mut cg, &repo);
+    }
+    let (mut a, mut b, mut g) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let t = Instant::now();
+        run(&mut cn, &plain);
+        a.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        run(&mut cb, &plain);
+        b.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        run(&mut cg, &repo);
+        g.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let (ma, mb, mg) = (median(&mut a), median(&mut b), median(&mut g));
+    report(
+        rows,
+        "1i spawn round trip, workspace sandbox (no .git) vs none".into(),
+        format!("{ma:.0} us"),
+        format!("{mb:.0} us"),
+        format!("{:.2}", mb / ma),
+        "<= 1.10".into(),
+    );
+    report(
+        rows,
+        "1i ... with .git protected (mount namespace) vs none".into(),
+        format!("{ma:.0} us"),
+        format!("{mg:.0} us"),
+        format!("{:.2}", mg / ma),
+        "-".into(),
+    );
+}
+
 /// The spawn round trip of a shell line through `bash/exec`, with a 1,000-rule policy
 /// loaded (the line split and judged) against no policy, interleaved.
 /// The spawn round trip with a cgroup per command (`--cgroup` on a private parent) against
@@ -1695,8 +1778,9 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 16] = [
+    let benches: [(&str, Bench); 17] = [
         ("spawn", bench_spawn),
+        ("sandbox", bench_sandbox),
         ("cgroup", bench_cgroup),
         ("kill", bench_kill),
         ("policy", bench_policy),

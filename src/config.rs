@@ -43,6 +43,8 @@ pub const BASH_HISTORY: usize = 100;
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Approvals waiting for an answer at once, all peers together.
 pub const DEFAULT_MAX_PENDING_APPROVALS: usize = 256;
+/// What `$TMPDIR` stands for in a sandbox unless `--tmpdir` says otherwise.
+pub const DEFAULT_TMPDIR: &str = "/tmp";
 /// Socket file mode unless `--socket-mode` widens it.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
@@ -109,6 +111,17 @@ pub struct Config {
     /// The flags the daemon was started with, as given (without `--resume-from`): the next
     /// image gets them unchanged.
     pub args: Vec<OsString>,
+    /// `--workdir` was given (it then counts as the workspace when none is named).
+    pub workdir_given: bool,
+    /// `--sandbox PRESET|FILE`: every command's sandbox unless the policy says otherwise
+    /// (PROTOCOL 16); none: `off`. A file is read when the daemon starts (`sandbox_of`).
+    pub sandbox: Option<SandboxFlag>,
+    /// `--workspace DIR` (repeatable): where `$CWD` may stand for.
+    pub workspaces: Vec<PathBuf>,
+    /// `--tmpdir DIR`: what `$TMPDIR` stands for (default `/tmp`).
+    pub tmpdir: PathBuf,
+    /// `--landlock-abi-max N`: use no newer Landlock ABI than N (it can only refuse more).
+    pub landlock_abi_max: Option<u8>,
 }
 
 /// Where `--audit` sends records.
@@ -161,6 +174,11 @@ impl Default for Config {
             resume_from: None,
             binary: None,
             args: Vec::new(),
+            workdir_given: false,
+            sandbox: None,
+            workspaces: Vec::new(),
+            tmpdir: PathBuf::from(DEFAULT_TMPDIR),
+            landlock_abi_max: None,
         }
     }
 }
@@ -210,6 +228,14 @@ options:
   --shell PATH             shell for command lines (default /bin/bash, else /bin/sh)
   --clean-env              start commands with an empty environment
   --workdir DIR            default working directory (default: the daemon's)
+  --sandbox PRESET|FILE    every command's sandbox (PROTOCOL 16): workspace (write
+                           $CWD and $TMPDIR, no network, .git read-only), read-only,
+                           off (the default), or a JSON file of that shape; the
+                           policy's own sandbox and rules narrow or change it
+  --workspace DIR          a directory $CWD may stand for (repeatable; default: the
+                           policy's workspaces, else --workdir when given)
+  --tmpdir DIR             what $TMPDIR stands for in a sandbox (default /tmp)
+  --landlock-abi-max N     use no newer Landlock ABI than N (it can only refuse more)
   --rlimit NAME=VALUE      limit for commands: cpu, as, nofile, nproc, fsize, core
                            (repeatable)
   --run-as USER            (root daemon) run non-root peers' commands as USER
@@ -253,6 +279,51 @@ options:
 
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
+
+/// `--sandbox PRESET|FILE` as given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SandboxFlag {
+    Preset(String),
+    /// A file holding a sandbox object, read when the daemon starts: what it holds that
+    /// execd does not know stops the start (exit 1), as a policy file's does.
+    File(PathBuf),
+}
+
+impl SandboxFlag {
+    /// The sandbox it names (the error names the file and the problem).
+    pub fn read(&self) -> Result<crate::policy::sandbox::Partial, String> {
+        use crate::policy::sandbox;
+        match self {
+            SandboxFlag::Preset(p) => {
+                sandbox::parse(&serde_json::Value::from(p.as_str())).map_err(|e| e.to_string())
+            }
+            SandboxFlag::File(path) => {
+                let shown = path.display();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--sandbox {shown}: cannot read: {e}"))?;
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("--sandbox {shown}: not JSON: {e}"))?;
+                sandbox::parse(&value).map_err(|e| format!("--sandbox {shown}: {e}"))
+            }
+        }
+    }
+}
+
+/// `--sandbox`'s value: a preset's name, or a file holding a sandbox object.
+fn sandbox_flag(v: &str) -> Result<SandboxFlag, String> {
+    use crate::policy::sandbox;
+    if sandbox::PRESETS.contains(&v) {
+        return Ok(SandboxFlag::Preset(v.to_string()));
+    }
+    let path = PathBuf::from(v);
+    if !path.is_file() {
+        return Err(format!(
+            "--sandbox: {v:?} is neither a preset ({}) nor a file",
+            sandbox::PRESETS.join(", ")
+        ));
+    }
+    Ok(SandboxFlag::File(path))
+}
 
 /// Where the daemon's socket may be, in section 1's order: `--socket`, else
 /// `$EXECD_SOCKET` (each alone: named, it is the one), else `$XDG_RUNTIME_DIR/execd.sock`,
@@ -468,7 +539,32 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--session-idle" => cfg.session_idle = duration(&flag, &value()?)?,
             "--shell" => cfg.shell = PathBuf::from(value()?),
             "--clean-env" => cfg.clean_env = true,
-            "--workdir" => cfg.workdir = PathBuf::from(value()?),
+            "--workdir" => {
+                cfg.workdir = PathBuf::from(value()?);
+                cfg.workdir_given = true;
+            }
+            "--sandbox" => cfg.sandbox = Some(sandbox_flag(&value()?)?),
+            "--workspace" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() || !v.is_dir() || v == Path::new("/") {
+                    return Err(format!(
+                        "--workspace: {} is not an absolute path to a directory other than /",
+                        v.display()
+                    ));
+                }
+                cfg.workspaces.push(v);
+            }
+            "--tmpdir" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() || !v.is_dir() {
+                    return Err(format!(
+                        "--tmpdir: {} is not an absolute path to a directory",
+                        v.display()
+                    ));
+                }
+                cfg.tmpdir = v;
+            }
+            "--landlock-abi-max" => cfg.landlock_abi_max = Some(parse_num(&flag, &value()?)?),
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
             "--upgrade-check" => return Ok(Invocation::UpgradeCheck),

@@ -40,6 +40,7 @@ mod protocol;
 mod pty;
 mod readme;
 mod robustness;
+mod sandbox;
 mod scale;
 mod shell;
 mod sinks;

@@ -24,6 +24,13 @@ const CWD: Flag = flag(
     Some("DIR"),
     "working directory (default: execctl's own; with -H ssh://, the remote daemon's)",
 );
+const SANDBOX: Flag = flag(
+    "--sandbox",
+    None,
+    Some("SPEC"),
+    "run in this sandbox, within the daemon's: workspace, read-only, a JSON object or a \
+     file holding one; wider asks an approver",
+);
 const ENV: Flag = flag(
     "--env",
     Some("-e"),
@@ -97,6 +104,7 @@ does a -t command outlive an execctl killed with SIGKILL). Exit status: the comm
 (a warning says how much).",
     flags: &[
         CWD,
+        SANDBOX,
         ENV,
         ENV_FILE,
         TIMEOUT,
@@ -135,6 +143,7 @@ returns after SECS with the command still running (its id on stderr, exit 0).",
             "run in this bash session (created if new)",
         ),
         CWD,
+        SANDBOX,
         ENV,
         ENV_FILE,
         TIMEOUT,
@@ -197,14 +206,21 @@ a terminal is an error (125): follow it with execctl logs -f ID.",
 /// `execctl ps`.
 pub const PS: Spec = Spec {
     name: "ps",
-    usage: "[--running] [--session ID] [-q] [--json]",
+    usage: "[--running] [--session ID] [-l] [-q] [--json]",
     about: "list processes, newest first",
     details: "\
 One row per terminal and bash command, newest first: ID, SESSION, PID, STATE (running,
 exited, killed, timed_out), EXIT (code or signal), AGE, DURATION and COMMAND (arguments
-quoted as a shell would need). Rows are cut to the terminal's width.",
+quoted as a shell would need). Rows are cut to the terminal's width. -l adds SANDBOX:
+the sandbox each runs in (workspace:/its/workspace, read-only, custom, off).",
     flags: &[
         flag("--running", None, None, "only running commands"),
+        flag(
+            "--long",
+            Some("-l"),
+            None,
+            "also show each command's sandbox",
+        ),
         flag(
             "--session",
             None,
@@ -288,7 +304,7 @@ pub const RELEASE: Spec = Spec {
 /// `execctl shell`.
 pub const SHELL: Spec = Spec {
     name: "shell",
-    usage: "[ID] [--cwd DIR]",
+    usage: "[ID] [--cwd DIR] [--sandbox SPEC]",
     about: "a shell session at your terminal, line by line",
     details: "\
 Opens the shell session ID (a new one without ID, in --cwd or your directory) and runs
@@ -298,8 +314,9 @@ it as input, and Ctrl-C interrupts it; at the prompt Ctrl-D leaves, and the sess
 (execctl shell ID returns to it; execctl sessions close ID ends it). From a pipe, each
 line runs to its end before the next, and execctl exits with the last exit code.
 Line mode: keys are not sent one by one, so a program that echoes what it reads shows
-a line twice, and full-screen programs are not for it.",
-    flags: &[CWD],
+a line twice, and full-screen programs are not for it. A new session's --sandbox is
+its own for good: every line of it runs in it.",
+    flags: &[CWD, SANDBOX],
     stop_at_operand: false,
 };
 

@@ -379,6 +379,33 @@ fn request_text(r: &ApprovalAsk) -> String {
     if let Some(n) = d["env_left_out"].as_u64().filter(|n| *n > 0) {
         line("sets", &format!("... {n} more variables ..."));
     }
+    // What it may touch (PROTOCOL 16), and what approving lets it touch beyond that.
+    let outside: Vec<String> = d["outside"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(str_of)
+        .collect();
+    if !outside.is_empty() {
+        line("outside", &format!("the sandbox: {}", outside.join(", ")));
+    }
+    let sb = &d["sandbox"];
+    if sb.is_object() && sb["name"] != "off" {
+        let paths = |v: &Value| match v {
+            Value::Array(a) if a.is_empty() => "nothing".to_string(),
+            Value::Array(a) => a.iter().map(str_of).collect::<Vec<_>>().join(" "),
+            other => str_of(other),
+        };
+        line(
+            "sandbox",
+            &format!(
+                "{}: write {}; network {}",
+                str_of(&sb["name"]),
+                paths(&sb["write"]),
+                str_of(&sb["network"])
+            ),
+        );
+    }
     let rule = match d["justification"].as_str() {
         Some(j) => format!("{}: {j}", str_of(&d["rule"])),
         None => str_of(&d["rule"]),

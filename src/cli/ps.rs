@@ -72,6 +72,7 @@ pub fn terminal_process(t: &Value) -> Value {
         "cwd": t["cwd"],
         "command": output::quoted_line(words.iter().copied()),
         "argv": argv,
+        "sandbox": t["_meta"]["execd"]["sandbox"],
     })
 }
 
@@ -90,6 +91,7 @@ pub fn bash_process(b: &Value) -> Value {
         "cwd": b["cwd"],
         "command": b["command"],
         "argv": Value::Null,
+        "sandbox": b["sandbox"],
     })
 }
 
@@ -110,6 +112,7 @@ pub fn shell_process(id: &str, s: &Value) -> Value {
         "cwd": s["working_dir"],
         "command": command,
         "argv": Value::Null,
+        "sandbox": s["sandbox"],
     })
 }
 
@@ -174,6 +177,7 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
         output::print_json(&json!({ "processes": all }))?;
         return Ok(0);
     }
+    let long = p.has("--long");
     let rows: Vec<Vec<String>> = all
         .iter()
         .map(|x| {
@@ -188,7 +192,7 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
             // Session ids and commands are whatever the agent sent: shown escaped, so a
             // newline or an escape sequence cannot forge or hide a row.
             let shown = |k: &str| output::visible(x[k].as_str().unwrap_or(""));
-            vec![
+            let mut row = vec![
                 shown("id"),
                 shown("session"),
                 x["pid"].to_string(),
@@ -196,10 +200,25 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
                 exit,
                 output::age(x["started_at"].as_str().unwrap_or("")),
                 duration,
-                shown("command"),
-            ]
+            ];
+            if long {
+                row.push(sandbox_cell(&x["sandbox"]));
+            }
+            row.push(shown("command"));
+            row
         })
         .collect();
+    if long {
+        output::table(
+            &[
+                "ID", "SESSION", "PID", "STATE", "EXIT", "AGE", "DURATION", "SANDBOX", "COMMAND",
+            ],
+            &rows,
+            Some(3),
+            &[1, 6, 5, 2],
+        )?;
+        return Ok(0);
+    }
     output::table(
         &[
             "ID", "SESSION", "PID", "STATE", "EXIT", "AGE", "DURATION", "COMMAND",
@@ -211,6 +230,16 @@ pub fn ps(ctx: &Ctx, p: &Args) -> Res<u8> {
         &[1, 6, 5, 2],
     )?;
     Ok(0)
+}
+
+/// A sandbox as `ps -l` shows it: its name and `$CWD` (`workspace:/w`), `off`, or `-`
+/// when the daemon does not say.
+fn sandbox_cell(s: &Value) -> String {
+    match (s["name"].as_str(), s["cwd"].as_str()) {
+        (None, _) => "-".into(),
+        (Some(n), Some(cwd)) => output::visible(&format!("{n}:{cwd}")),
+        (Some(n), None) => output::visible(n),
+    }
 }
 
 pub fn one_id<'a>(p: &'a Args, what: &str) -> Res<&'a str> {

@@ -580,6 +580,21 @@ fn detached(ctx: &Ctx, target: &Target) -> Res<u8> {
 
 // ---- the subcommands -------------------------------------------------------------------
 
+/// `--sandbox SPEC`: a preset's name, a JSON object, or a file holding one. The daemon
+/// checks it (an unknown key or value is its error, naming it).
+pub fn sandbox_value(v: &str) -> Res<Value> {
+    if v.trim_start().starts_with('{') {
+        return serde_json::from_str(v)
+            .map_err(|e| Fail::usage(format!("--sandbox: not a JSON object: {e}")));
+    }
+    if !v.contains('/') && !std::path::Path::new(v).exists() {
+        return Ok(json!(v));
+    }
+    let text = std::fs::read_to_string(v)
+        .map_err(|e| Fail::usage(format!("--sandbox: cannot read {v}: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| Fail::usage(format!("--sandbox: {v}: not JSON: {e}")))
+}
+
 /// `execctl run [OPTIONS] [--] COMMAND [ARGS...]`.
 pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     let Some((command, args)) = p.operands.split_first() else {
@@ -623,6 +638,9 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         json!({"execd": {"subscribe": subscription(), "stdin": o.stdin_pipe,
                          "killOnDisconnect": true}})
     };
+    if let Some(v) = p.value("--sandbox") {
+        params["_meta"]["execd"]["sandbox"] = sandbox_value(v)?;
+    }
     if let Some(t) = &o.tty {
         t.request(&mut params["_meta"]["execd"]);
         // A -t command outlives execctl: a detach leaves it running, and so does a lost
@@ -713,6 +731,9 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     if let Some(t) = o.timeout {
         params["hard_timeout"] = json!(t.as_secs_f64());
+    }
+    if let Some(v) = p.value("--sandbox") {
+        params["sandbox"] = sandbox_value(v)?;
     }
     if !o.detach {
         params["subscribe"] = subscription();

@@ -84,6 +84,10 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
             params["exec_dir"] = dir.into();
         }
     }
+    // A session's sandbox is fixed when it is made; the daemon refuses another.
+    if let Some(v) = p.value("--sandbox") {
+        params["sandbox"] = super::run::sandbox_value(v)?;
+    }
     let s = c.call("shell/sessions/create", params)?;
     let sid = s["session_id"].as_str().unwrap_or_default().to_string();
     if io::stdin().is_terminal() && io::stdout().is_terminal() {

@@ -62,6 +62,42 @@ fn policy_line(meta: &Value) -> String {
     )
 }
 
+/// The sandbox in one line: the default and what the kernel offers.
+fn sandbox_line(s: &Value) -> String {
+    if s.is_null() {
+        return "unknown (an execd without sandboxes)".into();
+    }
+    let abi = s["landlockAbi"].as_u64().unwrap_or(0);
+    let workspaces: Vec<&str> = s["workspaces"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    format!(
+        "default {}; Landlock ABI {abi}{}; signals {}; protect {}; workspaces {}",
+        s["default"]["name"].as_str().unwrap_or("?"),
+        if abi == 0 {
+            " (none: sandboxes refused)"
+        } else {
+            ""
+        },
+        if s["signals"] == true {
+            "scoped"
+        } else {
+            "by seccomp"
+        },
+        if s["protect"] == true {
+            "yes"
+        } else {
+            "unavailable"
+        },
+        if workspaces.is_empty() {
+            "none".to_string()
+        } else {
+            output::visible(&workspaces.join(" "))
+        }
+    )
+}
+
 /// `execctl status`.
 pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
     no_operands(p, "status")?;
@@ -110,6 +146,7 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         "approvers": meta["approvers"],
         "pending_approvals": meta["pendingApprovals"],
         "containment": output::snake_keys(&meta["containment"]),
+        "sandbox": output::snake_keys(&meta["sandbox"]),
         "descriptors": output::snake_keys(&meta["descriptors"]),
         "audit": meta["audit"],
         "limits": output::snake_keys(&init["limits"]),
@@ -170,6 +207,7 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         ),
         ("policy", policy_line(meta)),
         ("containment", containment),
+        ("sandbox", sandbox_line(&meta["sandbox"])),
         (
             "descriptors",
             format!(

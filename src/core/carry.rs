@@ -546,6 +546,7 @@ fn carry_proc(p: &Proc, clock: &Clock, blobs: &mut BlobsOut) -> ProcImage {
         stdin: p.stdin.as_ref().map(|s| stdin_image(s, blobs)),
         commands: p.commands.as_ref().map(|s| stdin_image(s, blobs)),
         runs_as: p.runs_as,
+        sandbox: p.sandbox.as_ref().map(|g| g.to_json()),
         exit: p.exit.map(|e| ExitImage {
             ended: match e.ended {
                 Ended::Code(c) => EndedImage::Code(c),
@@ -693,6 +694,10 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
         stdin,
         commands,
         runs_as: p.runs_as,
+        sandbox: p
+            .sandbox
+            .as_ref()
+            .and_then(crate::policy::sandbox::Given::from_json),
         exit: p.exit.as_ref().map(|e| Exit {
             ended: match e.ended {
                 EndedImage::Code(c) => Ended::Code(c),
@@ -822,6 +827,7 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
             rule: a.rule.clone(),
         }),
         origin: shell::carry::origin_image(&l.origin),
+        sandbox: l.sandbox.as_ref().map(|g| g.to_json()),
     }
 }
 
@@ -892,6 +898,12 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
             }),
         },
         origin: shell::carry::origin_of(&l.origin),
+        sandbox_asked: None,
+        sandbox: l
+            .sandbox
+            .as_ref()
+            .and_then(crate::policy::sandbox::Given::from_json),
+        ceiling: None,
     })
 }
 

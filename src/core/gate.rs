@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
+use crate::core::confine::Decided;
 use crate::core::launch::{Admitted, LaunchRequest};
 use crate::core::table::ConnId;
 use crate::core::table::Peer;
@@ -30,6 +31,7 @@ use crate::core::timers::TimerId;
 use crate::core::view::cut_middle;
 use crate::core::vocab::Answer;
 use crate::core::{Core, Effect, Timer};
+use crate::policy::sandbox::Given;
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
@@ -290,7 +292,12 @@ fn shown_command(argv: &[String], verdict: &Verdict) -> (String, Vec<Value>) {
 /// `brief` as Wire clients expect it (rule, uid, pid, cwd, session), a `brief` per simple
 /// command with the rules it matched, one per variable the request sets, and an `execd`
 /// block with the same as data for programs.
-fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Value {
+fn approval_display(
+    launch: &LaunchRequest,
+    verdict: &Verdict,
+    cwd: &str,
+    outside: &[String],
+) -> Value {
     let peer = launch.peer;
     let session = cut_middle(launch.family.session_id(), SHOWN_MAX);
     let why = verdict
@@ -301,6 +308,15 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         "rule {}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
         verdict.rule, peer.uid, peer.pid
     )})];
+    // What it may touch, and what an approval lets it touch beyond the sandbox in force.
+    if !outside.is_empty() {
+        blocks.push(json!({"type": "brief", "text": format!(
+            "outside the sandbox: {}", cut_middle(&outside.join(", "), SHOWN_MAX))}));
+    }
+    if let Some(g) = &launch.sandbox {
+        blocks.push(json!({"type": "brief",
+            "text": format!("sandbox {}", cut_middle(&g.brief(), SHOWN_MAX))}));
+    }
     let (first, skipped, last) = first_and_last(&verdict.commands);
     let mut commands = Vec::new();
     for (i, argv) in first.iter().chain(last).enumerate() {
@@ -350,6 +366,8 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         "uid": peer.uid,
         "pid": peer.pid,
         "session": session,
+        "sandbox": launch.sandbox.as_ref().map(|g| g.to_json()),
+        "outside": outside,
     }}));
     Value::Array(blocks)
 }
@@ -380,8 +398,31 @@ impl Core {
         let (key, id) = self.table.next_ids(launch.prefix);
         let peer = launch.peer;
         // A shell session's own bash runs nothing but the lines typed into it, and each
-        // of those is judged here on its own (`After::ShellLine`): the shell is not.
+        // of those is judged here on its own (`After::ShellLine`): the shell is not. Its
+        // sandbox is the session's, decided once when the session is made (and asked
+        // about here when that was wider than in force).
         if let crate::core::vocab::After::ShellStart(_) = launch.after {
+            if launch.sandbox.is_none() {
+                match self.sandbox_for(&launch, None) {
+                    Err(e) => return self.sandbox_refused(&launch, &id, e),
+                    Ok(Decided::Within(g)) => launch.sandbox = Some(g),
+                    Ok(Decided::Wider { given, outside }) => {
+                        launch.sandbox = Some(given);
+                        let verdict = Verdict {
+                            decision: Decision::Allow,
+                            rule: "shell-session".into(),
+                            justification: None,
+                            hits: Vec::new(),
+                            unparsed: false,
+                            asked: Vec::new(),
+                            commands: Vec::new(),
+                            sandbox_rules: Vec::new(),
+                            sandbox_top: true,
+                        };
+                        return self.escalate(launch, conn, req, (key, id), verdict, outside);
+                    }
+                }
+            }
             launch.admitted = Some(Admitted {
                 key,
                 id,
@@ -416,6 +457,21 @@ impl Core {
                 rule: rule.to_string(),
             });
         };
+        // The sandbox (PROTOCOL 16), unless the policy refuses the line anyway.
+        let mut outside: Vec<String> = Vec::new();
+        if verdict.decision != Decision::Deny {
+            match self.line_sandbox(&launch, &verdict) {
+                Err(e) => return self.sandbox_refused(&launch, &id, e),
+                Ok(Decided::Within(g)) => launch.sandbox = Some(g),
+                Ok(Decided::Wider { given, outside: o }) => {
+                    launch.sandbox = Some(given);
+                    outside = o;
+                }
+            }
+        }
+        if !outside.is_empty() {
+            return self.escalate(launch, conn, req, (key, id), verdict, outside);
+        }
         match verdict.decision {
             Decision::Allow => {
                 admit(&mut launch, "allow", &verdict.rule);
@@ -438,116 +494,208 @@ impl Core {
                     verdict.justification.as_deref(),
                 ))
             }
-            Decision::Ask => {
-                let session = launch.session_ref();
-                if !verdict.unparsed && self.approvals.covered(peer.uid, &session, &verdict.asked) {
-                    admit(&mut launch, "approve_for_session", &verdict.rule);
-                    return Gated::Admitted(launch);
-                }
-                let named = (
-                    self.cfg.approver_uids.as_slice(),
-                    self.cfg.approver_gids.as_slice(),
-                );
-                let approvers = self
-                    .approvals
-                    .approvers_for(peer.uid, conn, peer.pid, named);
-                if approvers.is_empty() {
-                    self.record(
-                        "reject",
-                        Some(peer),
-                        json!({ "id": id, "rule": verdict.rule, "reason": "no approver" }),
-                    );
-                    self.launch_failed(&launch);
-                    return Gated::Refused(RpcError::not_approved(
-                        &verdict.rule,
-                        "no approver",
-                        None,
-                    ));
-                }
-                // The pending asks are bounded, and a non-root uid's commands hold at most
-                // half of them (PROTOCOL 8, fair shares).
-                let max = self.cfg.max_pending_approvals;
-                let share = if self.shares(peer.uid) {
-                    (max / 2).max(1)
-                } else {
-                    max
-                };
-                let refused = if self.approvals.pending.len() >= max {
-                    Some(("max-pending-approvals", max))
-                } else if self.approvals.pending_of(peer.uid) >= share {
-                    Some(("max-pending-approvals-per-uid", share))
-                } else {
-                    None
-                };
-                if let Some((limit, n)) = refused {
-                    self.launch_failed(&launch);
-                    return Gated::Refused(RpcError::limit(limit, n));
-                }
-                let appr = self.approvals.next_id();
-                let command = describe(&launch);
-                let cwd = cut_middle(&launch.cwd.display().to_string(), SHOWN_MAX);
-                let asked = Asked {
-                    rule: verdict.rule.clone(),
-                    covers: if verdict.unparsed {
-                        Vec::new()
-                    } else {
-                        verdict.asked.clone()
-                    },
-                    // Raw, like the display: what shows it to a person escapes control
-                    // characters (execctl approve does).
-                    description: cut_middle(&command, DESCRIPTION_MAX),
-                    display: approval_display(&launch, &verdict, &cwd),
-                };
-                let line = request_line(&appr, &id, &asked);
-                for a in &approvers {
-                    self.out.push(Effect::Send {
-                        conn: *a,
-                        line: line.clone(),
-                    });
-                }
-                if let Some(req) = req.filter(|_| self.approvals.notices.contains(&conn)) {
-                    // An unparsed line matched no ask rule of its own: the rule that
-                    // asked is the `unparsed` setting's.
-                    let rules = if verdict.asked.is_empty() {
-                        std::slice::from_ref(&verdict.rule)
-                    } else {
-                        verdict.asked.as_slice()
-                    };
-                    let timeout_ms = self.cfg.approval_timeout.as_millis() as u64;
-                    self.out.push(Effect::ApprovalPending {
-                        conn,
-                        req,
-                        params: pending_notice(&appr, rules, verdict.unparsed, timeout_ms),
-                    });
-                }
-                self.record(
-                    "ask",
-                    Some(peer),
-                    json!({ "id": id, "approval": appr, "rule": verdict.rule,
-                            "rules": verdict.asked,
-                            "reason": if verdict.unparsed { "unparsed" } else { "policy" },
-                            "command": command }),
-                );
-                admit(&mut launch, "approve", &verdict.rule);
-                let timer = self.timers.add(
-                    self.now + self.cfg.approval_timeout,
-                    Timer::Approval(appr.clone()),
-                );
-                self.approvals.pending.insert(
-                    appr.clone(),
-                    PendingApproval {
-                        id: appr,
-                        conn,
-                        req,
-                        launch,
-                        asked,
-                        sent_to: approvers,
-                        timer,
-                    },
-                );
-                Gated::Asked
-            }
+            Decision::Ask => self.ask(launch, conn, req, (key, id), verdict, Vec::new()),
         }
+    }
+
+    /// Parks `launch` for an approver (the policy asks, or it asks for more than the
+    /// sandbox in force: `outside` says what). Earlier approvals for the session that
+    /// cover every ask rule the line matched admit it at once (never an escalation or
+    /// an unparsed line); no approver at all refuses it (`-32006`).
+    fn ask(
+        &mut self,
+        mut launch: Box<LaunchRequest>,
+        conn: ConnId,
+        req: Option<ReqNo>,
+        (key, id): (crate::core::table::Key, String),
+        verdict: Verdict,
+        outside: Vec<String>,
+    ) -> Gated {
+        let peer = launch.peer;
+        let once = verdict.unparsed || !outside.is_empty();
+        let admit = |launch: &mut LaunchRequest, decision, rule: &str| {
+            launch.admitted = Some(Admitted {
+                key,
+                id: id.clone(),
+                decision,
+                rule: rule.to_string(),
+            });
+        };
+        let session = launch.session_ref();
+        if !once && self.approvals.covered(peer.uid, &session, &verdict.asked) {
+            admit(&mut launch, "approve_for_session", &verdict.rule);
+            return Gated::Admitted(launch);
+        }
+        let named = (
+            self.cfg.approver_uids.as_slice(),
+            self.cfg.approver_gids.as_slice(),
+        );
+        let approvers = self
+            .approvals
+            .approvers_for(peer.uid, conn, peer.pid, named);
+        if approvers.is_empty() {
+            self.record(
+                "reject",
+                Some(peer),
+                json!({ "id": id, "rule": verdict.rule, "reason": "no approver" }),
+            );
+            self.launch_failed(&launch);
+            return Gated::Refused(RpcError::not_approved(&verdict.rule, "no approver", None));
+        }
+        // The pending asks are bounded, and a non-root uid's commands hold at most
+        // half of them (PROTOCOL 8, fair shares).
+        let max = self.cfg.max_pending_approvals;
+        let share = if self.shares(peer.uid) {
+            (max / 2).max(1)
+        } else {
+            max
+        };
+        let refused = if self.approvals.pending.len() >= max {
+            Some(("max-pending-approvals", max))
+        } else if self.approvals.pending_of(peer.uid) >= share {
+            Some(("max-pending-approvals-per-uid", share))
+        } else {
+            None
+        };
+        if let Some((limit, n)) = refused {
+            self.launch_failed(&launch);
+            return Gated::Refused(RpcError::limit(limit, n));
+        }
+        let appr = self.approvals.next_id();
+        let command = describe(&launch);
+        let cwd = cut_middle(&launch.cwd.display().to_string(), SHOWN_MAX);
+        let asked = Asked {
+            rule: verdict.rule.clone(),
+            covers: if once {
+                Vec::new()
+            } else {
+                verdict.asked.clone()
+            },
+            // Raw, like the display: what shows it to a person escapes control
+            // characters (execctl approve does).
+            description: cut_middle(&command, DESCRIPTION_MAX),
+            display: approval_display(&launch, &verdict, &cwd, &outside),
+        };
+        let line = request_line(&appr, &id, &asked);
+        for a in &approvers {
+            self.out.push(Effect::Send {
+                conn: *a,
+                line: line.clone(),
+            });
+        }
+        if let Some(req) = req.filter(|_| self.approvals.notices.contains(&conn)) {
+            // An unparsed line matched no ask rule of its own: the rule that asked is the
+            // `unparsed` setting's.
+            let rules = if verdict.asked.is_empty() {
+                std::slice::from_ref(&verdict.rule)
+            } else {
+                verdict.asked.as_slice()
+            };
+            let timeout_ms = self.cfg.approval_timeout.as_millis() as u64;
+            self.out.push(Effect::ApprovalPending {
+                conn,
+                req,
+                params: pending_notice(&appr, rules, verdict.unparsed, timeout_ms),
+            });
+        }
+        self.record(
+            "ask",
+            Some(peer),
+            json!({ "id": id, "approval": appr, "rule": verdict.rule,
+                    "rules": verdict.asked,
+                    "reason": if !outside.is_empty() { "sandbox" }
+                        else if verdict.unparsed { "unparsed" } else { "policy" },
+                    "outside": outside,
+                    "sandbox": launch.sandbox.as_ref().map(|g| g.to_json()),
+                    "command": command }),
+        );
+        admit(&mut launch, "approve", &verdict.rule);
+        let timer = self.timers.add(
+            self.now + self.cfg.approval_timeout,
+            Timer::Approval(appr.clone()),
+        );
+        self.approvals.pending.insert(
+            appr.clone(),
+            PendingApproval {
+                id: appr,
+                conn,
+                req,
+                launch,
+                asked,
+                sent_to: approvers,
+                timer,
+            },
+        );
+        Gated::Asked
+    }
+
+    /// The sandbox of a line (`sandbox_for`), and for a shell session's line the
+    /// session's: a line typed into a session runs in it, never wider, so each rule
+    /// carrying a sandbox that matched the line must allow what the session's does.
+    fn line_sandbox(&self, launch: &LaunchRequest, verdict: &Verdict) -> Result<Decided, RpcError> {
+        let crate::core::vocab::After::ShellLine(exec) = &launch.after else {
+            return self.sandbox_for(launch, Some(verdict));
+        };
+        let key = (launch.peer.uid, exec.session_id.clone());
+        let session = match self.shells.map.get(&key) {
+            Some(s) => Decided::Within(s.sandbox.clone().unwrap_or_else(Given::off)),
+            // The line makes the session: the session's sandbox is decided now, as for
+            // its shell (the top-level one, narrowed by the request).
+            None => self.sandbox_for(launch, None)?,
+        };
+        let (Decided::Within(g) | Decided::Wider { given: g, .. }) = &session;
+        self.shell_line_within(launch, g, verdict)?;
+        Ok(session)
+    }
+
+    /// A sandbox that cannot be given (`-32004`) or is refused (`-32005`): audited and
+    /// answered; nothing starts.
+    fn sandbox_refused(&mut self, launch: &LaunchRequest, id: &str, e: RpcError) -> Gated {
+        let detail = e
+            .data
+            .as_ref()
+            .and_then(|d| d.get("detail"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let rule = e
+            .data
+            .as_ref()
+            .and_then(|d| d.get("rule"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        self.record(
+            "deny",
+            Some(launch.peer),
+            json!({ "id": id, "rule": rule, "reason": "sandbox", "detail": detail,
+                    "command": describe(launch) }),
+        );
+        self.launch_failed(launch);
+        Gated::Refused(e)
+    }
+
+    /// A request wider than the sandbox in force (`outside` says how): refused under
+    /// `"escalation": "deny"` (`-32005`), else sent to an approver as an ask, shown so
+    /// and approved once only (never for the session).
+    fn escalate(
+        &mut self,
+        launch: Box<LaunchRequest>,
+        conn: ConnId,
+        req: Option<ReqNo>,
+        (key, id): (crate::core::table::Key, String),
+        mut verdict: Verdict,
+        outside: Vec<String>,
+    ) -> Gated {
+        let why = format!("outside the sandbox: {}", outside.join(", "));
+        if self.policy.escalation_denied() {
+            let e = super::confine::refused("escalation", &why);
+            return self.sandbox_refused(&launch, &id, e);
+        }
+        if verdict.decision != Decision::Ask {
+            verdict.rule = "sandbox".into();
+            verdict.justification = Some(why);
+        }
+        verdict.decision = Decision::Ask;
+        self.ask(launch, conn, req, (key, id), verdict, outside)
     }
 
     /// An approver's answer to approval `id` (a Wire response). Only an approver that got
@@ -652,6 +800,21 @@ impl Core {
     /// A command that will not start (refused by the gate or an approver, or its spawn
     /// failed): a bash session made for it alone is not kept.
     pub fn launch_failed(&mut self, launch: &LaunchRequest) {
+        // A session made by `shell/sessions/create` whose first shell was refused (its
+        // sandbox, or no approver for it) never had a shell: it is not kept.
+        if let crate::core::vocab::After::ShellStart(crate::core::vocab::ShellThen::Create) =
+            launch.after
+        {
+            let key = (launch.peer.uid, launch.family.session_id().to_string());
+            if self
+                .shells
+                .map
+                .get(&key)
+                .is_some_and(|s| s.shell.is_none() && s.sandbox.is_none())
+            {
+                self.forget_shell(&key);
+            }
+        }
         if let crate::core::vocab::After::BashExec {
             created_session: true,
             ..

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use crate::core::table::{ConnId, Family, Key, Peer, SubOpts};
 use crate::core::vocab::After;
+use crate::policy::sandbox::{Given, Partial};
 use crate::types::CgroupLimits;
 use crate::types::Program;
 use crate::types::{Stdio3, WinSize};
@@ -48,6 +49,15 @@ pub struct LaunchRequest {
     /// Whence the request came, for whom its command runs as: the loop fills it in from
     /// the connection when the request does not carry it (a shell's restart does).
     pub origin: Option<Origin>,
+    /// The sandbox the request asks for (PROTOCOL 16); none: the one in force.
+    pub sandbox_asked: Option<Partial>,
+    /// The sandbox it runs in: set by the gate (`core::confine`), or carried by a shell
+    /// session for its shell.
+    pub sandbox: Option<Given>,
+    /// The most its caller may have: the sandbox of the command the caller's peer is
+    /// tied to (with its `$CWD`), `read-only` for a descendant of the daemon tied to
+    /// none; none for a caller outside every command. See `core::confine`.
+    pub ceiling: Option<Box<Given>>,
 }
 
 /// Where a request came from, for whom its command runs as.
@@ -198,6 +208,25 @@ pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
         ));
     }
     Ok(path)
+}
+
+/// The sandbox a request asks for in `field` (PROTOCOL 16): a preset or an object of
+/// the known keys; anything else `-32602` naming the key (fail closed).
+pub fn requested_sandbox(
+    field: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<Option<Partial>, RpcError> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => crate::policy::sandbox::parse(v).map(Some).map_err(|e| {
+            let name = if e.key.is_empty() {
+                field.to_string()
+            } else {
+                format!("{field}.{}", e.key)
+            };
+            RpcError::invalid_params(&name, e.reason)
+        }),
+    }
 }
 
 /// The terminal a request asks for: `Some(size)` when `tty` is true, `size` being

@@ -106,7 +106,22 @@ impl Core {
                     fields["argv"] = json!(req.program.argv());
                 }
             }
+            fields["sandbox"] = req.sandbox.as_ref().map_or_else(
+                || crate::policy::sandbox::Given::off().to_json(),
+                |g| g.to_json(),
+            );
             self.record("start", Some(req.peer), fields);
+        }
+        // A shell session's sandbox is fixed once its first shell runs: its restarts
+        // (in whatever directory a `cd` left it) keep it, unchecked.
+        if let (crate::core::vocab::After::ShellStart(_), Some(g)) = (&req.after, &req.sandbox) {
+            let key = (req.peer.uid, req.family.session_id().to_string());
+            if let Some(s) = self.shells.map.get_mut(&key) {
+                s.sandbox = Some(crate::policy::sandbox::Given {
+                    verify_cwd: false,
+                    ..g.clone()
+                });
+            }
         }
         self.table.insert(Proc {
             key,
@@ -124,6 +139,7 @@ impl Core {
             stdin,
             commands,
             runs_as,
+            sandbox: req.sandbox.clone().filter(|g| !g.is_off()),
             exit: None,
             kill: None,
             tied_to: req.kill_on_disconnect,

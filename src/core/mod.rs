@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod carry;
+pub mod confine;
 pub mod gate;
 pub mod input;
 pub mod launch;
@@ -231,6 +232,8 @@ pub struct Core {
     pub shells: shell::Shells,
     /// How commands are contained, as `initialize` says.
     pub containment: Containment,
+    /// What the daemon knows about sandboxes (PROTOCOL 16).
+    pub sandboxing: confine::Sandboxing,
     /// The daemon's descriptor limit (`RLIMIT_NOFILE`, raised at start).
     pub nofile: u64,
     /// Shutdown has begun: no new work is taken.
@@ -278,6 +281,7 @@ impl Core {
             approvals: Approvals::default(),
             shells: shell::Shells::default(),
             containment: Containment::default(),
+            sandboxing: confine::Sandboxing::default(),
             nofile: 1024,
             stopping: false,
             input_watch: false,

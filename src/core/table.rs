@@ -266,6 +266,8 @@ pub struct Proc {
     pub commands: Option<Stdin>,
     /// The uid it runs as (a root daemon runs a peer's commands as the peer).
     pub runs_as: u32,
+    /// The sandbox it runs in (PROTOCOL 16); none: not sandboxed.
+    pub sandbox: Option<crate::policy::sandbox::Given>,
     pub exit: Option<Exit>,
     /// Set when the daemon starts ending it; a later kill only waits for this one.
     pub kill: Option<KillReason>,
@@ -919,6 +921,7 @@ mod tests {
             stdin: None,
             commands: None,
             runs_as: owner,
+            sandbox: None,
             exit: None,
             kill: None,
             tied_to: None,

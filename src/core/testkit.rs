@@ -56,6 +56,9 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         after: After::Terminal,
         admitted: None,
         origin: None,
+        sandbox_asked: None,
+        sandbox: None,
+        ceiling: None,
     }
 }
 

@@ -49,6 +49,36 @@ fn command_descriptors(nofile: u64, max_clients: usize) -> u64 {
     nofile.saturating_sub(OWN + max_clients as u64)
 }
 
+/// What `initialize` says of sandboxes (PROTOCOL 16): what the kernel offers, the
+/// workspaces `$CWD` may stand for, `$TMPDIR`, and the default in force.
+fn sandbox_meta(core: &Core) -> Value {
+    let s = &core.sandboxing;
+    let mut v = s.kernel.to_json();
+    v["workspaces"] = s
+        .workspaces
+        .iter()
+        .map(|(_, real)| real.display().to_string())
+        .collect::<Vec<_>>()
+        .into();
+    v["tmpdir"] = s.tmpdir.display().to_string().into();
+    let top = core.top_sandbox();
+    let name = crate::policy::sandbox::PRESETS
+        .iter()
+        .find(|n| crate::policy::sandbox::Template::preset(n).as_ref() == Some(&top))
+        .copied()
+        .unwrap_or("custom");
+    let mut default = top.to_json();
+    default["name"] = name.into();
+    v["default"] = default;
+    v["escalation"] = if core.policy.escalation_denied() {
+        "deny"
+    } else {
+        "ask"
+    }
+    .into();
+    v
+}
+
 /// `initialize`: what execd is and what it allows. Counts are the whole daemon's for
 /// root and the daemon's own uid, and the caller's own for every other uid (PROTOCOL 8).
 pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
@@ -127,6 +157,7 @@ pub fn initialize(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, 
                 "detail": core.containment.detail,
                 "cookie": core.containment.cookie,
             },
+            "sandbox": sandbox_meta(core),
             "descriptors": {
                 "limit": core.nofile,
                 "terminals": command_descriptors(core.nofile, c.max_clients),
@@ -225,6 +256,8 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         None if m.opt_bool("stdin")?.unwrap_or(false) => Stdio3::MergedWithStdin,
         None => Stdio3::Merged,
     };
+    let sandbox_asked =
+        crate::core::launch::requested_sandbox("_meta.execd.sandbox", m.opt_value("sandbox"))?;
     let program = if !args.is_empty() || plain_word(command) {
         Program::Direct {
             program: command.to_string(),
@@ -256,6 +289,9 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         admitted: None,
         origin: None,
         after: After::Terminal,
+        sandbox_asked,
+        sandbox: None,
+        ceiling: None,
     })))
 }
 
@@ -411,6 +447,14 @@ pub fn release(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rpc
     Ok(Step::Done(json!({})))
 }
 
+/// The sandbox a command runs in, as command objects show it.
+pub fn sandbox_of(p: &crate::core::table::Proc) -> Value {
+    p.sandbox.as_ref().map_or_else(
+        || crate::policy::sandbox::Given::off().to_json(),
+        |g| g.to_json(),
+    )
+}
+
 /// `terminal/list` (extension): the caller's terminals, newest first, a page at a time
 /// (`limit`, default 256; `cursor` from the previous page's `nextCursor`). Long command
 /// lines are cut to a few KiB with a marker.
@@ -431,6 +475,7 @@ pub fn list(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         if let Some(tty) = &t.tty {
             v["_meta"]["execd"]["tty"] = crate::methods::bash::tty_size(tty);
         }
+        v["_meta"]["execd"]["sandbox"] = sandbox_of(t);
         if t.running() && t.waiting_for_input {
             v["_meta"]["execd"]["waitingForInput"] = true.into();
         }

@@ -243,6 +243,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         ["memory_max", "pids_max", "cpu_max"],
         &core.cfg.limits,
     )?;
+    let sandbox_asked = crate::core::launch::requested_sandbox("sandbox", p.opt_value("sandbox"))?;
     let requested = p.opt_str("session_id")?.filter(|s| !s.is_empty());
     let existed = requested.is_some_and(|id| {
         core.table
@@ -284,6 +285,9 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             created_session: !existed,
             exec_dir: dir,
         },
+        sandbox_asked,
+        sandbox: None,
+        ceiling: None,
     })))
 }
 
@@ -465,6 +469,7 @@ pub fn commands(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, Rp
         v.insert("session_id".into(), c.session_id().into());
         v.insert("pid".into(), c.pid.into());
         v.insert("cwd".into(), c.cwd.display().to_string().into());
+        v.insert("sandbox".into(), crate::methods::acp::sandbox_of(c));
         v.insert("started_at".into(), rfc3339(c.started_wall).into());
         v.insert("stdout_bytes".into(), c.streams[0].ring.end().into());
         v.insert("stderr_bytes".into(), c.streams[1].ring.end().into());

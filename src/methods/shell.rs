@@ -194,6 +194,10 @@ fn session_info(core: &Core, s: &ShellSession) -> Value {
         "restarts": s.restarts,
         "size": { "rows": s.size.rows, "cols": s.size.cols },
         "failed": match &s.phase { Phase::Failed(why) => Value::from(why.clone()), _ => Value::Null },
+        "sandbox": s.sandbox.as_ref().map_or_else(
+            || crate::policy::sandbox::Given::off().to_json(),
+            |g| g.to_json(),
+        ),
     })
 }
 
@@ -249,6 +253,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let strict = p.opt_bool("strict")?.unwrap_or(false);
     let truncate = p.opt_bool("truncate")?.unwrap_or(true);
     let keep_symlinks = p.opt_bool("preserve_symlinks")?;
+    let sandbox_asked = crate::core::launch::requested_sandbox("sandbox", p.opt_value("sandbox"))?;
     let requested = p.opt_str("id")?.filter(|s| !s.is_empty());
     let (id, creates) = match requested {
         Some(id) => {
@@ -292,7 +297,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
             hard_timeout,
         },
     };
-    Ok(Step::Launch(Box::new(LaunchRequest {
+    let launch = Box::new(LaunchRequest {
         family: Family::Shell { session_id: id },
         peer: caller.peer(),
         program: Program::Shell {
@@ -313,7 +318,21 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         after: After::ShellLine(Box::new(exec)),
         admitted: None,
         origin: None,
-    })))
+        sandbox_asked,
+        sandbox: None,
+        ceiling: None,
+    });
+    // A session's sandbox is fixed when it is made: a later line may only repeat it.
+    if let (false, Some(asked)) = (creates, &launch.sandbox_asked) {
+        let session = core
+            .shells
+            .map
+            .get(&key)
+            .and_then(|s| s.sandbox.clone())
+            .unwrap_or_else(crate::policy::sandbox::Given::off);
+        core.same_as_session(caller.uid, &session, asked)?;
+    }
+    Ok(Step::Launch(launch))
 }
 
 /// `-32000` when the session has a command not done, or is failed.
@@ -355,6 +374,18 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
                     exec.opts.keep_symlinks.unwrap_or(false),
                 ),
             )?;
+            // The gate decided the session's sandbox with its first line. Its shell
+            // starts in the session's directory, not the line's `exec_dir` that chose
+            // `$CWD`, so there is nothing to check there.
+            if let Some(s) = core.shells.map.get_mut(&key) {
+                s.sandbox = launch
+                    .sandbox
+                    .clone()
+                    .map(|g| crate::policy::sandbox::Given {
+                        verify_cwd: false,
+                        ..g
+                    });
+            }
             fresh = true;
         }
         // Closed while its line waited for an approver.
@@ -609,9 +640,18 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
 /// session with its shell started (answered once it runs), or the existing one.
 pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let requested = p.opt_str("id")?.filter(|s| !s.is_empty());
+    let sandbox_asked = crate::core::launch::requested_sandbox("sandbox", p.opt_value("sandbox"))?;
     if let Some(id) = requested {
         let key = (caller.uid, id.to_string());
-        if core.shells.map.contains_key(&key) {
+        if let Some(s) = core.shells.map.get(&key) {
+            // An existing session keeps its sandbox: asking for another is refused.
+            if let Some(asked) = &sandbox_asked {
+                let session = s
+                    .sandbox
+                    .clone()
+                    .unwrap_or_else(crate::policy::sandbox::Given::off);
+                core.same_as_session(caller.uid, &session, asked)?;
+            }
             core.touch_shell(&key);
             return Ok(Step::Done(created(core, &key)?));
         }
@@ -634,7 +674,11 @@ pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<St
         (no_change_timeout, keep),
     )?;
     match core.shell_launch(&key, ShellThen::Create) {
-        Some(l) => Ok(Step::Launch(Box::new(l))),
+        Some(mut l) => {
+            // The gate decides the session's sandbox with its first shell.
+            l.sandbox_asked = sandbox_asked;
+            Ok(Step::Launch(Box::new(l)))
+        }
         None => Err(RpcError::internal("shell session vanished")),
     }
 }

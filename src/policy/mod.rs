@@ -27,6 +27,7 @@
 //! Error positions: `rule #N` counts rules from 1 (as a person reads the file);
 //! `pattern[i]`, `match[i]` and the like are 0-based JSON array indices.
 
+pub mod sandbox;
 pub mod split;
 
 use serde_json::{Map, Value};
@@ -127,6 +128,13 @@ pub struct Verdict {
     pub asked: Vec<String>,
     /// Every simple command read, in order (a direct command's argv first).
     pub commands: Vec<Vec<String>>,
+    /// The rules carrying a sandbox that matched a simple command, in file order
+    /// (PROTOCOL 16: the line runs in the intersection of theirs and, when
+    /// `sandbox_top`, the top-level one).
+    pub sandbox_rules: Vec<String>,
+    /// Some simple command matched no rule carrying a sandbox, or the line is unparsed
+    /// (then only the top-level one applies).
+    pub sandbox_top: bool,
 }
 
 /// One rule of the policy file, checked.
@@ -141,6 +149,8 @@ struct Rule {
     /// `None`: every peer. `Some`: only peers in one of these groups (never empty).
     gids: Option<Vec<u32>>,
     justification: Option<String>,
+    /// Its own sandbox (PROTOCOL 16), fields it omits taking the top-level's.
+    sandbox: Option<sandbox::Partial>,
 }
 
 impl Rule {
@@ -190,6 +200,14 @@ pub struct Policy {
     /// place carries it, so that the new image keeps this policy when the file no longer
     /// loads (PROTOCOL 13).
     source: Option<String>,
+    /// The top-level `"sandbox"`: what every command runs in unless a rule says
+    /// otherwise (fields it omits take `--sandbox`'s).
+    sandbox: Option<sandbox::Partial>,
+    /// `"workspaces"`: directories `$CWD` may stand for, besides `--workspace`.
+    workspaces: Vec<std::path::PathBuf>,
+    /// `"escalation": "deny"`: a request wider than its sandbox is refused rather than
+    /// sent to an approver.
+    escalation_deny: bool,
 }
 
 impl Default for Policy {
@@ -205,14 +223,17 @@ impl Default for Policy {
             rules: Vec::new(),
             by_first: HashMap::new(),
             source: None,
+            sandbox: None,
+            workspaces: Vec::new(),
+            escalation_deny: false,
         }
     }
 }
 
 /// The fields a policy file may have at the top level.
-const TOP_FIELDS: &str = "default, unparsed, env, rules";
+const TOP_FIELDS: &str = "default, unparsed, env, rules, sandbox, workspaces, escalation";
 /// The fields a rule may have.
-const RULE_FIELDS: [&str; 8] = [
+const RULE_FIELDS: [&str; 9] = [
     "name",
     "pattern",
     "decision",
@@ -221,6 +242,7 @@ const RULE_FIELDS: [&str; 8] = [
     "justification",
     "match",
     "not_match",
+    "sandbox",
 ];
 /// Rule names that verdicts use for "no rule": a rule may not take them.
 const RESERVED_NAMES: [&str; 2] = ["default", "unparsed"];
@@ -235,10 +257,12 @@ impl Policy {
             Value::Object(fields) => fields,
             other => return Err(format!("policy must be a JSON object, not {}", kind(other))),
         };
-        if let Some(key) = top
-            .keys()
-            .find(|k| !matches!(k.as_str(), "default" | "unparsed" | "env" | "rules"))
-        {
+        if let Some(key) = top.keys().find(|k| {
+            !matches!(
+                k.as_str(),
+                "default" | "unparsed" | "env" | "rules" | "sandbox" | "workspaces" | "escalation"
+            )
+        }) {
             return Err(format!(
                 "unknown field {key:?} at the top level (known: {TOP_FIELDS})"
             ));
@@ -258,6 +282,47 @@ impl Policy {
             Some(other) => {
                 return Err(format!(
                     "\"env\" must be \"allow\" or \"unparsed\", not {}",
+                    match other {
+                        Value::String(s) => format!("{s:?}"),
+                        other => kind(other).to_string(),
+                    }
+                ))
+            }
+        };
+        let sandbox = match top.get("sandbox") {
+            None => None,
+            Some(v) => Some(sandbox::parse(v).map_err(|e| format!("\"sandbox\" {e}"))?),
+        };
+        let workspaces = match top.get("workspaces") {
+            None => Vec::new(),
+            Some(Value::Array(dirs)) => dirs
+                .iter()
+                .map(|d| match d.as_str() {
+                    Some(s) if s.starts_with('/') && s != "/" && !s.contains('\0') => {
+                        Ok(std::path::PathBuf::from(s))
+                    }
+                    Some("/") => Err("\"workspaces\": / is never a workspace".to_string()),
+                    _ => Err(format!(
+                        "\"workspaces\" must hold absolute paths, not {}",
+                        d.as_str()
+                            .map_or_else(|| kind(d).to_string(), |s| format!("{s:?}"))
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(format!(
+                    "\"workspaces\" must be an array of paths, not {}",
+                    kind(other)
+                ))
+            }
+        };
+        let escalation_deny = match top.get("escalation") {
+            None => false,
+            Some(Value::String(s)) if s == "ask" => false,
+            Some(Value::String(s)) if s == "deny" => true,
+            Some(other) => {
+                return Err(format!(
+                    "\"escalation\" must be \"ask\" or \"deny\", not {}",
                     match other {
                         Value::String(s) => format!("{s:?}"),
                         other => kind(other).to_string(),
@@ -297,7 +362,40 @@ impl Policy {
             rules,
             by_first,
             source: Some(text.to_string()),
+            sandbox,
+            workspaces,
+            escalation_deny,
         })
+    }
+
+    /// The top-level `"sandbox"`, if the file has one.
+    pub fn sandbox(&self) -> Option<&sandbox::Partial> {
+        self.sandbox.as_ref()
+    }
+
+    /// The sandbox of rule `name`, if it has one.
+    pub fn rule_sandbox(&self, name: &str) -> Option<&sandbox::Partial> {
+        self.rules
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.sandbox.as_ref())
+    }
+
+    /// Every sandbox the file writes: the top-level one, then each rule's.
+    pub fn sandboxes(&self) -> impl Iterator<Item = &sandbox::Partial> {
+        self.sandbox
+            .iter()
+            .chain(self.rules.iter().filter_map(|r| r.sandbox.as_ref()))
+    }
+
+    /// The file's `"workspaces"`.
+    pub fn workspaces(&self) -> &[std::path::PathBuf] {
+        &self.workspaces
+    }
+
+    /// `"escalation": "deny"`.
+    pub fn escalation_denied(&self) -> bool {
+        self.escalation_deny
     }
 
     /// The text this policy was parsed from; `None` for the policy without a file.
@@ -374,8 +472,11 @@ impl Policy {
         // first in file order.
         let mut best: Option<(Decision, usize)> = None;
         let mut some_unmatched = false;
+        let mut sandbox_rules: Vec<usize> = Vec::new();
+        let mut sandbox_top = unparsed;
         for argv in commands.iter().copied() {
             let mut matched = false;
+            let mut sandboxed = false;
             for index in self.candidates(argv.first().map(String::as_str)) {
                 let Some(rule) = self.rules.get(index) else {
                     continue;
@@ -384,6 +485,10 @@ impl Policy {
                     continue;
                 }
                 matched = true;
+                if rule.sandbox.is_some() {
+                    sandboxed = true;
+                    sandbox_rules.push(index);
+                }
                 hits.push(Hit {
                     rule: rule.name.clone(),
                     decision: rule.decision,
@@ -397,7 +502,18 @@ impl Policy {
                 };
             }
             some_unmatched |= !matched;
+            sandbox_top |= !sandboxed;
         }
+        // An unparsed line runs in the top-level sandbox alone (PROTOCOL 16).
+        if unparsed {
+            sandbox_rules.clear();
+        }
+        sandbox_rules.sort_unstable();
+        sandbox_rules.dedup();
+        let sandbox_rules: Vec<String> = sandbox_rules
+            .into_iter()
+            .filter_map(|i| self.rules.get(i).map(|r| r.name.clone()))
+            .collect();
 
         // `None` < `Some(_)`: with no readable command at all there is nothing to weigh.
         let readable = best
@@ -439,6 +555,8 @@ impl Policy {
                 unparsed,
                 asked,
                 commands,
+                sandbox_rules,
+                sandbox_top,
             };
         }
         Verdict {
@@ -449,6 +567,8 @@ impl Policy {
             unparsed,
             asked,
             commands,
+            sandbox_rules,
+            sandbox_top,
         }
     }
 
@@ -611,6 +731,10 @@ fn parse_rule(
             ))
         }
     };
+    let sandbox = match fields.get("sandbox") {
+        None => None,
+        Some(v) => Some(sandbox::parse(v).map_err(|e| format!("{label}: \"sandbox\" {e}"))?),
+    };
     let rule = Rule {
         name,
         pattern,
@@ -618,6 +742,7 @@ fn parse_rule(
         uids,
         gids,
         justification,
+        sandbox,
     };
     check_examples(&label, &rule, fields)?;
     Ok(rule)
@@ -1104,6 +1229,51 @@ mod tests {
     }
 
     #[test]
+    fn sandboxes_come_from_the_rules_that_matched_and_the_top_level_for_the_rest() {
+        let p = policy(
+            r#"{"sandbox": "workspace", "workspaces": ["/w"], "escalation": "deny",
+                "rules": [
+                {"name": "cargo", "pattern": ["cargo"], "decision": "allow",
+                 "sandbox": {"network": "all"}},
+                {"name": "rm", "pattern": ["rm"], "decision": "allow", "sandbox": "read-only"},
+                {"name": "ls", "pattern": ["ls"], "decision": "allow"}
+            ]}"#,
+        );
+        assert!(p.escalation_denied());
+        assert_eq!(p.workspaces(), &[std::path::PathBuf::from("/w")]);
+        assert!(p.sandbox().is_some() && p.rule_sandbox("cargo").is_some());
+        assert!(p.rule_sandbox("ls").is_none());
+        let v = line(&p, "cargo build && rm x");
+        assert_eq!(v.sandbox_rules, vec!["cargo", "rm"]);
+        assert!(!v.sandbox_top);
+        // `ls` carries no sandbox: the top-level one applies to it.
+        let v = line(&p, "cargo build; ls");
+        assert_eq!(v.sandbox_rules, vec!["cargo"]);
+        assert!(v.sandbox_top);
+        // An unparsed line gets the top-level one alone.
+        let v = line(&p, "cargo build $(x)");
+        assert!(v.sandbox_rules.is_empty() && v.sandbox_top);
+        for (text, message) in [
+            (r#"{"sandbox": "sealed"}"#, "\"sandbox\" unknown preset"),
+            (
+                r#"{"sandbox": {"write": [], "net": "none"}}"#,
+                "\"sandbox\" \"net\": unknown key",
+            ),
+            (r#"{"workspaces": ["/"]}"#, "/ is never a workspace"),
+            (r#"{"workspaces": ["rel"]}"#, "absolute paths"),
+            (r#"{"escalation": "maybe"}"#, "\"escalation\" must be"),
+            (
+                r#"{"rules": [{"name": "a", "pattern": ["a"], "decision": "allow",
+                    "sandbox": {"network": "some"}}]}"#,
+                "rule \"a\": \"sandbox\" \"network\"",
+            ),
+        ] {
+            let e = Policy::parse(text).unwrap_err();
+            assert!(e.contains(message), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn the_default_policy_allows_everything() {
         let p = Policy::default();
         assert_eq!(p.rule_count(), 0);
@@ -1281,7 +1451,7 @@ mod tests {
     fn refuses_bad_top_level_fields() {
         refused(
             r#"{"rule": []}"#,
-            r#"unknown field "rule" at the top level (known: default, unparsed, env, rules)"#,
+            r#"unknown field "rule" at the top level (known: default, unparsed, env, rules, sandbox, workspaces, escalation)"#,
         );
         refused(
             r#"{"default": "maybe"}"#,
@@ -1341,7 +1511,7 @@ mod tests {
     fn refuses_unknown_rule_fields() {
         refused(
             &one_rule(r#""name": "a", "patern": ["a"], "decision": "allow""#),
-            r#"rule "a": unknown field "patern" (known: name, pattern, decision, uids, gids, justification, match, not_match)"#,
+            r#"rule "a": unknown field "patern" (known: name, pattern, decision, uids, gids, justification, match, not_match, sandbox)"#,
         );
     }
 

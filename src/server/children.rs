@@ -22,6 +22,7 @@ use mio::{Interest, Registry, Token};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::core::confine::Decided;
 use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, KillReason, Peer};
@@ -32,7 +33,7 @@ use crate::server::reader::{Asker, Heard, Reader};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
 use crate::sys::cookie::Instance;
 use crate::sys::ids::Identity;
-use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, Spawned};
+use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, SandboxStep, Spawned};
 use crate::sys::systemd;
 use crate::types::Leftovers;
 use crate::types::Stage;
@@ -70,6 +71,8 @@ pub struct Children {
     pipes: Pipes,
     pub contain: Contain,
     spawner: crate::sys::spawn::Spawner,
+    /// The sandbox's kernel side (PROTOCOL 16).
+    pub sandbox: crate::sys::sandbox::Sandboxer,
     /// `--run-as`, resolved at startup.
     run_as: Option<Identity>,
     /// The daemon's own uid.
@@ -151,11 +154,14 @@ impl Children {
             &cfg.rlimits,
             nofile.raised_from,
         )?;
+        let sandbox =
+            crate::sys::sandbox::Sandboxer::new(cfg.landlock_abi_max).map_err(io::Error::other)?;
         Ok(Children {
             nofile,
             pipes: Pipes::default(),
             contain: Contain::default(),
             spawner,
+            sandbox,
             run_as,
             uid,
             abandoned: HashMap::new(),
@@ -199,6 +205,119 @@ impl Children {
         contain.ask_earlier();
         self.contain = contain;
         Ok(leftovers)
+    }
+
+    /// Resolves what sandboxes name (workspaces, `--tmpdir`, homes, the operator's
+    /// roots) to real paths and opens them, for the core and the sandboxer (PROTOCOL 16):
+    /// at start, after an upgrade and at a policy reload. An error is a reason the daemon
+    /// cannot start: a workspace that is not a directory, a sandbox naming `$CWD` with no
+    /// workspace at all, a default sandbox this kernel cannot give.
+    pub fn prepare_sandboxes(
+        &mut self,
+        cfg: &Config,
+        policy: &crate::policy::Policy,
+    ) -> Result<crate::core::confine::Sandboxing, String> {
+        use crate::policy::sandbox::{Base, Given, Names, Partial, Template};
+        let real = |p: &std::path::Path, what: &str| {
+            std::fs::canonicalize(p).map_err(|e| format!("{what} {}: {e}", p.display()))
+        };
+        let mut named: Vec<std::path::PathBuf> = cfg.workspaces.clone();
+        named.extend(policy.workspaces().iter().cloned());
+        if named.is_empty() && cfg.workdir_given {
+            named.push(cfg.workdir.clone());
+        }
+        let mut workspaces = Vec::new();
+        for w in named {
+            let r = real(&w, "workspace")?;
+            if r == std::path::Path::new("/") {
+                return Err(format!("workspace {}: / is never a workspace", w.display()));
+            }
+            if !r.is_dir() {
+                return Err(format!("workspace {}: not a directory", w.display()));
+            }
+            workspaces.push((w, r));
+        }
+        let tmpdir = real(&cfg.tmpdir, "--tmpdir")?;
+        let mut uids = vec![self.uid];
+        uids.extend(cfg.allow_uids.iter().copied());
+        let run_as = self.run_as.as_ref().map(|i| i.uid);
+        uids.extend(run_as);
+        if let Some(u) = &cfg.http_run_as {
+            if let Ok(id) = Identity::of_user(u) {
+                uids.push(id.uid);
+            }
+        }
+        if self.uid == 0 {
+            uids.push(0);
+        }
+        let mut homes = HashMap::new();
+        for uid in uids {
+            if let Ok(Some(h)) = crate::sys::ids::home_of(uid) {
+                homes.insert(uid, std::fs::canonicalize(&h).unwrap_or(h));
+            }
+        }
+        let default = match &cfg.sandbox {
+            None => Template::off(),
+            Some(flag) => flag.read()?.over(&Template::off()),
+        };
+        let top = policy
+            .sandbox()
+            .map_or_else(|| default.clone(), |p| p.over(&default));
+        let templates: Vec<Template> = std::iter::once(default.clone())
+            .chain(std::iter::once(top.clone()))
+            .chain(policy.sandboxes().map(|p: &Partial| p.over(&top)))
+            .collect();
+        let mut real_of = HashMap::new();
+        for t in &templates {
+            for p in t.absolute_roots() {
+                // A root that does not exist grants nothing; it keeps its words.
+                if let Ok(r) = std::fs::canonicalize(&p) {
+                    real_of.insert(p, r);
+                }
+            }
+        }
+        for (given, r) in &workspaces {
+            real_of.insert(given.clone(), r.clone());
+        }
+        real_of.insert(cfg.tmpdir.clone(), tmpdir.clone());
+        if top.names(Base::Cwd) && workspaces.is_empty() {
+            return Err(
+                "the sandbox in force names $CWD, and there is no workspace for it: name one \
+                 with --workspace DIR (or the policy's \"workspaces\", or --workdir)"
+                    .into(),
+            );
+        }
+        let kernel = self.sandbox.kernel.clone();
+        // A default the kernel cannot give stops the start (it would refuse every command).
+        let names = Names {
+            cwd: workspaces.first().map(|(_, r)| r.as_path()),
+            home: homes.get(&self.uid).map(std::path::PathBuf::as_path),
+            tmpdir: Some(&tmpdir),
+            real: Some(&real_of),
+        };
+        let probe = Given {
+            name: String::new(),
+            sandbox: top.resolve(&names).0,
+            cwd_root: None,
+            verify_cwd: false,
+            escalated: false,
+        };
+        if let Some(why) = kernel.unavailable(&probe) {
+            return Err(format!("sandbox unavailable: {why}"));
+        }
+        let mut roots: Vec<std::path::PathBuf> = real_of.values().cloned().collect();
+        roots.extend(homes.values().cloned());
+        let ws_real: Vec<std::path::PathBuf> = workspaces.iter().map(|(_, r)| r.clone()).collect();
+        self.sandbox.trust(&roots, &ws_real, &tmpdir);
+        Ok(crate::core::confine::Sandboxing {
+            default,
+            workspaces,
+            tmpdir,
+            homes,
+            real: real_of,
+            run_as,
+            kernel,
+        })
     }
 
     // ---- spawning ----------------------------------------------------------------------
@@ -254,6 +373,29 @@ impl Children {
                 return Err((launch, e));
             }
         };
+        // Every launch has passed the gate, which gave it its sandbox; one that did not
+        // (a shell restarted from a state that carried none) gets the one in force.
+        let mut launch = launch;
+        if launch.sandbox.is_none() {
+            match core.sandbox_for(&launch, None) {
+                Ok(Decided::Within(g)) => launch.sandbox = Some(g),
+                Ok(Decided::Wider { .. }) => {
+                    let e = unavailable_sandbox("it was never asked for");
+                    return Err((launch, e));
+                }
+                Err(e) => return Err((launch, e)),
+            }
+        }
+        let confined = match launch.sandbox.as_ref().filter(|g| !g.is_off()) {
+            None => None,
+            Some(g) => match self.sandbox.confine(g) {
+                Ok(c) => Some(c),
+                Err(why) => {
+                    self.contain.abandon(place);
+                    return Err((launch, unavailable_sandbox(&why)));
+                }
+            },
+        };
         let user = self.identity(launch.peer, origin);
         let cookie = self.contain.cookie(&id);
         let spec = crate::sys::spawn::SpawnSpec {
@@ -265,7 +407,7 @@ impl Children {
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
         };
-        let spawned = match self.spawner.spawn(&spec) {
+        let spawned = match self.spawner.spawn(&spec, confined) {
             Ok(spawned) => spawned,
             Err(e) => {
                 self.contain.abandon(place);
@@ -383,6 +525,10 @@ impl Children {
                     s.launch.cwd_field,
                     format!("{:?}: {}", s.launch.cwd, rpc::os_error_text(&e)),
                 ),
+                FailedAt::Sandbox(step) => {
+                    let memory = self.failed.get(&pid).or(None);
+                    sandbox_error(&s.launch, step, &e, memory)
+                }
                 _ => spawn_error(core, &s.launch, &e),
             };
             return Some(Launched::of((s.token, s.req, s.launch), Err(err)));
@@ -971,7 +1117,7 @@ impl Children {
             cgroup_procs: None,
             cookie: &self.contain.cookie("upgrade-check"),
         };
-        let spawned = self.spawner.spawn(&spec)?;
+        let spawned = self.spawner.spawn(&spec, None)?;
         self.probe = Some(spawned.pid);
         self.probe_ended = None;
         Ok(spawned)
@@ -983,6 +1129,55 @@ impl Children {
         if self.probe == Some(pid) {
             self.failed.insert(pid, memory);
         }
+    }
+}
+
+/// `-32004` "sandbox unavailable: ...".
+fn unavailable_sandbox(why: &str) -> RpcError {
+    crate::core::confine::unavailable(why)
+}
+
+/// The error a spawn whose child could not apply its sandbox answers.
+fn sandbox_error(
+    launch: &LaunchRequest,
+    step: SandboxStep,
+    e: &io::Error,
+    memory: Option<&InFlight>,
+) -> RpcError {
+    let text = rpc::os_error_text(e);
+    let root = |n: usize| {
+        memory
+            .and_then(|m| m.sandbox_root(n))
+            .unwrap_or_else(|| format!("root #{n}"))
+    };
+    match step {
+        SandboxStep::Apply => unavailable_sandbox(&format!("the kernel refused it ({text})")),
+        SandboxStep::Root(n) => {
+            let why = match e.raw_os_error() {
+                Some(libc::EXDEV) => "it leads out of the root it lies in".to_string(),
+                _ => text,
+            };
+            RpcError::invalid_params("sandbox", format!("{}: {why}", root(n)))
+        }
+        SandboxStep::Protect(n) => unavailable_sandbox(&format!(
+            "{} holds a name the sandbox protects, and execd keeps protected names \
+             read-only only in roots it opened itself (a workspace, $TMPDIR, the \
+             operator's)",
+            root(n)
+        )),
+        SandboxStep::Outside => RpcError::invalid_params(
+            launch.cwd_field,
+            format!(
+                "{:?} does not lie in the workspace {} its path names (a symlink leads \
+                 out of it)",
+                launch.cwd,
+                launch
+                    .sandbox
+                    .as_ref()
+                    .and_then(|g| g.cwd_root.as_ref())
+                    .map_or_else(String::new, |p| p.display().to_string())
+            ),
+        ),
     }
 }
 

@@ -207,8 +207,13 @@ impl Server {
             Ok(found)
         });
         let leftovers = contained.inspect_err(|_| listeners.remove_socket_file())?;
+        let sandboxing = children
+            .prepare_sandboxes(&cfg, &policy)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+            .inspect_err(|_| listeners.remove_socket_file())?;
         let mut core = Core::new(cfg, Instant::now(), SystemTime::now(), log);
         core.policy = policy;
+        core.sandboxing = sandboxing;
         core.containment = Containment {
             kind: children.contain.kind(),
             detail: children.contain.describe(),
@@ -429,6 +434,18 @@ impl Server {
         }
         if let Some(path) = self.core.cfg.policy.clone() {
             self.core.reload_policy(crate::policy::Policy::load(&path));
+            // The new policy's workspaces and roots are opened; one that cannot be used
+            // leaves the sandboxes as they were.
+            match self
+                .children
+                .prepare_sandboxes(&self.core.cfg, &self.core.policy)
+            {
+                Ok(s) => self.core.sandboxing = s,
+                Err(e) => self
+                    .core
+                    .log
+                    .line(format_args!("sandboxes not changed by the reload: {e}")),
+            }
         }
     }
 

@@ -771,7 +771,7 @@ impl Server {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(failed("signals"))?;
         crate::sys::host::become_subreaper().map_err(failed("subreaper"))?;
-        let children = Children::resume(&cfg, img, poll.registry(), &mut take)?;
+        let mut children = Children::resume(&cfg, img, poll.registry(), &mut take)?;
         if let Some(fd) = children.contain.events_fd() {
             poll.registry()
                 .register(&mut mio::unix::SourceFd(&fd), CGROUPS, Interest::READABLE)
@@ -838,6 +838,7 @@ impl Server {
             detail: children.contain.describe(),
             cookie: children.contain.instance(),
         };
+        core.sandboxing = children.prepare_sandboxes(&core.cfg, &core.policy)?;
         core.daemon_uid = uid;
         core.nofile = children.nofile.limit;
         core.upgrades = state.upgrade.upgrades + u64::from(refused.is_none());

@@ -45,6 +45,30 @@ fn passwd_entry(uid: Option<u32>, name: Option<&str>) -> io::Result<Option<(CStr
     Ok(Some((user, pw.pw_uid, pw.pw_gid)))
 }
 
+/// The home directory of `uid` in the passwd database (what a sandbox's `$HOME` stands
+/// for, PROTOCOL 16); `None` when it has no entry. Asked at start only: the database
+/// may be a network service.
+pub fn home_of(uid: u32) -> io::Result<Option<std::path::PathBuf>> {
+    // SAFETY: passwd is plain old data that getpwuid_r fills, pointing into `buf`.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    // SAFETY: every pointer is to live, correctly sized storage.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if found.is_null() || pw.pw_dir.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: getpwuid_r succeeded: pw_dir points to a NUL-terminated string in `buf`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    use std::os::unix::ffi::OsStrExt;
+    Ok(Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+        dir.to_bytes(),
+    ))))
+}
+
 /// Supplementary groups of `user` with primary group `gid`.
 fn group_list(user: &CString, gid: u32) -> Vec<u32> {
     let mut n: libc::c_int = 64;

@@ -17,6 +17,7 @@ pub mod inotify;
 pub mod pty;
 pub mod reader;
 pub mod reap;
+pub mod sandbox;
 pub mod sinks;
 pub mod socket;
 pub mod spawn;

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use super::cookie;
 use super::cstring;
 use super::ids::Identity;
+use super::sandbox::{ChildRule, Confined, DROPPED_ENV};
 use super::waiting::InputFile;
 use crate::types::{Program, Rlimit, Stdio3, WinSize};
 
@@ -184,6 +185,22 @@ pub enum FailedAt {
     Cwd,
     /// Anything else between clone and exec (cgroup, session, limits, user, stdio).
     Setup,
+    /// Applying the sandbox (PROTOCOL 16).
+    Sandbox(SandboxStep),
+}
+
+/// The part of a sandbox a child could not apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxStep {
+    /// Entering the mount namespace, dropping capabilities, `no_new_privs`, Landlock or
+    /// seccomp: the kernel refused.
+    Apply,
+    /// Opening (or adding) root number N that a request named.
+    Root(usize),
+    /// Write root number N that a request named holds a protected name.
+    Protect(usize),
+    /// The directory it entered does not lie under its workspace's root.
+    Outside,
 }
 
 /// What a spawn's report pipe says.
@@ -214,6 +231,17 @@ pub struct InFlight {
     _prepared: Box<Prepared>,
 }
 
+impl InFlight {
+    /// How root number `n` a request named was written (for a failed sandbox's error).
+    pub fn sandbox_root(&self, n: usize) -> Option<String> {
+        let c = self._prepared.confined.as_ref()?;
+        let rule = c.rules.get(n)?;
+        // SAFETY: `shown` points into a CString the `Confined` owns.
+        let shown = unsafe { std::ffi::CStr::from_ptr(rule.shown) };
+        Some(shown.to_string_lossy().into_owned())
+    }
+}
+
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("InFlight")
@@ -240,9 +268,13 @@ pub fn read_report(fd: RawFd) -> Report {
     }
     let step = i32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
     let err = io::Error::from_raw_os_error(i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]));
-    let at = match step {
-        FAILED_CWD => FailedAt::Cwd,
-        FAILED_EXEC => FailedAt::Program,
+    let at = match (step & 0xff, (step >> 8) as usize) {
+        (FAILED_CWD, _) => FailedAt::Cwd,
+        (FAILED_EXEC, _) => FailedAt::Program,
+        (FAILED_SANDBOX, _) => FailedAt::Sandbox(SandboxStep::Apply),
+        (FAILED_ROOT, n) => FailedAt::Sandbox(SandboxStep::Root(n)),
+        (FAILED_PROTECT, n) => FailedAt::Sandbox(SandboxStep::Protect(n)),
+        (FAILED_OUTSIDE, _) => FailedAt::Sandbox(SandboxStep::Outside),
         _ => FailedAt::Setup,
     };
     Report::Failed(at, err)
@@ -324,6 +356,8 @@ struct Prepared {
     groups: Vec<libc::gid_t>,
     limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     reset: Vec<libc::c_int>,
+    /// The sandbox, when the command has one: what `plan.sandbox` points into.
+    confined: Option<Confined>,
     stack: Vec<u8>,
     plan: ChildPlan,
 }
@@ -355,6 +389,62 @@ struct ChildPlan {
     tty: bool,
     /// The write end of the report pipe: `{step, errno}` when a step fails.
     report: RawFd,
+    sandbox: SandboxPlan,
+}
+
+/// The sandbox as the child applies it (PROTOCOL 16; prepared by `sys::sandbox`).
+#[derive(Clone, Copy)]
+struct SandboxPlan {
+    on: bool,
+    /// The command's own Landlock ruleset, or -1.
+    ruleset: RawFd,
+    /// A mount namespace to enter, or -1.
+    mntns: RawFd,
+    rules: *const ChildRule,
+    nrules: usize,
+    /// Protected names a root opened here must not hold.
+    protect: *const *const libc::c_char,
+    nprotect: usize,
+    /// The workspace root (device, inode) its directory must lie under.
+    verify: Option<(u64, u64)>,
+    programs: *const libc::sock_fprog,
+    nprograms: usize,
+    drop_bounding: bool,
+    cap_last: u32,
+}
+
+impl SandboxPlan {
+    const OFF: SandboxPlan = SandboxPlan {
+        on: false,
+        ruleset: -1,
+        mntns: -1,
+        rules: std::ptr::null(),
+        nrules: 0,
+        protect: std::ptr::null(),
+        nprotect: 0,
+        verify: None,
+        programs: std::ptr::null(),
+        nprograms: 0,
+        drop_bounding: false,
+        cap_last: 0,
+    };
+
+    fn of(c: &Confined) -> SandboxPlan {
+        SandboxPlan {
+            on: true,
+            ruleset: c.ruleset.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            mntns: c.mntns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            rules: c.rules.as_ptr(),
+            nrules: c.rules.len(),
+            protect: c.protect_ptrs.as_ptr(),
+            nprotect: c.protect_ptrs.len(),
+            verify: c.verify,
+            programs: c.programs.as_ptr(),
+            nprograms: c.programs.len(),
+            drop_bounding: c.drop_bounding,
+            cap_last: c.cap_last,
+        }
+    }
 }
 
 impl ChildPlan {
@@ -377,6 +467,7 @@ impl ChildPlan {
         cgroup_procs: -1,
         tty: false,
         report: -1,
+        sandbox: SandboxPlan::OFF,
     };
 }
 
@@ -384,6 +475,11 @@ impl ChildPlan {
 const FAILED_SETUP: libc::c_int = 1;
 const FAILED_CWD: libc::c_int = 2;
 const FAILED_EXEC: libc::c_int = 3;
+const FAILED_SANDBOX: libc::c_int = 4;
+/// With the root's number in the bits above the low eight.
+const FAILED_ROOT: libc::c_int = 5;
+const FAILED_PROTECT: libc::c_int = 6;
+const FAILED_OUTSIDE: libc::c_int = 7;
 
 /// Raw system calls for the child between clone and exec. It shares the loop's memory,
 /// thread-local storage included, while the loop runs on: the libc wrappers would write
@@ -504,9 +600,17 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(FAILED_SETUP, r);
             }
         }
+        // The roots a request named join the command's own ruleset, opened here (never
+        // by the loop) from the bases that are about to be closed.
+        let sb = &plan.sandbox;
+        if sb.on {
+            if let Err((step, r)) = sandbox_rules(sb) {
+                return fail(step, r);
+            }
+        }
         // Every other descriptor goes now rather than at exec (all are close-on-exec):
         // nothing of the daemon's stays open here while a slow step runs.
-        close_all_but(3, [plan.cgroup_procs, plan.report]);
+        close_all_but(3, [plan.cgroup_procs, plan.report, sb.ruleset, sb.mntns]);
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
         if plan.cgroup_procs >= 0 {
@@ -532,6 +636,13 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             let r = sys!(libc::SYS_prlimit64, 0, *res, lim as *const libc::rlimit, 0);
             if r < 0 {
                 return fail(FAILED_SETUP, r);
+            }
+        }
+        // The sandbox's mount namespace and the bounding set need privileges the user
+        // switch gives up.
+        if sb.on {
+            if let Err(r) = sandbox_enter(sb) {
+                return fail(FAILED_SANDBOX, r);
             }
         }
         if let Some((uid, gid)) = plan.user {
@@ -566,6 +677,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if r < 0 {
             return fail(FAILED_CWD, r);
         }
+        // Last before exec: nothing after this may need what the sandbox takes away.
+        if sb.on {
+            if let Err((step, r)) = sandbox_apply(sb) {
+                return fail(step, r);
+            }
+        }
         // Commands start with no signal blocked, whatever the daemon inherited.
         let none = 0u64;
         sys!(
@@ -591,13 +708,253 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
+/// `struct open_how` of `openat2(2)`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `struct landlock_path_beneath_attr`.
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// Opens each root a request named (beneath the trusted root it lies in) and adds it to
+/// the command's ruleset; a write root must not hold a protected name (no namespace is
+/// made per spawn to keep it read-only). Returns the failed step and `-errno`.
+///
+/// # Safety
+/// Raw system calls on the plan's memory; for the child between clone and exec.
+unsafe fn sandbox_rules(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
+    // SAFETY: the plan's arrays live in the `Confined` the loop keeps.
+    let (rules, protect) = unsafe {
+        (
+            std::slice::from_raw_parts(sb.rules, sb.nrules),
+            std::slice::from_raw_parts(sb.protect, sb.nprotect),
+        )
+    };
+    for (i, rule) in rules.iter().enumerate() {
+        let step = |s: libc::c_int| s | ((i as libc::c_int) << 8);
+        let how = OpenHow {
+            flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve: rule.resolve,
+        };
+        // SAFETY: a NUL-terminated path and an open_how on this stack.
+        let fd = unsafe {
+            sys!(
+                libc::SYS_openat2,
+                rule.base,
+                rule.path,
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>()
+            )
+        };
+        if fd < 0 {
+            return Err((step(FAILED_ROOT), fd));
+        }
+        // SAFETY: stat is plain old data the kernel fills.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of the descriptor just opened, into `st`.
+        let r = unsafe { sys!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
+        let dir = r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if rule.write && dir {
+            for &name in protect {
+                // SAFETY: fstatat of a name in the opened root, into `st`.
+                let r = unsafe {
+                    sys!(
+                        libc::SYS_newfstatat,
+                        fd,
+                        name,
+                        &mut st as *mut libc::stat,
+                        libc::AT_SYMLINK_NOFOLLOW
+                    )
+                };
+                if r == 0 {
+                    // SAFETY: closing what this function opened.
+                    unsafe { sys!(libc::SYS_close, fd) };
+                    return Err((step(FAILED_PROTECT), -(libc::EEXIST as isize)));
+                }
+            }
+        }
+        let attr = PathBeneathAttr {
+            allowed_access: if dir { rule.access } else { rule.file_access },
+            parent_fd: fd as i32,
+        };
+        // SAFETY: landlock_add_rule(ruleset, LANDLOCK_RULE_PATH_BENEATH, &attr, 0).
+        let r = unsafe {
+            sys!(
+                libc::SYS_landlock_add_rule,
+                sb.ruleset,
+                1,
+                &attr as *const PathBeneathAttr,
+                0
+            )
+        };
+        // SAFETY: closing what this function opened.
+        unsafe { sys!(libc::SYS_close, fd) };
+        if r < 0 {
+            return Err((step(FAILED_ROOT), r));
+        }
+    }
+    Ok(())
+}
+
+/// Before the user switch: enters the mount namespace, empties the bounding set and
+/// locks `SECBIT_NOROOT` (root inside a sandbox is not root: after exec it holds no
+/// capability), with `CAP_SETPCAP`, which the switch gives up.
+///
+/// # Safety
+/// Raw system calls only; for the child between clone and exec.
+unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
+    let ok = |r: isize| if r < 0 { Err(r) } else { Ok(()) };
+    if sb.mntns >= 0 {
+        // SAFETY: setns with a namespace descriptor the plan holds.
+        ok(unsafe { sys!(libc::SYS_setns, sb.mntns, libc::CLONE_NEWNS) })?;
+        // SAFETY: it is ours, and done with.
+        unsafe { sys!(libc::SYS_close, sb.mntns) };
+    }
+    if sb.drop_bounding {
+        for cap in 0..=sb.cap_last {
+            // SAFETY: prctl with integer arguments.
+            let r = unsafe { sys!(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+            // A capability this kernel does not know is not in the set.
+            if r < 0 && r != -(libc::EINVAL as isize) {
+                return Err(r);
+            }
+        }
+        // SECBIT_NOROOT, _LOCKED, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, _LOCKED, on top
+        // of whatever is set already.
+        // SAFETY: prctl with integer arguments.
+        let cur = unsafe { sys!(libc::SYS_prctl, libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+        ok(cur)?;
+        // SAFETY: prctl with integer arguments.
+        ok(unsafe {
+            sys!(
+                libc::SYS_prctl,
+                libc::PR_SET_SECUREBITS,
+                cur | 0xe3,
+                0,
+                0,
+                0
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// After the user switch and `chdir`, last before exec: checks the directory lies under
+/// its workspace's root, clears inheritable and ambient capabilities, sets
+/// `no_new_privs`, restricts itself with its ruleset and loads the seccomp programs.
+///
+/// # Safety
+/// Raw system calls on the plan's memory; for the child between clone and exec.
+unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
+    let ok = |r: isize| {
+        if r < 0 {
+            Err((FAILED_SANDBOX, r))
+        } else {
+            Ok(())
+        }
+    };
+    if let Some(root) = sb.verify {
+        // SAFETY: raw system calls on this stack.
+        unsafe { under(root) }?;
+    }
+    let mut hdr = super::sandbox::CapHeader {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [super::sandbox::CapData::default(); 2];
+    // SAFETY: capget/capset with a v3 header and two data words on this stack.
+    unsafe {
+        ok(sys!(
+            libc::SYS_capget,
+            &mut hdr as *mut _,
+            data.as_mut_ptr()
+        ))?;
+        data[0].inheritable = 0;
+        data[1].inheritable = 0;
+        ok(sys!(libc::SYS_capset, &mut hdr as *mut _, data.as_ptr()))?;
+        // PR_CAP_AMBIENT_CLEAR_ALL
+        ok(sys!(libc::SYS_prctl, libc::PR_CAP_AMBIENT, 4, 0, 0, 0))?;
+        ok(sys!(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        if sb.ruleset >= 0 {
+            ok(sys!(libc::SYS_landlock_restrict_self, sb.ruleset, 0))?;
+            sys!(libc::SYS_close, sb.ruleset);
+        }
+        for prog in std::slice::from_raw_parts(sb.programs, sb.nprograms) {
+            // seccomp(SECCOMP_SET_MODE_FILTER, 0, prog)
+            ok(sys!(
+                libc::SYS_seccomp,
+                1,
+                0,
+                prog as *const libc::sock_fprog
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the working directory lies under the directory `root` (device, inode): walks
+/// `..` up from `.` until it meets it, or the top.
+///
+/// # Safety
+/// Raw system calls only; for the child between clone and exec.
+unsafe fn under(root: (u64, u64)) -> Result<(), (libc::c_int, isize)> {
+    const MAX_DEPTH: usize = 4096;
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: openat of "." with plain flags.
+    let mut cur = unsafe { sys!(libc::SYS_openat, libc::AT_FDCWD, c".".as_ptr(), flags) };
+    if cur < 0 {
+        return Err((FAILED_SANDBOX, cur));
+    }
+    // SAFETY: stat is plain old data the kernel fills.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let mut last = (u64::MAX, u64::MAX);
+    for _ in 0..MAX_DEPTH {
+        // SAFETY: fstat of a descriptor this function opened.
+        let r = unsafe { sys!(libc::SYS_fstat, cur, &mut st as *mut libc::stat) };
+        if r < 0 {
+            // SAFETY: closing what this function opened.
+            unsafe { sys!(libc::SYS_close, cur) };
+            return Err((FAILED_SANDBOX, r));
+        }
+        let here = (st.st_dev, st.st_ino);
+        if here == root {
+            // SAFETY: closing what this function opened.
+            unsafe { sys!(libc::SYS_close, cur) };
+            return Ok(());
+        }
+        if here == last {
+            break; // `..` of the top is the top
+        }
+        last = here;
+        // SAFETY: openat of ".." beneath a descriptor this function opened.
+        let up = unsafe { sys!(libc::SYS_openat, cur, c"..".as_ptr(), flags) };
+        // SAFETY: closing what this function opened.
+        unsafe { sys!(libc::SYS_close, cur) };
+        if up < 0 {
+            return Err((FAILED_SANDBOX, up));
+        }
+        cur = up;
+    }
+    // SAFETY: closing what this function opened.
+    unsafe { sys!(libc::SYS_close, cur) };
+    Err((FAILED_OUTSIDE, -(libc::EXDEV as isize)))
+}
+
 /// Closes every descriptor from `first` up except the ones in `keep` (`-1` keeps nothing),
 /// with `close_range(2)`: a few system calls; on a kernel without it they stay until exec
 /// closes them, being close-on-exec.
 ///
 /// # Safety
 /// Raw system calls only, allocation-free; for the child between clone and exec.
-unsafe fn close_all_but(first: RawFd, mut keep: [RawFd; 2]) {
+unsafe fn close_all_but(first: RawFd, mut keep: [RawFd; 4]) {
     let close_range = |lo: RawFd, hi: RawFd| {
         if lo <= hi {
             // SAFETY: close_range takes plain integers; closing descriptors nobody here uses.
@@ -759,7 +1116,7 @@ impl Spawner {
     /// file system) and clones it, without waiting for it. Errors are the daemon's own (out
     /// of descriptors or processes, a NUL in an argument): nothing is left behind. What the
     /// child meets later (no such program, a bad directory) comes on its report pipe.
-    pub fn spawn(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
+    pub fn spawn(&mut self, spec: &SpawnSpec, confined: Option<Confined>) -> io::Result<Spawned> {
         let (program, args): (&OsStr, Vec<&str>) = match spec.program {
             Program::Direct { program, args } => (
                 OsStr::new(program.as_str()),
@@ -777,18 +1134,30 @@ impl Spawner {
             .enumerate()
             .map(|(i, (k, _))| (k.as_bytes(), i))
             .collect();
+        // A sandboxed command gets no way to the Unix sockets these name, and its
+        // `TMPDIR` is the daemon's (`--tmpdir`, the one its sandbox may write), never the
+        // request's (PROTOCOL 16).
+        let tmpdir = confined.as_ref().and_then(|c| c.tmpdir.as_ref());
+        let sandboxed = confined.is_some();
+        let withheld = |name: &[u8]| {
+            sandboxed && (DROPPED_ENV.iter().any(|d| d.as_bytes() == name) || name == b"TMPDIR")
+        };
         let extra: Vec<CString> = spec
             .env
             .iter()
             .enumerate()
-            .filter(|(i, (k, _))| last.get(k.as_bytes()) == Some(i) && k != cookie::VAR)
+            .filter(|(i, (k, _))| {
+                last.get(k.as_bytes()) == Some(i) && k != cookie::VAR && !withheld(k.as_bytes())
+            })
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
+            .chain(tmpdir.map(|t| env_entry(b"TMPDIR", t.as_os_str().as_bytes())))
             .chain(std::iter::once(env_entry(
                 cookie::VAR.as_bytes(),
                 spec.cookie.as_bytes(),
             )))
             .collect::<io::Result<_>>()?;
-        let overridden = |name: &OsStr| last.contains_key(name.as_bytes());
+        let overridden =
+            |name: &OsStr| last.contains_key(name.as_bytes()) || withheld(name.as_bytes());
         let envp: Vec<CString> = self
             .base_env
             .iter()
@@ -829,6 +1198,7 @@ impl Spawner {
             groups: user.as_ref().map(|u| u.2.clone()).unwrap_or_default(),
             limits: self.shared.limits.clone(),
             reset: self.shared.reset.clone(),
+            confined,
             stack: vec![0u8; CHILD_STACK],
             plan: ChildPlan::EMPTY,
         });
@@ -869,6 +1239,7 @@ impl Spawner {
             groups: Vec::new(),
             limits: Vec::new(),
             reset: self.shared.reset.clone(),
+            confined: None,
             stack: vec![0u8; CHILD_STACK],
             plan: ChildPlan::EMPTY,
         });
@@ -930,6 +1301,10 @@ impl Spawner {
             cgroup_procs: cgroup_procs.unwrap_or(-1),
             tty: wired.ctty,
             report: report_w.as_raw_fd(),
+            sandbox: p
+                .confined
+                .as_ref()
+                .map_or(SandboxPlan::OFF, SandboxPlan::of),
         };
         // The stack grows down: hand clone its 16-byte-aligned top.
         let top = (p.stack.as_mut_ptr() as usize + p.stack.len()) & !15;

@@ -435,6 +435,9 @@ pub struct ProcImage {
     pub commands: Option<StdinImage>,
     /// The uid it runs as.
     pub runs_as: u32,
+    /// The sandbox it runs in (`policy::sandbox::Given` as JSON).
+    #[serde(default)]
+    pub sandbox: Option<Value>,
     pub exit: Option<ExitImage>,
     /// Why the daemon ended it (`request`, `release`, `timeout`, `session close`,
     /// `shutdown`, `disconnect`).
@@ -673,6 +676,9 @@ pub struct LaunchImage {
     pub admitted: Option<AdmittedImage>,
     /// Whence the request came: `[over TCP, the Unix peer's groups]`.
     pub origin: Option<(bool, Vec<u32>)>,
+    /// The sandbox the gate gave it (`policy::sandbox::Given` as JSON).
+    #[serde(default)]
+    pub sandbox: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -794,6 +800,10 @@ pub struct ShellSessionImage {
     pub cols: u16,
     pub peer: PeerImage,
     pub origin: Option<(bool, Vec<u32>)>,
+    /// Its sandbox (`policy::sandbox::Given` as JSON); absent in a state from an image
+    /// without sandboxes.
+    #[serde(default)]
+    pub sandbox: Option<Value>,
     /// Requests parked on it.
     pub waiters: Vec<u64>,
     /// Its shells that died, kept for their records' output.

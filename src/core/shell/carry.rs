@@ -245,6 +245,7 @@ impl Shells {
                     cols: s.size.cols,
                     peer: peer_image(s.peer),
                     origin: origin_image(&s.origin),
+                    sandbox: s.sandbox.as_ref().map(|g| g.to_json()),
                     waiters: s.waiters.iter().map(|w| w.0).collect(),
                     old: s.old.iter().map(|k| k.0).collect(),
                 }
@@ -313,6 +314,10 @@ impl Shells {
                 },
                 peer: peer_of(s.peer),
                 origin: origin_of(&s.origin),
+                sandbox: s
+                    .sandbox
+                    .as_ref()
+                    .and_then(crate::policy::sandbox::Given::from_json),
                 idle_timer: None,
                 waiters: s.waiters.iter().copied().map(ParkId).collect(),
                 old: s.old.iter().copied().map(Key).collect(),

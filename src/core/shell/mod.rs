@@ -229,6 +229,9 @@ pub struct ShellSession {
     /// Who asked for it and whence: restarts run its shell as the first one ran.
     pub peer: Peer,
     pub origin: Option<Origin>,
+    /// Its sandbox, fixed when it was made and kept across restarts and upgrades: its
+    /// shell and every line typed into it run in it (PROTOCOL 16).
+    pub sandbox: Option<crate::policy::sandbox::Given>,
     pub idle_timer: Option<TimerId>,
     /// Requests parked on it.
     pub waiters: Vec<super::table::ParkId>,
@@ -364,6 +367,9 @@ impl Core {
             after: super::vocab::After::ShellStart(then),
             admitted: None,
             origin: s.origin.clone(),
+            sandbox_asked: None,
+            sandbox: s.sandbox.clone(),
+            ceiling: None,
         })
     }
 
@@ -432,6 +438,7 @@ impl Core {
                 failed_starts: 0,
                 peer,
                 origin: None,
+                sandbox: None,
                 idle_timer: Some(t),
                 waiters: Vec::new(),
                 old: Vec::new(),
@@ -582,13 +589,17 @@ impl Core {
             .clone()
             .unwrap_or_else(|| s.workdir.display().to_string());
         s.phase = Phase::Busy;
+        let sandbox = s.sandbox.as_ref().map_or_else(
+            || crate::policy::sandbox::Given::off().to_json(),
+            |g| g.to_json(),
+        );
         let runs_as = self.table.get(shell).map_or(peer.uid, |p| p.runs_as);
         self.record(
             "start",
             Some(peer),
             json!({ "id": id, "session": key.1, "line": command, "cwd": cwd,
                     "uid": runs_as, "decision": decision, "rule": rule,
-                    "shell": true }),
+                    "shell": true, "sandbox": sandbox }),
         );
         self.send_to_shell(shell, &line);
     }

@@ -1,0 +1,303 @@
+//! Which sandbox a command runs in (PROTOCOL 16), decided as data before it starts: the
+//! sandbox in force for its line (the top-level one, else `--sandbox`, for the simple
+//! commands no rule carrying a sandbox matched, intersected with those rules' own), at
+//! most the caller's ceiling, narrowed by what the request asks; wider than in force is
+//! an escalation, which the gate sends to an approver or refuses. The core only carries
+//! the outcome (`Given`); `sys::sandbox` makes it real.
+//!
+//! `$CWD` is chosen from the words of the command's directory (`workspace_of`): nothing
+//! here looks at a path, and the child checks the choice on the directory it entered.
+//!
+//! Where the peer tie plugs in: `LaunchRequest::ceiling`. A request whose peer is tied
+//! to a sandboxed command carries that command's `Given` there (its sandbox and `$CWD`);
+//! a peer that descends from the daemon but is tied to no command carries `read-only`.
+//! The decision below treats it as the upper bound of everything else, and `$CWD` is the
+//! ceiling's. Nothing fills it yet: the loop sets it from the connection's tie.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use super::launch::LaunchRequest;
+use super::Core;
+use crate::policy::sandbox::{workspace_of, Base, Given, Kernel, Names, Resolved, Template};
+use crate::policy::Verdict;
+use crate::wire::rpc::{RpcError, DENIED, SPAWN_FAILED};
+
+/// What the daemon knows about sandboxes, set at start (and at a policy reload): the
+/// default, the workspaces, what the names stand for and what the kernel offers.
+#[derive(Debug, Clone)]
+pub struct Sandboxing {
+    /// `--sandbox` (`off` when not given).
+    pub default: Template,
+    /// Every workspace: as named, and its real path.
+    pub workspaces: Vec<(PathBuf, PathBuf)>,
+    /// The real `--tmpdir`.
+    pub tmpdir: PathBuf,
+    /// Homes by uid, looked up at start.
+    pub homes: HashMap<u32, PathBuf>,
+    /// Operator paths -> their real paths.
+    pub real: HashMap<PathBuf, PathBuf>,
+    /// `--run-as`'s uid, for a root daemon.
+    pub run_as: Option<u32>,
+    pub kernel: Kernel,
+}
+
+impl Default for Sandboxing {
+    fn default() -> Sandboxing {
+        Sandboxing {
+            default: Template::off(),
+            workspaces: Vec::new(),
+            tmpdir: PathBuf::from(crate::config::DEFAULT_TMPDIR),
+            homes: HashMap::new(),
+            real: HashMap::new(),
+            run_as: None,
+            kernel: Kernel::default(),
+        }
+    }
+}
+
+/// How a command's sandbox compares with the one in force.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    /// Within it: the command runs so.
+    Within(Given),
+    /// Wider: only an approver may let it run so (`outside`: what is wider, in words).
+    Wider { given: Given, outside: Vec<String> },
+}
+
+/// `-32004` "sandbox unavailable: ...".
+pub fn unavailable(why: &str) -> RpcError {
+    RpcError::new(SPAWN_FAILED, format!("sandbox unavailable: {why}"))
+        .with_data(json!({ "reason": "sandbox unavailable", "detail": why }))
+}
+
+/// `-32005` for a sandbox the policy does not allow: `rule` and `reason: "sandbox"`.
+pub fn refused(rule: &str, why: &str) -> RpcError {
+    RpcError::new(DENIED, format!("denied by policy rule {rule}: {why}"))
+        .with_data(json!({ "rule": rule, "reason": "sandbox", "detail": why }))
+}
+
+/// `dir` without `.` components or a trailing slash (its words only).
+fn words(dir: &Path) -> PathBuf {
+    dir.components().collect()
+}
+
+impl Core {
+    /// The top-level sandbox: the policy's (its omitted fields from `--sandbox`), else
+    /// `--sandbox`.
+    pub fn top_sandbox(&self) -> Template {
+        let default = &self.sandboxing.default;
+        match self.policy.sandbox() {
+            Some(p) => p.over(default),
+            None => default.clone(),
+        }
+    }
+
+    /// The uid a command of `launch` runs as (whose home `$HOME` is): the daemon's own
+    /// unless a root daemon runs a non-root peer's command as the peer or `--run-as`.
+    fn runs_as(&self, peer: u32) -> u32 {
+        if self.daemon_uid != 0 {
+            self.daemon_uid
+        } else if peer == 0 {
+            0
+        } else {
+            self.sandboxing.run_as.unwrap_or(peer)
+        }
+    }
+
+    /// What the names stand for, for a command whose `$CWD` is `cwd`.
+    fn names<'a>(&'a self, cwd: Option<&'a Path>, uid: u32) -> Names<'a> {
+        let s = &self.sandboxing;
+        Names {
+            cwd,
+            home: s.homes.get(&uid).map(PathBuf::as_path),
+            tmpdir: Some(&s.tmpdir),
+            real: Some(&s.real),
+        }
+    }
+
+    /// The preset `r` is under `names`, or `custom`.
+    fn name_of(r: &Resolved, names: &Names) -> String {
+        for name in crate::policy::sandbox::PRESETS {
+            if let Some(t) = Template::preset(name) {
+                if &t.resolve(names).0 == r {
+                    return name.to_string();
+                }
+            }
+        }
+        "custom".into()
+    }
+
+    /// The sandbox `launch` runs in (PROTOCOL 16): the one in force for its line (the
+    /// rules that carry one and `verdict` names, the top-level one for the rest; only
+    /// the top-level one without a verdict: a shell session's own shell), within the
+    /// ceiling, narrowed by what the request asks. `Wider` when the request asks for
+    /// more than in force; an error when the kernel cannot give it (`-32004`).
+    pub fn sandbox_for(
+        &self,
+        launch: &LaunchRequest,
+        verdict: Option<&Verdict>,
+    ) -> Result<Decided, RpcError> {
+        let uid = self.runs_as(launch.peer.uid);
+        let ceiling = launch.ceiling.as_deref();
+        let ws: Option<PathBuf> = match ceiling {
+            Some(c) => c.cwd_root.clone(),
+            None => workspace_of(&launch.cwd, &self.sandboxing.workspaces).map(Path::to_path_buf),
+        };
+        let names = self.names(ws.as_deref(), uid);
+        let top = self.top_sandbox();
+        let mut parts: Vec<Template> = Vec::new();
+        match verdict {
+            Some(v) => {
+                if v.sandbox_top {
+                    parts.push(top.clone());
+                }
+                for rule in &v.sandbox_rules {
+                    if let Some(p) = self.policy.rule_sandbox(rule) {
+                        parts.push(p.over(&top));
+                    }
+                }
+            }
+            None => parts.push(top.clone()),
+        }
+        if parts.is_empty() {
+            parts.push(top);
+        }
+        let mut in_force: Option<Resolved> = None;
+        for t in &parts {
+            let (r, missing) = t.resolve(&names);
+            if missing.contains(&Base::Home) {
+                return Err(unavailable(&format!(
+                    "$HOME of uid {uid} is not known to execd (homes are looked up at start)"
+                )));
+            }
+            in_force = Some(match in_force {
+                None => r,
+                Some(f) => f.meet(&r),
+            });
+        }
+        let mut in_force = in_force.unwrap_or_else(Resolved::off);
+        if let Some(c) = ceiling {
+            in_force = in_force.meet(&c.sandbox);
+        }
+        let verify = ws.is_some() && ceiling.is_none();
+        let decided = match &launch.sandbox_asked {
+            None => Decided::Within(Given {
+                name: Core::name_of(&in_force, &names),
+                sandbox: in_force,
+                cwd_root: ws,
+                verify_cwd: verify,
+                escalated: false,
+            }),
+            Some(p) => {
+                let (asked, missing) = p.resolve_over(&in_force, &names);
+                if missing.contains(&Base::Home) {
+                    return Err(unavailable(&format!(
+                        "$HOME of uid {uid} is not known to execd (homes are looked up at start)"
+                    )));
+                }
+                if missing.contains(&Base::Cwd) {
+                    // In no workspace `$CWD` can only stand for the directory itself,
+                    // and only an approver can let it.
+                    let dir = words(&launch.cwd);
+                    let here = Names {
+                        cwd: Some(&dir),
+                        ..names.clone()
+                    };
+                    let (asked, _) = p.resolve_over(&in_force, &here);
+                    let mut outside = vec![format!("cwd {}", dir.display())];
+                    outside.extend(asked.outside(&in_force));
+                    Decided::Wider {
+                        given: Given {
+                            name: Core::name_of(&asked, &here),
+                            sandbox: asked,
+                            cwd_root: Some(dir),
+                            verify_cwd: false,
+                            escalated: true,
+                        },
+                        outside,
+                    }
+                } else {
+                    let outside = asked.outside(&in_force);
+                    let given = Given {
+                        name: Core::name_of(&asked, &names),
+                        sandbox: asked,
+                        cwd_root: ws,
+                        verify_cwd: verify,
+                        escalated: !outside.is_empty(),
+                    };
+                    if outside.is_empty() {
+                        Decided::Within(given)
+                    } else {
+                        Decided::Wider { given, outside }
+                    }
+                }
+            }
+        };
+        let given = match &decided {
+            Decided::Within(g) | Decided::Wider { given: g, .. } => g,
+        };
+        if let Some(why) = self.sandboxing.kernel.unavailable(given) {
+            return Err(unavailable(&why));
+        }
+        Ok(decided)
+    }
+
+    /// A line for a shell session runs in the session's sandbox, never wider: every rule
+    /// carrying a sandbox that matched it must allow at least what the session's does
+    /// (`-32005` naming the first that does not, `reason: "sandbox"`).
+    pub fn shell_line_within(
+        &self,
+        launch: &LaunchRequest,
+        session: &Given,
+        verdict: &Verdict,
+    ) -> Result<(), RpcError> {
+        let uid = self.runs_as(launch.peer.uid);
+        let names = self.names(session.cwd_root.as_deref(), uid);
+        let top = self.top_sandbox();
+        for rule in &verdict.sandbox_rules {
+            let Some(p) = self.policy.rule_sandbox(rule) else {
+                continue;
+            };
+            let (r, _) = p.over(&top).resolve(&names);
+            let outside = session.sandbox.outside(&r);
+            if !outside.is_empty() {
+                return Err(refused(
+                    rule,
+                    &format!(
+                        "the shell session's sandbox is wider than the rule's ({}); run it \
+                         with bash/exec",
+                        outside.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sandbox a later `shell/exec` asks for, resolved over the session's: it must
+    /// be the session's (`-32602` naming `sandbox` otherwise).
+    pub fn same_as_session(
+        &self,
+        peer_uid: u32,
+        session: &Given,
+        asked: &crate::policy::sandbox::Partial,
+    ) -> Result<(), RpcError> {
+        let uid = self.runs_as(peer_uid);
+        let names = self.names(session.cwd_root.as_deref(), uid);
+        let (r, missing) = asked.resolve_over(&session.sandbox, &names);
+        if r != session.sandbox || !missing.is_empty() {
+            return Err(RpcError::invalid_params(
+                "sandbox",
+                format!(
+                    "a shell session's sandbox is fixed when it is made ({}); open another \
+                     session for another",
+                    session.brief()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

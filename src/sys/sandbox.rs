@@ -1,0 +1,892 @@
+//! The sandbox on the kernel's side (PROTOCOL 16): what the kernel offers (probed once at
+//! start), what is the same for every sandboxed spawn (seccomp programs, the descriptors
+//! of the roots the operator named, a mount namespace per set of protected entries), and
+//! what one spawn needs (`Confined`: its own Landlock ruleset and the rest, handed to
+//! the child, which only applies them with raw system calls: `sys::spawn`).
+//!
+//! Choices:
+//! - Nothing here opens or looks at a path a peer chose. The roots execd trusts (the
+//!   workspaces, `--tmpdir`, homes, the devices every sandbox allows, each absolute path
+//!   the operator's sandboxes name) are resolved at start (and at a policy reload) and
+//!   opened `O_PATH` at the first sandboxed spawn after that, and a spawn's ruleset is
+//!   built from those descriptors. A root a
+//!   request named is opened by the child: `openat2` beneath the trusted root it lies in
+//!   (`RESOLVE_BENEATH`, so a symlink cannot lead it out), or as named when an approver
+//!   let it run wider than in force.
+//! - `$CWD` is the workspace the command's directory lies in by its words (the core
+//!   chooses it without looking); the child checks the directory it entered really lies
+//!   under that workspace's root by walking `..` up to it by device and inode, and
+//!   fails the start otherwise.
+//! - A ruleset is never changed once built and never shared: each spawn gets its own,
+//!   built here from the trusted descriptors (a handful of system calls), plus whatever
+//!   the child adds to it for roots a request named, before it restricts itself.
+//! - `protect`: the entries named directly in a write root, looked up on the loop by
+//!   `fstatat` on the trusted root's descriptor (a root the operator named; a name in it
+//!   that a hung mount covered would hold the loop, which only a privileged process
+//!   outside every sandbox could arrange), are kept read-only by read-only bind mounts
+//!   in a mount namespace shared by every spawn with the same protected entries, made
+//!   once by a short-lived thread and entered by the child with `setns`. A namespace is
+//!   made again when an entry was replaced (its device and inode changed: a bind mount
+//!   over a removed directory goes away with it). The namespace also hides
+//!   `/run/user/*` and `/tmp/.X11-unix` under empty read-only directories. With nothing
+//!   to protect (no such entry at spawn) there is no namespace, and nothing is hidden. A root a
+//!   request named in which a protected name exists is refused (fail closed): no
+//!   namespace is made per spawn.
+//! - Capabilities: the bounding set is emptied and `SECBIT_NOROOT` locked before the
+//!   user switch (once a root daemon's child becomes another user it no longer holds
+//!   `CAP_SETPCAP`); this needs `CAP_SETPCAP`, so a daemon without it (not root) skips
+//!   it, and its commands (its own uid, not root) gain nothing at exec anyway with
+//!   `no_new_privs`. Inheritable and ambient capabilities are cleared after the switch.
+//!
+//! Invariants:
+//! - A sandbox the kernel cannot give is refused with the reason (`unavailable`), never
+//!   run weaker: no Landlock, or an ABI below 3 for a sandbox that restricts writes;
+//!   `protect` where no mount namespace can be made.
+//! - Descriptors a child reads stay open until it exec'd: `Confined` owns them (the
+//!   bases it opens beneath are duplicates, the seccomp programs are shared by `Arc`).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use landlock::{
+    AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope, ABI,
+};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+use crate::policy::sandbox::{needs_namespace, Given, Kernel, Network, Paths};
+
+/// The newest Landlock ABI whose rights execd knows how to use. Later ABIs mediate more
+/// (Unix sockets by path in 9), which the README does not promise; they are used as 8.
+pub const ABI_USED_MAX: u8 = 8;
+/// Devices every sandbox may read and write (a new PTY is no way out).
+const DEVICES: [&str; 8] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+/// Writable wherever `$TMPDIR` is (POSIX shared memory, `multiprocessing`).
+const SHM: &str = "/dev/shm";
+/// Variables a sandboxed command does not get: ways to Unix sockets outside it.
+pub const DROPPED_ENV: [&str; 6] = [
+    "DBUS_SESSION_BUS_ADDRESS",
+    "SSH_AUTH_SOCK",
+    "TMUX",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "XDG_RUNTIME_DIR",
+];
+/// Mount namespaces kept at once (one per set of protected entries).
+const NAMESPACES: usize = 32;
+/// The most bytes of a `.git` or `commondir` file read.
+const GITFILE_MAX: usize = 4096;
+
+/// Probes what the kernel offers. `abi_max`: `--landlock-abi-max`.
+pub fn probe(abi_max: Option<u8>) -> Kernel {
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only reports the ABI.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    let kernel_abi = u8::try_from(v.max(0)).unwrap_or(u8::MAX);
+    let abi = kernel_abi.min(ABI_USED_MAX).min(abi_max.unwrap_or(u8::MAX));
+    Kernel {
+        abi,
+        kernel_abi,
+        no_namespace: probe_namespace().err(),
+        setpcap: has_setpcap(),
+    }
+}
+
+/// Whether the daemon holds `CAP_SETPCAP` in its effective set.
+fn has_setpcap() -> bool {
+    let mut hdr = CapHeader {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget with a v3 header and room for its two data words.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) };
+    const CAP_SETPCAP: u32 = 8;
+    rc == 0 && data[0].effective & (1 << CAP_SETPCAP) != 0
+}
+
+/// The kernel's capability header (`capget(2)`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CapHeader {
+    pub version: u32,
+    pub pid: i32,
+}
+
+/// One word of the kernel's capability sets (`capget(2)`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CapData {
+    pub effective: u32,
+    pub permitted: u32,
+    pub inheritable: u32,
+}
+
+/// The highest capability number this kernel knows.
+fn cap_last() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// Whether a mount namespace can be made and entered: root (`CAP_SYS_ADMIN`), and the
+/// kernel and any seccomp filter the daemon runs under let `unshare(CLONE_NEWNS)` pass.
+fn probe_namespace() -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("execd is not root (a user namespace of its own is not used)".into());
+    }
+    make_namespace(&[], &[])
+        .map(drop)
+        .map_err(|e| format!("one cannot be made here ({e})"))
+}
+
+/// Makes a mount namespace (on a thread of its own, which ends at once: the daemon's
+/// own threads stay where they are) in which every path of `protect` is a read-only bind
+/// of itself and every directory of `hide` an empty read-only directory; returns it.
+fn make_namespace(protect: &[PathBuf], hide: &[PathBuf]) -> io::Result<OwnedFd> {
+    let protect: Vec<CString> = protect
+        .iter()
+        .map(|p| super::path_cstring(p))
+        .collect::<io::Result<_>>()?;
+    let hide: Vec<CString> = hide
+        .iter()
+        .map(|p| super::path_cstring(p))
+        .collect::<io::Result<_>>()?;
+    let made = std::thread::Builder::new()
+        .name("execd-mntns".into())
+        .spawn(move || -> io::Result<OwnedFd> {
+            let check = |rc: libc::c_int, what: &str| {
+                if rc < 0 {
+                    let e = io::Error::last_os_error();
+                    Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+                } else {
+                    Ok(())
+                }
+            };
+            // SAFETY: unshare and mount with valid NUL-terminated strings; they change
+            // this thread's mount namespace only (CLONE_NEWNS implies CLONE_FS).
+            unsafe {
+                check(libc::unshare(libc::CLONE_NEWNS), "unshare")?;
+                // Mounts made outside still appear inside; none made here leaks out.
+                check(
+                    libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_SLAVE,
+                        std::ptr::null(),
+                    ),
+                    "making / a slave",
+                )?;
+                for p in &protect {
+                    check(
+                        libc::mount(
+                            p.as_ptr(),
+                            p.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_BIND | libc::MS_REC,
+                            std::ptr::null(),
+                        ),
+                        "bind",
+                    )?;
+                    check(
+                        libc::mount(
+                            std::ptr::null(),
+                            p.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
+                            std::ptr::null(),
+                        ),
+                        "read-only remount",
+                    )?;
+                }
+                for h in &hide {
+                    // Best effort: a directory that went away has nothing to hide.
+                    libc::mount(
+                        c"tmpfs".as_ptr(),
+                        h.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        c"size=4k,mode=0755".as_ptr().cast(),
+                    );
+                }
+                let fd = libc::open(
+                    c"/proc/thread-self/ns/mnt".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                check(fd, "opening the namespace")?;
+                Ok(OwnedFd::from_raw_fd(fd))
+            }
+        })?;
+    made.join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// The seccomp programs, compiled once.
+#[derive(Debug)]
+pub struct Filters {
+    /// Kills a foreign architecture's calls (i386 `int 0x80`, x32).
+    guard: Vec<libc::sock_filter>,
+    /// `socket()` of any family but `AF_UNIX`: `EACCES`.
+    socket: Vec<libc::sock_filter>,
+    /// `io_uring_setup`: `ENOSYS` (io_uring's operations never pass seccomp).
+    uring: Vec<libc::sock_filter>,
+    /// Signals and pidfds aimed at the daemon, its group or every process: `EPERM`
+    /// (where Landlock cannot scope signals).
+    signals: Vec<libc::sock_filter>,
+}
+
+fn bpf(p: seccompiler::BpfProgram) -> Vec<libc::sock_filter> {
+    p.into_iter()
+        .map(|f| libc::sock_filter {
+            code: f.code,
+            jt: f.jt,
+            jf: f.jf,
+            k: f.k,
+        })
+        .collect()
+}
+
+fn compile(
+    rules: Vec<(i64, Vec<SeccompRule>)>,
+    action: SeccompAction,
+) -> Result<Vec<libc::sock_filter>, String> {
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| format!("seccomp on {}: {e}", std::env::consts::ARCH))?;
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        action,
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    let prog: seccompiler::BpfProgram = filter.try_into().map_err(|e| format!("seccomp: {e}"))?;
+    Ok(bpf(prog))
+}
+
+fn cond(arg: u8, value: u64, op: SeccompCmpOp) -> Result<SeccompRule, String> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(|e| format!("seccomp: {e}"))
+}
+
+impl Filters {
+    /// Compiles every program; `pid` and `pgrp` are the daemon's.
+    pub fn compile(pid: i32, pgrp: i32) -> Result<Filters, String> {
+        let eq = |arg: u8, v: i32| cond(arg, v as u32 as u64, SeccompCmpOp::Eq);
+        let socket = compile(
+            vec![(
+                libc::SYS_socket,
+                vec![cond(0, libc::AF_UNIX as u64, SeccompCmpOp::Ne)?],
+            )],
+            SeccompAction::Errno(libc::EACCES as u32),
+        )?;
+        let uring = compile(
+            vec![(libc::SYS_io_uring_setup, vec![])],
+            SeccompAction::Errno(libc::ENOSYS as u32),
+        )?;
+        let aimed = |arg: u8| -> Result<Vec<SeccompRule>, String> {
+            Ok(vec![eq(arg, pid)?, eq(arg, -pgrp)?, eq(arg, -1)?])
+        };
+        let signals = compile(
+            vec![
+                (libc::SYS_kill, aimed(0)?),
+                (libc::SYS_tkill, vec![eq(0, pid)?]),
+                (libc::SYS_tgkill, vec![eq(0, pid)?]),
+                (libc::SYS_rt_sigqueueinfo, vec![eq(0, pid)?]),
+                (libc::SYS_rt_tgsigqueueinfo, vec![eq(0, pid)?]),
+                (libc::SYS_pidfd_open, vec![eq(0, pid)?]),
+            ],
+            SeccompAction::Errno(libc::EPERM as u32),
+        )?;
+        Ok(Filters {
+            guard: guard(),
+            socket,
+            uring,
+            signals,
+        })
+    }
+}
+
+/// The architecture guard: a call of another ABI than the daemon's is killed (seccompiler
+/// checks the audit architecture; the x32 ABI shares x86_64's and is told apart by bit 30
+/// of the call number, which seccompiler does not look at).
+fn guard() -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    #[cfg(target_arch = "x86_64")]
+    let arch = 0xc000_003e_u32; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    let arch = 0xc000_00b7_u32; // AUDIT_ARCH_AARCH64
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let arch = 0u32; // no guard known: every call is killed, so sandboxes fail closed
+    #[cfg(target_arch = "x86_64")]
+    let x32 = 0x4000_0000_u32;
+    #[cfg(not(target_arch = "x86_64"))]
+    let x32 = u32::MAX;
+    vec![
+        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        op(JEQ_K, 1, 0, arch),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        op(JGE_K, 0, 1, x32),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// A root execd trusts, opened at start.
+#[derive(Debug)]
+struct Trusted {
+    fd: OwnedFd,
+    dir: bool,
+}
+
+/// A mount namespace kept for a set of protected entries.
+#[derive(Debug)]
+struct Namespace {
+    fd: OwnedFd,
+}
+
+/// What the loop holds for sandboxed spawns.
+#[derive(Debug)]
+pub struct Sandboxer {
+    pub kernel: Kernel,
+    filters: Arc<Filters>,
+    cap_last: u32,
+    trusted: HashMap<PathBuf, Trusted>,
+    /// Each workspace's real path -> its root's device and inode (for the child's check).
+    roots: HashMap<PathBuf, (u64, u64)>,
+    namespaces: HashMap<Vec<(PathBuf, u64, u64)>, Namespace>,
+    /// Directories hidden in every namespace.
+    hide: Vec<PathBuf>,
+    /// The real `--tmpdir`.
+    tmpdir: Option<PathBuf>,
+    /// Roots to trust, opened at the first sandboxed spawn (`trust`).
+    pending: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
+}
+
+/// A `Confined` child rule: a root the child opens and adds to its ruleset.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct ChildRule {
+    /// Where `path` is opened from (a duplicate of a trusted root), or `AT_FDCWD`.
+    pub base: RawFd,
+    /// Relative to `base` (or absolute with `AT_FDCWD`), NUL-terminated.
+    pub path: *const libc::c_char,
+    /// `openat2` resolve flags: `RESOLVE_BENEATH` when opened beneath a trusted root.
+    pub resolve: u64,
+    /// Rights for a directory; `file_access` for anything else.
+    pub access: u64,
+    pub file_access: u64,
+    /// A write root: the protected names must be absent in it.
+    pub write: bool,
+    /// How the root is written, for the error.
+    pub shown: *const libc::c_char,
+}
+
+/// What one sandboxed spawn needs, owned until the child exec'd.
+#[derive(Debug)]
+pub struct Confined {
+    /// Its own Landlock ruleset (none when nothing is mediated by Landlock).
+    pub ruleset: Option<OwnedFd>,
+    /// The mount namespace to enter (a duplicate), for `protect`.
+    pub mntns: Option<OwnedFd>,
+    /// Roots the child opens and adds (pointers into `strings`, bases into `bases`).
+    pub rules: Vec<ChildRule>,
+    /// Protected names, for the child's check of the roots it opens.
+    pub protect: Vec<CString>,
+    pub protect_ptrs: Vec<*const libc::c_char>,
+    /// The workspace root's device and inode the directory must lie under.
+    pub verify: Option<(u64, u64)>,
+    /// The seccomp programs to load, in order.
+    pub programs: Vec<libc::sock_fprog>,
+    /// Empty the bounding set and lock `SECBIT_NOROOT` (the daemon holds `CAP_SETPCAP`).
+    pub drop_bounding: bool,
+    pub cap_last: u32,
+    /// `TMPDIR` for the command.
+    pub tmpdir: Option<PathBuf>,
+    strings: Vec<CString>,
+    bases: Vec<OwnedFd>,
+    /// What `programs` point into, kept alive with them.
+    _filters: Arc<Filters>,
+}
+
+/// The Landlock ABI enum of a version number.
+fn abi_of(n: u8) -> ABI {
+    match n {
+        0 => ABI::Unsupported,
+        1 => ABI::V1,
+        2 => ABI::V2,
+        3 => ABI::V3,
+        4 => ABI::V4,
+        5 => ABI::V5,
+        6 => ABI::V6,
+        7 => ABI::V7,
+        _ => ABI::V8,
+    }
+}
+
+/// Opens `path` `O_PATH`, following symlinks: `(fd, is a directory, dev, ino)`.
+fn open_path(path: &Path) -> io::Result<(OwnedFd, bool, u64, u64)> {
+    let c = super::path_cstring(path)?;
+    // SAFETY: a valid path and plain flags.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open succeeded; we own it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let st = fstat(fd.as_raw_fd())?;
+    Ok((
+        fd,
+        st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        st.st_dev,
+        st.st_ino,
+    ))
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live descriptor and a pointer to `st`.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`, `None` when there is nothing there.
+fn entry(dir: RawFd, name: &str) -> Option<libc::stat> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: stat is plain old data for fstatat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live descriptor, a valid name and a pointer to `st`.
+    let rc = unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    (rc == 0).then_some(st)
+}
+
+/// Reads at most `GITFILE_MAX` bytes of regular file `name` in `dir` (no symlink).
+fn read_small(dir: RawFd, name: &str) -> Option<String> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: a valid name and plain flags.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: openat succeeded; we own it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if fstat(fd.as_raw_fd()).ok()?.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let mut buf = vec![0u8; GITFILE_MAX];
+    // SAFETY: reading into a buffer we own.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return None;
+    }
+    buf.truncate(n as usize);
+    String::from_utf8(buf).ok()
+}
+
+/// `base` joined with `rel` read lexically (`..` drops a component).
+fn lexical(base: &Path, rel: &str) -> PathBuf {
+    let mut out = if rel.starts_with('/') {
+        PathBuf::from("/")
+    } else {
+        base.to_path_buf()
+    };
+    for c in Path::new(rel).components() {
+        match c {
+            std::path::Component::Normal(w) => out.push(w),
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl Sandboxer {
+    /// Probes the kernel and compiles the seccomp programs.
+    pub fn new(abi_max: Option<u8>) -> Result<Sandboxer, String> {
+        // SAFETY: getpid and getpgrp cannot fail.
+        let (pid, pgrp) = unsafe { (libc::getpid(), libc::getpgrp()) };
+        let mut hide: Vec<PathBuf> = std::fs::read_dir("/run/user")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if Path::new("/tmp/.X11-unix").is_dir() {
+            hide.push(PathBuf::from("/tmp/.X11-unix"));
+        }
+        hide.sort();
+        Ok(Sandboxer {
+            kernel: probe(abi_max),
+            filters: Arc::new(Filters::compile(pid, pgrp)?),
+            cap_last: cap_last(),
+            trusted: HashMap::new(),
+            roots: HashMap::new(),
+            namespaces: HashMap::new(),
+            hide,
+            tmpdir: None,
+            pending: None,
+        })
+    }
+
+    /// Trusts these roots (their real paths, resolved by the caller), replacing what was
+    /// trusted before; workspaces' roots are also remembered by device and inode. They
+    /// are opened at the first sandboxed spawn: a daemon that never sandboxes holds none
+    /// of their descriptors. Paths that do not exist then are left out (a root that is
+    /// not there grants nothing).
+    pub fn trust(&mut self, roots: &[PathBuf], workspaces: &[PathBuf], tmpdir: &Path) {
+        self.tmpdir = Some(tmpdir.to_path_buf());
+        let mut all = roots.to_vec();
+        all.push(tmpdir.to_path_buf());
+        self.pending = Some((all, workspaces.to_vec()));
+        self.trusted.clear();
+        self.roots.clear();
+    }
+
+    /// Opens what `trust` named, once.
+    fn open_trusted(&mut self) {
+        let Some((roots, workspaces)) = self.pending.take() else {
+            return;
+        };
+        let mut trusted = HashMap::new();
+        let mut ids = HashMap::new();
+        let fixed = DEVICES
+            .iter()
+            .chain(std::iter::once(&SHM))
+            .map(PathBuf::from);
+        for p in roots
+            .iter()
+            .cloned()
+            .chain(workspaces.iter().cloned())
+            .chain(fixed)
+        {
+            if trusted.contains_key(&p) {
+                continue;
+            }
+            if let Ok((fd, dir, dev, ino)) = open_path(&p) {
+                if workspaces.contains(&p) {
+                    ids.insert(p.clone(), (dev, ino));
+                }
+                trusted.insert(p, Trusted { fd, dir });
+            }
+        }
+        self.trusted = trusted;
+        self.roots = ids;
+    }
+
+    /// The trusted root `path` lies in (the longest), and the rest.
+    fn trusted_of(&self, path: &Path) -> Option<(&Trusted, PathBuf)> {
+        self.trusted
+            .iter()
+            .filter(|(root, t)| path.starts_with(root) && (t.dir || path == root.as_path()))
+            .max_by_key(|(root, _)| root.as_os_str().len())
+            .map(|(root, t)| {
+                (
+                    t,
+                    path.strip_prefix(root)
+                        .map(Path::to_path_buf)
+                        .unwrap_or_default(),
+                )
+            })
+    }
+
+    /// Prepares one spawn in sandbox `g`: its ruleset (built here, its own), its mount
+    /// namespace, what its child opens, and the seccomp programs it loads. The error is
+    /// the reason the sandbox cannot be given (`sandbox unavailable: ...`).
+    pub fn confine(&mut self, g: &Given) -> Result<Confined, String> {
+        if let Some(why) = self.kernel.unavailable(g) {
+            return Err(why);
+        }
+        self.open_trusted();
+        let s = &g.sandbox;
+        let abi = abi_of(self.kernel.abi);
+        let write_rights = AccessFs::from_write(abi);
+        let read_rights = AccessFs::ReadFile | AccessFs::ReadDir;
+        let exec_rights: BitFlags<AccessFs> = AccessFs::Execute.into();
+        let mut handled: BitFlags<AccessFs> = BitFlags::EMPTY;
+        if s.write != Paths::All {
+            handled |= write_rights;
+        }
+        if s.read != Paths::All {
+            handled |= read_rights;
+        }
+        if s.exec != Paths::All {
+            handled |= exec_rights;
+        }
+        let net = s.network == Network::None && self.kernel.abi >= 4;
+        let scoped = self.kernel.abi >= 6;
+        let file_rights = AccessFs::from_file(abi);
+        let fail = |e: landlock::RulesetError| format!("Landlock: {e}");
+
+        let mut confined = Confined {
+            ruleset: None,
+            mntns: None,
+            rules: Vec::new(),
+            protect: s
+                .protect
+                .iter()
+                .map(|n| CString::new(n.as_str()).map_err(|_| "a NUL in protect".to_string()))
+                .collect::<Result<_, _>>()?,
+            protect_ptrs: Vec::new(),
+            verify: None,
+            programs: Vec::new(),
+            drop_bounding: self.kernel.setpcap,
+            cap_last: self.cap_last,
+            tmpdir: self.tmpdir.clone(),
+            strings: Vec::new(),
+            bases: Vec::new(),
+            _filters: self.filters.clone(),
+        };
+        confined.protect_ptrs = confined.protect.iter().map(|c| c.as_ptr()).collect();
+
+        if !handled.is_empty() || net || scoped {
+            let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+            if !handled.is_empty() {
+                rs = rs.handle_access(handled).map_err(fail)?;
+            }
+            if net {
+                rs = rs
+                    .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+                    .map_err(fail)?;
+            }
+            if scoped {
+                rs = rs
+                    .scope(Scope::AbstractUnixSocket | Scope::Signal)
+                    .map_err(fail)?;
+            }
+            let mut created = rs.create().map_err(fail)?;
+            // Every root of every list, with its rights; devices; /dev/shm.
+            let mut wanted: Vec<(PathBuf, BitFlags<AccessFs>, bool)> = Vec::new();
+            for (paths, rights, write) in [
+                (&s.write, write_rights | read_rights | exec_rights, true),
+                (&s.read, read_rights, false),
+                (&s.exec, exec_rights, false),
+            ] {
+                if let Paths::Only(roots) = paths {
+                    wanted.extend(roots.iter().map(|r| (r.clone(), rights, write)));
+                }
+            }
+            let device_rights = AccessFs::ReadFile
+                | AccessFs::WriteFile
+                | AccessFs::Truncate
+                | AccessFs::IoctlDev
+                | AccessFs::ReadDir;
+            wanted.extend(
+                DEVICES
+                    .iter()
+                    .map(|d| (PathBuf::from(d), device_rights, false)),
+            );
+            let tmp_writable = match &s.write {
+                Paths::All => true,
+                Paths::Only(roots) => self
+                    .tmpdir
+                    .as_ref()
+                    .is_some_and(|t| roots.iter().any(|r| t.starts_with(r))),
+            };
+            if tmp_writable {
+                wanted.push((PathBuf::from(SHM), write_rights | read_rights, false));
+            }
+            for (path, rights, write) in wanted {
+                let rights = rights & handled;
+                if rights.is_empty() {
+                    continue;
+                }
+                match self.trusted.get(&path) {
+                    Some(t) => {
+                        let r = if t.dir { rights } else { rights & file_rights };
+                        created = created
+                            .add_rule(PathBeneath::new(t.fd.as_fd(), r))
+                            .map_err(fail)?;
+                    }
+                    // A device or /dev/shm this machine lacks grants nothing.
+                    None if DEVICES.contains(&path.to_str().unwrap_or(""))
+                        || path == Path::new(SHM) => {}
+                    None => {
+                        let (base, rel, resolve) = match (self.trusted_of(&path), g.escalated) {
+                            (Some((t, rel)), _) => {
+                                let dup = t.fd.try_clone().map_err(|e| format!("dup: {e}"))?;
+                                let fd = dup.as_raw_fd();
+                                confined.bases.push(dup);
+                                let rel = if rel.as_os_str().is_empty() {
+                                    PathBuf::from(".")
+                                } else {
+                                    rel
+                                };
+                                // RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
+                                (fd, rel, 0x08 | 0x02)
+                            }
+                            (None, true) => (libc::AT_FDCWD, path.clone(), 0x02),
+                            (None, false) => {
+                                return Err(format!(
+                                    "{} lies in no root execd opened",
+                                    path.display()
+                                ))
+                            }
+                        };
+                        let c = CString::new(rel.as_os_str().as_bytes())
+                            .map_err(|_| "a NUL in a path".to_string())?;
+                        let shown = CString::new(path.as_os_str().as_bytes())
+                            .map_err(|_| "a NUL in a path".to_string())?;
+                        confined.rules.push(ChildRule {
+                            base,
+                            path: c.as_ptr(),
+                            resolve,
+                            access: rights.bits(),
+                            file_access: (rights & file_rights).bits(),
+                            write,
+                            shown: shown.as_ptr(),
+                        });
+                        confined.strings.push(c);
+                        confined.strings.push(shown);
+                    }
+                }
+            }
+            let fd: Option<OwnedFd> = created.into();
+            confined.ruleset = fd;
+        }
+
+        if needs_namespace(g) {
+            confined.mntns = self.namespace_for(g)?;
+        }
+        if let Some(root) = &g.cwd_root {
+            if g.verify_cwd {
+                confined.verify = self.roots.get(root).copied();
+                if confined.verify.is_none() {
+                    return Err(format!("the workspace {} is not open", root.display()));
+                }
+            }
+        }
+        let f = &self.filters;
+        let mut programs: Vec<&Vec<libc::sock_filter>> = vec![&f.guard];
+        if s.network == Network::None {
+            programs.push(&f.socket);
+            programs.push(&f.uring);
+        }
+        if !self.kernel.signals_scoped() {
+            programs.push(&f.signals);
+        }
+        confined.programs = programs
+            .into_iter()
+            .map(|p| libc::sock_fprog {
+                len: p.len() as u16,
+                filter: p.as_ptr() as *mut libc::sock_filter,
+            })
+            .collect();
+        Ok(confined)
+    }
+
+    /// The mount namespace for `g`'s protected entries (a duplicate descriptor): the
+    /// entries named in `protect` directly in each write root execd opened, a `.git`
+    /// file's gitdir and commondir when they lie in a write root; made when no namespace
+    /// for exactly these entries (by device and inode) is kept. None when there is
+    /// nothing to protect (a name absent at spawn is not protected): the command then
+    /// runs in the daemon's own mount namespace, its runtime directories not hidden.
+    fn namespace_for(&mut self, g: &Given) -> Result<Option<OwnedFd>, String> {
+        let Paths::Only(roots) = &g.sandbox.write else {
+            return Err("protect with every path writable protects nothing".into());
+        };
+        let in_a_root = |p: &Path| roots.iter().any(|r| p.starts_with(r));
+        let mut entries: Vec<(PathBuf, u64, u64)> = Vec::new();
+        for root in roots {
+            let Some(t) = self.trusted.get(root).filter(|t| t.dir) else {
+                continue; // a root the child opens checks its own entries
+            };
+            let dir = t.fd.as_raw_fd();
+            for name in &g.sandbox.protect {
+                let Some(st) = entry(dir, name) else {
+                    continue; // a name absent at spawn is not protected
+                };
+                let path = root.join(name);
+                let is_file = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+                entries.push((path.clone(), st.st_dev, st.st_ino));
+                // A worktree's `.git` file names its gitdir, which names the common one.
+                if is_file && name == ".git" {
+                    let Some(text) = read_small(dir, name) else {
+                        continue;
+                    };
+                    let Some(gitdir) = text.lines().find_map(|l| l.strip_prefix("gitdir: ")) else {
+                        continue;
+                    };
+                    let gitdir = lexical(root, gitdir.trim());
+                    let mut named = vec![gitdir.clone()];
+                    if let Ok((gfd, true, _, _)) = open_path(&gitdir) {
+                        if let Some(common) = read_small(gfd.as_raw_fd(), "commondir") {
+                            named.push(lexical(&gitdir, common.trim()));
+                        }
+                    }
+                    for p in named.into_iter().filter(|p| in_a_root(p)) {
+                        if let Ok((_, _, dev, ino)) = open_path(&p) {
+                            entries.push((p, dev, ino));
+                        }
+                    }
+                }
+            }
+        }
+        entries.sort();
+        entries.dedup();
+        // An entry inside another is covered by it.
+        let all = entries.clone();
+        entries.retain(|(p, _, _)| !all.iter().any(|(o, _, _)| o != p && p.starts_with(o)));
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        if let Some(ns) = self.namespaces.get(&entries) {
+            return ns.fd.try_clone().map(Some).map_err(|e| format!("dup: {e}"));
+        }
+        let paths: Vec<PathBuf> = entries.iter().map(|e| e.0.clone()).collect();
+        let fd = make_namespace(&paths, &self.hide)
+            .map_err(|e| format!("making a mount namespace: {e}"))?;
+        if self.namespaces.len() >= NAMESPACES {
+            // Any one goes: those still wanted are made again.
+            if let Some(k) = self.namespaces.keys().next().cloned() {
+                self.namespaces.remove(&k);
+            }
+        }
+        let dup = fd.try_clone().map_err(|e| format!("dup: {e}"))?;
+        self.namespaces.insert(entries, Namespace { fd });
+        Ok(Some(dup))
+    }
+}
