@@ -33,6 +33,7 @@ mod holds;
 mod hosts;
 mod http;
 mod input;
+mod lifetime;
 mod peers;
 mod protocol;
 mod pty;

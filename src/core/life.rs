@@ -139,6 +139,8 @@ impl Core {
             drained: false,
             read_out: [false; 2],
             meta: req.record_bytes(),
+            lingers: false,
+            notice: None,
         });
         // Subscribed from the first byte, unless its connection left while it started.
         if let Some((conn, opts)) = req.subscribe.filter(|(c, _)| self.clients.contains_key(c)) {
@@ -163,6 +165,14 @@ impl Core {
         }
         self.out.push(Effect::Pump(key));
         self.wake(key);
+    }
+
+    /// As the leader of `key` was reaped, its tree still had members: what it left lives
+    /// while its session does (PROTOCOL 8, 14).
+    pub fn lingers(&mut self, key: Key) {
+        if let Some(p) = self.table.get_mut(key) {
+            p.lingers = true;
+        }
     }
 
     /// The leader of `key` was reaped (after its pipes were drained of what they held).

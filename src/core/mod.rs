@@ -221,6 +221,9 @@ pub struct Core {
     pub approvals: Approvals,
     /// The shell sessions (PROTOCOL 12.2).
     pub shells: shell::Shells,
+    /// Sessions the daemon closed by itself (idle, or to make room), for a call naming
+    /// one again (PROTOCOL 8).
+    pub closed: sessions::ClosedSessions,
     /// How commands are contained, as `initialize` says.
     pub containment: Containment,
     /// The daemon's descriptor limit (`RLIMIT_NOFILE`, raised at start).
@@ -269,6 +272,7 @@ impl Core {
             policy: Policy::default(),
             approvals: Approvals::default(),
             shells: shell::Shells::default(),
+            closed: sessions::ClosedSessions::default(),
             containment: Containment::default(),
             nofile: 1024,
             stopping: false,

@@ -273,6 +273,12 @@ impl Contain {
         usage
     }
 
+    /// Whether `key`'s tree is still held: its leader runs, or its group or cgroup had
+    /// members when last looked at.
+    pub fn holds(&self, key: Key) -> bool {
+        self.holds.contains_key(&key)
+    }
+
     /// A re-parented descendant was reaped: groups that lost their last member are
     /// forgotten, so their numbers, free for reuse now, are never signalled.
     pub fn orphan_reaped(&mut self) {
