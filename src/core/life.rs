@@ -284,6 +284,15 @@ impl Core {
         self.end_tree(key);
     }
 
+    /// What an ended command left (PROTOCOL 14) is ended: SIGTERM to what is left of its
+    /// group now, SIGKILL to its cgroup and whatever carries its cookie after the grace
+    /// (`terminal/kill` of an exited terminal). A running command is left alone.
+    pub fn end_leftovers(&mut self, key: Key) {
+        if self.table.get(key).is_some_and(|p| !p.running()) {
+            self.end_tree(key);
+        }
+    }
+
     /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
     pub(super) fn end_tree(&mut self, key: Key) {
         let Some(id) = self.table.get(key).map(|p| p.id.clone()) else {
@@ -298,12 +307,22 @@ impl Core {
             .add(self.now + self.cfg.kill_grace, Timer::Escalate(key, id));
     }
 
-    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
+    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command; to
+    /// an ended one, only SIGKILL does anything: it kills what that command left.
     pub fn signal(&mut self, key: Key, sig: i32) {
         let Some(p) = self.table.get_mut(key) else {
             return;
         };
         if !p.running() {
+            // SIGKILL to an ended command kills what it left, at once (PROTOCOL 5, 14).
+            if sig == libc::SIGKILL {
+                let id = p.id.clone();
+                self.out.push(Effect::End {
+                    key,
+                    id,
+                    stage: Stage::Kill,
+                });
+            }
             return;
         }
         if sig != libc::SIGSTOP && sig != libc::SIGCONT {
@@ -591,6 +610,23 @@ mod tests {
         assert!(c.table.get(k).is_none());
         later(&mut c, Duration::from_secs(2));
         assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    #[test]
+    fn a_kill_of_an_exited_command_ends_its_leftovers_and_sigkill_does_at_once() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        std::mem::take(&mut c.out);
+        c.end_leftovers(k);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        later(&mut c, Duration::from_secs(2));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+        c.signal(k, libc::SIGKILL);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+        c.signal(k, libc::SIGTERM);
+        assert!(ends(&mut c).is_empty(), "other signals reach nothing");
+        assert_eq!(c.table.get(k).unwrap().status(), "completed");
     }
 
     /// The final stage names the command, whose cookie the loop sweeps for, even when the

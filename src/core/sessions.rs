@@ -336,13 +336,15 @@ impl Core {
 
     /// Ends what a closing session (bash or shell, `session_ref`, of uid `owner`) holds:
     /// its running commands are released (killed with their trees), finished ones
-    /// dropped, and its commands still waiting for an approver withdrawn, since they
+    /// dropped with whatever they left, and its commands still waiting for an approver withdrawn, since they
     /// would start in a session that no longer exists.
     pub(super) fn end_members(&mut self, owner: u32, keys: Vec<Key>, session_ref: &str) {
         for k in keys {
             if self.table.get(k).is_some_and(Proc::running) {
                 self.release(k, KillReason::SessionClose);
             } else {
+                // What it left lived while the session did (PROTOCOL 14).
+                self.end_tree(k);
                 self.drop_finished(k);
             }
         }
@@ -705,7 +707,15 @@ mod tests {
         c.exited(done, Ended::Code(0), Usage::default(), None);
         std::mem::take(&mut c.out);
         c.close_session(&(1000, "s".to_string()));
-        assert_eq!(ends(&mut c), vec![(running, Stage::Term)]);
+        // The finished command's leftovers end too (PROTOCOL 14).
+        assert_eq!(
+            ends(&mut c),
+            vec![(done, Stage::Term), (running, Stage::Term)]
+        );
+        later(&mut c, Duration::from_secs(2));
+        let mut killed = ends(&mut c);
+        killed.sort_by_key(|(k, _)| *k);
+        assert_eq!(killed, vec![(done, Stage::Kill), (running, Stage::Kill)]);
         c.sweep();
         assert!(c.table.get(done).is_none());
         assert!(c.table.get(running).is_some());

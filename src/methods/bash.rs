@@ -439,9 +439,9 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     })?
     .ok_or_else(|| RpcError::invalid_state(format!("no command in session {}", session.1)))?;
     let running = core.table.get(key).is_some_and(|p| p.running());
-    if running {
-        core.signal(key, sig);
-    }
+    // Sent to an ended command, only SIGKILL does anything: it kills what the command
+    // left (PROTOCOL 14).
+    core.signal(key, sig);
     if !running || sig == libc::SIGSTOP || sig == libc::SIGCONT {
         let p = core
             .table
