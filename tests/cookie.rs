@@ -536,7 +536,7 @@ fn an_ended_command_s_leftovers_die_with_its_terminal_or_session() {
             let home = TempDir::new();
             let mut d = daemon_at(&home.path().join("execd.sock"), &all);
             let mut c = d.client();
-            let mut bash = |c: &mut Client, params: Value| {
+            let bash = |c: &mut Client, params: Value| {
                 let r = ok(c, "bash/exec", params);
                 assert_eq!(r["status"], "completed", "{r}");
                 r["session_id"].as_str().expect("session_id").to_string()

@@ -108,6 +108,9 @@ impl Core {
             }
             self.record("start", Some(req.peer), fields);
         }
+        // `may_start` made room for its record, but output that arrived while it was being
+        // spawned may have taken that room again: made once more (it is not refused now).
+        let _ = self.room_for_record(req.peer.uid, req.record_bytes());
         self.table.insert(Proc {
             key,
             id,
