@@ -44,6 +44,12 @@ fn ends(c: &mut Client, target: &Target) -> Res<([u64; 2], bool)> {
                 r["command"]["status"] != "running",
             ))
         }
+        // A shell's terminal: what it printed so far, and whether its session still has
+        // it (a shell that died was replaced by another).
+        Target::Shell { id, .. } => match connect::locate_shell(c, id)? {
+            Some((_, s)) => Ok(([s["output_bytes"].as_u64().unwrap_or(0), 0], false)),
+            None => Err(connect::not_found(id)),
+        },
     }
 }
 
@@ -182,9 +188,9 @@ pub fn logs(ctx: &Ctx, p: &Args) -> Res<u8> {
     let only_stderr = p.has("--stderr");
     let mut c = ctx.connect()?;
     let (target, _) = connect::locate(&mut c, id)?;
-    if only_stderr && matches!(target, Target::Terminal { .. }) {
+    if only_stderr && !matches!(target, Target::Bash { .. }) {
         return Err(Fail::usage(format!(
-            "{id} is a terminal: its stdout and stderr are one stream; drop --stderr"
+            "{id} writes one stream (a terminal's: stdout and stderr together); drop --stderr"
         )));
     }
     let (end, exited) = ends(&mut c, &target)?;

@@ -281,6 +281,18 @@ pub(super) fn write_chunk(
             json!({"session_id": session, "command_id": id, "input": input,
                    "encoding": "base64", "eof": eof, "wait": true}),
         )?,
+        // A shell session's running program reads its terminal: Ctrl-D is its end.
+        Target::Shell { session, .. } => {
+            let mut r = c.call(
+                "shell/write",
+                json!({"id": session, "input": input, "encoding": "base64"}),
+            )?;
+            if eof {
+                r = c.call("shell/write", json!({"id": session, "input": "\u{4}"}))?;
+                r["written"] = json!(data.len());
+            }
+            r
+        }
     };
     Ok(r["written"].as_u64().unwrap_or(0))
 }
@@ -491,10 +503,7 @@ fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
 /// The exit status, the messages around it, and the `--json` object.
 fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Common) -> Res<u8> {
     let timeout = o.timeout;
-    let (kind, session) = match target {
-        Target::Terminal { session, .. } => ("terminal", session),
-        Target::Bash { session, .. } => ("bash", session),
-    };
+    let (kind, session) = (target.kind(), target.session());
     let id = target.id();
     let mut obj = json!({"id": id, "kind": kind, "session": session});
     let code = match ended {
@@ -546,7 +555,9 @@ fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Com
     if ctx.json {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         match target {
-            Target::Terminal { .. } => obj["output"] = json!(text(&sink.kept[0])),
+            Target::Terminal { .. } | Target::Shell { .. } => {
+                obj["output"] = json!(text(&sink.kept[0]))
+            }
             Target::Bash { .. } => {
                 obj["stdout"] = json!(text(&sink.kept[0]));
                 obj["stderr"] = json!(text(&sink.kept[1]));
@@ -564,10 +575,7 @@ fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Com
 
 /// Prints the id of a command started with `--detach`.
 fn detached(ctx: &Ctx, target: &Target) -> Res<u8> {
-    let (kind, session) = match target {
-        Target::Terminal { session, .. } => ("terminal", session),
-        Target::Bash { session, .. } => ("bash", session),
-    };
+    let (kind, session) = (target.kind(), target.session());
     if ctx.json {
         output::print_json(
             &json!({"id": target.id(), "kind": kind, "session": session, "status": "running"}),

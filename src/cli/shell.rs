@@ -66,6 +66,12 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
         [id] => Some(id.clone()),
         _ => return Err(Fail::usage("shell takes at most one session id")),
     };
+    enter(ctx, id, p.value("--cwd"))
+}
+
+/// Session `id` (a new one when `None`, in `cwd`) at execctl's terminal, or fed lines
+/// from stdin (`execctl shell`, and `execctl attach` of a session's shell).
+pub fn enter(ctx: &Ctx, id: Option<String>, cwd: Option<&str>) -> Res<u8> {
     let mut c = ctx.connect()?;
     let mut params = json!({});
     if let Some(id) = &id {
@@ -80,7 +86,7 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
         None => false,
     };
     if !existed {
-        if let Some(dir) = super::run::work_dir(p.value("--cwd"))? {
+        if let Some(dir) = super::run::work_dir(cwd)? {
             params["exec_dir"] = dir.into();
         }
     }

@@ -444,6 +444,10 @@ fn resize(c: &mut Client, target: &Target, (rows, cols): (u16, u16)) -> Result<V
             "bash/resize",
             json!({"session_id": session, "command_id": id, "rows": rows, "cols": cols}),
         ),
+        Target::Shell { session, .. } => c.call(
+            "shell/resize",
+            json!({"id": session, "rows": rows, "cols": cols}),
+        ),
     }
 }
 
@@ -536,6 +540,12 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
             !entry["exitStatus"].is_null(),
         ),
         Target::Bash { .. } => (&entry["tty"], entry["status"] != "running"),
+        // A shell session's shell: its session comes to this terminal, as `execctl
+        // shell SESSION` brings it.
+        Target::Shell { session, .. } => {
+            drop(c);
+            return super::shell::enter(ctx, Some(session.clone()), None);
+        }
     };
     if !tty.is_object() {
         return Err(Fail::new(format!(
@@ -606,6 +616,8 @@ fn screen(c: &mut Client, target: &Target) -> Result<(ShownScreen, [u64; 2]), Ca
             ];
             Ok((ShownScreen::from_json(&r["screen"]), ends))
         }
+        // `attach` hands a shell session to `execctl shell` before it would ask.
+        Target::Shell { .. } => Ok((ShownScreen::from_json(&Value::Null), [0, 0])),
     }
 }
 
