@@ -173,6 +173,8 @@ pub enum Invocation {
     CheckPolicy(PathBuf),
     /// `--upgrade-check`: say which states this build takes, and exit (PROTOCOL 13).
     UpgradeCheck,
+    /// `--print-unit service|socket`: print a shipped systemd unit, and exit.
+    PrintUnit(&'static str),
     Help,
     Version,
 }
@@ -231,6 +233,9 @@ options:
                            (one JSON line) and exit: what a running daemon asks a new
                            binary before it upgrades into it (SIGUSR2, execctl upgrade)
   --resume-from FD         (given by execd itself) resume from an upgrade's state
+  --print-unit service|socket
+                           print the systemd unit execd ships (execd.service,
+                           execd.socket) and exit; see execd(8)
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
                            (off); either way every command carries EXECD_TREE, by
@@ -252,6 +257,20 @@ options:
 
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
+
+/// The systemd units execd ships (`systemd/` in its source), as `--print-unit` prints
+/// them: `execd.service` (Type=notify, Delegate=yes) and `execd.socket`.
+pub const SERVICE_UNIT: &str = include_str!("../systemd/execd.service");
+pub const SOCKET_UNIT: &str = include_str!("../systemd/execd.socket");
+
+/// The shipped unit called `name` (`service` or `socket`).
+pub fn unit(name: &str) -> Option<&'static str> {
+    match name {
+        "service" => Some(SERVICE_UNIT),
+        "socket" => Some(SOCKET_UNIT),
+        _ => None,
+    }
+}
 
 /// Resolves the socket path as section 1 of the protocol says: `--socket`, else
 /// `$EXECD_SOCKET`, else `$XDG_RUNTIME_DIR/execd.sock`, else `/run/execd.sock` for root,
@@ -422,6 +441,15 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
             "--upgrade-check" => return Ok(Invocation::UpgradeCheck),
+            "--print-unit" => {
+                let v = value()?;
+                return match unit(&v) {
+                    Some(text) => Ok(Invocation::PrintUnit(text)),
+                    None => Err(format!(
+                        "--print-unit: {v:?} is neither \"service\" nor \"socket\""
+                    )),
+                };
+            }
             "--resume-from" => cfg.resume_from = Some(parse_num(&flag, &value()?)?),
             "--policy" => cfg.policy = Some(PathBuf::from(value()?)),
             "--audit" => {

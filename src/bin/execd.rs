@@ -51,6 +51,10 @@ fn main() -> ExitCode {
             println!("execd {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
+        Invocation::PrintUnit(text) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
         Invocation::UpgradeCheck => {
             println!("{}", upgrade_check_line());
             return ExitCode::SUCCESS;
