@@ -118,29 +118,59 @@ fn a_second_ctrl_c_within_the_grace_kills_a_command_that_ignores_the_first() {
 
 const HINT: &str = "has no terminal";
 
+/// A command without a terminal, run from one, is named once, and only when it waits for
+/// input (PROTOCOL 12.3's `Input` event): a command that never reads says nothing.
 #[test]
-fn a_command_without_a_terminal_is_named_once_when_execctl_sits_on_one() {
+fn a_command_without_a_terminal_is_named_once_when_it_waits_for_input() {
     let d = Daemon::start(&[]);
-    for (args, want) in [
+    for args in [vec!["run", "--", "echo", "hi"], vec!["exec", "echo hi"]] {
+        let mut t = OnTty::spawn(&d.socket, &args, (24, 80));
+        let (code, screen) = t.wait();
+        assert_eq!(code, Some(0), "{args:?}");
+        assert!(screen.contains("hi"), "{args:?}: {screen:?}");
+        assert!(
+            !screen.contains(HINT),
+            "it never waited: {args:?}: {screen:?}"
+        );
+    }
+    let reader = "read x; echo got $x; read y; echo got $y";
+    let held = "waits for input and has no terminal (stdin is held open, empty; -i sends it \
+                what you type); use -t for an interactive program";
+    let piped = "waits for input and has no terminal (stdin is a pipe from execctl); use -t \
+                 for an interactive program";
+    for (args, want, typed) in [
         (
-            vec!["run", "--", "echo", "hi"],
-            "execctl: echo has no terminal (stdin is empty); use -t for an interactive program",
+            vec!["run", "--", "sh", "-c", reader],
+            format!("execctl: sh {held}"),
+            false,
         ),
+        (vec!["exec", reader], format!("execctl: read {held}"), false),
         (
-            vec!["exec", "echo hi"],
-            "execctl: echo has no terminal (stdin is empty); use -t for an interactive program",
-        ),
-        (
-            vec!["run", "-i", "--", "echo", "hi"],
-            "execctl: echo has no terminal (stdin is a pipe from execctl); use -t for an interactive program",
+            vec!["run", "-i", "--", "sh", "-c", reader],
+            format!("execctl: sh {piped}"),
+            true,
         ),
     ] {
         let mut t = OnTty::spawn(&d.socket, &args, (24, 80));
-        let (code, _) = t.wait();
-        assert_eq!(code, Some(0), "{args:?}");
-        let screen = t.screen.wait_for("hi", 1);
-        assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
-        assert!(screen.contains(want), "{args:?}: {screen:?}");
+        t.screen.wait_for(HINT, 1);
+        if typed {
+            // What is typed reaches it; it waits twice, and is named once.
+            t.type_keys(b"one\n");
+            t.screen.wait_for("got one", 1);
+            t.type_keys(b"two\n");
+            let (code, screen) = t.wait();
+            assert_eq!(code, Some(0), "{args:?}: {screen:?}");
+            assert!(screen.contains("got two"), "{args:?}: {screen:?}");
+            assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
+            assert!(screen.contains(&want), "{args:?}: {screen:?}");
+        } else {
+            // Nothing reaches it: Ctrl-C (the terminal is cooked) ends it.
+            t.type_keys(b"\x03");
+            let (code, screen) = t.wait();
+            assert_eq!(code, Some(130), "{args:?}: {screen:?}");
+            assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
+            assert!(screen.contains(&want), "{args:?}: {screen:?}");
+        }
     }
     // Not when stdout is not a terminal, nor for a detached command.
     let (_master, slave) = open_pty();

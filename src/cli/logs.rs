@@ -167,7 +167,7 @@ impl LogOut {
                     self.id
                 )),
                 Decoded::Exit(_) => return Ok(true),
-                Decoded::Nothing => {}
+                Decoded::Input(_) | Decoded::Nothing => {}
             }
         }
         Ok(false)

@@ -6,8 +6,11 @@
 //!   budget) is reported in one line and makes the exit status non-zero.
 //! - Input: execctl's stdin is forwarded when it is not a terminal (or with `-i`), in
 //!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
-//!   closed at its end; otherwise (and when it is `/dev/null`, which has nothing to
-//!   forward) the command's stdin is closed from the start.
+//!   closed at its end. On a terminal without `-t` or `-i` the command's stdin is a pipe
+//!   execctl holds open and never writes: a program that waits for input then says so
+//!   (PROTOCOL 12.3), and execctl prints once that it has no terminal. Otherwise (and
+//!   when execctl's stdin is `/dev/null`, which has nothing to forward) the command's
+//!   stdin is closed from the start.
 //! - Lifetime: a foreground command is created with `killOnDisconnect`, so it dies with
 //!   execctl's connection even when execctl cannot ask (SIGKILL, a broken ssh link);
 //!   `--detach`, `exec --wait` and `-t` (whose detach keys leave it running, and which
@@ -51,32 +54,32 @@ struct Common {
     detach: bool,
     /// execctl's stdin goes to the command.
     forward_stdin: bool,
-    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`.
+    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`,
+    /// or held open for the hint.
     stdin_pipe: bool,
+    /// execctl sits on a terminal and the command has none: its stdin pipe is held open
+    /// unwritten (unless forwarded), and if it waits for input, execctl says why once.
+    no_terminal: bool,
     /// `-t`: a PTY, and (unless detached) execctl's terminal in raw mode for it.
     tty: Option<TtyOpts>,
 }
 
-/// Says once that the command has no terminal when execctl sits on one and `-t` was not
-/// given: an interactive program would otherwise wait on an empty stdin, or see no prompt.
-fn hint_terminal(ctx: &Ctx, o: &Common, command: &str) {
-    if o.tty.is_some()
-        || o.detach
-        || ctx.json
-        || !io::stdin().is_terminal()
-        || !io::stdout().is_terminal()
-    {
-        return;
+/// What execctl says, once, when a command without a terminal waits for input while
+/// execctl sits on one (`-t` was not given): an interactive program would otherwise wait
+/// silently, or see no prompt. `None` when there is nothing to say.
+fn terminal_hint(o: &Common, command: &str) -> Option<String> {
+    if !o.no_terminal {
+        return None;
     }
     let program = command.split_whitespace().next().unwrap_or(command);
     let stdin = if o.forward_stdin {
         "stdin is a pipe from execctl"
     } else {
-        "stdin is empty"
+        "stdin is held open, empty; -i sends it what you type"
     };
-    warn(&format!(
-        "{program} has no terminal ({stdin}); use -t for an interactive program"
-    ));
+    Some(format!(
+        "{program} waits for input and has no terminal ({stdin}); use -t for an interactive program"
+    ))
 }
 
 /// The PTY session of a foreground `-t` command: it watches signals from now on, in
@@ -126,12 +129,18 @@ fn common(ctx: &Ctx, p: &Args, timeout_flags: &[&str]) -> Res<Common> {
     // With -t the keys go to the PTY (`tty::Session`), not through a pipe.
     let forward_stdin =
         tty.is_none() && !detach && !stdin_is_null() && (interactive || !io::stdin().is_terminal());
+    let no_terminal = tty.is_none()
+        && !detach
+        && !ctx.json
+        && io::stdin().is_terminal()
+        && io::stdout().is_terminal();
     let cwd = match &ctx.host {
         Host::Local(_) => work_dir(p.value("--cwd"))?,
         Host::Ssh(remote) => remote_dir(p.value("--cwd"), &remote.host)?,
     };
     Ok(Common {
-        stdin_pipe: forward_stdin || (detach && interactive) || tty.is_some(),
+        stdin_pipe: forward_stdin || (detach && interactive) || tty.is_some() || no_terminal,
+        no_terminal,
         tty,
         cwd,
         env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
@@ -358,6 +367,8 @@ pub(super) struct OutputSink {
     lost: u64,
     /// stdout failed: nothing more is written to it.
     stdout_closed: bool,
+    /// Said once when the command waits for input (`terminal_hint`).
+    pub(super) hint: Option<String>,
 }
 
 impl OutputSink {
@@ -369,6 +380,7 @@ impl OutputSink {
             decoder: Decoder::new(id),
             lost: 0,
             stdout_closed: false,
+            hint: None,
         }
     }
 
@@ -424,7 +436,12 @@ impl OutputSink {
                     self.id
                 )),
                 Decoded::Exit(payload) => return Some(payload),
-                Decoded::Nothing => {}
+                Decoded::Input(true) => {
+                    if let Some(h) = self.hint.take() {
+                        warn(&h);
+                    }
+                }
+                Decoded::Input(false) | Decoded::Nothing => {}
             }
         }
         None
@@ -608,7 +625,6 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         })
         .transpose()?;
     tty_json(ctx, &o)?;
-    hint_terminal(ctx, &o, command);
     let killer = Killer::new(ctx);
     let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
@@ -676,6 +692,7 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         forward_stdin(ctx, &target);
     }
     let mut sink = OutputSink::new(&id, ctx.json);
+    sink.hint = terminal_hint(&o, command);
     let deadline = o.timeout.map(|t| (Instant::now() + t, true));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
@@ -706,7 +723,6 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         ));
     }
     tty_json(ctx, &o)?;
-    hint_terminal(ctx, &o, &line);
     let killer = Killer::new(ctx);
     let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
@@ -780,10 +796,11 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     };
     if o.forward_stdin {
         forward_stdin(ctx, &target);
-    } else {
+    } else if !o.no_terminal {
         close_stdin(&mut c);
     }
     let mut sink = OutputSink::new(&id, ctx.json);
+    sink.hint = terminal_hint(&o, &line);
     let deadline = soft.map(|t| (Instant::now() + t, false));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);

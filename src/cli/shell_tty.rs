@@ -550,7 +550,7 @@ impl Term {
                     Decoded::Lost { skipped, .. } => say(&format!(
                         "{skipped} bytes of the session's output were lost"
                     )),
-                    Decoded::Garbled { .. } | Decoded::Nothing => {}
+                    Decoded::Garbled { .. } | Decoded::Input(_) | Decoded::Nothing => {}
                 }
             }
         }
