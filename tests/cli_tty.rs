@@ -454,6 +454,55 @@ fn detach_leaves_the_command_running_and_attach_brings_it_back() {
     a.exits(6);
 }
 
+/// A detach turns off the terminal modes the program turned on (what execctl forwarded,
+/// and the alternate screen an attach painted), and never with a full reset, which would
+/// clear the user's scrollback.
+#[test]
+fn a_detach_turns_off_the_modes_the_program_turned_on() {
+    let d = Daemon::start(&[]);
+    // What vi does: the alternate screen, mouse reporting, keypad mode, bracketed paste,
+    // a hidden cursor.
+    let program = "printf '\\033[?1049h\\033[?1000h\\033[?1006h\\033=\\033[?2004h\\033[?25l'; \
+                   echo ready; exec sleep 30";
+    let mut t = OnTty::spawn(
+        &d.socket,
+        &["run", "-t", "--", "sh", "-c", program],
+        (24, 80),
+    );
+    t.wait_raw();
+    t.screen.wait_for("ready", 1);
+    t.type_keys(b"\x10\x11");
+    let screen = t.exits(0);
+    let id = detached_id(&screen);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    let reset = "\x1b[?1000l\x1b[?1006l\x1b[?2004l\x1b>\x1b[?25h\x1b[?1049l";
+    assert!(after.contains(reset), "{after:?}");
+    assert!(!screen.contains("\x1bc"), "no full reset: {screen:?}");
+    // attach paints the program's screen on the alternate screen; the detach leaves it.
+    let mut a = OnTty::spawn(&d.socket, &["attach", &id], (24, 80));
+    a.wait_raw();
+    a.screen.wait_for("ready", 1);
+    a.type_keys(b"\x10\x11");
+    let screen = a.exits(0);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    assert!(after.contains("\x1b[?1049l"), "{after:?}");
+    ctl_code(&d, &["kill", &id], 0);
+    // A program that turned nothing on gets nothing.
+    let mut t = OnTty::spawn(
+        &d.socket,
+        &["run", "-t", "--", "sh", "-c", "echo ready; exec sleep 30"],
+        (24, 80),
+    );
+    t.wait_raw();
+    t.screen.wait_for("ready", 1);
+    t.type_keys(b"\x10\x11");
+    let screen = t.exits(0);
+    let id = detached_id(&screen);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    assert!(!after.contains("\x1b["), "{after:?}");
+    ctl_code(&d, &["kill", &id], 0);
+}
+
 /// A -t command is not tied to execctl's connection: an execctl killed with SIGKILL (no
 /// way out it can see; the terminal stays raw, as with any program) leaves it running for
 /// attach, as a detach does.

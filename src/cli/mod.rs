@@ -28,6 +28,7 @@ mod foreground;
 mod help;
 mod kill;
 mod logs;
+mod modes;
 mod output;
 mod policy;
 mod ps;

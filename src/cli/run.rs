@@ -369,6 +369,9 @@ pub(super) struct OutputSink {
     stdout_closed: bool,
     /// Said once when the command waits for input (`terminal_hint`).
     pub(super) hint: Option<String>,
+    /// A command on execctl's terminal (`-t`, `attach`): the modes its output turned on,
+    /// which a detach turns off again.
+    pub(super) modes: Option<super::modes::Modes>,
 }
 
 impl OutputSink {
@@ -381,7 +384,17 @@ impl OutputSink {
             lost: 0,
             stdout_closed: false,
             hint: None,
+            modes: None,
         }
+    }
+
+    /// What turns off the terminal modes the command turned on (nothing when it was not
+    /// on execctl's terminal).
+    pub(super) fn reset_modes(&self) -> Vec<u8> {
+        self.modes
+            .as_ref()
+            .map(super::modes::Modes::reset)
+            .unwrap_or_default()
     }
 
     /// Follows output from these offsets on (what came before was shown otherwise).
@@ -402,6 +415,9 @@ impl OutputSink {
         }
         if self.stdout_closed {
             return;
+        }
+        if let Some(m) = &mut self.modes {
+            m.feed(bytes);
         }
         if let Err(e) = output::write_stdout(bytes) {
             self.stdout_closed = true;
@@ -693,10 +709,13 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     let mut sink = OutputSink::new(&id, ctx.json);
     sink.hint = terminal_hint(&o, command);
+    if o.tty.is_some() {
+        sink.modes = Some(super::modes::Modes::default());
+    }
     let deadline = o.timeout.map(|t| (Instant::now() + t, true));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
-    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target, &sink.reset_modes())) {
         return Ok(code);
     }
     let ended = ended?;
@@ -801,10 +820,13 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     }
     let mut sink = OutputSink::new(&id, ctx.json);
     sink.hint = terminal_hint(&o, &line);
+    if o.tty.is_some() {
+        sink.modes = Some(super::modes::Modes::default());
+    }
     let deadline = soft.map(|t| (Instant::now() + t, false));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
-    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target, &sink.reset_modes())) {
         return Ok(code);
     }
     let ended = ended?;
