@@ -301,12 +301,20 @@ pub fn group_runs(pgid: i32, comm: &str) -> bool {
 /// Whether a live process of the session led by `leader` runs the program named `comm`:
 /// a job a shell in its own terminal session (a shell session's bash) has started.
 pub fn session_runs(leader: i32, comm: &str) -> bool {
-    all_pids().into_iter().any(|pid| {
-        stat_fields(pid)
-            .is_some_and(|f| is_live(&f) && f.get(3).and_then(|s| s.parse().ok()) == Some(leader))
-            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+    !in_session(leader, comm).is_empty()
+}
+
+/// The live processes of the session led by `leader` that run the program named `comm`.
+pub fn in_session(leader: i32, comm: &str) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&pid| {
+            stat_fields(pid).is_some_and(|f| {
+                is_live(&f) && f.get(3).and_then(|s| s.parse().ok()) == Some(leader)
+            }) && std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|c| c.trim_end() == comm)
-    })
+        })
+        .collect()
 }
 
 /// Resident set size of a process in KiB.
