@@ -380,8 +380,10 @@ pub fn in_ci() -> bool {
 
 /// A test cannot run here because `why`; the caller returns after this. In CI that fails
 /// the test, since CI must provide what the test needs and a skip there would pass
-/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` on stderr
-/// (`cargo test -- --nocapture` shows it).
+/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` in one line on
+/// the terminal of a plain `cargo test`: written to file descriptor 2 itself, past
+/// libtest's capture (which takes only what `print!` and `eprint!` write), so a skip
+/// never passes unseen as a success.
 #[track_caller]
 pub fn skip(why: &str) {
     let here = std::panic::Location::caller();
@@ -391,7 +393,14 @@ pub fn skip(why: &str) {
         !in_ci(),
         "{test} ({here}) cannot run under CI=true: {why}; CI must provide it"
     );
-    eprintln!("SKIPPED {test}: {why}");
+    skipped(&format!("{test}: {why}"));
+}
+
+/// Says `SKIPPED <what>` in one line, on the terminal of a plain `cargo test` (see `skip`).
+pub fn skipped(what: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED {what}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Whether each of `tools` is on `PATH`: programs beyond bash, coreutils, util-linux,
