@@ -13,6 +13,7 @@ use std::io;
 use serde_json::{json, Value};
 
 use crate::client::CallError;
+use crate::wire::rpc::rule_words;
 
 /// The command's status passes through; these are execctl's own.
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -197,24 +198,24 @@ pub fn daemon_error(e: CallError, what: Option<&str>) -> Fail {
             }
         }
         -32005 => {
-            let rule = data_str(&data, "rule").unwrap_or("?");
+            let rule = rule_words(data_str(&data, "rule").unwrap_or("?"));
             match data_str(&data, "justification") {
-                Some(j) => format!("denied by policy rule {rule}: {j}"),
-                None => format!("denied by policy rule {rule}; see it with: execctl policy check"),
+                Some(j) => format!("denied by {rule}: {j}"),
+                None => format!("denied by {rule}; see it with: execctl policy check"),
             }
         }
         -32006 => {
-            let rule = data_str(&data, "rule").unwrap_or("?");
+            let rule = rule_words(data_str(&data, "rule").unwrap_or("?"));
             match data_str(&data, "reason") {
                 Some("no approver") => format!(
-                    "policy rule {rule} asks for approval and no approver is connected; start one with: execctl approve"
+                    "{rule} asks for approval and no approver is connected; start one with: execctl approve"
                 ),
                 Some("timeout") => format!(
-                    "policy rule {rule} asks for approval and nobody answered in time; try again while an approver watches (execctl approve)"
+                    "{rule} asks for approval and nobody answered in time; try again while an approver watches (execctl approve)"
                 ),
                 _ => match data_str(&data, "feedback") {
-                    Some(f) => format!("not approved (policy rule {rule}): {f}"),
-                    None => format!("not approved (policy rule {rule}); ask the approver or change the command"),
+                    Some(f) => format!("not approved ({rule}): {f}"),
+                    None => format!("not approved ({rule}); ask the approver or change the command"),
                 },
             }
         }

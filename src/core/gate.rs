@@ -275,8 +275,8 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         .as_deref()
         .map_or(String::new(), |j| format!(": {j}"));
     let mut blocks = vec![json!({"type": "brief", "text": format!(
-        "rule {}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
-        verdict.rule, peer.uid, peer.pid
+        "{}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
+        crate::wire::rpc::rule_words(&verdict.rule), peer.uid, peer.pid
     )})];
     let (first, skipped, last) = first_and_last(&verdict.commands);
     let mut commands = Vec::new();
@@ -406,8 +406,9 @@ impl Core {
                             "command": describe(&launch) }),
                 );
                 self.log.line(format_args!(
-                    "denied {id} of uid {}: rule {}",
-                    peer.uid, verdict.rule
+                    "denied {id} of uid {}: {}",
+                    peer.uid,
+                    crate::wire::rpc::rule_words(&verdict.rule)
                 ));
                 self.launch_failed(&launch);
                 Gated::Refused(RpcError::denied(
