@@ -183,6 +183,21 @@ fn logs_says_how_much_older_output_is_no_longer_retained() {
         "{o:?}"
     );
     assert!(o.stderr.ends_with(&"e".repeat(1024)), "{o:?}");
+    // --tail asks for the end only: no word about a head nobody asked for.
+    let o = ctl_code(&d, &["logs", "--tail", "2", &t], 0);
+    assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("1022\n1023\n", ""));
+    // --json: one object, what is gone counted in it.
+    let o = ctl_code(&d, &["--json", "logs", &b], 0);
+    assert_eq!(o.stderr, "", "{o:?}");
+    let v = parse_json(&o.stdout);
+    assert_eq!(v["id"], b.as_str(), "{v}");
+    assert_eq!(v["kind"], "bash");
+    assert_eq!(v["stdout"], "o".repeat(1024));
+    assert_eq!(v["stderr"], "e".repeat(1024));
+    assert_eq!(v["not_retained_bytes"], 3976 + 1976);
+    assert_eq!(v["lost_bytes"], 0);
+    let v = parse_json(&ctl_code(&d, &["--json", "logs", "--tail", "1", &t], 0).stdout);
+    assert_eq!(v["output"], "1023\n", "{v}");
 }
 
 #[test]
