@@ -274,9 +274,14 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         .justification
         .as_deref()
         .map_or(String::new(), |j| format!(": {j}"));
+    // `rule NAME`, or what decided when no rule did (the default, `unparsed`).
+    let decided = match verdict.rule.as_str() {
+        "default" | "unparsed" => crate::wire::rpc::rule_words(&verdict.rule),
+        name => format!("rule {name}"),
+    };
     let mut blocks = vec![json!({"type": "brief", "text": format!(
-        "{}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
-        crate::wire::rpc::rule_words(&verdict.rule), peer.uid, peer.pid
+        "{decided}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
+        peer.uid, peer.pid
     )})];
     let (first, skipped, last) = first_and_last(&verdict.commands);
     let mut commands = Vec::new();
