@@ -82,7 +82,9 @@ impl Fail {
     /// The error as a person reads it; `verbose` adds the JSON-RPC error behind it.
     pub fn text(&self, verbose: bool) -> String {
         let mut s = self.message.clone();
-        if let (true, Some(r)) = (verbose, &self.rpc) {
+        // A message that shows the error itself (`execctl call`) is not given it twice.
+        let shown = |r: &RpcDetail| s.contains(&format!("error {}: {}", r.code, r.message));
+        if let (true, Some(r)) = (verbose, self.rpc.as_ref().filter(|r| !shown(r))) {
             s.push_str(&format!(" [execd error {}: {}", r.code, r.message));
             if let Some(d) = &r.data {
                 s.push_str(&format!(" {d}"));
@@ -298,5 +300,15 @@ mod tests {
         assert!(!f.text(false).contains("-32002"), "{}", f.text(false));
         assert!(f.text(true).contains("-32002"), "{}", f.text(true));
         assert_eq!(f.to_json()["error"]["rpc"]["code"], -32002);
+        // A message that shows the error already (execctl call) says it once with -v.
+        let mut f = daemon_error(rpc(-32002, json!(null)), None);
+        f.message = "execd answered error -32002: m null".into();
+        assert_eq!(f.text(true), f.message);
+        // The directory case of a failed spawn.
+        let f = daemon_error(
+            rpc(-32004, json!({"program": "/tmp", "errno": "EISDIR"})),
+            None,
+        );
+        assert_eq!((f.code, f.message.as_str()), (126, "/tmp: is a directory"));
     }
 }
