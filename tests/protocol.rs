@@ -691,3 +691,33 @@ fn unknown_fields_are_ignored() {
     assert_eq!(m["id"], 5, "{m}");
     assert!(m["result"]["terminals"].is_array(), "{m}");
 }
+
+/// A NUL byte in `cwd` or `exec_dir` is `-32602` naming the field (no path can hold one),
+/// not a failed spawn naming the program.
+#[test]
+fn a_nul_byte_in_a_directory_is_invalid_params_naming_the_field() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    for (method, params, field) in [
+        (
+            "terminal/create",
+            json!({"sessionId": "s", "command": "true", "cwd": "/tmp\u{0}x"}),
+            "cwd",
+        ),
+        (
+            "bash/exec",
+            json!({"command": "true", "exec_dir": "/tmp\u{0}x"}),
+            "exec_dir",
+        ),
+        (
+            "shell/exec",
+            json!({"command": "true", "exec_dir": "/tmp\u{0}x"}),
+            "exec_dir",
+        ),
+    ] {
+        let (code, _, data) = err(&mut c, method, params);
+        assert_eq!(code, -32602, "{method}");
+        assert_eq!(data.expect("data")["field"], field, "{method}");
+    }
+    assert_no_panic(&d);
+}
