@@ -63,9 +63,10 @@ fn main() -> ExitCode {
             return match execd::policy::Policy::load(&path) {
                 Ok(p) => {
                     println!(
-                        "{}: {} rule(s), every example agrees with its rule",
+                        "{}: {} {}, every example agrees with its rule",
                         path.display(),
-                        p.rule_count()
+                        p.rule_count(),
+                        if p.rule_count() == 1 { "rule" } else { "rules" }
                     );
                     ExitCode::SUCCESS
                 }

@@ -80,9 +80,15 @@ impl Core {
             _ => None,
         };
         self.input_watch |= stdin.is_some();
+        // The uid it runs as; the peer's too when that is another (a root daemon runs a
+        // peer's command as the peer, or as --run-as).
+        let peer = if req.peer.uid == runs_as {
+            String::new()
+        } else {
+            format!(" (for peer uid {})", req.peer.uid)
+        };
         self.log.line(format_args!(
-            "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
-            req.peer.uid,
+            "{id} started: pid {pid} uid {runs_as}{peer} cwd {:?} command {:?}{}",
             req.cwd,
             req.command,
             if req.args.is_empty() {
