@@ -638,6 +638,24 @@ mod tests {
         assert_eq!(c.table.get(k).unwrap().status(), "completed");
     }
 
+    #[test]
+    fn the_start_line_names_the_uid_the_command_runs_as() {
+        let mut c = core();
+        let req = request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, 4242, 65534);
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, 4243, 1000);
+        let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        assert!(log.contains("pid 4242 uid 65534 (for peer uid 1000) cwd"), "{log}");
+        assert!(log.contains("pid 4243 uid 1000 cwd"), "{log}");
+    }
+
     /// The final stage names the command, whose cookie the loop sweeps for, even when the
     /// command was forgotten during the grace.
     #[test]
