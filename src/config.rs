@@ -109,6 +109,8 @@ pub struct Config {
     /// The flags the daemon was started with, as given (without `--resume-from`): the next
     /// image gets them unchanged.
     pub args: Vec<OsString>,
+    /// `--log-level`: how much the daemon logs (default `info`).
+    pub log_level: crate::types::Level,
 }
 
 /// Where `--audit` sends records.
@@ -158,6 +160,7 @@ impl Default for Config {
             http_no_auth: false,
             http_run_as: None,
             http_idle: DEFAULT_HTTP_IDLE,
+            log_level: crate::types::Level::default(),
             resume_from: None,
             binary: None,
             args: Vec::new(),
@@ -217,6 +220,9 @@ options:
                            instead of as the peer
   --policy FILE            allow, ask or deny commands by rules (execd-protocol(7));
                            SIGHUP reloads it
+  --log-level LEVEL        error, warn, info (the default) or debug: how much the
+                           daemon writes to stderr (refusals are warn, each command's
+                           start and exit info, releases and signals sent debug)
   --audit FILE|-           append one JSON record per decision, start and end
                            (file mode 0640; - is stderr); SIGHUP reopens it
   --approval-timeout DURATION
@@ -441,6 +447,15 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
             "--upgrade-check" => return Ok(Invocation::UpgradeCheck),
+            "--log-level" => {
+                let v = value()?;
+                cfg.log_level = crate::types::Level::parse(&v).ok_or_else(|| {
+                    format!(
+                        "--log-level: {v:?} is not one of {}",
+                        crate::types::Level::NAMES.join(", ")
+                    )
+                })?;
+            }
             "--print-unit" => {
                 let v = value()?;
                 return match unit(&v) {

@@ -337,7 +337,7 @@ impl Core {
         if sig != libc::SIGSTOP && sig != libc::SIGCONT {
             p.signalled = true;
         }
-        self.log.line(format_args!(
+        self.log.debug(format_args!(
             "{} sent {}",
             p.id,
             crate::types::signal_name(sig)
@@ -366,7 +366,7 @@ impl Core {
         for s in &mut p.streams {
             s.open = false;
         }
-        self.log.line(format_args!("{} released", p.id));
+        self.log.debug(format_args!("{} released", p.id));
         let fields = json!({ "id": p.id });
         let peer = p.peer;
         self.record("release", Some(peer), fields);
@@ -652,7 +652,10 @@ mod tests {
         let (key, id) = c.table.next_ids("term");
         c.started(&req, key, id, 4243, 1000);
         let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
-        assert!(log.contains("pid 4242 uid 65534 (for peer uid 1000) cwd"), "{log}");
+        assert!(
+            log.contains("pid 4242 uid 65534 (for peer uid 1000) cwd"),
+            "{log}"
+        );
         assert!(log.contains("pid 4243 uid 1000 cwd"), "{log}");
     }
 

@@ -244,6 +244,7 @@ pub struct Core {
 impl Core {
     pub fn new(cfg: Config, now: Instant, wall: SystemTime, mut log: Log) -> Core {
         log.wall = wall;
+        log.level = cfg.log_level;
         let (audit, audit_to_log) = match &cfg.audit {
             None => (None, false),
             Some(crate::config::AuditTarget::Stderr) => (None, true),

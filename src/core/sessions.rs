@@ -372,7 +372,7 @@ impl Core {
         self.end_members(key.0, keys, &session_ref);
         self.forget_session(key);
         self.approvals.end_session(key.0, &session_ref);
-        self.log.line(format_args!("session {:?} closed", key.1));
+        self.log.debug(format_args!("session {:?} closed", key.1));
         self.record(
             "session_close",
             None,

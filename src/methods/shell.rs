@@ -495,7 +495,7 @@ fn start_failed(
             }
         }
         ShellThen::Restart { .. } => {
-            core.log.line(format_args!(
+            core.log.warn(format_args!(
                 "the shell of session {:?} could not be started again: {}",
                 key.1, e.message
             ));

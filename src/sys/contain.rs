@@ -156,6 +156,21 @@ impl Contain {
         }
     }
 
+    /// What is in use, short (the log's start line): the cgroup tree, or process groups
+    /// with the cookie; and, without cgroups, why and how to get them.
+    pub fn summary(&self) -> (String, Option<String>) {
+        match (&self.cgroups, &self.fallback) {
+            (Some(c), _) => (
+                format!("cgroup {} + the EXECD_TREE cookie", c.tree.root().display()),
+                None,
+            ),
+            (None, why) => (
+                "process groups + the EXECD_TREE cookie".to_string(),
+                why.as_ref().map(|w| format!("no cgroups: {w}")),
+            ),
+        }
+    }
+
     /// This run's instance, as every command's cookie names it.
     pub fn instance(&self) -> String {
         self.cookies.instance().to_string()

@@ -461,7 +461,7 @@ impl Core {
             },
         );
         self.log
-            .line(format_args!("shell session {id:?} of uid {owner} opened"));
+            .debug(format_args!("shell session {id:?} of uid {owner} opened"));
         Ok(key)
     }
 
@@ -1125,7 +1125,7 @@ impl Core {
         self.end_members(key.0, shells, &session_ref);
         self.approvals.end_session(key.0, &session_ref);
         self.log
-            .line(format_args!("shell session {:?} closed", key.1));
+            .debug(format_args!("shell session {:?} closed", key.1));
         self.record(
             "session_close",
             None,
