@@ -185,8 +185,10 @@ pub enum Invocation {
 pub const USAGE: &str = "\
 usage: execd [OPTIONS]
 
-Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket
-(ACP terminal/*, bash/*, events/*). See execd(8) and execd-protocol(7).
+Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket: ACP
+terminal/*, bash/* sessions, shell/* sessions (a long-lived interactive bash per
+session: cd and exports persist), events/*; the same socket answers HTTP for
+/v1/bash/* and /v1/shell/*. See execd(8) and execd-protocol(7).
 
 options:
   --socket PATH            listening socket (default: $EXECD_SOCKET, else
@@ -209,8 +211,11 @@ options:
                            (default 256M); a non-root owner holds at most half
   --stdin-buffer BYTES     pending stdin per command (default 64K)
   --kill-grace DURATION    SIGTERM to SIGKILL delay (default 2s)
-  --session-idle DURATION  close bash sessions idle this long (default 1h)
-  --max-sessions N         bash sessions at once (default 256)
+  --session-idle DURATION  close bash and shell sessions idle this long (default 1h;
+                           one made without a name and never named again: a sixth)
+  --max-sessions N         bash and shell sessions at once, together (default 256);
+                           at it, the caller's unnamed then least recently used quiet
+                           bash sessions make room, never a named shell session
   --shell PATH             shell for command lines (default /bin/bash, else /bin/sh)
   --clean-env              start commands with an empty environment
   --workdir DIR            default working directory (default: the daemon's)
