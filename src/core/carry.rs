@@ -62,6 +62,7 @@ impl Core {
                 command_count: s.command_count,
                 oneshot: s.oneshot,
                 reopened: s.reopened.clone(),
+                left: s.left.iter().map(|(k, id)| (k.0, id.clone())).collect(),
             })
             .collect();
         sessions.sort_by(|a, b| (a.owner, &a.id).cmp(&(b.owner, &b.id)));
@@ -191,6 +192,7 @@ impl Core {
                 command_count: s.command_count,
                 oneshot: s.oneshot,
                 reopened: s.reopened.clone(),
+                left: s.left.iter().map(|(k, id)| (Key(*k), id.clone())).collect(),
             })
             .collect();
         core.table = Table::restore(

@@ -239,6 +239,16 @@ impl Core {
         }
         if let Some(s) = session {
             for k in self.table.history_overflow(&s, BASH_HISTORY) {
+                // What it left still lives while its session does (PROTOCOL 14): the
+                // session remembers it, to end at its close.
+                let left = self
+                    .table
+                    .get(k)
+                    .filter(|p| super::sessions::left_processes(p))
+                    .map(|p| (k, p.id.clone()));
+                if let (Some(left), Some(sess)) = (left, self.table.sessions.get_mut(&s)) {
+                    sess.left.push(left);
+                }
                 self.drop_finished(k);
             }
         }
@@ -307,6 +317,11 @@ impl Core {
         let Some(id) = self.table.get(key).map(|p| p.id.clone()) else {
             return;
         };
+        self.end_tree_of(key, id);
+    }
+
+    /// `end_tree` of command `id` (`key`), which may be forgotten already.
+    pub(super) fn end_tree_of(&mut self, key: Key, id: String) {
         self.out.push(Effect::End {
             key,
             id: id.clone(),

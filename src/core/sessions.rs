@@ -216,6 +216,7 @@ impl Core {
                         command_count: 0,
                         oneshot: named.is_none(),
                         reopened,
+                        left: Vec::new(),
                     },
                 );
                 let idle = self.bash_idle(&key);
@@ -368,8 +369,12 @@ impl Core {
             return;
         };
         let keys: Vec<Key> = s.commands.iter().copied().collect();
+        let left = s.left.clone();
         let session_ref = format!("bash:{}", key.1);
         self.end_members(key.0, keys, &session_ref);
+        for (k, id) in left {
+            self.end_tree_of(k, id);
+        }
         self.forget_session(key);
         self.approvals.end_session(key.0, &session_ref);
         self.log.debug(format_args!("session {:?} closed", key.1));
@@ -433,7 +438,7 @@ pub fn seconds(d: Duration) -> String {
 
 /// Whether an ended command left processes behind: its tree still had members when its
 /// leader exited, or something still holds its output open.
-fn left_processes(p: &Proc) -> bool {
+pub(super) fn left_processes(p: &Proc) -> bool {
     p.exit.is_some() && (p.lingers || p.streams.iter().any(|s| s.open))
 }
 
@@ -697,6 +702,28 @@ mod tests {
         let img = closed.carry();
         let back = ClosedSessions::resume(&img).unwrap();
         assert_eq!(back.by_owner[&7], closed.by_owner[&7]);
+    }
+
+    #[test]
+    fn what_a_command_pushed_out_of_the_history_left_ends_with_its_session() {
+        let mut c = core();
+        let first = bash(&mut c, "s");
+        c.lingers(first);
+        c.exited(first, Ended::Code(0), Usage::default(), None);
+        for _ in 0..crate::config::BASH_HISTORY {
+            let k = bash(&mut c, "s");
+            ended_clean(&mut c, k);
+        }
+        assert!(
+            c.table.get(first).is_none_or(|p| p.released),
+            "out of the history"
+        );
+        assert!(ends(&mut c).is_empty(), "what it left lives on meanwhile");
+        c.close_session(&(1000, "s".to_string()));
+        let ended = ends(&mut c);
+        assert!(ended.contains(&(first, Stage::Term)), "{ended:?}");
+        later(&mut c, Duration::from_secs(2));
+        assert!(ends(&mut c).contains(&(first, Stage::Kill)));
     }
 
     #[test]

@@ -380,6 +380,9 @@ pub struct BashSession {
     /// The daemon had closed a session of this name (idle or to make room) and this one
     /// was made again in its place: what the call that made it answers, taken once.
     pub reopened: Option<String>,
+    /// Commands dropped from its history whose trees still had members: what they left
+    /// ends when the session closes (PROTOCOL 14).
+    pub left: Vec<(Key, String)>,
 }
 
 /// Output memory held: committed ring storage, in all and per owner.
@@ -974,6 +977,7 @@ mod tests {
                 command_count: 0,
                 oneshot: false,
                 reopened: None,
+                left: Vec::new(),
             },
         );
         key

@@ -604,6 +604,9 @@ pub struct SessionImage {
     /// The notice its creator's answer has not taken yet.
     #[serde(default)]
     pub reopened: Option<String>,
+    /// Commands dropped from its history that left processes: (key, id).
+    #[serde(default)]
+    pub left: Vec<(u64, String)>,
 }
 
 /// A queue of whole lines waiting for their target (`core::log::Queue`).
