@@ -83,11 +83,13 @@ fn a_session_closed_for_idleness_says_so_when_named_again() {
     // One-shot sessions are idle after a sixth of this: 0.5 s.
     let d = Daemon::start(&["--session-idle", "3s"]);
     let mut c = d.client();
-    ok(
-        &mut c,
-        "bash/exec",
-        json!({"session_id": "named", "command": "true"}),
-    );
+    for named in ["named", "cli"] {
+        ok(
+            &mut c,
+            "bash/exec",
+            json!({"session_id": named, "command": "true"}),
+        );
+    }
     ok(&mut c, "shell/sessions/create", json!({"id": "sh"}));
     let r = ok(&mut c, "bash/exec", json!({"command": "true"}));
     let oneshot = r["session_id"].as_str().expect("session_id").to_string();
@@ -164,6 +166,13 @@ fn a_session_closed_for_idleness_says_so_when_named_again() {
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["data"]["notice"], again("sh", "3"), "{body}");
+    // execctl says it too.
+    let o = crate::util::cli::ctl_code(&d, &["exec", "--session", "cli", "true"], 0);
+    assert_eq!(
+        o.stderr,
+        format!("execctl: {}\n", again("cli", "3")),
+        "{o:?}"
+    );
     assert!(d.log().contains("made again"), "{}", d.log());
     assert_no_panic(&d);
 }

@@ -778,6 +778,10 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     };
     let id = r["command_id"].as_str().unwrap_or_default().to_string();
     let session = r["session_id"].as_str().unwrap_or_default().to_string();
+    // The session named was closed by the daemon and made again (PROTOCOL 8).
+    if let (Some(n), false) = (r["notice"].as_str(), ctx.json) {
+        warn(n);
+    }
     let target = Target::Bash {
         id: id.clone(),
         session: session.clone(),

@@ -92,6 +92,10 @@ pub fn enter(ctx: &Ctx, id: Option<String>, cwd: Option<&str>) -> Res<u8> {
     }
     let s = c.call("shell/sessions/create", params)?;
     let sid = s["session_id"].as_str().unwrap_or_default().to_string();
+    // The session named was closed by the daemon and made again (PROTOCOL 8).
+    if let Some(n) = s["notice"].as_str() {
+        warn(n);
+    }
     if io::stdin().is_terminal() && io::stdout().is_terminal() {
         return on_terminal(ctx, &mut c, &s, existed);
     }
