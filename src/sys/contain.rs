@@ -157,7 +157,8 @@ impl Contain {
     }
 
     /// What is in use, short (the log's start line): the cgroup tree, or process groups
-    /// with the cookie; and, without cgroups, why and how to get them.
+    /// with the cookie; and, without cgroups, why and how to get them (nothing more when
+    /// the operator chose it: `--cgroup off`).
     pub fn summary(&self) -> (String, Option<String>) {
         match (&self.cgroups, &self.fallback) {
             (Some(c), _) => (
@@ -166,7 +167,9 @@ impl Contain {
             ),
             (None, why) => (
                 "process groups + the EXECD_TREE cookie".to_string(),
-                why.as_ref().map(|w| format!("no cgroups: {w}")),
+                why.as_ref()
+                    .filter(|w| !matches!(w, Fallback::Off))
+                    .map(|w| format!("no cgroups: {w}")),
             ),
         }
     }
