@@ -122,6 +122,8 @@ pub struct Config {
     pub tmpdir: PathBuf,
     /// `--landlock-abi-max N`: use no newer Landlock ABI than N (it can only refuse more).
     pub landlock_abi_max: Option<u8>,
+    /// `--log-level`: how much the daemon logs (default `info`).
+    pub log_level: crate::types::Level,
 }
 
 /// Where `--audit` sends records.
@@ -171,6 +173,7 @@ impl Default for Config {
             http_no_auth: false,
             http_run_as: None,
             http_idle: DEFAULT_HTTP_IDLE,
+            log_level: crate::types::Level::default(),
             resume_from: None,
             binary: None,
             args: Vec::new(),
@@ -191,6 +194,8 @@ pub enum Invocation {
     CheckPolicy(PathBuf),
     /// `--upgrade-check`: say which states this build takes, and exit (PROTOCOL 13).
     UpgradeCheck,
+    /// `--print-unit service|socket`: print a shipped systemd unit, and exit.
+    PrintUnit(&'static str),
     Help,
     Version,
 }
@@ -198,8 +203,10 @@ pub enum Invocation {
 pub const USAGE: &str = "\
 usage: execd [OPTIONS]
 
-Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket
-(ACP terminal/*, bash/*, events/*). See execd(8) and execd-protocol(7).
+Runs commands for clients speaking JSON-RPC 2.0 over a Unix socket: ACP
+terminal/*, bash/* sessions, shell/* sessions (a long-lived interactive bash per
+session: cd and exports persist), events/*; the same socket answers HTTP for
+/v1/bash/* and /v1/shell/*. See execd(8) and execd-protocol(7).
 
 options:
   --socket PATH            listening socket (default: $EXECD_SOCKET, else
@@ -223,8 +230,11 @@ options:
                            (default 256M); a non-root owner holds at most half
   --stdin-buffer BYTES     pending stdin per command (default 64K)
   --kill-grace DURATION    SIGTERM to SIGKILL delay (default 2s)
-  --session-idle DURATION  close bash sessions idle this long (default 1h)
-  --max-sessions N         bash sessions at once (default 256)
+  --session-idle DURATION  close bash and shell sessions idle this long (default 1h;
+                           one made without a name and never named again: a sixth)
+  --max-sessions N         bash and shell sessions at once, together (default 256);
+                           at it, the caller's unnamed then least recently used quiet
+                           bash sessions make room, never a named shell session
   --shell PATH             shell for command lines (default /bin/bash, else /bin/sh)
   --clean-env              start commands with an empty environment
   --workdir DIR            default working directory (default: the daemon's)
@@ -242,6 +252,9 @@ options:
                            instead of as the peer
   --policy FILE            allow, ask or deny commands by rules (execd-protocol(7));
                            SIGHUP reloads it
+  --log-level LEVEL        error, warn, info (the default) or debug: how much the
+                           daemon writes to stderr (refusals are warn, each command's
+                           start and exit info, releases and signals sent debug)
   --audit FILE|-           append one JSON record per decision, start and end
                            (file mode 0640; - is stderr); SIGHUP reopens it
   --approval-timeout DURATION
@@ -258,6 +271,9 @@ options:
                            (one JSON line) and exit: what a running daemon asks a new
                            binary before it upgrades into it (SIGUSR2, execctl upgrade)
   --resume-from FD         (given by execd itself) resume from an upgrade's state
+  --print-unit service|socket
+                           print the systemd unit execd ships (execd.service,
+                           execd.socket) and exit; see execd(8)
   --cgroup auto|off|PATH   a cgroup v2 per command under PATH, or the daemon's own
                            delegated cgroup (auto, the default), or process groups
                            (off); either way every command carries EXECD_TREE, by
@@ -279,6 +295,20 @@ options:
 
 Sizes take K, M or G suffixes; durations take ms, s, m or h (seconds if bare).
 ";
+
+/// The systemd units execd ships (`systemd/` in its source), as `--print-unit` prints
+/// them: `execd.service` (Type=notify, Delegate=yes) and `execd.socket`.
+pub const SERVICE_UNIT: &str = include_str!("../systemd/execd.service");
+pub const SOCKET_UNIT: &str = include_str!("../systemd/execd.socket");
+
+/// The shipped unit called `name` (`service` or `socket`).
+pub fn unit(name: &str) -> Option<&'static str> {
+    match name {
+        "service" => Some(SERVICE_UNIT),
+        "socket" => Some(SOCKET_UNIT),
+        _ => None,
+    }
+}
 
 /// `--sandbox PRESET|FILE` as given.
 #[derive(Debug, Clone, PartialEq)]
@@ -568,6 +598,24 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--run-as" => cfg.run_as = Some(value()?),
             "--check-policy" => return Ok(Invocation::CheckPolicy(PathBuf::from(value()?))),
             "--upgrade-check" => return Ok(Invocation::UpgradeCheck),
+            "--log-level" => {
+                let v = value()?;
+                cfg.log_level = crate::types::Level::parse(&v).ok_or_else(|| {
+                    format!(
+                        "--log-level: {v:?} is not one of {}",
+                        crate::types::Level::NAMES.join(", ")
+                    )
+                })?;
+            }
+            "--print-unit" => {
+                let v = value()?;
+                return match unit(&v) {
+                    Some(text) => Ok(Invocation::PrintUnit(text)),
+                    None => Err(format!(
+                        "--print-unit: {v:?} is neither \"service\" nor \"socket\""
+                    )),
+                };
+            }
             "--resume-from" => cfg.resume_from = Some(parse_num(&flag, &value()?)?),
             "--policy" => cfg.policy = Some(PathBuf::from(value()?)),
             "--audit" => {

@@ -8,6 +8,35 @@ use std::time::Duration;
 #[cfg(test)]
 use std::time::{Instant, SystemTime};
 
+/// How much the daemon logs (`--log-level`): each level keeps the lines of those before
+/// it. `error`: what the daemon could not do for itself (its audit file, an internal
+/// error); `warn`: refusals (limits, peers, spawns) and warnings; `info` (the default):
+/// the daemon's life, each command's start and exit, sessions closed by the daemon,
+/// leftovers killed; `debug`: the rest (releases, signals sent, sessions closed by
+/// request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+}
+
+impl Level {
+    pub const NAMES: [&'static str; 4] = ["error", "warn", "info", "debug"];
+
+    pub fn parse(s: &str) -> Option<Level> {
+        Some(match s {
+            "error" => Level::Error,
+            "warn" => Level::Warn,
+            "info" => Level::Info,
+            "debug" => Level::Debug,
+            _ => return None,
+        })
+    }
+}
+
 /// A resource limit `--rlimit` may set for commands.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Rlimit {

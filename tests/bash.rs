@@ -1652,8 +1652,8 @@ fn a_lingering_background_child_neither_delays_the_exit_nor_gets_a_kill() {
     }
     let _reap = Reap(orphan);
     assert!(pid_alive(orphan));
-    // Nothing runs: kill answers the newest command's state and signals nobody.
-    let k = kill(&mut c, json!({"session_id": "bg", "signal": "SIGKILL"}));
+    // Nothing runs: kill answers the newest command's state and signals nobody...
+    let k = kill(&mut c, json!({"session_id": "bg", "signal": "SIGTERM"}));
     assert_eq!(
         k,
         json!({"command_id": r["command_id"], "command": "sleep 30 & echo $!",
@@ -1665,6 +1665,11 @@ fn a_lingering_background_child_neither_delays_the_exit_nor_gets_a_kill() {
         pid_alive(orphan),
         "bash/kill with nothing running sent a signal"
     );
+    // ...but SIGKILL kills what the ended command left (PROTOCOL 5, 14), and its state
+    // stays as it was.
+    let k = kill(&mut c, json!({"session_id": "bg", "signal": "SIGKILL"}));
+    assert_eq!(k["status"], "completed", "{k}");
+    wait_until("what it left is killed", || !pid_alive(orphan));
 }
 
 /// The scheduler state letter of a process (`R`, `S`, `T`, ...), if it exists.

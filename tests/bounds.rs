@@ -354,3 +354,63 @@ fn call_as_nobody(socket: &std::path::Path, method: &str, params: Value) -> Valu
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).expect("JSON from execctl call")
 }
+
+/// Nothing is refused for the output budget (PROTOCOL 8): under `--max-output-memory
+/// 128M`, twelve commands that each write 64 MiB into 64 MiB rings all start, as root and
+/// as a uid held to half the budget; running rings give back their oldest bytes to make
+/// room, and the budget holds throughout.
+#[test]
+fn twelve_writers_of_64_mib_all_start_under_a_128_mib_budget() {
+    const MIB: u64 = 1 << 20;
+    let d = Daemon::start(&[
+        "--max-output-memory",
+        "128M",
+        "--socket-mode",
+        "0666",
+        "--allow-uid",
+        "65534",
+    ]);
+    d.let_others_in();
+    let mut owners: Vec<(&str, Option<u32>)> = vec![("root", None)];
+    if running_as_root() {
+        owners.push(("uid 65534", Some(65534)));
+    } else {
+        skip("the non-root half needs root to connect as another uid");
+    }
+    for (who, uid) in owners {
+        let mut relay = d.client_in_other_process_as(uid);
+        let c: &mut Client = &mut relay;
+        let mut ids = Vec::new();
+        for i in 0..12 {
+            let params = json!({"sessionId": "s", "command": "head",
+                                "args": ["-c", (64 * MIB).to_string(), "/dev/zero"],
+                                "outputByteLimit": 64 * MIB});
+            match c.call("terminal/create", params) {
+                Ok(r) => ids.push(r["terminalId"].as_str().expect("id").to_string()),
+                Err(e) => panic!("{who}: writer {i} refused: {e}"),
+            }
+            let used = ok(c, "initialize", json!({}))["_meta"]["execd"]["outputMemory"]["used"]
+                .as_u64()
+                .expect("used");
+            assert!(used <= 128 * MIB, "{who}: {used} bytes held");
+        }
+        // (What each ring kept is not read back here: megabytes of JSON per terminal;
+        // core::budget's unit tests check the truncation they report.)
+        for id in &ids {
+            let exit = wait_exit(c, id);
+            assert_eq!(exit["exitCode"], 0, "{who}: {id}: {exit}");
+        }
+        let used = ok(c, "initialize", json!({}))["_meta"]["execd"]["outputMemory"]["used"]
+            .as_u64()
+            .expect("used");
+        assert!(used <= 128 * MIB, "{who}: {used} bytes held");
+        for id in &ids {
+            ok(
+                c,
+                "terminal/release",
+                json!({"sessionId": "s", "terminalId": id}),
+            );
+        }
+    }
+    assert_no_panic(&d);
+}

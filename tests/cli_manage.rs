@@ -183,6 +183,21 @@ fn logs_says_how_much_older_output_is_no_longer_retained() {
         "{o:?}"
     );
     assert!(o.stderr.ends_with(&"e".repeat(1024)), "{o:?}");
+    // --tail asks for the end only: no word about a head nobody asked for.
+    let o = ctl_code(&d, &["logs", "--tail", "2", &t], 0);
+    assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("1022\n1023\n", ""));
+    // --json: one object, what is gone counted in it.
+    let o = ctl_code(&d, &["--json", "logs", &b], 0);
+    assert_eq!(o.stderr, "", "{o:?}");
+    let v = parse_json(&o.stdout);
+    assert_eq!(v["id"], b.as_str(), "{v}");
+    assert_eq!(v["kind"], "bash");
+    assert_eq!(v["stdout"], "o".repeat(1024));
+    assert_eq!(v["stderr"], "e".repeat(1024));
+    assert_eq!(v["not_retained_bytes"], 3976 + 1976);
+    assert_eq!(v["lost_bytes"], 0);
+    let v = parse_json(&ctl_code(&d, &["--json", "logs", "--tail", "1", &t], 0).stdout);
+    assert_eq!(v["output"], "1023\n", "{v}");
 }
 
 #[test]
@@ -471,4 +486,62 @@ fn completions_are_valid_scripts_that_name_every_command() {
     }
     let o = run_cmd(command(nowhere, &["completions", "tcsh"]));
     assert_eq!(o.code, Some(125), "{o:?}");
+}
+
+// ---- every id ps shows ------------------------------------------------------------------
+
+/// Every id `ps` shows works with the commands that take an id: a terminal's, a bash
+/// command's, and a shell session's shell (`sh_N`, whose logs are its terminal's output,
+/// whose kill interrupts its running command and whose release closes its session).
+#[test]
+fn every_id_ps_shows_is_taken_by_logs_kill_wait_and_release() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let t = create(&mut c, "echo", &["from a terminal"]);
+    wait_exit(&mut c, &t);
+    ok(&mut c, "bash/exec", json!({"command": "echo from bash"}));
+    ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "sh", "command": "echo from a shell"}),
+    );
+    let ps = parse_json(&ctl_code(&d, &["--json", "ps"], 0).stdout);
+    let ids: Vec<String> = ps["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|p| p["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 3, "{ps}");
+    for id in &ids {
+        let o = ctl_code(&d, &["logs", id], 0);
+        assert!(o.stdout.contains("from "), "{id}: {o:?}");
+    }
+    let shell = ids.iter().find(|i| i.starts_with("sh_")).expect("a shell");
+    // Waiting on it waits for its running command; killing it interrupts that.
+    ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "sh", "command": "sleep 30", "async_mode": true}),
+    );
+    let o = ctl_code(&d, &["kill", shell], 0);
+    assert!(o.stdout.contains(&format!("{shell}: sent SIGINT")), "{o:?}");
+    let o = ctl(&d, &["wait", shell]);
+    assert_eq!(o.code, Some(130), "sleep ended by SIGINT: {o:?}");
+    let o = ctl(&d, &["kill", shell]);
+    assert_eq!(o.code, Some(125), "{o:?}");
+    assert!(
+        o.stderr.contains("nothing runs in shell session sh"),
+        "{o:?}"
+    );
+    // Releasing it closes its session.
+    ctl_code(&d, &["release", shell], 0);
+    let l = ok(&mut c, "shell/sessions", json!({}));
+    assert_eq!(l["sessions"], json!({}), "{l}");
+    let o = ctl(&d, &["logs", shell]);
+    assert!(
+        o.stderr.contains(&format!("no process \"{shell}\"")),
+        "{o:?}"
+    );
+    assert_no_panic(&d);
 }

@@ -540,3 +540,19 @@ fn approve_shows_the_requesters_control_characters_escaped() {
     let o = outcome(&run);
     assert_eq!(o.code, Some(125), "{o:?}");
 }
+
+/// `execctl approve` against a daemon without a policy says there is nothing to approve
+/// instead of waiting for requests that never come.
+#[test]
+fn approve_without_a_policy_says_so() {
+    let d = Daemon::start(&[]);
+    let mut cmd = command(Some(&d.socket), &["approve"]);
+    cmd.stdin(Stdio::piped());
+    let o = run_cmd(cmd);
+    assert_eq!(o.code, Some(125), "{o:?}");
+    assert!(
+        o.stderr
+            .contains("execd runs without a policy (--policy FILE)"),
+        "{o:?}"
+    );
+}

@@ -197,6 +197,65 @@ fn ctrl_c_interrupts_the_running_command_and_the_session_goes_on() {
     s.t.exits(0);
 }
 
+/// A paste far larger than the daemon's input buffer, into a program that does not read
+/// it (`cat`, stopped, on a raw terminal, whose line discipline drops nothing): Ctrl-\
+/// typed after it still leaves at once (keys are read as they come and sent by a thread
+/// of their own), and so execctl never stops reading the terminal.
+#[test]
+fn ctrl_backslash_leaves_behind_a_paste_the_program_does_not_read() {
+    let d = Daemon::start(&["--kill-grace", "300ms"]);
+    let mut s = ShellTty::open(&d, "paste", (24, 80));
+    let mut c = d.client();
+    // cat under a shell of its own: its stop is not a stopped job for the session's
+    // shell (which would take the terminal back at once), only a reader gone quiet.
+    s.t.type_keys(b"sh -c 'stty raw -echo; cat; true'\r");
+    s.wait_runs(&mut c, "cat");
+    let shell = s.shell_pid(&mut c);
+    let cats = in_session(shell, "cat");
+    assert_eq!(cats.len(), 1, "{cats:?}");
+    unsafe_kill(cats[0], libc::SIGSTOP);
+    // 1 MiB of lines, then Ctrl-\, written by a thread: a terminal whose reader stops
+    // reading blocks the writer.
+    let mut master = s.t.master.try_clone().expect("dup");
+    let typist = std::thread::spawn(move || {
+        use std::io::Write;
+        let line = [b'x'; 1023];
+        for _ in 0..1024 {
+            master.write_all(&line).expect("paste");
+            master.write_all(b"\r").expect("paste");
+        }
+        master.write_all(b"\x1c").expect("Ctrl-\\");
+    });
+    let screen = s.t.exits(0);
+    assert!(
+        screen.contains("left shell session paste; it goes on"),
+        "{:?}",
+        &screen[screen.len().saturating_sub(300)..]
+    );
+    typist.join().expect("typist");
+    // Ctrl-C behind such a paste drops what waits and interrupts the command (which,
+    // stopped, is ended with its shell after the grace); the session's prompt comes back.
+    let mut s = OnTty::spawn(&d.socket, &["shell", "paste"], (24, 80));
+    s.wait_raw();
+    s.screen.wait_for("runs in session paste", 1);
+    let mut master = s.master.try_clone().expect("dup");
+    let typist = std::thread::spawn(move || {
+        use std::io::Write;
+        master.write_all(&[b'y'; 1 << 20]).expect("paste");
+        master.write_all(b"\x03").expect("Ctrl-C");
+    });
+    wait_until("the command is interrupted", || {
+        ok(&mut c, "shell/view", json!({"id": "paste"}))["status"] != "running"
+    });
+    typist.join().expect("typist");
+    s.screen.wait_for(PROMPT, 1);
+    s.type_keys(b"\x04");
+    s.exits(0);
+    wait_until("cat is gone", || !pid_alive(cats[0]));
+    ok(&mut c, "shell/sessions/close", json!({"id": "paste"}));
+    assert_no_panic(&d);
+}
+
 #[test]
 fn a_raw_mode_program_gets_each_key_as_typed() {
     if !have(&["python3"]) {

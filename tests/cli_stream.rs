@@ -469,6 +469,9 @@ fn exit_statuses_end_to_end() {
     assert_eq!(o.stderr, "execctl: nosuchcmd: command not found\n");
     let o = ctl_code(&d, &["exec", "nosuchcmd"], 127);
     assert!(o.stderr.contains("nosuchcmd"), "{o:?}");
+    // 126: a directory, said as such (the kernel says "permission denied" for it).
+    let o = ctl_code(&d, &["run", "--", "/tmp"], 126);
+    assert_eq!(o.stderr, "execctl: /tmp: is a directory\n");
     // 126: found, not executable.
     let file = d.dir.path().join("not-executable");
     std::fs::write(&file, "echo hi\n").expect("write");

@@ -118,29 +118,59 @@ fn a_second_ctrl_c_within_the_grace_kills_a_command_that_ignores_the_first() {
 
 const HINT: &str = "has no terminal";
 
+/// A command without a terminal, run from one, is named once, and only when it waits for
+/// input (PROTOCOL 12.3's `Input` event): a command that never reads says nothing.
 #[test]
-fn a_command_without_a_terminal_is_named_once_when_execctl_sits_on_one() {
+fn a_command_without_a_terminal_is_named_once_when_it_waits_for_input() {
     let d = Daemon::start(&[]);
-    for (args, want) in [
+    for args in [vec!["run", "--", "echo", "hi"], vec!["exec", "echo hi"]] {
+        let mut t = OnTty::spawn(&d.socket, &args, (24, 80));
+        let (code, screen) = t.wait();
+        assert_eq!(code, Some(0), "{args:?}");
+        assert!(screen.contains("hi"), "{args:?}: {screen:?}");
+        assert!(
+            !screen.contains(HINT),
+            "it never waited: {args:?}: {screen:?}"
+        );
+    }
+    let reader = "read x; echo got $x; read y; echo got $y";
+    let held = "waits for input and has no terminal (stdin is held open, empty; -i sends it \
+                what you type); use -t for an interactive program";
+    let piped = "waits for input and has no terminal (stdin is a pipe from execctl); use -t \
+                 for an interactive program";
+    for (args, want, typed) in [
         (
-            vec!["run", "--", "echo", "hi"],
-            "execctl: echo has no terminal (stdin is empty); use -t for an interactive program",
+            vec!["run", "--", "sh", "-c", reader],
+            format!("execctl: sh {held}"),
+            false,
         ),
+        (vec!["exec", reader], format!("execctl: read {held}"), false),
         (
-            vec!["exec", "echo hi"],
-            "execctl: echo has no terminal (stdin is empty); use -t for an interactive program",
-        ),
-        (
-            vec!["run", "-i", "--", "echo", "hi"],
-            "execctl: echo has no terminal (stdin is a pipe from execctl); use -t for an interactive program",
+            vec!["run", "-i", "--", "sh", "-c", reader],
+            format!("execctl: sh {piped}"),
+            true,
         ),
     ] {
         let mut t = OnTty::spawn(&d.socket, &args, (24, 80));
-        let (code, _) = t.wait();
-        assert_eq!(code, Some(0), "{args:?}");
-        let screen = t.screen.wait_for("hi", 1);
-        assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
-        assert!(screen.contains(want), "{args:?}: {screen:?}");
+        t.screen.wait_for(HINT, 1);
+        if typed {
+            // What is typed reaches it; it waits twice, and is named once.
+            t.type_keys(b"one\n");
+            t.screen.wait_for("got one", 1);
+            t.type_keys(b"two\n");
+            let (code, screen) = t.wait();
+            assert_eq!(code, Some(0), "{args:?}: {screen:?}");
+            assert!(screen.contains("got two"), "{args:?}: {screen:?}");
+            assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
+            assert!(screen.contains(&want), "{args:?}: {screen:?}");
+        } else {
+            // Nothing reaches it: Ctrl-C (the terminal is cooked) ends it.
+            t.type_keys(b"\x03");
+            let (code, screen) = t.wait();
+            assert_eq!(code, Some(130), "{args:?}: {screen:?}");
+            assert_eq!(screen.matches(HINT).count(), 1, "{args:?}: {screen:?}");
+            assert!(screen.contains(&want), "{args:?}: {screen:?}");
+        }
     }
     // Not when stdout is not a terminal, nor for a detached command.
     let (_master, slave) = open_pty();
@@ -422,6 +452,55 @@ fn detach_leaves_the_command_running_and_attach_brings_it_back() {
     a.screen.wait_for("three3", 1);
     a.type_keys(b"exit 6\r");
     a.exits(6);
+}
+
+/// A detach turns off the terminal modes the program turned on (what execctl forwarded,
+/// and the alternate screen an attach painted), and never with a full reset, which would
+/// clear the user's scrollback.
+#[test]
+fn a_detach_turns_off_the_modes_the_program_turned_on() {
+    let d = Daemon::start(&[]);
+    // What vi does: the alternate screen, mouse reporting, keypad mode, bracketed paste,
+    // a hidden cursor.
+    let program = "printf '\\033[?1049h\\033[?1000h\\033[?1006h\\033=\\033[?2004h\\033[?25l'; \
+                   echo ready; exec sleep 30";
+    let mut t = OnTty::spawn(
+        &d.socket,
+        &["run", "-t", "--", "sh", "-c", program],
+        (24, 80),
+    );
+    t.wait_raw();
+    t.screen.wait_for("ready", 1);
+    t.type_keys(b"\x10\x11");
+    let screen = t.exits(0);
+    let id = detached_id(&screen);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    let reset = "\x1b[?1000l\x1b[?1006l\x1b[?2004l\x1b>\x1b[?25h\x1b[?1049l";
+    assert!(after.contains(reset), "{after:?}");
+    assert!(!screen.contains("\x1bc"), "no full reset: {screen:?}");
+    // attach paints the program's screen on the alternate screen; the detach leaves it.
+    let mut a = OnTty::spawn(&d.socket, &["attach", &id], (24, 80));
+    a.wait_raw();
+    a.screen.wait_for("ready", 1);
+    a.type_keys(b"\x10\x11");
+    let screen = a.exits(0);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    assert!(after.contains("\x1b[?1049l"), "{after:?}");
+    ctl_code(&d, &["kill", &id], 0);
+    // A program that turned nothing on gets nothing.
+    let mut t = OnTty::spawn(
+        &d.socket,
+        &["run", "-t", "--", "sh", "-c", "echo ready; exec sleep 30"],
+        (24, 80),
+    );
+    t.wait_raw();
+    t.screen.wait_for("ready", 1);
+    t.type_keys(b"\x10\x11");
+    let screen = t.exits(0);
+    let id = detached_id(&screen);
+    let after = screen.rsplit("ready").next().expect("after ready");
+    assert!(!after.contains("\x1b["), "{after:?}");
+    ctl_code(&d, &["kill", &id], 0);
 }
 
 /// A -t command is not tied to execctl's connection: an execctl killed with SIGKILL (no

@@ -406,11 +406,11 @@ fn limits_hold_where_controllers_exist() {
     let missing: Vec<&str> = ["pids", "memory"].into_iter().filter(|c| !has(c)).collect();
     if !missing.is_empty() {
         let thread = std::thread::current();
-        eprintln!(
-            "SKIPPED {} for {}: not enabled on this host's cgroup2 ({controllers:?})",
+        skipped(&format!(
+            "{} for {}: not enabled on this host's cgroup2 ({controllers:?})",
             thread.name().unwrap_or("a test"),
             missing.join(" and ")
-        );
+        ));
     }
     if missing.len() == 2 {
         return;

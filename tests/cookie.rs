@@ -7,7 +7,8 @@
 //! `bash/exec`, twice: with `--cgroup off`, and with the default flags (which fall back
 //! to process groups on a host that delegates no cgroup to the test, and would use
 //! cgroups where one is delegated: 0 survivors either way). Each row prints its table of
-//! survivors, then asserts it is empty.
+//! survivors, then asserts it is empty. What an ended command left lives while its
+//! terminal or session does, and dies with it (`an_ended_command_s_leftovers_...`).
 
 use std::process::{Child, Command, Stdio};
 
@@ -490,4 +491,112 @@ fn the_cookie_is_set_last_and_names_the_command() {
         let cmd = r["command_id"].as_str().unwrap_or_default();
         assert_eq!(cookies, vec![format!("{instance}:{cmd}")], "{out}");
     }
+}
+
+/// How an ended command's leftovers are ended (PROTOCOL 14), each on a daemon of its own.
+const ENDED_ENDINGS: [&str; 8] = [
+    "terminal/release",
+    "terminal/kill",
+    "bash/sessions/close",
+    "bash session idle",
+    "bash session closed to make room",
+    "bash/kill SIGKILL",
+    "shell/sessions/close",
+    "shutdown",
+];
+
+/// An ended command leaves `sleep M` running: it lives while its terminal or session does
+/// and dies when that ends (each of `ENDED_ENDINGS`), with `--cgroup off` and with
+/// cgroups (a test cgroup of this host's, where there is one).
+#[test]
+fn an_ended_command_s_leftovers_die_with_its_terminal_or_session() {
+    let cg = match TestCgroup::new("leftovers") {
+        Ok(cg) => Some(cg),
+        Err(why) => {
+            skip(&format!("the cgroup half: {why}"));
+            None
+        }
+    };
+    let mut modes: Vec<(&str, Vec<&str>)> = vec![("--cgroup off", vec!["--cgroup", "off"])];
+    if let Some(cg) = &cg {
+        modes.push(("cgroups", vec!["--cgroup", cg.path()]));
+    }
+    let mut failed = Vec::new();
+    for (mode, flags) in &modes {
+        for ending in ENDED_ENDINGS {
+            let mut marks = Marks::default();
+            let m = marks.next();
+            let leave = format!("setsid sh -c 'sleep {m} &' &");
+            let mut all = flags.clone();
+            match ending {
+                "bash session idle" => all.extend(["--session-idle", "2s"]),
+                "bash session closed to make room" => all.extend(["--max-sessions", "2"]),
+                _ => {}
+            }
+            let home = TempDir::new();
+            let mut d = daemon_at(&home.path().join("execd.sock"), &all);
+            let mut c = d.client();
+            let bash = |c: &mut Client, params: Value| {
+                let r = ok(c, "bash/exec", params);
+                assert_eq!(r["status"], "completed", "{r}");
+                r["session_id"].as_str().expect("session_id").to_string()
+            };
+            // The command ends at once; what it left runs on.
+            let handle = match ending {
+                "terminal/release" | "terminal/kill" | "shutdown" => {
+                    let id = create(&mut c, "sh", &["-c", &leave]);
+                    wait_exit(&mut c, &id);
+                    id
+                }
+                "shell/sessions/close" => {
+                    let r = ok(&mut c, "shell/exec", json!({"id": "sh", "command": leave}));
+                    assert_eq!(r["status"], "completed", "{r}");
+                    "sh".into()
+                }
+                // Made without a name: one-shot, the first to go.
+                "bash session closed to make room" => bash(&mut c, json!({"command": leave})),
+                _ => bash(&mut c, json!({"session_id": "s1", "command": leave})),
+            };
+            wait_until("the leftover runs", || !sleeps(&m).is_empty());
+            let term = json!({"sessionId": "s", "terminalId": handle});
+            match ending {
+                "terminal/release" | "terminal/kill" => {
+                    ok(&mut c, ending, term);
+                }
+                "bash/sessions/close" => {
+                    ok(&mut c, ending, json!({"session_id": handle}));
+                }
+                "shell/sessions/close" => {
+                    ok(&mut c, ending, json!({"id": handle}));
+                }
+                "bash/kill SIGKILL" => {
+                    let r = ok(
+                        &mut c,
+                        "bash/kill",
+                        json!({"session_id": handle, "signal": "SIGKILL"}),
+                    );
+                    assert_eq!(r["status"], "completed", "an ended command: {r}");
+                }
+                "bash session closed to make room" => {
+                    ok(&mut c, "bash/sessions/create", json!({"session_id": "a"}));
+                    ok(&mut c, "bash/sessions/create", json!({"session_id": "b"}));
+                }
+                "shutdown" => {
+                    assert_eq!(d.terminate(), Some(0));
+                }
+                _ => {} // idle: the session closes by itself
+            }
+            let deadline = std::time::Instant::now() + WAIT;
+            while !with_marker(&m).is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let left = with_marker(&m).len();
+            eprintln!("LEFTOVERS {ending} [{mode}]: {left} survived");
+            if left > 0 {
+                failed.push(format!("{ending} [{mode}]"));
+            }
+            assert_no_panic(&d);
+        }
+    }
+    assert!(failed.is_empty(), "leftovers survived: {failed:?}");
 }

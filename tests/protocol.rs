@@ -691,3 +691,85 @@ fn unknown_fields_are_ignored() {
     assert_eq!(m["id"], 5, "{m}");
     assert!(m["result"]["terminals"].is_array(), "{m}");
 }
+
+/// A NUL byte in `cwd` or `exec_dir` is `-32602` naming the field (no path can hold one),
+/// not a failed spawn naming the program.
+#[test]
+fn a_nul_byte_in_a_directory_is_invalid_params_naming_the_field() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    for (method, params, field) in [
+        (
+            "terminal/create",
+            json!({"sessionId": "s", "command": "true", "cwd": "/tmp\u{0}x"}),
+            "cwd",
+        ),
+        (
+            "bash/exec",
+            json!({"command": "true", "exec_dir": "/tmp\u{0}x"}),
+            "exec_dir",
+        ),
+        (
+            "shell/exec",
+            json!({"command": "true", "exec_dir": "/tmp\u{0}x"}),
+            "exec_dir",
+        ),
+    ] {
+        let (code, _, data) = err(&mut c, method, params);
+        assert_eq!(code, -32602, "{method}");
+        assert_eq!(data.expect("data")["field"], field, "{method}");
+    }
+    assert_no_panic(&d);
+}
+
+/// `--log-level` keeps the lines of its level and those before it: `warn` keeps the
+/// refusals and drops each command's start; `debug` adds releases.
+#[test]
+fn the_log_level_says_how_much_is_logged() {
+    for (level, started, released, refused) in [
+        ("warn", false, false, true),
+        ("info", true, false, true),
+        ("debug", true, true, true),
+    ] {
+        let d = Daemon::start(&["--log-level", level]);
+        let mut c = d.client();
+        let t = create(&mut c, "true", &[]);
+        wait_exit(&mut c, &t);
+        ok(
+            &mut c,
+            "terminal/release",
+            json!({"sessionId": "s", "terminalId": t}),
+        );
+        let (code, _, _) = err(
+            &mut c,
+            "terminal/create",
+            json!({"sessionId": "s", "command": "/nonexistent/x"}),
+        );
+        assert_eq!(code, -32004);
+        wait_until("the refusal is logged", || {
+            !refused || d.log().contains("could not start")
+        });
+        let log = d.log();
+        assert_eq!(
+            log.contains(&format!("{t} started")),
+            started,
+            "{level}: {log}"
+        );
+        assert_eq!(
+            log.contains(&format!("{t} released")),
+            released,
+            "{level}: {log}"
+        );
+        assert_eq!(
+            log.contains("listening on"),
+            level != "warn",
+            "{level}: {log}"
+        );
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_execd"))
+        .args(["--log-level", "loud"])
+        .output()
+        .expect("run execd");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("error, warn, info, debug"));
+}

@@ -18,7 +18,7 @@ fn exec(c: &mut Client, params: Value) -> Value {
 }
 
 /// One HTTP request over the daemon's socket (`Connection: close`): status and body.
-fn http(socket: &Path, method: &str, path: &str, body: &Value) -> (u16, Value) {
+pub fn http(socket: &Path, method: &str, path: &str, body: &Value) -> (u16, Value) {
     let s = UnixStream::connect(socket).expect("connect");
     s.set_read_timeout(Some(WAIT)).expect("timeout");
     http_on(s, "", method, path, body)
@@ -729,21 +729,29 @@ fn shell_and_bash_sessions_share_max_sessions() {
     assert_eq!(data.expect("data")["limit"], "max-sessions");
     let (code, _, _) = err(&mut c, "bash/sessions/create", json!({"session_id": "u"}));
     assert_eq!(code, -32003);
-    // The shell's command ends: its session is the one that makes room.
+    // The shell's command ends: a named shell session is never closed to make room
+    // (its `cd` and variables are state someone built), so a third is still refused.
     ok(&mut c, "shell/kill", json!({"id": "s"}));
+    let (code, _, _) = err(&mut c, "shell/sessions/create", json!({"id": "t"}));
+    assert_eq!(code, -32003);
+    // The bash session's command ends: it is the one that makes room.
+    ok(
+        &mut c,
+        "bash/kill",
+        json!({"session_id": "b", "signal": "SIGKILL"}),
+    );
+    wait_until("b's command ends", || {
+        ok(&mut c, "bash/sessions", json!({}))[0]["current_command"].is_null()
+    });
     ok(&mut c, "shell/sessions/create", json!({"id": "t"}));
     let l = ok(&mut c, "shell/sessions", json!({}));
-    assert_eq!(
-        l["sessions"]
-            .as_object()
-            .map(|m| m.keys().cloned().collect::<Vec<_>>()),
-        Some(vec!["t".to_string()])
-    );
-    assert!(
-        d.log().contains("shell session \"s\" of uid"),
-        "{}",
-        d.log()
-    );
+    let mut names = l["sessions"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default();
+    names.sort();
+    assert_eq!(names, ["s", "t"]);
+    assert!(d.log().contains("bash session \"b\" of uid"), "{}", d.log());
     assert_no_panic(&d);
 }
 

@@ -220,3 +220,48 @@ fn an_activated_fd_that_is_not_a_listening_socket_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("fd 3") && err.contains("not"), "{err}");
 }
+
+/// The units `execd --print-unit` prints (what ships, `systemd/`) pass `systemd-analyze
+/// verify`, with `ExecStart` pointing at the binary this build made (/usr/local/bin/execd
+/// is not installed here). CI installs systemd-analyze; elsewhere the test says it skipped.
+#[test]
+fn the_printed_units_pass_systemd_analyze_verify() {
+    let available = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !available {
+        skip("systemd-analyze is not installed (.ci/run installs package systemd)");
+        return;
+    }
+    let printed = |unit: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_execd"))
+            .args(["--print-unit", unit])
+            .output()
+            .expect("run execd --print-unit");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let dir = TempDir::new();
+    let service = printed("service").replace("/usr/local/bin/execd", env!("CARGO_BIN_EXE_execd"));
+    assert!(service.contains("Type=notify") && service.contains("Delegate=yes"));
+    assert!(service.contains("ExecReload="));
+    std::fs::write(dir.path().join("execd.service"), service).expect("write");
+    std::fs::write(dir.path().join("execd.socket"), printed("socket")).expect("write");
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no", "execd.socket", "execd.service"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run systemd-analyze");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_execd"))
+        .args(["--print-unit", "timer"])
+        .output()
+        .expect("run execd");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

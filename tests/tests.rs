@@ -34,6 +34,7 @@ mod hosts;
 mod http;
 mod hung;
 mod input;
+mod lifetime;
 mod mcp;
 mod peers;
 mod protocol;

@@ -1130,3 +1130,43 @@ fn a_new_image_that_does_not_take_the_flags_hands_the_state_back() {
     assert_eq!(code, -32006, "no approver: the policy is still in force");
     serving.goes_on(&d);
 }
+
+/// What the daemon remembers of the sessions it closed, and which sessions are one-shot,
+/// carries over (PROTOCOL 8): after an upgrade a closed session still answers with its
+/// notice, and a one-shot session is still the first to go to make room.
+#[test]
+fn closed_sessions_and_one_shot_sessions_carry_over() {
+    let (d, _) = daemon(&["--max-sessions", "3"]);
+    let mut c = d.client();
+    for s in ["a", "b", "gone"] {
+        ok(&mut c, "bash/sessions/create", json!({"session_id": s}));
+    }
+    // "gone" is closed to make room for a one-shot session ("a" is used again first).
+    ok(&mut c, "bash/sessions/create", json!({"session_id": "a"}));
+    ok(&mut c, "bash/sessions/create", json!({"session_id": "b"}));
+    let r = ok(&mut c, "bash/exec", json!({"command": "true"}));
+    let oneshot = r["session_id"].as_str().expect("session_id").to_string();
+    upgrade(&d, &mut c, Trigger::Execctl, 0);
+    let (code, _, data) = err(&mut c, "bash/output", json!({"session_id": "gone"}));
+    assert_eq!(code, -32002);
+    let notice = data.expect("data")["notice"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        notice.ends_with("(to make room at max-sessions 3)"),
+        "{notice}"
+    );
+    // The one-shot session goes before the older named ones.
+    ok(&mut c, "bash/sessions/create", json!({"session_id": "new"}));
+    let l = ok(&mut c, "bash/sessions", json!({}));
+    let ids: Vec<&str> = l
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|s| s["session_id"].as_str())
+        .collect();
+    assert!(!ids.contains(&oneshot.as_str()), "{ids:?}");
+    assert!(ids.contains(&"a") && ids.contains(&"b"), "{ids:?}");
+    assert_no_panic(&d);
+}

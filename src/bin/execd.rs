@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             println!("execd {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
+        Invocation::PrintUnit(text) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
         Invocation::UpgradeCheck => {
             println!("{}", upgrade_check_line());
             return ExitCode::SUCCESS;
@@ -65,9 +69,10 @@ fn main() -> ExitCode {
             return match execd::policy::Policy::load(&path) {
                 Ok(p) => {
                     println!(
-                        "{}: {} rule(s), every example agrees with its rule",
+                        "{}: {} {}, every example agrees with its rule",
                         path.display(),
-                        p.rule_count()
+                        p.rule_count(),
+                        if p.rule_count() == 1 { "rule" } else { "rules" }
                     );
                     ExitCode::SUCCESS
                 }

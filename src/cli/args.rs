@@ -241,14 +241,31 @@ fn unknown_option(who: &str, name: &str, flags: &[&Flag]) -> Fail {
     }
 }
 
-/// The candidate closest to `typed`, if it is close enough to be a typo of it.
+/// The candidate closest to `typed`, if it is close enough to be a typo of it: at most
+/// two edits (one in three characters), two letters swapped (`sp` for `ps`), or a word
+/// that begins as the candidate does and goes elsewhere (`approvals` for `approve`: the
+/// first five characters and three quarters of the candidate alike).
 pub fn did_you_mean<'a>(typed: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     let typed_len = typed.chars().count();
+    let swapped = |c: &str| {
+        let (mut a, mut b): (Vec<char>, Vec<char>) = (typed.chars().collect(), c.chars().collect());
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    };
+    let same_start = |c: &str| {
+        let shared = typed
+            .chars()
+            .zip(c.chars())
+            .take_while(|(x, y)| x == y)
+            .count();
+        shared >= 5 && shared * 4 >= c.chars().count() * 3
+    };
     candidates
         .map(|c| (edit_distance(typed, c), c))
         .filter(|&(d, c)| {
             let len = typed_len.max(c.chars().count());
-            d > 0 && d <= 2 && d * 3 <= len
+            d > 0 && ((d <= 2 && d * 3 <= len) || (d == 1 && swapped(c)) || same_start(c))
         })
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
@@ -359,5 +376,14 @@ mod tests {
             Some("sessions")
         );
         assert_eq!(did_you_mean("xyz", ["ps", "run"].into_iter()), None);
+        let commands = [
+            "approve", "attach", "ps", "policy", "run", "shell", "status",
+        ];
+        assert_eq!(did_you_mean("sp", commands.into_iter()), Some("ps"));
+        assert_eq!(
+            did_you_mean("approvals", commands.into_iter()),
+            Some("approve")
+        );
+        assert_eq!(did_you_mean("statistics", commands.into_iter()), None);
     }
 }

@@ -297,14 +297,44 @@ fn served_by_us(path: &Path, stream: &UnixStream) -> Res<()> {
 /// Which family a process belongs to, with the session its methods need.
 #[derive(Debug, Clone)]
 pub enum Target {
-    Terminal { id: String, session: String },
-    Bash { id: String, session: String },
+    Terminal {
+        id: String,
+        session: String,
+    },
+    Bash {
+        id: String,
+        session: String,
+    },
+    /// The shell of shell session `session` (`sh_N`, as `ps` lists it): what is done to
+    /// it is done to its session (its running command, its terminal's output).
+    Shell {
+        id: String,
+        session: String,
+    },
 }
 
 impl Target {
     pub fn id(&self) -> &str {
         match self {
-            Target::Terminal { id, .. } | Target::Bash { id, .. } => id,
+            Target::Terminal { id, .. } | Target::Bash { id, .. } | Target::Shell { id, .. } => id,
+        }
+    }
+
+    /// Its session's id.
+    pub fn session(&self) -> &str {
+        match self {
+            Target::Terminal { session, .. }
+            | Target::Bash { session, .. }
+            | Target::Shell { session, .. } => session,
+        }
+    }
+
+    /// `terminal`, `bash` or `shell`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Terminal { .. } => "terminal",
+            Target::Bash { .. } => "bash",
+            Target::Shell { .. } => "shell",
         }
     }
 }
@@ -362,9 +392,28 @@ pub fn locate_in(terms: &[Value], cmds: &[Value], id: &str) -> Option<(Target, V
     Some((target, b.clone()))
 }
 
-/// Finds the process `id`: its family, session and listing entry.
+/// The shell session whose shell is `id` (as `shell/sessions` lists it, `process_id`).
+pub fn locate_shell(c: &mut Client, id: &str) -> Res<Option<(Target, Value)>> {
+    let shells = c.call("shell/sessions", json!({}))?;
+    let found = shells["sessions"]
+        .as_object()
+        .and_then(|m| m.iter().find(|(_, s)| s["process_id"] == id));
+    Ok(found.map(|(session, s)| {
+        let target = Target::Shell {
+            id: id.to_string(),
+            session: session.clone(),
+        };
+        (target, s.clone())
+    }))
+}
+
+/// Finds the process `id`: its family, session and listing entry. Every id `ps` shows
+/// is found: terminals, bash commands, and shell sessions' shells.
 pub fn locate(c: &mut Client, id: &str) -> Res<(Target, Value)> {
-    // Ids name their family (`term_`, `cmd_`); list only that one when they do.
+    // Ids name their family (`term_`, `cmd_`, `sh_`); list only that one when they do.
+    if id.starts_with("sh_") {
+        return locate_shell(c, id)?.ok_or_else(|| not_found(id));
+    }
     let terms = if id.starts_with("cmd_") {
         Vec::new()
     } else {
@@ -375,7 +424,10 @@ pub fn locate(c: &mut Client, id: &str) -> Res<(Target, Value)> {
     } else {
         commands(c)?
     };
-    locate_in(&terms, &cmds, id).ok_or_else(|| not_found(id))
+    match locate_in(&terms, &cmds, id) {
+        Some(found) => Ok(found),
+        None => locate_shell(c, id)?.ok_or_else(|| not_found(id)),
+    }
 }
 
 /// The failure for an id that names nothing of the caller's.

@@ -13,6 +13,7 @@ use std::io;
 use serde_json::{json, Value};
 
 use crate::client::CallError;
+use crate::wire::rpc::rule_words;
 
 /// The command's status passes through; these are execctl's own.
 pub const EXIT_TIMEOUT: u8 = 124;
@@ -81,7 +82,9 @@ impl Fail {
     /// The error as a person reads it; `verbose` adds the JSON-RPC error behind it.
     pub fn text(&self, verbose: bool) -> String {
         let mut s = self.message.clone();
-        if let (true, Some(r)) = (verbose, &self.rpc) {
+        // A message that shows the error itself (`execctl call`) is not given it twice.
+        let shown = |r: &RpcDetail| s.contains(&format!("error {}: {}", r.code, r.message));
+        if let (true, Some(r)) = (verbose, self.rpc.as_ref().filter(|r| !shown(r))) {
             s.push_str(&format!(" [execd error {}: {}", r.code, r.message));
             if let Some(d) = &r.data {
                 s.push_str(&format!(" {d}"));
@@ -197,24 +200,24 @@ pub fn daemon_error(e: CallError, what: Option<&str>) -> Fail {
             }
         }
         -32005 => {
-            let rule = data_str(&data, "rule").unwrap_or("?");
+            let rule = rule_words(data_str(&data, "rule").unwrap_or("?"));
             match data_str(&data, "justification") {
-                Some(j) => format!("denied by policy rule {rule}: {j}"),
-                None => format!("denied by policy rule {rule}; see it with: execctl policy check"),
+                Some(j) => format!("denied by {rule}: {j}"),
+                None => format!("denied by {rule}; see it with: execctl policy check"),
             }
         }
         -32006 => {
-            let rule = data_str(&data, "rule").unwrap_or("?");
+            let rule = rule_words(data_str(&data, "rule").unwrap_or("?"));
             match data_str(&data, "reason") {
                 Some("no approver") => format!(
-                    "policy rule {rule} asks for approval and no approver is connected; start one with: execctl approve"
+                    "{rule} asks for approval and no approver is connected; start one with: execctl approve"
                 ),
                 Some("timeout") => format!(
-                    "policy rule {rule} asks for approval and nobody answered in time; try again while an approver watches (execctl approve)"
+                    "{rule} asks for approval and nobody answered in time; try again while an approver watches (execctl approve)"
                 ),
                 _ => match data_str(&data, "feedback") {
-                    Some(f) => format!("not approved (policy rule {rule}): {f}"),
-                    None => format!("not approved (policy rule {rule}); ask the approver or change the command"),
+                    Some(f) => format!("not approved ({rule}): {f}"),
+                    None => format!("not approved ({rule}); ask the approver or change the command"),
                 },
             }
         }
@@ -297,5 +300,15 @@ mod tests {
         assert!(!f.text(false).contains("-32002"), "{}", f.text(false));
         assert!(f.text(true).contains("-32002"), "{}", f.text(true));
         assert_eq!(f.to_json()["error"]["rpc"]["code"], -32002);
+        // A message that shows the error already (execctl call) says it once with -v.
+        let mut f = daemon_error(rpc(-32002, json!(null)), None);
+        f.message = "execd answered error -32002: m null".into();
+        assert_eq!(f.text(true), f.message);
+        // The directory case of a failed spawn.
+        let f = daemon_error(
+            rpc(-32004, json!({"program": "/tmp", "errno": "EISDIR"})),
+            None,
+        );
+        assert_eq!((f.code, f.message.as_str()), (126, "/tmp: is a directory"));
     }
 }

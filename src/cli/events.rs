@@ -29,6 +29,8 @@ pub enum Decoded {
     Garbled { stream: usize },
     /// The command's `Exit` payload.
     Exit(Value),
+    /// It started (true) or stopped (false) waiting for input (PROTOCOL 12.3).
+    Input(bool),
     /// Not an event of this command, or nothing new.
     Nothing,
 }
@@ -110,6 +112,7 @@ impl Decoder {
                 }]
             }
             Some("Exit") => vec![Decoded::Exit(payload.clone())],
+            Some("Input") => vec![Decoded::Input(payload["waiting"] == true)],
             _ => vec![Decoded::Nothing],
         }
     }

@@ -195,6 +195,10 @@ fn kill_target(ctx: &Ctx, target: &Target, how: How) -> Res<()> {
                 c.call("bash/kill", params("SIGKILL"))?;
             }
         }
+        // Never in the foreground (run and exec start terminals and bash commands).
+        Target::Shell { session, .. } => {
+            c.call("shell/kill", json!({"id": session}))?;
+        }
     }
     Ok(())
 }

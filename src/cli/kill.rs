@@ -82,6 +82,8 @@ fn kill_one(c: &mut Client, id: &str, signal: Option<&str>) -> Res<Outcome> {
     let running = match &target {
         Target::Terminal { .. } => entry["exitStatus"].is_null(),
         Target::Bash { .. } => entry["status"] == "running",
+        // A shell session's shell: its running command is what is killed.
+        Target::Shell { .. } => !entry["current_command"].is_null(),
     };
     let mut out = Outcome {
         id: id.to_string(),
@@ -89,7 +91,19 @@ fn kill_one(c: &mut Client, id: &str, signal: Option<&str>) -> Res<Outcome> {
         already_exited: !running,
         entry: Value::Null,
     };
-    if running {
+    if let (Target::Shell { session, .. }, false) = (&target, running) {
+        return Err(Fail::new(format!(
+            "{id}: nothing runs in shell session {session}; its shell stays (execctl release \
+             {id} closes the session)"
+        )));
+    }
+    if let Target::Shell { session, .. } = &target {
+        // A shell session's command is interrupted as Ctrl-C would (SIGINT), then ended
+        // with its shell after the grace: `shell/kill`, whatever signal was named.
+        out.sent.push("SIGINT".into());
+        c.call("shell/kill", json!({"id": session}))
+            .map_err(connect::about(id))?;
+    } else if running {
         let first = signal.unwrap_or("SIGTERM");
         out.sent.push(first.to_string());
         if !send(c, &target, first)? && signal.is_none() {
@@ -111,6 +125,17 @@ fn kill_one(c: &mut Client, id: &str, signal: Option<&str>) -> Res<Outcome> {
                 .unwrap_or(entry);
             let p = super::ps::bash_process(&b);
             json!({"state": p["state"], "exit_code": p["exit_code"], "signal": p["signal"]})
+        }
+        Target::Shell { session, .. } => {
+            let r = c
+                .call("shell/wait", json!({"id": session, "seconds": 0}))
+                .unwrap_or(Value::Null);
+            let state = if r["status"] == "running" {
+                "running"
+            } else {
+                "killed"
+            };
+            json!({"state": state, "exit_code": r["exit_code"], "signal": Value::Null})
         }
     };
     Ok(out)
@@ -139,6 +164,11 @@ fn send(c: &mut Client, target: &Target, signal: &str) -> Res<bool> {
                 )
                 .map_err(about)?;
             Ok(r["status"] != "running")
+        }
+        Target::Shell { session, .. } => {
+            c.call("shell/kill", json!({"id": session}))
+                .map_err(about)?;
+            Ok(true)
         }
     }
 }
@@ -220,7 +250,7 @@ pub fn kill(ctx: &Ctx, p: &Args, shorthand: Option<String>) -> Res<u8> {
 pub fn release(ctx: &Ctx, p: &Args) -> Res<u8> {
     if p.operands.is_empty() {
         return Err(Fail::usage(
-            "release needs one or more terminal ids; list them with: execctl ps",
+            "release needs one or more process ids; list them with: execctl ps",
         ));
     }
     let mut c = ctx.connect()?;
@@ -237,6 +267,11 @@ pub fn release(ctx: &Ctx, p: &Args) -> Res<u8> {
             Ok((Target::Bash { session, .. }, _)) => Err(Fail::new(format!(
                 "{id} is a bash command; it is freed with its session: execctl sessions close {session}"
             ))),
+            // A shell session's shell goes with its session.
+            Ok((Target::Shell { id, session }, _)) => c
+                .call("shell/sessions/close", json!({"id": session}))
+                .map(|_| ())
+                .map_err(connect::about(&id)),
             Err(f) => Err(f),
         };
         if let Err(f) = done {

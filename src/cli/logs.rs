@@ -2,7 +2,9 @@
 //!
 //! `logs` reads through a lossless base64 subscription from the first retained byte, so
 //! what it prints is the command's exact bytes; it says how much older output is no
-//! longer retained, and with `-f` goes on live until the command exits.
+//! longer retained (unless `--tail` asked for the end only), and with `-f` goes on live
+//! until the command exits. With `--json` it prints one object at the end: the text of
+//! each stream, and the bytes no longer retained or lost.
 
 use std::collections::VecDeque;
 
@@ -44,6 +46,12 @@ fn ends(c: &mut Client, target: &Target) -> Res<([u64; 2], bool)> {
                 r["command"]["status"] != "running",
             ))
         }
+        // A shell's terminal: what it printed so far, and whether its session still has
+        // it (a shell that died was replaced by another).
+        Target::Shell { id, .. } => match connect::locate_shell(c, id)? {
+            Some((_, s)) => Ok(([s["output_bytes"].as_u64().unwrap_or(0), 0], false)),
+            None => Err(connect::not_found(id)),
+        },
     }
 }
 
@@ -77,6 +85,10 @@ struct LogOut {
     decoder: Decoder,
     started: [bool; 2],
     lost: u64,
+    /// `--json`: each stream's bytes, printed as one object at the end.
+    json: Option<[Vec<u8>; 2]>,
+    /// Bytes at the start no longer retained by execd.
+    not_retained: u64,
 }
 
 impl LogOut {
@@ -87,6 +99,10 @@ impl LogOut {
         if self.tail.is_some() && self.until.is_some() {
             // Bounded by what execd retains of the stream (its output limit).
             self.held[stream].extend(bytes);
+            return Ok(());
+        }
+        if let Some(kept) = &mut self.json {
+            kept[stream].extend_from_slice(bytes);
             return Ok(());
         }
         if stream == 1 {
@@ -141,7 +157,9 @@ impl LogOut {
                 } => {
                     let shown = !(self.only_stderr && stream == 0);
                     if !self.started[stream] && offset == 0 {
-                        if shown {
+                        self.not_retained += skipped;
+                        // `--tail` asked for the end only: a head gone is nobody's loss.
+                        if shown && self.tail.is_none() && self.json.is_none() {
                             warn(&format!(
                                 "the first {skipped} bytes of {}'s {name} are no longer retained by execd; showing the rest",
                                 self.id
@@ -149,10 +167,12 @@ impl LogOut {
                         }
                     } else {
                         self.lost += skipped;
-                        warn(&format!(
+                        if self.json.is_none() {
+                            warn(&format!(
                             "{skipped} bytes of {}'s {name} were lost at offset {offset} (execd dropped them to stay within its output memory)",
                             self.id
                         ));
+                        }
                     }
                     self.started[stream] = true;
                 }
@@ -161,7 +181,7 @@ impl LogOut {
                     self.id
                 )),
                 Decoded::Exit(_) => return Ok(true),
-                Decoded::Nothing => {}
+                Decoded::Input(_) | Decoded::Nothing => {}
             }
         }
         Ok(false)
@@ -182,9 +202,9 @@ pub fn logs(ctx: &Ctx, p: &Args) -> Res<u8> {
     let only_stderr = p.has("--stderr");
     let mut c = ctx.connect()?;
     let (target, _) = connect::locate(&mut c, id)?;
-    if only_stderr && matches!(target, Target::Terminal { .. }) {
+    if only_stderr && !matches!(target, Target::Bash { .. }) {
         return Err(Fail::usage(format!(
-            "{id} is a terminal: its stdout and stderr are one stream; drop --stderr"
+            "{id} writes one stream (a terminal's: stdout and stderr together); drop --stderr"
         )));
     }
     let (end, exited) = ends(&mut c, &target)?;
@@ -197,9 +217,11 @@ pub fn logs(ctx: &Ctx, p: &Args) -> Res<u8> {
         decoder: Decoder::new(id),
         started: [false, false],
         lost: 0,
+        json: ctx.json.then(Default::default),
+        not_retained: 0,
     };
     if !follow && out.reached() {
-        return Ok(0);
+        return out.finish(&target);
     }
     c.call(
         "events/subscribe",
@@ -225,7 +247,30 @@ pub fn logs(ctx: &Ctx, p: &Args) -> Res<u8> {
             break;
         }
     }
-    Ok(if out.lost > 0 { EXIT_FAILURE } else { 0 })
+    out.finish(&target)
+}
+
+impl LogOut {
+    /// The exit status (a loss fails it); with `--json`, the object printed first.
+    fn finish(&self, target: &Target) -> Res<u8> {
+        if let Some(kept) = &self.json {
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            let mut obj = json!({"id": self.id, "kind": target.kind(),
+                                 "not_retained_bytes": self.not_retained,
+                                 "lost_bytes": self.lost});
+            match target {
+                Target::Bash { .. } => {
+                    if !self.only_stderr {
+                        obj["stdout"] = json!(text(&kept[0]));
+                    }
+                    obj["stderr"] = json!(text(&kept[1]));
+                }
+                _ => obj["output"] = json!(text(&kept[0])),
+            }
+            output::print_json(&obj)?;
+        }
+        Ok(if self.lost > 0 { EXIT_FAILURE } else { 0 })
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod help;
 mod kill;
 mod logs;
 mod mcp;
+mod modes;
 mod output;
 mod policy;
 mod ps;
@@ -315,7 +316,7 @@ fn call(ctx: &Ctx, p: &Args) -> Res<u8> {
         Err(e) => {
             let mut f = Fail::from(e);
             if let Some(r) = &f.rpc {
-                // The raw tool shows the raw error.
+                // The raw tool shows the raw error (-v has nothing to add to it).
                 let data = r.data.as_ref().map(|d| format!(" {d}")).unwrap_or_default();
                 f.message = format!("execd answered error {}: {}{data}", r.code, r.message);
             }

@@ -233,6 +233,11 @@ fn paint(line: &str, spans: &[(usize, usize, String)]) -> String {
     out
 }
 
+/// `n` things, the noun agreeing: `1 rule`, `2 rules` (`many` is the plural).
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A size as execd's flags take it: `4M`, `64K`, `1G`, or bytes when no unit divides it.
 pub fn size(bytes: u64) -> String {
     for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
@@ -383,6 +388,16 @@ pub fn snake_keys(v: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(counted(1, "rule", "rules"), "1 rule");
+        assert_eq!(counted(0, "rule", "rules"), "0 rules");
+        assert_eq!(
+            counted(2, "bash command", "bash commands"),
+            "2 bash commands"
+        );
+    }
 
     #[test]
     fn sizes_and_durations_read_as_flags() {

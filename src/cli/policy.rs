@@ -483,6 +483,12 @@ fn approve_on(ctx: &Ctx, stream: &UnixStream, transport: &mut dyn Transport) -> 
                         };
                         return Err(Fail::from(err));
                     }
+                    if v["result"]["policy"] == false {
+                        return Err(Fail::new(
+                            "execd runs without a policy (--policy FILE), so no command ever \
+                             asks for approval: there is nothing to approve",
+                        ));
+                    }
                     subscribed = true;
                     wire.answered = true;
                     // Scripts may start their agents once this line is out.

@@ -6,8 +6,11 @@
 //!   budget) is reported in one line and makes the exit status non-zero.
 //! - Input: execctl's stdin is forwarded when it is not a terminal (or with `-i`), in
 //!   chunks that each wait for room in the daemon's stdin buffer (back-pressure), and
-//!   closed at its end; otherwise (and when it is `/dev/null`, which has nothing to
-//!   forward) the command's stdin is closed from the start.
+//!   closed at its end. On a terminal without `-t` or `-i` the command's stdin is a pipe
+//!   execctl holds open and never writes: a program that waits for input then says so
+//!   (PROTOCOL 12.3), and execctl prints once that it has no terminal. Otherwise (and
+//!   when execctl's stdin is `/dev/null`, which has nothing to forward) the command's
+//!   stdin is closed from the start.
 //! - Lifetime: a foreground command is created with `killOnDisconnect`, so it dies with
 //!   execctl's connection even when execctl cannot ask (SIGKILL, a broken ssh link);
 //!   `--detach`, `exec --wait` and `-t` (whose detach keys leave it running, and which
@@ -51,32 +54,32 @@ struct Common {
     detach: bool,
     /// execctl's stdin goes to the command.
     forward_stdin: bool,
-    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`.
+    /// The command gets a stdin pipe: forwarded, or (`-d -i`) left open for `execctl write`,
+    /// or held open for the hint.
     stdin_pipe: bool,
+    /// execctl sits on a terminal and the command has none: its stdin pipe is held open
+    /// unwritten (unless forwarded), and if it waits for input, execctl says why once.
+    no_terminal: bool,
     /// `-t`: a PTY, and (unless detached) execctl's terminal in raw mode for it.
     tty: Option<TtyOpts>,
 }
 
-/// Says once that the command has no terminal when execctl sits on one and `-t` was not
-/// given: an interactive program would otherwise wait on an empty stdin, or see no prompt.
-fn hint_terminal(ctx: &Ctx, o: &Common, command: &str) {
-    if o.tty.is_some()
-        || o.detach
-        || ctx.json
-        || !io::stdin().is_terminal()
-        || !io::stdout().is_terminal()
-    {
-        return;
+/// What execctl says, once, when a command without a terminal waits for input while
+/// execctl sits on one (`-t` was not given): an interactive program would otherwise wait
+/// silently, or see no prompt. `None` when there is nothing to say.
+fn terminal_hint(o: &Common, command: &str) -> Option<String> {
+    if !o.no_terminal {
+        return None;
     }
     let program = command.split_whitespace().next().unwrap_or(command);
     let stdin = if o.forward_stdin {
         "stdin is a pipe from execctl"
     } else {
-        "stdin is empty"
+        "stdin is held open, empty; -i sends it what you type"
     };
-    warn(&format!(
-        "{program} has no terminal ({stdin}); use -t for an interactive program"
-    ));
+    Some(format!(
+        "{program} waits for input and has no terminal ({stdin}); use -t for an interactive program"
+    ))
 }
 
 /// The PTY session of a foreground `-t` command: it watches signals from now on, in
@@ -126,12 +129,18 @@ fn common(ctx: &Ctx, p: &Args, timeout_flags: &[&str]) -> Res<Common> {
     // With -t the keys go to the PTY (`tty::Session`), not through a pipe.
     let forward_stdin =
         tty.is_none() && !detach && !stdin_is_null() && (interactive || !io::stdin().is_terminal());
+    let no_terminal = tty.is_none()
+        && !detach
+        && !ctx.json
+        && io::stdin().is_terminal()
+        && io::stdout().is_terminal();
     let cwd = match &ctx.host {
         Host::Local(_) => work_dir(p.value("--cwd"))?,
         Host::Ssh(remote) => remote_dir(p.value("--cwd"), &remote.host)?,
     };
     Ok(Common {
-        stdin_pipe: forward_stdin || (detach && interactive) || tty.is_some(),
+        stdin_pipe: forward_stdin || (detach && interactive) || tty.is_some() || no_terminal,
+        no_terminal,
         tty,
         cwd,
         env: env_vars(&p.values("--env-file"), &p.values("--env"))?,
@@ -281,6 +290,18 @@ pub(super) fn write_chunk(
             json!({"session_id": session, "command_id": id, "input": input,
                    "encoding": "base64", "eof": eof, "wait": true}),
         )?,
+        // A shell session's running program reads its terminal: Ctrl-D is its end.
+        Target::Shell { session, .. } => {
+            let mut r = c.call(
+                "shell/write",
+                json!({"id": session, "input": input, "encoding": "base64"}),
+            )?;
+            if eof {
+                r = c.call("shell/write", json!({"id": session, "input": "\u{4}"}))?;
+                r["written"] = json!(data.len());
+            }
+            r
+        }
     };
     Ok(r["written"].as_u64().unwrap_or(0))
 }
@@ -346,6 +367,11 @@ pub(super) struct OutputSink {
     lost: u64,
     /// stdout failed: nothing more is written to it.
     stdout_closed: bool,
+    /// Said once when the command waits for input (`terminal_hint`).
+    pub(super) hint: Option<String>,
+    /// A command on execctl's terminal (`-t`, `attach`): the modes its output turned on,
+    /// which a detach turns off again.
+    pub(super) modes: Option<super::modes::Modes>,
 }
 
 impl OutputSink {
@@ -357,7 +383,18 @@ impl OutputSink {
             decoder: Decoder::new(id),
             lost: 0,
             stdout_closed: false,
+            hint: None,
+            modes: None,
         }
+    }
+
+    /// What turns off the terminal modes the command turned on (nothing when it was not
+    /// on execctl's terminal).
+    pub(super) fn reset_modes(&self) -> Vec<u8> {
+        self.modes
+            .as_ref()
+            .map(super::modes::Modes::reset)
+            .unwrap_or_default()
     }
 
     /// Follows output from these offsets on (what came before was shown otherwise).
@@ -378,6 +415,9 @@ impl OutputSink {
         }
         if self.stdout_closed {
             return;
+        }
+        if let Some(m) = &mut self.modes {
+            m.feed(bytes);
         }
         if let Err(e) = output::write_stdout(bytes) {
             self.stdout_closed = true;
@@ -412,7 +452,12 @@ impl OutputSink {
                     self.id
                 )),
                 Decoded::Exit(payload) => return Some(payload),
-                Decoded::Nothing => {}
+                Decoded::Input(true) => {
+                    if let Some(h) = self.hint.take() {
+                        warn(&h);
+                    }
+                }
+                Decoded::Input(false) | Decoded::Nothing => {}
             }
         }
         None
@@ -491,10 +536,7 @@ fn ended_by_daemon(ctx: &Ctx, id: &str, payload: &Value) -> Option<String> {
 /// The exit status, the messages around it, and the `--json` object.
 fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Common) -> Res<u8> {
     let timeout = o.timeout;
-    let (kind, session) = match target {
-        Target::Terminal { session, .. } => ("terminal", session),
-        Target::Bash { session, .. } => ("bash", session),
-    };
+    let (kind, session) = (target.kind(), target.session());
     let id = target.id();
     let mut obj = json!({"id": id, "kind": kind, "session": session});
     let code = match ended {
@@ -546,7 +588,9 @@ fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Com
     if ctx.json {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         match target {
-            Target::Terminal { .. } => obj["output"] = json!(text(&sink.kept[0])),
+            Target::Terminal { .. } | Target::Shell { .. } => {
+                obj["output"] = json!(text(&sink.kept[0]))
+            }
             Target::Bash { .. } => {
                 obj["stdout"] = json!(text(&sink.kept[0]));
                 obj["stderr"] = json!(text(&sink.kept[1]));
@@ -564,10 +608,7 @@ fn finish(ctx: &Ctx, target: &Target, sink: &OutputSink, ended: &RunEnd, o: &Com
 
 /// Prints the id of a command started with `--detach`.
 fn detached(ctx: &Ctx, target: &Target) -> Res<u8> {
-    let (kind, session) = match target {
-        Target::Terminal { session, .. } => ("terminal", session),
-        Target::Bash { session, .. } => ("bash", session),
-    };
+    let (kind, session) = (target.kind(), target.session());
     if ctx.json {
         output::print_json(
             &json!({"id": target.id(), "kind": kind, "session": session, "status": "running"}),
@@ -615,7 +656,6 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         })
         .transpose()?;
     tty_json(ctx, &o)?;
-    hint_terminal(ctx, &o, command);
     let killer = Killer::new(ctx);
     let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
@@ -686,10 +726,14 @@ pub fn run(ctx: &Ctx, p: &Args) -> Res<u8> {
         forward_stdin(ctx, &target);
     }
     let mut sink = OutputSink::new(&id, ctx.json);
+    sink.hint = terminal_hint(&o, command);
+    if o.tty.is_some() {
+        sink.modes = Some(super::modes::Modes::default());
+    }
     let deadline = o.timeout.map(|t| (Instant::now() + t, true));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
-    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target, &sink.reset_modes())) {
         return Ok(code);
     }
     let ended = ended?;
@@ -716,7 +760,6 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
         ));
     }
     tty_json(ctx, &o)?;
-    hint_terminal(ctx, &o, &line);
     let killer = Killer::new(ctx);
     let on_tty = foreground_signals(ctx, &o, &killer);
     let mut c = ctx.connect()?;
@@ -756,6 +799,10 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     };
     let id = r["command_id"].as_str().unwrap_or_default().to_string();
     let session = r["session_id"].as_str().unwrap_or_default().to_string();
+    // The session named was closed by the daemon and made again (PROTOCOL 8).
+    if let (Some(n), false) = (r["notice"].as_str(), ctx.json) {
+        warn(n);
+    }
     let target = Target::Bash {
         id: id.clone(),
         session: session.clone(),
@@ -793,14 +840,18 @@ pub fn exec(ctx: &Ctx, p: &Args) -> Res<u8> {
     };
     if o.forward_stdin {
         forward_stdin(ctx, &target);
-    } else {
+    } else if !o.no_terminal {
         close_stdin(&mut c);
     }
     let mut sink = OutputSink::new(&id, ctx.json);
+    sink.hint = terminal_hint(&o, &line);
+    if o.tty.is_some() {
+        sink.modes = Some(super::modes::Modes::default());
+    }
     let deadline = soft.map(|t| (Instant::now() + t, false));
     let ended = follow(&mut c, &mut sink, &killer, deadline);
     drop(raw);
-    if let Some(code) = on_tty.and_then(|s| s.detached(&target)) {
+    if let Some(code) = on_tty.and_then(|s| s.detached(&target, &sink.reset_modes())) {
         return Ok(code);
     }
     let ended = ended?;

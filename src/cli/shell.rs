@@ -66,6 +66,12 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
         [id] => Some(id.clone()),
         _ => return Err(Fail::usage("shell takes at most one session id")),
     };
+    enter(ctx, id, p.value("--cwd"), p.value("--sandbox"))
+}
+
+/// Session `id` (a new one when `None`, in `cwd`, in `sandbox` when named) at execctl's terminal, or fed lines
+/// from stdin (`execctl shell`, and `execctl attach` of a session's shell).
+pub fn enter(ctx: &Ctx, id: Option<String>, cwd: Option<&str>, sandbox: Option<&str>) -> Res<u8> {
     let mut c = ctx.connect()?;
     let mut params = json!({});
     if let Some(id) = &id {
@@ -80,16 +86,20 @@ pub fn shell(ctx: &Ctx, p: &Args) -> Res<u8> {
         None => false,
     };
     if !existed {
-        if let Some(dir) = super::run::work_dir(p.value("--cwd"))? {
+        if let Some(dir) = super::run::work_dir(cwd)? {
             params["exec_dir"] = dir.into();
         }
     }
     // A session's sandbox is fixed when it is made; the daemon refuses another.
-    if let Some(v) = p.value("--sandbox") {
+    if let Some(v) = sandbox {
         params["sandbox"] = super::run::sandbox_value(v)?;
     }
     let s = c.call("shell/sessions/create", params)?;
     let sid = s["session_id"].as_str().unwrap_or_default().to_string();
+    // The session named was closed by the daemon and made again (PROTOCOL 8).
+    if let Some(n) = s["notice"].as_str() {
+        warn(n);
+    }
     if io::stdin().is_terminal() && io::stdout().is_terminal() {
         return on_terminal(ctx, &mut c, &s, existed);
     }

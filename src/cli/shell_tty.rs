@@ -26,13 +26,22 @@
 //!   interrupts the running command (`shell/kill`). The daemon gone, or the session
 //!   closed from elsewhere: the terminal put back, one line saying so (125, 0).
 //!
-//! Threads: the main thread reads keys and sends lines and keys; the output thread
-//! writes the terminal's bytes; a waiter per command; the signal thread resizes, makes
-//! the terminal raw again after SIGCONT and leaves on SIGTERM or SIGHUP. Each has a
-//! connection of its own. Threads other than the main one leave with `leave`.
+//! - A paste larger than the daemon's input buffer never holds up the keyboard: keys for
+//!   the running command go at once while the daemon takes them; once its buffer is
+//!   full they are queued, and a sender thread sends them in order as the program reads.
+//!   The main thread goes on reading, so Ctrl-\ leaves at once, and a Ctrl-C typed while
+//!   keys wait drops them and interrupts the command (`shell/kill`) instead of waiting
+//!   behind them.
+//!
+//! Threads: the main thread reads keys, edits and sends lines, and queues keys; the
+//! sender sends the queued keys; the output thread writes the terminal's bytes; a waiter
+//! per command; the signal thread resizes, makes the terminal raw again after SIGCONT
+//! and leaves on SIGTERM or SIGHUP. Each has a connection of its own. Threads other than
+//! the main one leave with `leave`.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -49,6 +58,8 @@ use crate::wire::encode::base64_encode;
 
 /// Ctrl-\ leaves execctl, whatever runs (it is never sent to a program).
 const LEAVE_KEY: u8 = 0x1c;
+/// Ctrl-C: a key like others, unless keys wait to be sent (see `Outbox`).
+const INTERRUPT_KEY: u8 = 0x03;
 
 /// How long a key waits between tries while the daemon's input buffer is full.
 const INPUT_RETRY: Duration = Duration::from_millis(20);
@@ -179,6 +190,28 @@ struct Following {
     generation: u64,
 }
 
+/// How one write of keys went.
+enum Sent {
+    Yes,
+    /// No command runs any more.
+    Ended,
+    /// The daemon's input buffer is full.
+    Full,
+}
+
+/// Keys read for the running command and not sent yet.
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<u8>,
+    /// The sender holds keys it could not send yet (the daemon's buffer is full).
+    busy: bool,
+    /// A Ctrl-C dropped what waited: the sender gives up the keys it holds.
+    dropped: bool,
+    /// Keys the daemon refused because the command had just ended: the prompt's, taken
+    /// by the main thread with the next key read.
+    returned: Vec<u8>,
+}
+
 /// The session at execctl's terminal.
 struct Term {
     ctx: Ctx,
@@ -186,6 +219,9 @@ struct Term {
     mode: Mutex<Following>,
     /// The size last given to the session's terminal.
     size: Mutex<Option<(u16, u16)>>,
+    outbox: Mutex<Outbox>,
+    /// The sender waits on it for keys.
+    queued: Condvar,
 }
 
 /// What `shell` found of the session before the terminal went raw.
@@ -232,6 +268,8 @@ pub fn run(ctx: &Ctx, c: &mut Client, start: Start) -> Res<u8> {
         sid: start.sid.clone(),
         mode: Mutex::new(Following::default()),
         size: Mutex::new(None),
+        outbox: Mutex::new(Outbox::default()),
+        queued: Condvar::new(),
     });
     let sid = &start.sid;
     warn(&format!(
@@ -243,6 +281,7 @@ pub fn run(ctx: &Ctx, c: &mut Client, start: Start) -> Res<u8> {
     let raw = Raw::enter()?;
     t.resize(c);
     t.follow(&start.process, start.from);
+    t.send_queued();
     match &start.running {
         Some(command) => {
             say(&format!(
@@ -314,12 +353,12 @@ impl Term {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return Ok(0),
             };
-            let mut keys = buf[..n].to_vec();
+            let mut keys = std::mem::take(&mut lock(&self.outbox).returned);
+            keys.extend_from_slice(&buf[..n]);
             while !keys.is_empty() {
                 if self.running() {
                     let cut = keys.iter().position(|&b| b == LEAVE_KEY);
-                    let send = &keys[..cut.unwrap_or(keys.len())];
-                    if !send.is_empty() && !self.send_keys(c, send)? {
+                    if !self.queue_keys(c, &keys[..cut.unwrap_or(keys.len())])? {
                         // It has just ended: these keys are the prompt's.
                         lock(&self.mode).running = false;
                         continue;
@@ -403,31 +442,131 @@ impl Term {
         Ok(())
     }
 
-    /// Sends keys to the running command; `false` when there is none (it has ended).
-    fn send_keys(&self, c: &mut Client, keys: &[u8]) -> Res<bool> {
+    /// Keys for the running command: sent now when nothing waits before them, else (or
+    /// when the daemon's buffer is full) queued for the sender. A Ctrl-C while keys wait
+    /// drops them and interrupts the command at once: behind a paste the program does not
+    /// read, it would wait as long as they do. `false` when the command has just ended:
+    /// the keys are then the prompt's.
+    fn queue_keys(self: &Arc<Term>, c: &mut Client, keys: &[u8]) -> Res<bool> {
+        if keys.is_empty() {
+            return Ok(true);
+        }
+        let waiting = {
+            let o = lock(&self.outbox);
+            o.busy || !o.queue.is_empty()
+        };
+        if !waiting {
+            match self.write_keys(c, keys)? {
+                Sent::Yes => return Ok(true),
+                Sent::Ended => return Ok(false),
+                Sent::Full => {
+                    let mut o = lock(&self.outbox);
+                    o.queue.extend(keys);
+                    self.queued.notify_one();
+                    return Ok(true);
+                }
+            }
+        }
+        let mut o = lock(&self.outbox);
+        for &b in keys {
+            if b == INTERRUPT_KEY && (o.busy || !o.queue.is_empty()) {
+                o.queue.clear();
+                o.dropped = true;
+                let t = self.clone();
+                std::thread::spawn(move || {
+                    if let Ok(mut c) = t.ctx.connect() {
+                        let _ = c.call("shell/kill", json!({ "id": t.sid }));
+                    }
+                });
+                continue;
+            }
+            o.queue.push_back(b);
+        }
+        self.queued.notify_one();
+        Ok(true)
+    }
+
+    /// The sender thread: sends queued keys in order, as the daemon's input buffer takes
+    /// them. Keys refused because the command has just ended go back to the prompt.
+    fn send_queued(self: &Arc<Term>) {
+        let t = self.clone();
+        std::thread::spawn(move || {
+            let mut c = match t.ctx.connect() {
+                Ok(c) => c,
+                Err(f) => leave(f.code, Some(&f.text(t.ctx.verbose))),
+            };
+            let chunk = stdin_chunk(&mut c);
+            loop {
+                let keys: Vec<u8> = {
+                    let mut o = lock(&t.outbox);
+                    while o.queue.is_empty() {
+                        o = t.queued.wait(o).unwrap_or_else(|p| p.into_inner());
+                    }
+                    let n = o.queue.len().min(chunk);
+                    o.busy = true;
+                    o.dropped = false;
+                    o.queue.drain(..n).collect()
+                };
+                let sent = t.send_keys(&mut c, &keys);
+                let mut o = lock(&t.outbox);
+                o.busy = false;
+                match sent {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // It has just ended: these keys, and what waited, are the
+                        // prompt's.
+                        lock(&t.mode).running = false;
+                        let mut rest: Vec<u8> = o.queue.drain(..).collect();
+                        let mut back = keys;
+                        back.append(&mut rest);
+                        o.returned.extend_from_slice(&back);
+                    }
+                    Err(f) => {
+                        drop(o);
+                        leave(f.code, Some(&f.text(t.ctx.verbose)));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Sends keys to the running command in one try.
+    fn write_keys(&self, c: &mut Client, keys: &[u8]) -> Res<Sent> {
         let mut input = Vec::new();
         base64_encode(&mut input, keys);
         let input = String::from_utf8(input).unwrap_or_default();
+        let r = c.call(
+            "shell/write",
+            json!({ "id": self.sid, "input": input, "encoding": "base64",
+                    "press_enter": false }),
+        );
+        match r {
+            Ok(_) => Ok(Sent::Yes),
+            Err(e) if e.code() == Some(-32000) => Ok(Sent::Ended),
+            // The daemon's input buffer is full (a paste): it drains as the program reads.
+            Err(e) if e.code() == Some(-32003) => Ok(Sent::Full),
+            Err(e @ CallError::Io(_)) => Err(daemon_error(e, Some(&self.sid))),
+            Err(e) => {
+                say(&format!(
+                    "keys not sent: {}",
+                    daemon_error(e, Some(&self.sid)).text(self.ctx.verbose)
+                ));
+                Ok(Sent::Yes)
+            }
+        }
+    }
+
+    /// Sends keys to the running command, trying again while the daemon's buffer is full
+    /// (unless a Ctrl-C dropped them); `false` when there is none (it has ended).
+    fn send_keys(&self, c: &mut Client, keys: &[u8]) -> Res<bool> {
         loop {
-            let r = c.call(
-                "shell/write",
-                json!({ "id": self.sid, "input": input, "encoding": "base64",
-                        "press_enter": false }),
-            );
-            match r {
-                Ok(_) => return Ok(true),
-                Err(e) if e.code() == Some(-32000) => return Ok(false),
-                // The daemon's input buffer is full (a paste): it drains as the program
-                // reads.
-                Err(e) if e.code() == Some(-32003) => std::thread::sleep(INPUT_RETRY),
-                Err(e @ CallError::Io(_)) => return Err(daemon_error(e, Some(&self.sid))),
-                Err(e) => {
-                    say(&format!(
-                        "keys not sent: {}",
-                        daemon_error(e, Some(&self.sid)).text(self.ctx.verbose)
-                    ));
-                    return Ok(true);
-                }
+            if lock(&self.outbox).dropped {
+                return Ok(true);
+            }
+            match self.write_keys(c, keys)? {
+                Sent::Yes => return Ok(true),
+                Sent::Ended => return Ok(false),
+                Sent::Full => std::thread::sleep(INPUT_RETRY),
             }
         }
     }
@@ -550,7 +689,7 @@ impl Term {
                     Decoded::Lost { skipped, .. } => say(&format!(
                         "{skipped} bytes of the session's output were lost"
                     )),
-                    Decoded::Garbled { .. } | Decoded::Nothing => {}
+                    Decoded::Garbled { .. } | Decoded::Input(_) | Decoded::Nothing => {}
                 }
             }
         }

@@ -50,15 +50,16 @@ fn policy_line(meta: &Value) -> String {
     let p = &meta["policy"];
     let file = match p["path"].as_str() {
         Some(path) if p["loaded"] == true => {
-            format!("{path} ({} rules)", p["rules"].as_u64().unwrap_or(0))
+            let rules = output::counted(p["rules"].as_u64().unwrap_or(0), "rule", "rules");
+            format!("{path} ({rules})")
         }
         _ => "none (every command is allowed)".to_string(),
     };
     let n = |k: &str| meta[k].as_u64().unwrap_or(0);
     format!(
-        "{file}; {} approvers, {} requests pending",
-        n("approvers"),
-        n("pendingApprovals")
+        "{file}; {}, {} pending",
+        output::counted(n("approvers"), "approver", "approvers"),
+        output::counted(n("pendingApprovals"), "request", "requests")
     )
 }
 
@@ -180,10 +181,10 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         (
             "running",
             format!(
-                "{} yours ({} terminals, {} bash commands); {} in all",
+                "{} yours ({}, {}); {} in all",
                 count("terminal", true) + count("bash", true),
-                count("terminal", true),
-                count("bash", true),
+                output::counted(count("terminal", true) as u64, "terminal", "terminals"),
+                output::counted(count("bash", true) as u64, "bash command", "bash commands"),
                 status["running"]
             ),
         ),
@@ -191,8 +192,17 @@ pub fn status(ctx: &Ctx, p: &Args) -> Res<u8> {
         (
             "bash",
             format!(
-                "{} commands in {} sessions",
-                status["bash_commands"], status["sessions"]
+                "{} in {}",
+                output::counted(
+                    status["bash_commands"].as_u64().unwrap_or(0),
+                    "command",
+                    "commands"
+                ),
+                output::counted(
+                    status["sessions"].as_u64().unwrap_or(0),
+                    "session",
+                    "sessions"
+                )
             ),
         ),
         ("clients", status["clients"].to_string()),

@@ -410,13 +410,15 @@ impl Session {
     }
 
     /// After the main thread returned: whether execctl detached, and its exit status
-    /// then, after saying how to come back.
-    pub fn detached(&self, target: &Target) -> Option<u8> {
+    /// then, after turning off the terminal modes the program left on (`reset`, from
+    /// `OutputSink::reset_modes`) and saying how to come back.
+    pub fn detached(&self, target: &Target, reset: &[u8]) -> Option<u8> {
         let why = self.detached.load(Ordering::SeqCst);
         if why == 0 {
             return None;
         }
         restore();
+        let _ = output::write_stdout(reset);
         let id = target.id();
         let _ = output::write_stderr(
             format!("\r\ndetached from {id} (execctl attach {id})\n").as_bytes(),
@@ -443,6 +445,10 @@ fn resize(c: &mut Client, target: &Target, (rows, cols): (u16, u16)) -> Result<V
         Target::Bash { id, session } => c.call(
             "bash/resize",
             json!({"session_id": session, "command_id": id, "rows": rows, "cols": cols}),
+        ),
+        Target::Shell { session, .. } => c.call(
+            "shell/resize",
+            json!({"id": session, "rows": rows, "cols": cols}),
         ),
     }
 }
@@ -536,6 +542,12 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
             !entry["exitStatus"].is_null(),
         ),
         Target::Bash { .. } => (&entry["tty"], entry["status"] != "running"),
+        // A shell session's shell: its session comes to this terminal, as `execctl
+        // shell SESSION` brings it.
+        Target::Shell { session, .. } => {
+            drop(c);
+            return super::shell::enter(ctx, Some(session.clone()), None, None);
+        }
     };
     if !tty.is_object() {
         return Err(Fail::new(format!(
@@ -565,11 +577,12 @@ pub fn attach(ctx: &Ctx, p: &Args) -> Res<u8> {
     let raw = session.begin(&target, &c)?;
     output::write_stdout(&screen.paint())?;
     let mut sink = OutputSink::new(id, false).starting_at(ends);
+    sink.modes = Some(super::modes::Modes::new(screen.alternate));
     // Nothing ends the command from here: the killer never has a target.
     let killer = Killer::new(ctx);
     let ended = follow(&mut c, &mut sink, &killer, None);
     drop(raw);
-    if let Some(code) = session.detached(&target) {
+    if let Some(code) = session.detached(&target, &sink.reset_modes()) {
         return Ok(code);
     }
     match ended? {
@@ -606,6 +619,8 @@ fn screen(c: &mut Client, target: &Target) -> Result<(ShownScreen, [u64; 2]), Ca
             ];
             Ok((ShownScreen::from_json(&r["screen"]), ends))
         }
+        // `attach` hands a shell session to `execctl shell` before it would ask.
+        Target::Shell { .. } => Ok((ShownScreen::from_json(&Value::Null), [0, 0])),
     }
 }
 

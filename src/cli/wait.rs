@@ -47,6 +47,24 @@ pub fn wait(ctx: &Ctx, p: &Args) -> Res<u8> {
                 at["wait_timeout"] = json!(30);
             }
         }
+        // A shell session's shell: its running command's end (at once when none runs).
+        Target::Shell { id, session } => loop {
+            let r = c
+                .call("shell/wait", json!({"id": session, "seconds": 30}))
+                .map_err(connect::about(id))?;
+            if r["status"] != "running" {
+                let status = if r["status"] == "completed" {
+                    "completed"
+                } else {
+                    "killed"
+                };
+                break (
+                    r["exit_code"].clone(),
+                    Value::Null,
+                    Some(status.to_string()),
+                );
+            }
+        },
     };
     let st = state(false, status.as_deref(), &signal);
     if ctx.json {

@@ -2,6 +2,12 @@
 //! what the budget grants; past it, retained output of exited commands is given back
 //! first (oldest first, from the owner holding the most), then running rings stop growing
 //! and wrap within what they hold. A non-root owner holds at most half.
+//!
+//! Nothing is refused for the budget: a new command's record (and a ring that holds less
+//! than its floor) is made room for by running rings giving back their oldest bytes,
+//! the biggest ring first, each halved at most per step and never below the floor
+//! (`ring_floor`: 64 KiB, or the budget divided by the running commands when that is
+//! smaller, never below 4 KiB). What a ring gives back counts as dropped (truncation).
 
 use serde_json::json;
 
@@ -9,29 +15,93 @@ use super::table::Key;
 use super::Core;
 use crate::wire::rpc::RpcError;
 
+/// What a running ring keeps at least when rings give back memory for others.
+pub const RING_FLOOR: usize = 64 << 10;
+/// The floor's own floor, however many commands run.
+pub const RING_FLOOR_MIN: usize = 4 << 10;
+
+/// The least a running ring is made to keep: `RING_FLOOR`, or `budget` divided by the
+/// `running` commands when that is smaller, never below `RING_FLOOR_MIN`.
+pub fn ring_floor(budget: usize, running: usize) -> usize {
+    (budget / running.max(1)).clamp(RING_FLOOR_MIN, RING_FLOOR)
+}
+
 impl Core {
-    /// Makes room for a command record of `bytes` in `owner`'s share of the budget by
-    /// giving back retained output of exited commands; `-32003` when the records `owner`
-    /// keeps already fill it (release some terminals).
+    /// Makes room for a command record of `bytes` in `owner`'s share of the budget: the
+    /// retained output of exited commands is given back first, then running rings give
+    /// back their oldest bytes down to their floor. `-32003` only when the records kept
+    /// fill the share with every ring at its floor.
     pub(super) fn room_for_record(&mut self, owner: u32, bytes: usize) -> Result<(), RpcError> {
         let max = self.cfg.max_output_memory;
         let share = if self.shares(owner) { max / 2 } else { max };
-        let used = self.table.memory.of(owner);
-        if used + bytes > share {
-            self.release_retained(Some(owner), used + bytes - share, Key(0));
-        }
-        let total = self.table.memory.total;
-        if total + bytes > max {
-            self.release_retained(None, total + bytes - max, Key(0));
+        for only in [Some(owner), None] {
+            let (used, limit) = match only {
+                Some(o) => (self.table.memory.of(o), share),
+                None => (self.table.memory.total, max),
+            };
+            if used + bytes > limit {
+                let need = used + bytes - limit;
+                self.release_retained(only, need, Key(0));
+            }
+            let used = match only {
+                Some(o) => self.table.memory.of(o),
+                None => self.table.memory.total,
+            };
+            if used + bytes > limit {
+                self.reclaim_running(only, used + bytes - limit, Key(0));
+            }
         }
         if self.table.memory.of(owner) + bytes > share || self.table.memory.total + bytes > max {
             return Err(RpcError::limit("max-output-memory", max).with_data(json!({
                 "limit": "max-output-memory",
                 "value": max,
-                "reason": "the commands this uid keeps fill its share; release some",
+                "reason": "the records of the commands this uid keeps fill its share; \
+                           release some",
             })));
         }
         Ok(())
+    }
+
+    /// Running rings (of `only`, else of anyone; never `except`'s) give back their oldest
+    /// bytes until `need` bytes are freed: the ring committing the most first, halved at
+    /// most per step (a record's few hundred bytes do not cost a copy of a whole ring
+    /// each), never below the floor. Returns the bytes freed.
+    pub(super) fn reclaim_running(&mut self, only: Option<u32>, need: usize, except: Key) -> usize {
+        let floor = ring_floor(self.cfg.max_output_memory, self.table.running());
+        let mut freed = 0;
+        while freed < need {
+            let biggest = self
+                .table
+                .procs
+                .values()
+                .filter(|p| p.running() && p.key != except && only.is_none_or(|o| p.owner == o))
+                .flat_map(|p| {
+                    p.streams
+                        .iter()
+                        .enumerate()
+                        .map(move |(i, s)| (s.ring.committed(), p.key, i))
+                })
+                .filter(|(committed, _, _)| *committed > floor)
+                .max();
+            let Some((committed, key, stream)) = biggest else {
+                break;
+            };
+            let keep = committed
+                .saturating_sub(need - freed)
+                .min(committed / 2)
+                .max(floor);
+            let Some(p) = self.table.get_mut(key) else {
+                break;
+            };
+            let owner = p.owner;
+            let got = p.streams[stream].ring.shrink_to(keep);
+            self.table.memory.sub(owner, got);
+            freed += got;
+            if got == 0 {
+                break;
+            }
+        }
+        freed
     }
 
     /// Appends bytes read from output stream `stream` of `key` to its ring. A ring that
@@ -46,8 +116,9 @@ impl Core {
         let shell = p.family.is_shell();
         let offset = s.ring.end();
         let want = s.ring.growth_for(data.len());
+        let has = s.ring.committed();
         let granted = if want > 0 {
-            self.grant(owner, key, want)
+            self.grant(owner, key, want, has)
         } else {
             0
         };
@@ -86,20 +157,33 @@ impl Core {
         }
     }
 
-    /// How much of `want` more bytes `owner`'s command `key` may commit. Past the budget
-    /// (all of `--max-output-memory`, half of it for a non-root owner) the retained output
-    /// of exited commands is given back first: the owner's own when its share is the
-    /// limit, else the oldest of the owner holding the most.
-    pub(super) fn grant(&mut self, owner: u32, key: Key, want: usize) -> usize {
+    /// How much of `want` more bytes `owner`'s command `key`, whose ring commits `has`,
+    /// may commit. Past the budget (all of `--max-output-memory`, half of it for a
+    /// non-root owner) the retained output of exited commands is given back first: the
+    /// owner's own when its share is the limit, else the oldest of the owner holding the
+    /// most. A ring below its floor is then brought up to it by rings above theirs giving
+    /// back; past its floor, a ring only grows into free room.
+    pub(super) fn grant(&mut self, owner: u32, key: Key, want: usize, has: usize) -> usize {
         let max = self.cfg.max_output_memory;
         let share = if self.shares(owner) { max / 2 } else { max };
-        let used = self.table.memory.of(owner);
-        if used + want > share {
-            self.release_retained(Some(owner), used + want - share, key);
-        }
-        let total = self.table.memory.total;
-        if total + want > max {
-            self.release_retained(None, total + want - max, key);
+        let floor = ring_floor(max, self.table.running());
+        for only in [Some(owner), None] {
+            let (used, limit) = match only {
+                Some(o) => (self.table.memory.of(o), share),
+                None => (self.table.memory.total, max),
+            };
+            if used + want > limit {
+                self.release_retained(only, used + want - limit, key);
+            }
+            let used = match only {
+                Some(o) => self.table.memory.of(o),
+                None => self.table.memory.total,
+            };
+            let up_to_floor = floor.saturating_sub(has).min(want);
+            let room = limit.saturating_sub(used);
+            if up_to_floor > room {
+                self.reclaim_running(only, up_to_floor - room, key);
+            }
         }
         let room_owner = share.saturating_sub(self.table.memory.of(owner));
         let room_total = max.saturating_sub(self.table.memory.total);
@@ -244,6 +328,57 @@ mod tests {
         c.sweep();
         let b = c.table.get(b).unwrap();
         assert_eq!(c.table.memory.total, b.committed() + b.meta);
+    }
+
+    #[test]
+    fn the_floor_is_64_kib_or_the_budget_per_running_command_never_below_4_kib() {
+        assert_eq!(ring_floor(128 * MIB, 12), 64 << 10);
+        assert_eq!(ring_floor(128 * MIB, 0), 64 << 10);
+        assert_eq!(ring_floor(MIB, 64), 16 << 10);
+        assert_eq!(ring_floor(MIB, 10_000), 4 << 10);
+    }
+
+    /// Twelve commands each writing four times their share of the budget: every one
+    /// starts (its record fits) and gets a ring, the budget holds, and the rings that
+    /// gave back report it as truncation.
+    #[test]
+    fn twelve_big_writers_all_start_and_running_rings_give_back_down_to_their_floor() {
+        for owner in [0, 1000] {
+            let max = 8 * MIB;
+            let mut c = budget_core(max);
+            let mut req = request(
+                Family::Terminal {
+                    session_id: "s".into(),
+                },
+                Stdio3::Merged,
+            );
+            req.peer.uid = owner;
+            req.ring_capacity = 4 * MIB;
+            let mut keys = Vec::new();
+            for i in 0..12 {
+                c.may_start(&req)
+                    .unwrap_or_else(|e| panic!("uid {owner}: command {i} refused: {e:?}"));
+                let (key, id) = c.table.next_ids("term");
+                c.started(&req, key, id, key.0 as i32 + 1000, owner);
+                for _ in 0..4 {
+                    c.output(key, 0, &vec![b'x'; MIB]);
+                }
+                keys.push(key);
+                let share = if owner == 0 { max } else { max / 2 };
+                assert!(c.table.memory.total <= share, "uid {owner}: {i}");
+            }
+            let floor = ring_floor(max, 12);
+            for (i, k) in keys.iter().enumerate() {
+                let ring = &c.table.get(*k).unwrap().streams[0].ring;
+                assert!(
+                    ring.committed() >= floor,
+                    "uid {owner}: ring {i} below the floor"
+                );
+                assert_eq!(ring.end(), 4 * MIB as u64);
+                assert!(ring.start() > 0, "uid {owner}: ring {i} reports truncation");
+                assert_eq!(ring.retained(), ring.committed());
+            }
+        }
     }
 
     #[test]

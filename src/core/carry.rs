@@ -22,6 +22,7 @@ use super::launch::{Admitted, LaunchRequest};
 use super::log::{Kind, Log, Queue};
 use super::park::Parked;
 use super::screen::Screen;
+use super::sessions::ClosedSessions;
 use super::shell::{self, Shells};
 use super::table::{
     BashSession, ConnId, Exit, Family, Key, KillReason, ParkId, Peer, Proc, Stdin, Stream, Sub,
@@ -59,6 +60,9 @@ impl Core {
                 last_used_wall: wall_ns(s.last_used_wall),
                 commands: s.commands.iter().map(|k| k.0).collect(),
                 command_count: s.command_count,
+                oneshot: s.oneshot,
+                reopened: s.reopened.clone(),
+                left: s.left.iter().map(|(k, id)| (k.0, id.clone())).collect(),
             })
             .collect();
         sessions.sort_by(|a, b| (a.owner, &a.id).cmp(&(b.owner, &b.id)));
@@ -147,6 +151,7 @@ impl Core {
             approvals: self.approvals.carry(),
             shells: self.shells.carry(clock, blobs),
             input_watch: self.input_watch,
+            closed: self.closed.carry(),
         }
     }
 
@@ -185,6 +190,9 @@ impl Core {
                 last_used_wall: wall_of(s.last_used_wall),
                 commands: s.commands.iter().copied().map(Key).collect(),
                 command_count: s.command_count,
+                oneshot: s.oneshot,
+                reopened: s.reopened.clone(),
+                left: s.left.iter().map(|(k, id)| (Key(*k), id.clone())).collect(),
             })
             .collect();
         core.table = Table::restore(
@@ -202,6 +210,7 @@ impl Core {
         core.started = clock.at(img.started);
         core.forget = img.forget.iter().copied().map(Key).collect();
         core.input_watch = img.input_watch;
+        core.closed = ClosedSessions::resume(&img.closed)?;
         for c in &img.clients {
             core.clients.insert(ConnId(c.conn), peer_of(c.peer));
             if !c.groups.is_empty() {
@@ -597,6 +606,8 @@ fn carry_proc(p: &Proc, clock: &Clock, blobs: &mut BlobsOut) -> ProcImage {
         drained: p.drained,
         read_out: p.read_out,
         meta: p.meta,
+        lingers: p.lingers,
+        notice: p.notice.clone(),
     }
 }
 
@@ -742,6 +753,8 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
         drained: p.drained,
         read_out: p.read_out,
         meta: p.meta,
+        lingers: p.lingers,
+        notice: p.notice.clone(),
     })
 }
 

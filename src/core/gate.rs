@@ -304,9 +304,14 @@ fn approval_display(
         .justification
         .as_deref()
         .map_or(String::new(), |j| format!(": {j}"));
+    // `rule NAME`, or what decided when no rule did (the default, `unparsed`).
+    let decided = match verdict.rule.as_str() {
+        "default" | "unparsed" => crate::wire::rpc::rule_words(&verdict.rule),
+        name => format!("rule {name}"),
+    };
     let mut blocks = vec![json!({"type": "brief", "text": format!(
-        "rule {}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
-        verdict.rule, peer.uid, peer.pid
+        "{decided}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
+        peer.uid, peer.pid
     )})];
     // What it may touch, and what an approval lets it touch beyond the sandbox in force.
     if !outside.is_empty() {
@@ -485,8 +490,9 @@ impl Core {
                             "command": describe(&launch) }),
                 );
                 self.log.line(format_args!(
-                    "denied {id} of uid {}: rule {}",
-                    peer.uid, verdict.rule
+                    "denied {id} of uid {}: {}",
+                    peer.uid,
+                    crate::wire::rpc::rule_words(&verdict.rule)
                 ));
                 self.launch_failed(&launch);
                 Gated::Refused(RpcError::denied(

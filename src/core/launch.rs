@@ -200,6 +200,12 @@ pub fn validate_dir(field: &str, dir: &str) -> Result<PathBuf, RpcError> {
             format!("a path of at most {MAX_CWD} bytes, not {}", dir.len()),
         ));
     }
+    if dir.contains('\0') {
+        return Err(RpcError::invalid_params(
+            field,
+            "holds a NUL byte, which no path can",
+        ));
+    }
     let path = PathBuf::from(dir);
     if !path.is_absolute() {
         return Err(RpcError::invalid_params(
@@ -359,8 +365,9 @@ mod tests {
         let long = format!("/{}", "a/".repeat(MAX_CWD));
         // Existence is the child's to find out (see `validate_dir`).
         assert!(validate_dir("cwd", "/no/such/dir/here").is_ok());
-        for bad in ["relative", "", &long] {
+        for bad in ["relative", "", &long, "/tmp\0x"] {
             let e = validate_dir("cwd", bad).unwrap_err();
+            assert_eq!(e.code, crate::wire::rpc::INVALID_PARAMS, "{bad}");
             assert_eq!(e.data.unwrap()["field"], "cwd", "{bad}");
         }
     }

@@ -80,9 +80,15 @@ impl Core {
             _ => None,
         };
         self.input_watch |= stdin.is_some();
+        // The uid it runs as; the peer's too when that is another (a root daemon runs a
+        // peer's command as the peer, or as --run-as).
+        let peer = if req.peer.uid == runs_as {
+            String::new()
+        } else {
+            format!(" (for peer uid {})", req.peer.uid)
+        };
         self.log.line(format_args!(
-            "{id} started: pid {pid} uid {} cwd {:?} command {:?}{}",
-            req.peer.uid,
+            "{id} started: pid {pid} uid {runs_as}{peer} cwd {:?} command {:?}{}",
             req.cwd,
             req.command,
             if req.args.is_empty() {
@@ -123,6 +129,9 @@ impl Core {
                 });
             }
         }
+        // `may_start` made room for its record, but output that arrived while it was being
+        // spawned may have taken that room again: made once more (it is not refused now).
+        let _ = self.room_for_record(req.peer.uid, req.record_bytes());
         self.table.insert(Proc {
             key,
             id,
@@ -155,6 +164,8 @@ impl Core {
             drained: false,
             read_out: [false; 2],
             meta: req.record_bytes(),
+            lingers: false,
+            notice: None,
         });
         // Subscribed from the first byte, unless its connection left while it started.
         if let Some((conn, opts)) = req.subscribe.filter(|(c, _)| self.clients.contains_key(c)) {
@@ -179,6 +190,14 @@ impl Core {
         }
         self.out.push(Effect::Pump(key));
         self.wake(key);
+    }
+
+    /// As the leader of `key` was reaped, its tree still had members: what it left lives
+    /// while its session does (PROTOCOL 8, 14).
+    pub fn lingers(&mut self, key: Key) {
+        if let Some(p) = self.table.get_mut(key) {
+            p.lingers = true;
+        }
     }
 
     /// The leader of `key` was reaped (after its pipes were drained of what they held).
@@ -236,6 +255,16 @@ impl Core {
         }
         if let Some(s) = session {
             for k in self.table.history_overflow(&s, BASH_HISTORY) {
+                // What it left still lives while its session does (PROTOCOL 14): the
+                // session remembers it, to end at its close.
+                let left = self
+                    .table
+                    .get(k)
+                    .filter(|p| super::sessions::left_processes(p))
+                    .map(|p| (k, p.id.clone()));
+                if let (Some(left), Some(sess)) = (left, self.table.sessions.get_mut(&s)) {
+                    sess.left.push(left);
+                }
                 self.drop_finished(k);
             }
         }
@@ -290,11 +319,25 @@ impl Core {
         self.end_tree(key);
     }
 
+    /// What an ended command left (PROTOCOL 14) is ended: SIGTERM to what is left of its
+    /// group now, SIGKILL to its cgroup and whatever carries its cookie after the grace
+    /// (`terminal/kill` of an exited terminal). A running command is left alone.
+    pub fn end_leftovers(&mut self, key: Key) {
+        if self.table.get(key).is_some_and(|p| !p.running()) {
+            self.end_tree(key);
+        }
+    }
+
     /// SIGTERM to a tree now, SIGKILL to what is left after the grace.
     pub(super) fn end_tree(&mut self, key: Key) {
         let Some(id) = self.table.get(key).map(|p| p.id.clone()) else {
             return;
         };
+        self.end_tree_of(key, id);
+    }
+
+    /// `end_tree` of command `id` (`key`), which may be forgotten already.
+    pub(super) fn end_tree_of(&mut self, key: Key, id: String) {
         self.out.push(Effect::End {
             key,
             id: id.clone(),
@@ -304,18 +347,28 @@ impl Core {
             .add(self.now + self.cfg.kill_grace, Timer::Escalate(key, id));
     }
 
-    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command.
+    /// A signal from `bash/kill` (or `terminal/kill` with one) to a running command; to
+    /// an ended one, only SIGKILL does anything: it kills what that command left.
     pub fn signal(&mut self, key: Key, sig: i32) {
         let Some(p) = self.table.get_mut(key) else {
             return;
         };
         if !p.running() {
+            // SIGKILL to an ended command kills what it left, at once (PROTOCOL 5, 14).
+            if sig == libc::SIGKILL {
+                let id = p.id.clone();
+                self.out.push(Effect::End {
+                    key,
+                    id,
+                    stage: Stage::Kill,
+                });
+            }
             return;
         }
         if sig != libc::SIGSTOP && sig != libc::SIGCONT {
             p.signalled = true;
         }
-        self.log.line(format_args!(
+        self.log.debug(format_args!(
             "{} sent {}",
             p.id,
             crate::types::signal_name(sig)
@@ -344,7 +397,7 @@ impl Core {
         for s in &mut p.streams {
             s.open = false;
         }
-        self.log.line(format_args!("{} released", p.id));
+        self.log.debug(format_args!("{} released", p.id));
         let fields = json!({ "id": p.id });
         let peer = p.peer;
         self.record("release", Some(peer), fields);
@@ -597,6 +650,44 @@ mod tests {
         assert!(c.table.get(k).is_none());
         later(&mut c, Duration::from_secs(2));
         assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+    }
+
+    #[test]
+    fn a_kill_of_an_exited_command_ends_its_leftovers_and_sigkill_does_at_once() {
+        let mut c = core();
+        let k = terminal(&mut c);
+        c.exited(k, Ended::Code(0), Usage::default(), None);
+        std::mem::take(&mut c.out);
+        c.end_leftovers(k);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Term)]);
+        later(&mut c, Duration::from_secs(2));
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+        c.signal(k, libc::SIGKILL);
+        assert_eq!(ends(&mut c), vec![(k, Stage::Kill)]);
+        c.signal(k, libc::SIGTERM);
+        assert!(ends(&mut c).is_empty(), "other signals reach nothing");
+        assert_eq!(c.table.get(k).unwrap().status(), "completed");
+    }
+
+    #[test]
+    fn the_start_line_names_the_uid_the_command_runs_as() {
+        let mut c = core();
+        let req = request(
+            Family::Terminal {
+                session_id: "s".into(),
+            },
+            Stdio3::Merged,
+        );
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, 4242, 65534);
+        let (key, id) = c.table.next_ids("term");
+        c.started(&req, key, id, 4243, 1000);
+        let log = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        assert!(
+            log.contains("pid 4242 uid 65534 (for peer uid 1000) cwd"),
+            "{log}"
+        );
+        assert!(log.contains("pid 4243 uid 1000 cwd"), "{log}");
     }
 
     /// The final stage names the command, whose cookie the loop sweeps for, even when the

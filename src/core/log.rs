@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
+pub use crate::types::Level;
 use crate::wire::encode::{rfc3339, write_json, write_json_str};
 use crate::wire::state::{
     BlobsIn, BlobsOut, Clock, LogImage, QueueImage, RefusalImage, StateError,
@@ -299,6 +300,8 @@ struct Refusals {
 #[derive(Debug)]
 pub struct Log {
     pub queue: Queue,
+    /// Lines past this level are not kept (`--log-level`).
+    pub level: Level,
     stamp: bool,
     /// The wall clock as the loop last read it: what lines are stamped with.
     pub wall: SystemTime,
@@ -309,14 +312,38 @@ impl Log {
     pub fn new(stamp: bool) -> Log {
         Log {
             queue: Queue::new(QUEUE_BYTES, Kind::Log),
+            level: Level::default(),
             stamp,
             wall: SystemTime::UNIX_EPOCH,
             refusals: Default::default(),
         }
     }
 
-    /// Queues one log line.
+    /// Queues one log line (level `info`).
     pub fn line(&mut self, args: std::fmt::Arguments) {
+        self.at(Level::Info, args);
+    }
+
+    /// Queues one log line of level `error`.
+    pub fn error(&mut self, args: std::fmt::Arguments) {
+        self.at(Level::Error, args);
+    }
+
+    /// Queues one log line of level `warn`.
+    pub fn warn(&mut self, args: std::fmt::Arguments) {
+        self.at(Level::Warn, args);
+    }
+
+    /// Queues one log line of level `debug`.
+    pub fn debug(&mut self, args: std::fmt::Arguments) {
+        self.at(Level::Debug, args);
+    }
+
+    /// Queues one log line of `level`, if `--log-level` keeps it.
+    pub fn at(&mut self, level: Level, args: std::fmt::Arguments) {
+        if level > self.level {
+            return;
+        }
         let text = format!(
             "{}execd: {args}\n",
             stamp_prefix(self.stamp.then_some(self.wall))
@@ -350,11 +377,11 @@ impl Log {
         }
         r.in_window += 1;
         if let Some(n) = note {
-            self.line(format_args!(
+            self.warn(format_args!(
                 "{n} more refusal(s) of {kind} were not logged"
             ));
         }
-        self.line(args);
+        self.warn(args);
     }
 
     #[cfg(test)]
@@ -394,6 +421,8 @@ impl Log {
     ) -> Result<Log, StateError> {
         Ok(Log {
             queue: Queue::resume(&img.queue, blobs, Kind::Log)?,
+            // The core that takes it sets it from the flags (`Core::new`).
+            level: Level::default(),
             stamp,
             wall: SystemTime::UNIX_EPOCH,
             refusals: img

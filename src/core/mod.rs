@@ -230,6 +230,9 @@ pub struct Core {
     pub approvals: Approvals,
     /// The shell sessions (PROTOCOL 12.2).
     pub shells: shell::Shells,
+    /// Sessions the daemon closed by itself (idle, or to make room), for a call naming
+    /// one again (PROTOCOL 8).
+    pub closed: sessions::ClosedSessions,
     /// How commands are contained, as `initialize` says.
     pub containment: Containment,
     /// What the daemon knows about sandboxes (PROTOCOL 16).
@@ -252,6 +255,7 @@ pub struct Core {
 impl Core {
     pub fn new(cfg: Config, now: Instant, wall: SystemTime, mut log: Log) -> Core {
         log.wall = wall;
+        log.level = cfg.log_level;
         let (audit, audit_to_log) = match &cfg.audit {
             None => (None, false),
             Some(crate::config::AuditTarget::Stderr) => (None, true),
@@ -280,6 +284,7 @@ impl Core {
             policy: Policy::default(),
             approvals: Approvals::default(),
             shells: shell::Shells::default(),
+            closed: sessions::ClosedSessions::default(),
             containment: Containment::default(),
             sandboxing: confine::Sandboxing::default(),
             nofile: 1024,

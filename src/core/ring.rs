@@ -169,6 +169,25 @@ impl Ring {
         freed
     }
 
+    /// Gives back all but `keep` bytes of the ring's memory (nothing when it holds no
+    /// more): the newest `keep` bytes stay, the older ones count as dropped. Returns the
+    /// bytes freed. A ring left full is fixed at its new size, as a wrapped one is.
+    pub fn shrink_to(&mut self, keep: usize) -> usize {
+        let had = self.buf.capacity();
+        if keep >= had {
+            return 0;
+        }
+        let from = self.end - (self.retained().min(keep) as u64);
+        let mut buf = Vec::with_capacity(keep);
+        let (a, b) = self.slices(from, self.end);
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b);
+        self.base = from;
+        self.wrapped = buf.len() == buf.capacity() && !buf.is_empty();
+        self.buf = buf;
+        had.saturating_sub(self.buf.capacity())
+    }
+
     /// Index in `buf` of retained offset `o`.
     fn index(&self, o: u64) -> usize {
         let rel = o - self.base;
@@ -350,6 +369,42 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_shrunk_keeps_its_newest_bytes_and_counts_the_rest_dropped() {
+        for wrap in [false, true] {
+            let mut r = Ring::new(64);
+            r.grow(64);
+            r.append(&[b'a'; 40]);
+            if wrap {
+                r.append(&[b'b'; 40]); // wraps: 64 retained, 16 dropped
+            }
+            let end = r.end();
+            assert_eq!(r.shrink_to(16), 48);
+            assert_eq!(r.committed(), 16);
+            assert_eq!((r.start(), r.end()), (end - 16, end));
+            let last = if wrap { "b" } else { "a" };
+            assert_eq!(r.text(r.start(), end), last.repeat(16));
+            // Full at its new size: it wraps there, and reads stay right.
+            r.append(b"0123456789");
+            assert_eq!(r.end(), end + 10);
+            assert_eq!(r.retained(), 16);
+            assert_eq!(
+                r.text(r.start(), r.end()),
+                format!("{}0123456789", last.repeat(6))
+            );
+            assert_eq!(r.shrink_to(32), 0, "never grows");
+        }
+        // Holding less than it keeps: the storage shrinks, the bytes all stay.
+        let mut r = Ring::new(1 << 20);
+        r.grow(1 << 16);
+        r.append(b"short");
+        assert_eq!(r.shrink_to(4096), (1 << 16) - 4096);
+        assert_eq!(r.text(r.start(), r.end()), "short");
+        assert_eq!(r.start(), 0);
+        r.append(b" and more");
+        assert_eq!(r.text(0, r.end()), "short and more");
+    }
 
     #[test]
     fn a_ring_granted_nothing_drops_bytes_and_grows_later() {

@@ -302,6 +302,13 @@ pub struct Proc {
     /// Bytes its record holds besides output (command line, cwd, ids), counted in the
     /// output memory budget while it is kept (PROTOCOL 8).
     pub meta: usize,
+    /// When its leader exited, processes of its tree were still alive (its group or cgroup
+    /// had members, or a pipe was held open): what it left lives while its session does
+    /// (PROTOCOL 14), and keeps a one-shot session its full idle time (PROTOCOL 8).
+    pub lingers: bool,
+    /// Said in its `bash/exec` answer: its session had been closed by the daemon and was
+    /// started again for it (PROTOCOL 8).
+    pub notice: Option<String>,
 }
 
 impl Proc {
@@ -368,6 +375,16 @@ pub struct BashSession {
     /// Commands in start order (finished ones beyond the history limit are dropped).
     pub commands: VecDeque<Key>,
     pub command_count: u64,
+    /// Made by a request that named no session and never named by a later call: the
+    /// first to go at `--max-sessions`, and idle after a sixth of `--session-idle`
+    /// (PROTOCOL 8).
+    pub oneshot: bool,
+    /// The daemon had closed a session of this name (idle or to make room) and this one
+    /// was made again in its place: what the call that made it answers, taken once.
+    pub reopened: Option<String>,
+    /// Commands dropped from its history whose trees still had members: what they left
+    /// ends when the session closes (PROTOCOL 14).
+    pub left: Vec<(Key, String)>,
 }
 
 /// Output memory held: committed ring storage, in all and per owner.
@@ -817,16 +834,6 @@ impl Table {
             now.saturating_duration_since(s.last_used) >= idle && !self.session_busy(key)
         })
     }
-
-    /// The least recently used session of `owner` that runs nothing: the one to evict at
-    /// the cap.
-    pub fn lru_quiet_session(&self, owner: u32) -> Option<SessionKey> {
-        self.sessions
-            .iter()
-            .filter(|(k, _)| k.0 == owner && !self.session_busy(k))
-            .min_by_key(|(k, s)| (s.last_used, (*k).clone()))
-            .map(|(k, _)| k.clone())
-    }
 }
 
 impl Table {
@@ -937,6 +944,8 @@ mod tests {
             drained: false,
             read_out: [false; 2],
             meta: 0,
+            lingers: false,
+            notice: None,
         });
         key
     }
@@ -969,6 +978,9 @@ mod tests {
                 last_used_wall: crate::types::test_clock().1,
                 commands: VecDeque::new(),
                 command_count: 0,
+                oneshot: false,
+                reopened: None,
+                left: Vec::new(),
             },
         );
         key
@@ -1126,14 +1138,6 @@ mod tests {
         assert!(t.session_idle(&a, at, idle));
         assert!(!t.session_idle(&b, at, idle));
         assert!(!t.session_idle(&c, at, idle));
-        // The least recently used session running nothing is "a", never the busy "c",
-        // and never another owner's.
-        let other = session(&mut t, "z", 2, t0 - Duration::from_secs(1));
-        assert_eq!(t.lru_quiet_session(1), Some(a.clone()));
-        t.sessions.remove(&a);
-        assert_eq!(t.lru_quiet_session(1), Some(b));
-        assert_eq!(t.lru_quiet_session(2), Some(other));
-        assert_eq!(t.lru_quiet_session(3), None);
     }
 
     #[test]

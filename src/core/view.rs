@@ -28,7 +28,7 @@ pub fn usage_meta(p: &Proc) -> Value {
         "durationMs": p.duration().as_millis() as u64,
         "userMs": e.usage.user.as_millis() as u64,
         "systemMs": e.usage.system.as_millis() as u64,
-        "maxRssKb": e.usage.max_rss_kb,
+        "maxRssKb": max_rss_kb(e),
     });
     if let Some(t) = e.tree {
         if let Some(ms) = t.cpu_ms {
@@ -42,6 +42,17 @@ pub fn usage_meta(p: &Proc) -> Value {
         }
     }
     v
+}
+
+/// The command's peak memory in KiB: its cgroup's `memory.peak` where there is one (the
+/// whole tree), else the kernel's `ru_maxrss` of its leader and the children it waited
+/// for. That one is at least the daemon's own high-water mark: the kernel counts, at an
+/// `execve`, the memory of the image it replaces, and a command is cloned sharing the
+/// daemon's memory until it execs (execd(8), "OUTPUT MEMORY").
+pub fn max_rss_kb(e: &crate::core::table::Exit) -> u64 {
+    e.tree
+        .and_then(|t| t.memory_peak_kb)
+        .unwrap_or(e.usage.max_rss_kb)
 }
 
 /// Whether the OOM killer took part of the command's tree.
@@ -127,5 +138,35 @@ mod tests {
         assert_eq!(cut_middle("aébcdéf", 4), "a[... 7 bytes left out ...]f");
         let line = format!("{}\nrm -rf V", "#".repeat(17 << 10));
         assert!(cut_middle(&line, 16 << 10).ends_with("\nrm -rf V"));
+    }
+
+    #[test]
+    fn max_rss_is_the_cgroup_s_peak_where_there_is_one() {
+        let usage = crate::types::Usage {
+            max_rss_kb: 11020,
+            ..Default::default()
+        };
+        let mut e = crate::core::table::Exit {
+            ended: Ended::Code(0),
+            usage,
+            tree: None,
+            at: crate::types::test_clock().0,
+        };
+        assert_eq!(max_rss_kb(&e), 11020);
+        e.tree = Some(crate::types::TreeUsage {
+            cpu_ms: None,
+            memory_peak_kb: Some(212),
+            oom_killed: false,
+        });
+        assert_eq!(max_rss_kb(&e), 212);
+        e.tree = Some(crate::types::TreeUsage {
+            memory_peak_kb: None,
+            ..e.tree.unwrap()
+        });
+        assert_eq!(
+            max_rss_kb(&e),
+            11020,
+            "a cgroup without the memory controller"
+        );
     }
 }

@@ -56,6 +56,8 @@ pub struct ShellExec {
     pub session_id: String,
     /// The session did not exist when it was asked for: the line creates it, in `dir`.
     pub creates: bool,
+    /// The request named no session: the one it creates is one-shot (PROTOCOL 8).
+    pub unnamed: bool,
     pub dir: PathBuf,
     pub async_mode: bool,
     /// Soft timeout: answer `running` after it (synchronous only).

@@ -425,6 +425,8 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         });
     }
     core.kill(key, KillReason::Request);
+    // An exited terminal's leftovers die with it (PROTOCOL 14).
+    core.end_leftovers(key);
     Ok(Step::Park {
         wait: Wait::Killed(key),
         deadline: None,

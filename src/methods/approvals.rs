@@ -35,7 +35,8 @@ pub fn subscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, 
         }
     }
     core.approvals.approvers.insert(caller.conn, approver);
-    Ok(Step::Done(json!({})))
+    // Without a policy nothing ever asks: the approver is told rather than left waiting.
+    Ok(Step::Done(json!({ "policy": core.cfg.policy.is_some() })))
 }
 
 /// `approvals/unsubscribe {}`.

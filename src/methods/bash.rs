@@ -82,6 +82,9 @@ pub fn exec_result(p: &Proc, max_len: usize) -> Value {
     if p.running() {
         v.insert("waiting_for_input".into(), p.waiting_for_input.into());
     }
+    if let Some(n) = &p.notice {
+        v.insert("notice".into(), n.clone().into());
+    }
     v.insert("offset".into(), offset.into());
     v.insert("stderr_offset".into(), stderr_offset.into());
     Value::Object(v)
@@ -316,14 +319,19 @@ pub fn after_exec(
             return Err(e);
         }
     };
-    if let After::BashExec {
-        exec_dir: Some(dir),
-        ..
-    } = &req.after
-    {
-        let session = (req.peer.uid, req.family.session_id().to_string());
-        if let Some(s) = core.table.sessions.get_mut(&session) {
+    let session = (req.peer.uid, req.family.session_id().to_string());
+    if let Some(s) = core.table.sessions.get_mut(&session) {
+        if let After::BashExec {
+            exec_dir: Some(dir),
+            ..
+        } = &req.after
+        {
             s.workdir = dir.clone();
+        }
+        // The command that made its session again says so in its answer.
+        let notice = s.reopened.take();
+        if let Some(p) = core.table.get_mut(key) {
+            p.notice = notice;
         }
     }
     if let Some(h) = hard_timeout {
@@ -435,9 +443,9 @@ pub fn kill(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     })?
     .ok_or_else(|| RpcError::invalid_state(format!("no command in session {}", session.1)))?;
     let running = core.table.get(key).is_some_and(|p| p.running());
-    if running {
-        core.signal(key, sig);
-    }
+    // Sent to an ended command, only SIGKILL does anything: it kills what the command
+    // left (PROTOCOL 14).
+    core.signal(key, sig);
     if !running || sig == libc::SIGSTOP || sig == libc::SIGCONT {
         let p = core
             .table
@@ -512,7 +520,16 @@ pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<St
         _ => None,
     };
     let key = core.open_session(caller.uid, requested, dir, true)?;
-    Ok(Step::Done(session_info(core, &core.table.sessions[&key])))
+    let notice = core
+        .table
+        .sessions
+        .get_mut(&key)
+        .and_then(|s| s.reopened.take());
+    let mut answer = session_info(core, &core.table.sessions[&key]);
+    if let Some(n) = notice {
+        answer["notice"] = n.into();
+    }
+    Ok(Step::Done(answer))
 }
 
 /// `bash/sessions/close`: kills its running commands and frees it.
@@ -520,7 +537,7 @@ pub fn close_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<Ste
     let id = p.str("session_id")?;
     let key = (caller.uid, id.to_string());
     if !core.table.sessions.contains_key(&key) {
-        return Err(RpcError::not_found("session", id));
+        return Err(core.session_gone(false, caller.uid, id));
     }
     core.close_session(&key);
     Ok(Step::Done(json!({})))

@@ -30,14 +30,15 @@ fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s)
 }
 
-/// The caller's session `id` (which must exist), counted as used.
+/// The caller's session `id` (which must exist, else `-32002` saying whether the daemon
+/// closed it), counted as used and named.
 fn existing(core: &mut Core, caller: &Caller, p: &Params) -> Result<SessionKey, RpcError> {
     let id = p.str("id")?;
     let key = (caller.uid, id.to_string());
     if !core.shells.map.contains_key(&key) {
-        return Err(RpcError::not_found("shell session", id));
+        return Err(core.session_gone(true, caller.uid, id));
     }
-    core.touch_shell(&key);
+    core.name_shell(&key);
     Ok(key)
 }
 
@@ -129,6 +130,9 @@ fn exec_result(core: &Core, key: &SessionKey, seq: u64, truncate: bool) -> Resul
     );
     if !r.done() {
         v.insert("waiting_for_input".into(), r.waiting_for_input.into());
+    }
+    if let Some(n) = &r.notice {
+        v.insert("notice".into(), n.clone().into());
     }
     Ok(Value::Object(v))
 }
@@ -270,7 +274,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     };
     let key = (caller.uid, id.clone());
     if !creates {
-        core.touch_shell(&key);
+        core.name_shell(&key);
     }
     // What the gate and an approver see as its directory: where it will run.
     let session_dir = core
@@ -282,6 +286,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let exec = ShellExec {
         session_id: id.clone(),
         creates,
+        unnamed: requested.is_none(),
         // A new session's shell starts in the session's directory; its first line enters
         // `exec_dir` for good (and a missing one is the line's to report, strict or not).
         dir: session_dir,
@@ -366,7 +371,7 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
         None if exec.creates => {
             core.open_shell(
                 key.0,
-                &key.1,
+                (&key.1, exec.unnamed),
                 exec.dir.clone(),
                 launch.peer,
                 (
@@ -389,7 +394,7 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
             fresh = true;
         }
         // Closed while its line waited for an approver.
-        None => return Err(RpcError::not_found("shell session", &key.1)),
+        None => return Err(core.session_gone(true, key.0, &key.1)),
     }
     let (id, decision, rule) = match &launch.admitted {
         Some(a) => (a.id.clone(), a.decision, a.rule.clone()),
@@ -474,7 +479,18 @@ pub fn after_start(
     }
     core.shell_started(&key, key_started, req.origin.clone());
     match then {
-        ShellThen::Create => Ok(Step::Done(created(core, &key)?)),
+        ShellThen::Create => {
+            let notice = core
+                .shells
+                .map
+                .get_mut(&key)
+                .and_then(|s| s.reopened.take());
+            let mut answer = created(core, &key)?;
+            if let Some(n) = notice {
+                answer["notice"] = n.into();
+            }
+            Ok(Step::Done(answer))
+        }
         ShellThen::Exec(exec, seq) => exec_step(core, &key, *seq, exec),
         ShellThen::Restart { .. } => Ok(Step::Done(json!({}))),
     }
@@ -510,7 +526,7 @@ fn start_failed(
             }
         }
         ShellThen::Restart { .. } => {
-            core.log.line(format_args!(
+            core.log.warn(format_args!(
                 "the shell of session {:?} could not be started again: {}",
                 key.1, e.message
             ));
@@ -652,7 +668,7 @@ pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<St
                     .unwrap_or_else(crate::policy::sandbox::Given::off);
                 core.same_as_session(caller.uid, &session, asked)?;
             }
-            core.touch_shell(&key);
+            core.name_shell(&key);
             return Ok(Step::Done(created(core, &key)?));
         }
     }
@@ -668,7 +684,7 @@ pub fn create_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<St
     };
     let key = core.open_shell(
         caller.uid,
-        &id,
+        (&id, false),
         dir,
         caller.peer(),
         (no_change_timeout, keep),
@@ -739,7 +755,7 @@ pub fn close_session(core: &mut Core, caller: &Caller, p: &Params) -> Result<Ste
     let id = p.str("id")?;
     let key = (caller.uid, id.to_string());
     if !core.shells.map.contains_key(&key) {
-        return Err(RpcError::not_found("shell session", id));
+        return Err(core.session_gone(true, caller.uid, id));
     }
     core.close_shell(&key);
     Ok(Step::Done(json!({ "session_id": id })))

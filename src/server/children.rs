@@ -1003,6 +1003,9 @@ impl Children {
         }
         self.inputs.remove(&key);
         let tree = self.contain.leader_exited(key);
+        if self.contain.holds(key) {
+            core.lingers(key);
+        }
         core.exited(key, ended, usage, tree);
     }
 }

@@ -275,7 +275,7 @@ impl Clients {
         let Some(req) = req else { return };
         if let Err(e) = &result {
             if e.code == rpc::INTERNAL_ERROR {
-                core.log.line(format_args!(
+                core.log.error(format_args!(
                     "internal error answered to conn {}: {}",
                     token.0, e.message
                 ));

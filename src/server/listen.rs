@@ -92,7 +92,7 @@ impl Listeners {
         }
         if socket_file.is_some() {
             for warning in access_warnings(cfg) {
-                log.line(format_args!("warning: {warning}"));
+                log.warn(format_args!("warning: {warning}"));
             }
         }
         Ok(Listeners {
@@ -335,7 +335,7 @@ impl HttpFront {
                 peer.uid
             ));
             if matches!(auth, http::Auth::Open) {
-                log.line(format_args!(
+                log.warn(format_args!(
                     "warning: --http-no-auth: any local process that reaches {addr} runs \
                      commands as uid {}",
                     peer.uid

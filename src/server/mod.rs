@@ -361,10 +361,13 @@ impl Server {
         Ok(())
     }
 
-    /// The start-up line: where the daemon listens and how it contains commands.
+    /// The start-up line: where the daemon listens and how it contains commands, short;
+    /// without cgroups, a second line says why and how to get them (what still escapes
+    /// is for `initialize`, `execctl status` and execd(8), not every start).
     fn log_listening(&mut self) {
+        let (containment, why) = self.children.contain.summary();
         self.core.log.line(format_args!(
-            "listening on {}{} (pid {}), containment: {}",
+            "listening on {}{} (pid {}), containment: {containment}",
             self.core.cfg.socket.display(),
             if self.listeners.socket_file.is_none() {
                 ", passed by systemd"
@@ -372,8 +375,10 @@ impl Server {
                 ""
             },
             std::process::id(),
-            self.children.contain.describe()
         ));
+        if let Some(why) = why {
+            self.core.log.line(format_args!("{why}"));
+        }
     }
 
     /// What `STATUS=` says: clients and running commands.

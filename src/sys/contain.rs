@@ -160,6 +160,24 @@ impl Contain {
         }
     }
 
+    /// What is in use, short (the log's start line): the cgroup tree, or process groups
+    /// with the cookie; and, without cgroups, why and how to get them (nothing more when
+    /// the operator chose it: `--cgroup off`).
+    pub fn summary(&self) -> (String, Option<String>) {
+        match (&self.cgroups, &self.fallback) {
+            (Some(c), _) => (
+                format!("cgroup {} + the EXECD_TREE cookie", c.tree.root().display()),
+                None,
+            ),
+            (None, why) => (
+                "process groups + the EXECD_TREE cookie".to_string(),
+                why.as_ref()
+                    .filter(|w| !matches!(w, Fallback::Off))
+                    .map(|w| format!("no cgroups: {w}")),
+            ),
+        }
+    }
+
     /// This run's instance, as every command's cookie names it.
     pub fn instance(&self) -> String {
         self.cookies.instance().to_string()
@@ -275,6 +293,12 @@ impl Contain {
             self.lingering.insert(key);
         }
         usage
+    }
+
+    /// Whether `key`'s tree is still held: its leader runs, or its group or cgroup had
+    /// members when last looked at.
+    pub fn holds(&self, key: Key) -> bool {
+        self.holds.contains_key(&key)
     }
 
     /// A re-parented descendant was reaped: groups that lost their last member are

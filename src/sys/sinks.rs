@@ -382,7 +382,7 @@ impl Sinks {
             match sink.write(q, registry) {
                 Some(Drained::Failed { lost, error }) if !sink.failing => {
                     sink.failing = true;
-                    log.line(format_args!(
+                    log.error(format_args!(
                         "audit file: {error}; {lost} record(s) lost, and records are counted \
                          until it takes them again"
                     ));

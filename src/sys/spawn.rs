@@ -694,16 +694,23 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         );
         // As execvp searches PATH: a path that is not there (or not a directory) passes
         // to the next; one that may not be run is remembered; anything else is the answer.
-        let mut denied = false;
+        // A directory is remembered apart (the kernel says EACCES for it too): when
+        // nothing else was found, the answer is that it is one (`run -- /tmp`).
+        let (mut denied, mut directory) = (false, false);
         for &path in std::slice::from_raw_parts(plan.paths, plan.npaths) {
             let r = sys!(libc::SYS_execve, path, plan.argv, plan.envp);
             match (-r) as i32 {
                 libc::ENOENT | libc::ENOTDIR => {}
+                libc::EACCES if is_directory(path) => directory = true,
                 libc::EACCES => denied = true,
                 _ => return fail(FAILED_EXEC, r),
             }
         }
-        let err = if denied { libc::EACCES } else { libc::ENOENT };
+        let err = match (denied, directory) {
+            (true, _) => libc::EACCES,
+            (false, true) => libc::EISDIR,
+            (false, false) => libc::ENOENT,
+        };
         fail(FAILED_EXEC, -(err as isize))
     }
 }
@@ -946,6 +953,27 @@ unsafe fn under(root: (u64, u64)) -> Result<(), (libc::c_int, isize)> {
     // SAFETY: closing what this function opened.
     unsafe { sys!(libc::SYS_close, cur) };
     Err((FAILED_OUTSIDE, -(libc::EXDEV as isize)))
+}
+
+/// Whether `path` (a NUL-terminated path) names a directory, by a raw `newfstatat`.
+///
+/// # Safety
+/// Raw system calls only, allocation-free (the stat buffer is on the stack); for the
+/// child between clone and exec. `path` must point to a NUL-terminated string.
+unsafe fn is_directory(path: *const libc::c_char) -> bool {
+    // SAFETY: `st` is a plain C struct the kernel fills; zeroed is a valid value of it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a raw system call on a NUL-terminated path and a buffer of the right size.
+    let r = unsafe {
+        sys!(
+            libc::SYS_newfstatat,
+            libc::AT_FDCWD,
+            path,
+            &mut st as *mut libc::stat,
+            0
+        )
+    };
+    r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 /// Closes every descriptor from `first` up except the ones in `keep` (`-1` keeps nothing),

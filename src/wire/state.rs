@@ -296,6 +296,25 @@ pub struct CoreImage {
     pub approvals: ApprovalsImage,
     pub shells: ShellsImage,
     pub input_watch: bool,
+    /// Sessions the daemon closed by itself, per owner oldest first, for a call naming
+    /// one again (PROTOCOL 8).
+    #[serde(default)]
+    pub closed: Vec<ClosedImage>,
+}
+
+/// A session the daemon closed by itself (`core::sessions::Closed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClosedImage {
+    pub owner: u32,
+    pub shell: bool,
+    pub id: String,
+    /// Wall time it was closed.
+    pub at: i64,
+    /// Closed for idleness after this long (else to make room).
+    pub idle_ns: Option<u64>,
+    /// Closed to make room at this `--max-sessions`.
+    pub room: Option<usize>,
 }
 
 /// A timer of the core, with what it does when due.
@@ -455,6 +474,12 @@ pub struct ProcImage {
     pub drained: bool,
     pub read_out: [bool; 2],
     pub meta: usize,
+    /// Its tree had members when its leader exited.
+    #[serde(default)]
+    pub lingers: bool,
+    /// What its `bash/exec` answer says: its session was made again.
+    #[serde(default)]
+    pub notice: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -576,6 +601,15 @@ pub struct SessionImage {
     pub last_used_wall: i64,
     pub commands: Vec<u64>,
     pub command_count: u64,
+    /// Made by a request that named no session, never named since.
+    #[serde(default)]
+    pub oneshot: bool,
+    /// The notice its creator's answer has not taken yet.
+    #[serde(default)]
+    pub reopened: Option<String>,
+    /// Commands dropped from its history that left processes: (key, id).
+    #[serde(default)]
+    pub left: Vec<(u64, String)>,
 }
 
 /// A queue of whole lines waiting for their target (`core::log::Queue`).
@@ -729,6 +763,8 @@ pub enum AfterImage {
 pub struct ShellExecImage {
     pub session_id: String,
     pub creates: bool,
+    #[serde(default)]
+    pub unnamed: bool,
     pub dir: Bytes,
     pub async_mode: bool,
     pub timeout_ns: Option<u64>,
@@ -808,6 +844,10 @@ pub struct ShellSessionImage {
     pub waiters: Vec<u64>,
     /// Its shells that died, kept for their records' output.
     pub old: Vec<u64>,
+    #[serde(default)]
+    pub oneshot: bool,
+    #[serde(default)]
+    pub reopened: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -846,6 +886,8 @@ pub struct RecordImage {
     pub waiting_for_input: bool,
     pub no_dir: bool,
     pub note: Option<String>,
+    #[serde(default)]
+    pub notice: Option<String>,
     /// Input written before it started.
     pub input: Blob,
     pub bytes: usize,
@@ -1368,6 +1410,7 @@ mod tests {
                     secret: Bytes(vec![7; 32]),
                 },
                 input_watch: false,
+                closed: vec![],
             },
             server: ServerImage {
                 next_token: 9,

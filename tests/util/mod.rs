@@ -302,12 +302,20 @@ pub fn group_runs(pgid: i32, comm: &str) -> bool {
 /// Whether a live process of the session led by `leader` runs the program named `comm`:
 /// a job a shell in its own terminal session (a shell session's bash) has started.
 pub fn session_runs(leader: i32, comm: &str) -> bool {
-    all_pids().into_iter().any(|pid| {
-        stat_fields(pid)
-            .is_some_and(|f| is_live(&f) && f.get(3).and_then(|s| s.parse().ok()) == Some(leader))
-            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+    !in_session(leader, comm).is_empty()
+}
+
+/// The live processes of the session led by `leader` that run the program named `comm`.
+pub fn in_session(leader: i32, comm: &str) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&pid| {
+            stat_fields(pid).is_some_and(|f| {
+                is_live(&f) && f.get(3).and_then(|s| s.parse().ok()) == Some(leader)
+            }) && std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|c| c.trim_end() == comm)
-    })
+        })
+        .collect()
 }
 
 /// Resident set size of a process in KiB.
@@ -387,8 +395,10 @@ pub fn in_ci() -> bool {
 
 /// A test cannot run here because `why`; the caller returns after this. In CI that fails
 /// the test, since CI must provide what the test needs and a skip there would pass
-/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` on stderr
-/// (`cargo test -- --nocapture` shows it).
+/// without testing anything. Elsewhere it says `SKIPPED <test>: <why>` in one line on
+/// the terminal of a plain `cargo test`: written to file descriptor 2 itself, past
+/// libtest's capture (which takes only what `print!` and `eprint!` write), so a skip
+/// never passes unseen as a success.
 #[track_caller]
 pub fn skip(why: &str) {
     let here = std::panic::Location::caller();
@@ -398,7 +408,14 @@ pub fn skip(why: &str) {
         !in_ci(),
         "{test} ({here}) cannot run under CI=true: {why}; CI must provide it"
     );
-    eprintln!("SKIPPED {test}: {why}");
+    skipped(&format!("{test}: {why}"));
+}
+
+/// Says `SKIPPED <what>` in one line, on the terminal of a plain `cargo test` (see `skip`).
+pub fn skipped(what: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED {what}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Whether each of `tools` is on `PATH`: programs beyond bash, coreutils, util-linux,

@@ -66,6 +66,7 @@ pub fn exec_image(e: &ShellExec) -> ShellExecImage {
     ShellExecImage {
         session_id: e.session_id.clone(),
         creates: e.creates,
+        unnamed: e.unnamed,
         dir: Bytes::of_os(e.dir.as_os_str()),
         async_mode: e.async_mode,
         timeout_ns: e.timeout.map(ns),
@@ -80,6 +81,7 @@ pub fn exec_of(e: &ShellExecImage) -> ShellExec {
     ShellExec {
         session_id: e.session_id.clone(),
         creates: e.creates,
+        unnamed: e.unnamed,
         dir: PathBuf::from(e.dir.to_os()),
         async_mode: e.async_mode,
         timeout: e.timeout_ns.map(Duration::from_nanos),
@@ -159,6 +161,7 @@ fn record_image(r: &Record, clock: &Clock, blobs: &mut BlobsOut) -> RecordImage 
         waiting_for_input: r.waiting_for_input,
         no_dir: r.no_dir,
         note: r.note.clone(),
+        notice: r.notice.clone(),
         input: blobs.put(&r.input),
         bytes: r.bytes,
     }
@@ -196,6 +199,7 @@ fn record_of(r: &RecordImage, clock: &Clock, blobs: &BlobsIn) -> Result<Record, 
         waiting_for_input: r.waiting_for_input,
         no_dir: r.no_dir,
         note: r.note.clone(),
+        notice: r.notice.clone(),
         input: blobs.get(r.input)?.to_vec(),
         timers: Vec::new(),
         bytes: r.bytes,
@@ -248,6 +252,8 @@ impl Shells {
                     sandbox: s.sandbox.as_ref().map(|g| g.to_json()),
                     waiters: s.waiters.iter().map(|w| w.0).collect(),
                     old: s.old.iter().map(|k| k.0).collect(),
+                    oneshot: s.oneshot,
+                    reopened: s.reopened.clone(),
                 }
             })
             .collect();
@@ -321,6 +327,8 @@ impl Shells {
                 idle_timer: None,
                 waiters: s.waiters.iter().copied().map(ParkId).collect(),
                 old: s.old.iter().copied().map(Key).collect(),
+                oneshot: s.oneshot,
+                reopened: s.reopened.clone(),
             };
             shells.map.insert((s.owner, s.id.clone()), session);
         }
@@ -381,7 +389,7 @@ mod tests {
     fn a_shell_session_carried_by_an_upgrade_goes_on_the_same() {
         let mut c = testkit::core();
         let key = c
-            .open_shell(1000, "s", "/".into(), PEER, (None, false))
+            .open_shell(1000, ("s", false), "/".into(), PEER, (None, false))
             .expect("open");
         let mut req = testkit::request(
             crate::core::table::Family::Shell {

@@ -173,6 +173,9 @@ pub struct Record {
     pub no_dir: bool,
     /// What execd adds to its output (the shell died under it).
     pub note: Option<String>,
+    /// Said in its `exec` answer: its session had been closed by the daemon and was made
+    /// again for it (PROTOCOL 8).
+    pub notice: Option<String>,
     /// Input written before it started (`shell/write`): its terminal gets it at the start
     /// marker. At most `--stdin-buffer`.
     pub input: Vec<u8>,
@@ -237,6 +240,12 @@ pub struct ShellSession {
     pub waiters: Vec<super::table::ParkId>,
     /// Its shells that died, kept while a record's output is in their rings.
     pub old: Vec<Key>,
+    /// Made by an `exec` that named no session, and never named since: it may be closed
+    /// to make room, and is idle after a sixth of `--session-idle` (PROTOCOL 8).
+    pub oneshot: bool,
+    /// The daemon had closed a session of this name and this one was made again in its
+    /// place: what the call that made it answers, taken once.
+    pub reopened: Option<String>,
 }
 
 impl ShellSession {
@@ -393,13 +402,14 @@ impl Core {
         }
     }
 
-    /// A new shell session of `owner` named `id`, in `dir`, its shell not started yet.
-    /// Makes room at `--max-sessions` as bash sessions do (PROTOCOL 12.2: the two share
-    /// the count).
+    /// A new shell session of `owner` named `id`, in `dir`, its shell not started yet
+    /// (`oneshot`: the request named none). Makes room at `--max-sessions` as bash
+    /// sessions do (PROTOCOL 12.2: the two share the count). A name the daemon closed
+    /// keeps the notice for the call that made it again (`reopened`).
     pub fn open_shell(
         &mut self,
         owner: u32,
-        id: &str,
+        (id, oneshot): (&str, bool),
         dir: PathBuf,
         peer: Peer,
         (no_change_timeout, keep_symlinks): (Option<Duration>, bool),
@@ -409,10 +419,21 @@ impl Core {
             return Ok(key);
         }
         self.room_for_session(owner)?;
-        let t = self.timers.add(
-            self.now + self.cfg.session_idle,
-            Timer::ShellIdle(key.clone()),
-        );
+        let reopened = self.closed.take(owner, true, id).map(|c| {
+            self.log.line(format_args!(
+                "shell session {id:?} of uid {owner} made again ({})",
+                c.by.words()
+            ));
+            c.reopened()
+        });
+        let idle = if oneshot {
+            super::sessions::oneshot_idle(self.cfg.session_idle)
+        } else {
+            self.cfg.session_idle
+        };
+        let t = self
+            .timers
+            .add(self.now + idle, Timer::ShellIdle(key.clone()));
         self.shells.map.insert(
             key.clone(),
             ShellSession {
@@ -442,11 +463,22 @@ impl Core {
                 idle_timer: Some(t),
                 waiters: Vec::new(),
                 old: Vec::new(),
+                oneshot,
+                reopened,
             },
         );
         self.log
-            .line(format_args!("shell session {id:?} of uid {owner} opened"));
+            .debug(format_args!("shell session {id:?} of uid {owner} opened"));
         Ok(key)
+    }
+
+    /// A request named shell session `key`: it counts as use, and the session is a named
+    /// one from now on (never closed to make room, PROTOCOL 8).
+    pub fn name_shell(&mut self, key: &SessionKey) {
+        if let Some(s) = self.shells.map.get_mut(key) {
+            s.oneshot = false;
+        }
+        self.touch_shell(key);
     }
 
     /// Counts a request on a shell session as use.
@@ -531,6 +563,7 @@ impl Core {
             waiting_for_input: false,
             no_dir: false,
             note: None,
+            notice: s.reopened.take(),
             input: Vec::new(),
             timers: Vec::new(),
             bytes,
@@ -1103,7 +1136,7 @@ impl Core {
         self.end_members(key.0, shells, &session_ref);
         self.approvals.end_session(key.0, &session_ref);
         self.log
-            .line(format_args!("shell session {:?} closed", key.1));
+            .debug(format_args!("shell session {:?} closed", key.1));
         self.record(
             "session_close",
             None,
@@ -1111,22 +1144,29 @@ impl Core {
         );
     }
 
-    /// Timer: is shell session `key` idle (unused for `--session-idle`, nothing running)?
-    /// Then it is closed; else looked at again when it could be.
+    /// Timer: is shell session `key` idle (unused for `--session-idle`, or a sixth of it
+    /// for a one-shot session, and nothing running)? Then it is closed; else looked at
+    /// again when it could be.
     pub(super) fn shell_idle_check(&mut self, key: &SessionKey) {
-        let idle = self.cfg.session_idle;
         let now = self.now;
+        let full = self.cfg.session_idle;
         let Some(s) = self.shells.map.get_mut(key) else {
             return;
+        };
+        let idle = if s.oneshot {
+            super::sessions::oneshot_idle(full)
+        } else {
+            full
         };
         s.idle_timer = None;
         if !s.busy() && now.saturating_duration_since(s.last_used) >= idle {
             self.log.line(format_args!(
                 "shell session {:?} idle for {} s",
                 key.1,
-                idle.as_secs()
+                super::sessions::seconds(idle)
             ));
             self.close_shell(key);
+            self.closed_by_daemon(key, true, super::sessions::ClosedBy::Idle(idle));
             return;
         }
         let next = if s.busy() {
@@ -1164,7 +1204,7 @@ mod tests {
     /// A core with shell session `s` whose (fake) shell is started: its key.
     fn with_shell(c: &mut Core) -> (SessionKey, Key) {
         let key = c
-            .open_shell(1000, "s", "/".into(), PEER, (None, false))
+            .open_shell(1000, ("s", false), "/".into(), PEER, (None, false))
             .expect("open");
         let key2 = start_shell(c, &key);
         (key, key2)

@@ -38,6 +38,19 @@ pub struct RpcError {
     pub data: Option<Value>,
 }
 
+/// What decided, in words, from the `rule` a verdict names: `policy rule NAME`, or for
+/// the two decisions that are no rule, `the policy's default` (no rule matched) and `the
+/// policy's "unparsed" decision` (a line that is not a plain script).
+pub fn rule_words(rule: &str) -> String {
+    match rule {
+        "default" => "the policy's default (no rule matched)".to_string(),
+        "unparsed" => {
+            "the policy's \"unparsed\" decision (the line is not a plain script)".to_string()
+        }
+        name => format!("policy rule {name}"),
+    }
+}
+
 impl RpcError {
     pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError {
@@ -111,12 +124,12 @@ impl RpcError {
             data["justification"] = j.into();
         }
         let why = justification.map_or(String::new(), |j| format!(": {j}"));
-        RpcError::new(DENIED, format!("denied by policy rule {rule}{why}")).with_data(data)
+        RpcError::new(DENIED, format!("denied by {}{why}", rule_words(rule))).with_data(data)
     }
 
     pub fn not_approved(rule: &str, reason: &str, feedback: Option<String>) -> RpcError {
         let mut data = json!({ "rule": rule, "reason": reason });
-        let mut message = format!("not approved ({reason}; rule {rule})");
+        let mut message = format!("not approved ({reason}; {})", rule_words(rule));
         if let Some(f) = feedback {
             message.push_str(&format!(": {f}"));
             data["feedback"] = f.into();
@@ -151,6 +164,26 @@ pub fn os_error_text(err: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unparsed_and_default_are_not_called_rules() {
+        let e = RpcError::denied("unparsed", None);
+        assert_eq!(
+            e.message,
+            "denied by the policy's \"unparsed\" decision (the line is not a plain script)"
+        );
+        let e = RpcError::not_approved("default", "timeout", None);
+        assert!(
+            e.message
+                .starts_with("not approved (timeout; the policy's default (no rule matched))"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            RpcError::denied("no-rm", Some("no")).message,
+            "denied by policy rule no-rm: no"
+        );
+    }
 
     #[test]
     fn spawn_errors_carry_the_os_text() {
