@@ -1,6 +1,7 @@
 //! Every system call and every `unsafe` block of the daemon, one room per concern:
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
-//! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
+//! credentials), `socket`, `host` (the daemon's own process), `cwd` (where a process is),
+//! `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
 //! sinks, whether a command waits for input (`waiting`), and the system calls of an
 //! upgrade in place (`upgrade`). `term` is execctl's: its own terminal's modes and size.
@@ -10,6 +11,7 @@
 pub mod cgroup;
 pub mod contain;
 pub mod cookie;
+pub mod cwd;
 pub mod host;
 pub mod ids;
 pub mod inotify;
