@@ -44,7 +44,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::tests::{single_quoted, Case, CASES, FOUND, RED_TEAM};
-use super::{split_line_traced, Split};
+use super::{split_line_traced, Reading, Split};
 use crate::policy::changes_what_runs;
 
 const CORPUS: &str = include_str!("../../../tests/data/splitter-corpus.txt");
@@ -122,7 +122,7 @@ fn the_generator_mixes_plain_and_unparsed_lines() {
     assert_eq!(lines.len(), GENERATED);
     let plain = lines
         .iter()
-        .filter(|l| !split_line_traced(l).0.unparsed)
+        .filter(|l| !split_line_traced(l, Reading::default()).0.unparsed)
         .count();
     // Both halves of the splitter get exercised.
     assert!(
@@ -131,7 +131,7 @@ fn the_generator_mixes_plain_and_unparsed_lines() {
     );
     let nested = lines
         .iter()
-        .filter(|l| !split_line_traced(l).1.is_empty())
+        .filter(|l| !split_line_traced(l, Reading::default()).1.is_empty())
         .count();
     assert!(nested > GENERATED / 20, "{nested} read through a shell");
 }
@@ -490,7 +490,7 @@ fn differential(tools: &Tools, lines: &[String]) -> Tally {
     let mut report = Tally::default();
     let mut runs = Vec::new();
     for line in lines {
-        let (split, shells) = split_line_traced(line);
+        let (split, shells) = split_line_traced(line, Reading::default());
         if split.unparsed {
             report.unparsed += 1;
         } else if split.assigned.iter().any(|n| changes_what_runs(n)) {
