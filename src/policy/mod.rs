@@ -567,98 +567,137 @@ pub fn startup_files_from(name: &str) -> bool {
     )
 }
 
-/// Whether `name` is one of the variables the bash manual lists under Shell Variables
-/// (bash 5.2, sections 5.1 "Bourne Shell Variables" and 5.2 "Bash Variables"; the same
-/// list as bash(1)'s "Shell Variables"): the one list a shell session's lines are judged
-/// by (PROTOCOL 7.2). Assigning one changes how the shell that lives on behaves at later
-/// prompts and lines: `MAILPATH` expands (and runs) its message, `PROMPT_COMMAND` and
-/// `PS0`..`PS4` run, `PWD` and `HOME` change what is shown and where `cd` goes, `CDPATH`,
-/// `GLOBIGNORE`, `EXECIGNORE`, `BASH_CMDS` and `BASH_ALIASES` change what later words
-/// mean, `TMOUT` ends the shell, and so on. Every `BASH*` name, `LC_*` and `COMP_*` are
-/// covered by their prefix, as are the `READLINE_*` ones.
+/// The variables the bash manual lists under Shell Variables (bash 5.2, sections 5.1
+/// "Bourne Shell Variables" and 5.2 "Bash Variables"; bash(1)'s "Shell Variables", which
+/// also names `auto_resume`): the one list a shell session's lines are judged by
+/// (PROTOCOL 7.2, `bash_variable`).
+pub const BASH_VARIABLES: &[&str] = &[
+    // 5.1 Bourne Shell Variables
+    "CDPATH",
+    "HOME",
+    "IFS",
+    "MAIL",
+    "MAILPATH",
+    "OPTARG",
+    "OPTIND",
+    "PATH",
+    "PS1",
+    "PS2",
+    // 5.2 Bash Variables
+    "_",
+    "BASH",
+    "BASHOPTS",
+    "BASHPID",
+    "BASH_ALIASES",
+    "BASH_ARGC",
+    "BASH_ARGV",
+    "BASH_ARGV0",
+    "BASH_CMDS",
+    "BASH_COMMAND",
+    "BASH_COMPAT",
+    "BASH_ENV",
+    "BASH_EXECUTION_STRING",
+    "BASH_LINENO",
+    "BASH_LOADABLES_PATH",
+    "BASH_REMATCH",
+    "BASH_SOURCE",
+    "BASH_SUBSHELL",
+    "BASH_VERSINFO",
+    "BASH_VERSION",
+    "BASH_XTRACEFD",
+    "CHILD_MAX",
+    "COLUMNS",
+    "COMP_CWORD",
+    "COMP_LINE",
+    "COMP_POINT",
+    "COMP_TYPE",
+    "COMP_KEY",
+    "COMP_WORDBREAKS",
+    "COMP_WORDS",
+    "COMPREPLY",
+    "COPROC",
+    "DIRSTACK",
+    "EMACS",
+    "ENV",
+    "EPOCHREALTIME",
+    "EPOCHSECONDS",
+    "EUID",
+    "EXECIGNORE",
+    "FCEDIT",
+    "FIGNORE",
+    "FUNCNAME",
+    "FUNCNEST",
+    "GLOBIGNORE",
+    "GROUPS",
+    "histchars",
+    "HISTCMD",
+    "HISTCONTROL",
+    "HISTFILE",
+    "HISTFILESIZE",
+    "HISTIGNORE",
+    "HISTSIZE",
+    "HISTTIMEFORMAT",
+    "HOSTFILE",
+    "HOSTNAME",
+    "HOSTTYPE",
+    "IGNOREEOF",
+    "INPUTRC",
+    "INSIDE_EMACS",
+    "LANG",
+    "LC_ALL",
+    "LC_COLLATE",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LINENO",
+    "LINES",
+    "MACHTYPE",
+    "MAILCHECK",
+    "MAPFILE",
+    "OLDPWD",
+    "OPTERR",
+    "OSTYPE",
+    "PIPESTATUS",
+    "POSIXLY_CORRECT",
+    "PPID",
+    "PROMPT_COMMAND",
+    "PROMPT_DIRTRIM",
+    "PS0",
+    "PS3",
+    "PS4",
+    "PWD",
+    "RANDOM",
+    "READLINE_ARGUMENT",
+    "READLINE_LINE",
+    "READLINE_MARK",
+    "READLINE_POINT",
+    "REPLY",
+    "SECONDS",
+    "SHELL",
+    "SHELLOPTS",
+    "SHLVL",
+    "SRANDOM",
+    "TIMEFORMAT",
+    "TMOUT",
+    "TMPDIR",
+    "UID",
+    // Job control, listed in bash(1) with the others
+    "auto_resume",
+];
+
+/// Whether `name` is one of bash's own variables (`BASH_VARIABLES`, and every name of
+/// the families a newer bash adds to: `BASH*`, `LC_*`, `COMP_*`, `READLINE_*`). Assigning
+/// one changes how a shell that lives on behaves at later prompts and lines: `MAILPATH`
+/// expands (and runs) its message, `PROMPT_COMMAND` and `PS0`..`PS4` run, `PWD` and
+/// `HOME` change what is shown and where `cd` goes, `CDPATH`, `GLOBIGNORE`, `EXECIGNORE`,
+/// `BASH_CMDS` and `BASH_ALIASES` change what later words mean, `TMOUT` ends the shell.
 pub fn bash_variable(name: &str) -> bool {
     name.starts_with("BASH")
         || name.starts_with("LC_")
         || name.starts_with("COMP_")
         || name.starts_with("READLINE_")
-        || matches!(
-            name,
-            // 5.1 Bourne Shell Variables
-            "CDPATH"
-                | "HOME"
-                | "IFS"
-                | "MAIL"
-                | "MAILPATH"
-                | "OPTARG"
-                | "OPTIND"
-                | "PATH"
-                | "PS1"
-                | "PS2"
-                // 5.2 Bash Variables (the `BASH*`, `COMP_*`, `LC_*`, `READLINE_*` ones above)
-                | "_"
-                | "CHILD_MAX"
-                | "COLUMNS"
-                | "COMPREPLY"
-                | "COPROC"
-                | "DIRSTACK"
-                | "EMACS"
-                | "ENV"
-                | "EPOCHREALTIME"
-                | "EPOCHSECONDS"
-                | "EUID"
-                | "EXECIGNORE"
-                | "FCEDIT"
-                | "FIGNORE"
-                | "FUNCNAME"
-                | "FUNCNEST"
-                | "GLOBIGNORE"
-                | "GROUPS"
-                | "histchars"
-                | "HISTCMD"
-                | "HISTCONTROL"
-                | "HISTFILE"
-                | "HISTFILESIZE"
-                | "HISTIGNORE"
-                | "HISTSIZE"
-                | "HISTTIMEFORMAT"
-                | "HOSTFILE"
-                | "HOSTNAME"
-                | "HOSTTYPE"
-                | "IGNOREEOF"
-                | "INPUTRC"
-                | "INSIDE_EMACS"
-                | "LANG"
-                | "LINENO"
-                | "LINES"
-                | "MACHTYPE"
-                | "MAILCHECK"
-                | "MAPFILE"
-                | "OLDPWD"
-                | "OPTERR"
-                | "OSTYPE"
-                | "PIPESTATUS"
-                | "POSIXLY_CORRECT"
-                | "PPID"
-                | "PROMPT_COMMAND"
-                | "PROMPT_DIRTRIM"
-                | "PS0"
-                | "PS3"
-                | "PS4"
-                | "PWD"
-                | "RANDOM"
-                | "REPLY"
-                | "SECONDS"
-                | "SHELL"
-                | "SHELLOPTS"
-                | "SHLVL"
-                | "SRANDOM"
-                | "TIMEFORMAT"
-                | "TMOUT"
-                | "TMPDIR"
-                | "UID"
-                // Job control (bash(1) lists it with the others)
-                | "auto_resume"
-        )
+        || BASH_VARIABLES.contains(&name)
 }
 
 /// How a JSON value is named in errors.

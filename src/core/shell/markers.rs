@@ -151,7 +151,9 @@ fn escaped(bytes: &[u8]) -> String {
 /// exit (`MAILPATH` and `TMOUT` do nothing with `MAILCHECK` and `TMOUT` unset and
 /// read-only), the markers, the functions lines call, `set -P` unless symlinks are kept,
 /// and the start directory entered as given (so a kept symlink shows in `pwd`). One line:
-/// bash runs each line it reads before reading the next.
+/// bash runs each line it reads before reading the next. The prompts (`PS0`, `PS1`,
+/// `PS2`, `PROMPT_COMMAND`, and `PS4`, which `set -x` expands before every command) are
+/// read-only: no line makes them run anything.
 ///
 /// Nothing a line assigns, defines or redirects changes what this code does (PROTOCOL
 /// 7.2): the nonce, the prompt variables and the functions are read-only; the state the
@@ -159,8 +161,12 @@ fn escaped(bytes: &[u8]) -> String {
 /// `__execd_lp`/`__execd_hp`) is checked before use or only ever passed to `cd`, and the
 /// daemon checks the directory a marker names against the shell's real one; every command
 /// the helper runs is `builtin X` (so a function named `printf`, `cd`, `set`, `local`,
-/// `return` or `eval` is never called); and lines never see `$?` or `$__execd_c` before
-/// the daemon's own values are put there. At each prompt the shell checks that its stdin
+/// `return` or `eval` is never called), and every expansion in its words is quoted
+/// (`builtin local` is no declaration builtin to the parser: its words are split on `IFS`,
+/// which a line may have set); before the next line is read and again before it
+/// runs, what would make its words mean more than they say is undone (`set -k`, `set -a`,
+/// `set -H`, the command hash, alias expansion); and lines never see `$?` or
+/// `$__execd_c` before the daemon's own values are put there. At each prompt the shell checks that its stdin
 /// is still a socket (the command channel): a line that closed the copy bash saved while
 /// the line ran would leave it reading commands from the terminal, so it kills itself
 /// instead (the session starts another). What it cannot hold: a line that defines a
@@ -174,8 +180,8 @@ pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Ve
         " set +o history +H; unset HISTFILE MAILCHECK TMOUT; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
 builtin readonly __execd_n={nonce} MAILCHECK TMOUT; \
 __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_c=; \
-__execd_prompt() {{ builtin local __s=$? LC_ALL=C __i __h=; \
-[[ -S /dev/stdin ]] || builtin kill -KILL $$; \
+__execd_prompt() {{ builtin local \"__s=$?\" LC_ALL=C __i __h=; \
+[[ -S /dev/stdin ]] || builtin kill -KILL \"$$\"; builtin set +k +a +H; \
 if [[ $__execd_back == /* ]]; then builtin cd -- \"$__execd_back\" 2>/dev/null || __execd_back=; fi; __execd_back=; \
 if [[ $__execd_was == 1 ]]; then builtin set -P; elif [[ $__execd_was == 2 ]]; then builtin set +P; fi; __execd_was=; \
 if [[ $PWD != \"$__execd_lp\" ]]; then for ((__i=0; __i<${{#PWD}}; __i++)); do \
@@ -191,7 +197,7 @@ __execd_c=$__c; builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >
 __execd_st() {{ builtin return \"$1\"; }}; \
 builtin readonly -f __execd_prompt __execd_pre __execd_st; \
 PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
-builtin readonly PROMPT_COMMAND PS0 PS1 PS2; \
+builtin readonly PROMPT_COMMAND PS0 PS1 PS2 PS4; \
 builtin set {physical}; builtin printf -v __execd_c %b '{dir}'; builtin cd -- \"$__execd_c\"; \
 __execd_c=; builtin history -c\n"
     )

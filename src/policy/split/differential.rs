@@ -29,6 +29,10 @@
 //! (`bash -lc`): the host's `/etc/profile` runs first, and its programs cannot be told
 //! from the line's.
 //!
+//! The shell-session mode (`session.rs`) runs sequences of lines in one interactive bash
+//! each, as a session's shell runs them, approved assignments to every variable of the
+//! bash manual among them, and checks what runs after each plain line.
+//!
 //! Tools: `bash` and `strace` (and a `/bin/true`). Without them the tests fail under
 //! `CI=true` and print `SKIPPED` otherwise.
 //!
@@ -46,6 +50,8 @@ use std::time::{Duration, Instant};
 use super::tests::{single_quoted, Case, CASES, FOUND, RED_TEAM};
 use super::{split_line_traced, Reading, Split};
 use crate::policy::changes_what_runs;
+
+mod session;
 
 const CORPUS: &str = include_str!("../../../tests/data/splitter-corpus.txt");
 
