@@ -40,6 +40,7 @@ mod readme;
 mod robustness;
 mod scale;
 mod shell;
+mod shell_door;
 mod sinks;
 mod slow_cwd;
 mod streams;

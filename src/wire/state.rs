@@ -1155,7 +1155,8 @@ pub enum FallbackImage {
 pub enum FdRole {
     /// A listener or a connection.
     Socket,
-    /// A pipe end or a PTY master.
+    /// A pipe end, a PTY master, or a shell session's command channel (our end of a
+    /// socket pair; a pipe in a state from an older image).
     Stream,
     /// The inotify descriptor, the audit file.
     Other,

@@ -305,10 +305,7 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
         tail: Vec::new(),
     };
     send(&mut channel, &setup_line(&nonce, &work, false));
-    term.until(
-        |m| m.contains(&Marker::Prompt),
-        "the first prompt",
-    );
+    term.until(|m| m.contains(&Marker::Prompt), "the first prompt");
     let mut status = 0;
     let mut ran = 0;
     for (i, l) in lines.iter().enumerate() {
