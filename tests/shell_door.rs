@@ -79,7 +79,7 @@ impl Door {
 
     /// `template` with `V` standing for the victim's path.
     fn line(&self, template: &str) -> String {
-        template.replace('V', &self.victim.display().to_string())
+        template.replace("%V%", &self.victim.display().to_string())
     }
 
     #[track_caller]
@@ -199,11 +199,11 @@ fn a_line_cannot_write_a_command_into_the_shells_channel() {
             let id = format!("chan-{via:?}");
             door.run(&mut c, via, &id, "true");
             for attack in [
-                "echo 'rm -rf V' > /proc/self/fd/10",
-                "echo 'rm -rf V' > /proc/self/fd/0",
-                "echo 'rm -rf V' > /proc/$$/fd/0",
-                "echo 'rm -rf V' >&10",
-                "echo 'rm -rf V' > /dev/fd/10",
+                "echo 'rm -rf %V%' > /proc/self/fd/10",
+                "echo 'rm -rf %V%' > /proc/self/fd/0",
+                "echo 'rm -rf %V%' > /proc/$$/fd/0",
+                "echo 'rm -rf %V%' >&10",
+                "echo 'rm -rf %V%' > /dev/fd/10",
             ] {
                 let line = door.line(attack);
                 match door.exec(&mut c, via, &id, &line) {
@@ -245,7 +245,7 @@ fn a_stolen_copy_of_the_shells_stdin_takes_no_writes() {
          \x20       break\n\
          print(\"stolen\" if socket is not None else \"no socket\")\n\
          try:\n\
-         \x20   os.write(socket, b\"rm -rf V\\n\")\n\
+         \x20   os.write(socket, b\"rm -rf %V%\\n\")\n\
          \x20   print(\"WROTE\")\n\
          except OSError as e:\n\
          \x20   print(\"refused\", errno.errorcode[e.errno])\n",
@@ -271,7 +271,7 @@ fn a_stolen_copy_of_the_shells_stdin_takes_no_writes() {
 fn what_a_line_assigns_never_steers_the_helper() {
     for (policy, strict) in [(STRICT, true), (LENIENT, false)] {
         let door = Door::start(Some(policy));
-        std::fs::write(door.work.join("evil.sh"), door.line("rm -rf V\n")).expect("evil");
+        std::fs::write(door.work.join("evil.sh"), door.line("rm -rf %V%\n")).expect("evil");
         let mut c = door.d.client();
         for via in BOTH {
             let id = format!("helper-{via:?}");
@@ -281,12 +281,12 @@ fn what_a_line_assigns_never_steers_the_helper() {
                 "set -k",
                 "__execd_back=/; __execd_was=2",
                 "__execd_n=x",
-                "PROMPT_COMMAND='rm -rf V'",
-                "PS1='$(rm -rf V)'",
-                "PS0='$(rm -rf V)'",
-                "PS4='$(rm -rf V)'; set -x",
+                "PROMPT_COMMAND='rm -rf %V%'",
+                "PS1='$(rm -rf %V%)'",
+                "PS0='$(rm -rf %V%)'",
+                "PS4='$(rm -rf %V%)'; set -x",
                 "hash -p /bin/rm ls",
-                "shopt -s expand_aliases; alias ls='rm -rf V #'",
+                "shopt -s expand_aliases; alias ls='rm -rf %V% #'",
                 "set -a",
             ];
             for attack in attacks {
@@ -296,7 +296,7 @@ fn what_a_line_assigns_never_steers_the_helper() {
                 } else {
                     let _ = door.exec(&mut c, via, &id, &line);
                 }
-                for after in ["bash -c true BASH_ENV=./evil.sh", "ls V", "true"] {
+                for after in ["bash -c true BASH_ENV=./evil.sh", "ls %V%", "true"] {
                     let after = door.line(after);
                     door.run(&mut c, via, &id, &after);
                     door.survived(&format!("{line} then {after}"));
@@ -331,7 +331,7 @@ fn mail_path_runs_nothing_at_a_later_prompt() {
         for via in BOTH {
             let id = format!("mail-{via:?}");
             door.run(&mut c, via, &id, "true");
-            for line in ["MAILCHECK=0", "MAILPATH='f?$(rm -rf V)'", "MAIL=f"] {
+            for line in ["MAILCHECK=0", "MAILPATH='f?$(rm -rf %V%)'", "MAIL=f"] {
                 let line = door.line(line);
                 if strict {
                     door.refused(&mut c, via, &id, &line);
@@ -339,7 +339,9 @@ fn mail_path_runs_nothing_at_a_later_prompt() {
                     let _ = door.exec(&mut c, via, &id, &line);
                 }
             }
-            for line in ["echo x >> f", "true", "echo y >> f", "true", "true"] {
+            // bash compares the file's times in whole seconds: a second between the
+            // assignment, the mail and the check.
+            for line in ["sleep 1.1", "echo x >> f", "sleep 1.1", "true", "true"] {
                 door.run(&mut c, via, &id, line);
             }
             door.survived("MAILPATH");
@@ -356,13 +358,13 @@ fn a_login_shell_or_a_shell_reading_its_terminal_is_unparsed() {
     let door = Door::start(Some(STRICT));
     let mut c = door.d.client();
     std::fs::create_dir_all(door.work.join("h")).expect("h");
-    std::fs::write(door.work.join("h/.bash_profile"), door.line("rm -rf V\n")).expect("profile");
-    std::fs::write(door.work.join("h/.zshenv"), door.line("rm -rf V\n")).expect("zshenv");
+    std::fs::write(door.work.join("h/.bash_profile"), door.line("rm -rf %V%\n")).expect("profile");
+    std::fs::write(door.work.join("h/.zshenv"), door.line("rm -rf %V%\n")).expect("zshenv");
     for via in BOTH {
         let id = format!("login-{via:?}");
         door.run(&mut c, via, &id, "true");
         for line in [
-            "echo 'rm -rf V' > h/.bash_profile; HOME=h bash -lc true",
+            "echo 'rm -rf %V%' > h/.bash_profile; HOME=h bash -lc true",
             "HOME=h bash -lc true",
             "bash -lc true",
             "bash -l -c true",
@@ -381,7 +383,7 @@ fn a_login_shell_or_a_shell_reading_its_terminal_is_unparsed() {
     }
     // `bash/exec` lines too.
     for line in [
-        "echo 'rm -rf V' > h/.bash_profile; HOME=h bash -lc true",
+        "echo 'rm -rf %V%' > h/.bash_profile; HOME=h bash -lc true",
         "bash -lc true",
     ] {
         let params = json!({"command": door.line(line), "exec_dir": door.work});
