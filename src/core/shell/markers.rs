@@ -209,7 +209,7 @@ __execd_c=; builtin history -c\n"
 /// fails it rather than running it in the session's directory), its own
 /// `preserve_symlinks`; `status` is what `$?` says when it starts (the last command's,
 /// as the daemon read it from the end marker), and `tty` the terminal's path, opened
-/// afresh as its stdin, stdout and stderr. Every command word is quoted (`\x`), so no
+/// afresh (read and write, as a terminal is) as its stdin, and its stdout and stderr. Every command word is quoted (`\x`), so no
 /// alias applies; no reserved word is used, so no alias of one (`{`) does either.
 pub fn command_line(
     seq: u64,
@@ -233,7 +233,7 @@ pub fn command_line(
     let tty = escaped(tty.as_os_str().as_bytes());
     format!(
         " \\__execd_pre {seq} '{}' '{}' {flags} {physical}; \\__execd_st {} && \\builtin :; \
-\\builtin eval -- \"$__execd_c\" <$'{tty}' >$'{tty}' 2>$'{tty}'\n",
+\\builtin eval -- \"$__execd_c\" 0<>$'{tty}' 1>&0 2>&0\n",
         escaped(command.as_bytes()),
         escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
         status.clamp(0, 255),

@@ -13,7 +13,7 @@
 //! - Once started, the shell is sent a setup line (the daemon's own, not a request's)
 //!   that defines the prompt and three read-only functions (`setup_line`). A command
 //!   line is then ` \__execd_pre SEQ 'CMD' 'DIR' STRICT PHYS; \__execd_st STATUS &&
-//!   \builtin :; \builtin eval -- "$__execd_c" <TTY >TTY 2>TTY` (`command_line`): the
+//!   \builtin :; \builtin eval -- "$__execd_c" 0<>TTY 1>&0 2>&0` (`command_line`): the
 //!   command and its `exec_dir` travel as `\xNN` escapes, so the line holds no character
 //!   the shell gives a meaning to and no fragment of it could ever run as something else;
 //!   every word in command position is quoted, so no alias applies. `__execd_pre` resets
@@ -1773,7 +1773,7 @@ mod tests {
         assert!(text.starts_with(" \\__execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
         let pts = "$'\\x2f\\x64\\x65\\x76\\x2f\\x70\\x74\\x73\\x2f\\x37'";
         assert!(text.ends_with(&format!(
-            " s -P; \\__execd_st 3 && \\builtin :; \\builtin eval -- \"$__execd_c\" <{pts} >{pts} 2>{pts}\n"
+            " s -P; \\__execd_st 3 && \\builtin :; \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
         )));
         let payload = text.split('\'').nth(1).unwrap();
         assert!(payload
@@ -1787,12 +1787,17 @@ mod tests {
             String::from_utf8(plain).unwrap(),
             format!(
                 " \\__execd_pre 1 '\\x74\\x72\\x75\\x65' '' - .; \\__execd_st 0 && \\builtin :; \
-                 \\builtin eval -- \"$__execd_c\" <{pts} >{pts} 2>{pts}\n"
+                 \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
             )
         );
         // Every word in command position is quoted: no alias applies, and no reserved
         // word (`{`, `if`) is there for an alias of one to replace.
-        for command in text.trim_end().split(['&', ';']).map(str::trim) {
+        for command in text
+            .trim_end()
+            .split(';')
+            .flat_map(|c| c.split("&&"))
+            .map(str::trim)
+        {
             let first = command.split(' ').next().unwrap_or("");
             assert!(first.is_empty() || first.starts_with('\\'), "{command:?}");
         }
