@@ -68,16 +68,25 @@
 //! - A word holding `=` that is no assignment (zsh runs `=rm` as `/bin/rm`; `1A=x`), or
 //!   starting with `%` (a job to resume): unparsed.
 //! - A shell (`sh`, `bash`, `rbash`, `dash`, `ash`, `busybox sh`/`busybox ash`, by basename)
-//!   given exactly `[-e|-u|-l|+e|+u|-o pipefail|errexit|nounset]... -c WORD [ARG...]`:
+//!   given exactly `[-e|-u|+e|+u|-o pipefail|errexit|nounset]... -c WORD [ARG...]`:
 //!   replaced by WORD's commands (one level deep; a shell inside WORD is reported and
-//!   unparsed). `-l` is there because the spec reads `bash -lc WORD` (agents wrap every
-//!   command so); the profile it reads could only have been written by an earlier command,
-//!   which is judged too. Any other invocation of a shell is unparsed: `bash script.sh`
-//!   and `echo .. | bash` run code nobody read, `--login` and `-i` run profile and rc
-//!   files, `-x` runs `PS4`,
-//!   `-k`, `-O` and `--posix` change how WORD is read. `ksh`, `mksh`, `zsh` and the other
-//!   shells with `-c` are always unparsed: their preset aliases (`integer`, `nameref`) and
-//!   expansions (`=cmd`, `<1-9>`) differ; what their WORD would run is still reported.
+//!   unparsed). Options are read as the shell reads them: `l` anywhere in a short cluster
+//!   (`-lc`, `-cl`, `-elc`) makes a login shell, which runs `/etc/profile` and the
+//!   profile in `$HOME` first, code no rule saw: unparsed, unless the reading says
+//!   `login_split` (the policy's `"login_shell": "split"`), which trusts those files and
+//!   reports `login` (the policy weighs `HOME` and the like against it). Any other
+//!   invocation of a shell is unparsed: `bash script.sh` and `echo .. | bash` run code
+//!   nobody read, `--login`, `-i`, `--rcfile` and `--init-file` run profile and rc
+//!   files, `-s` or no `-c` reads the terminal, `-x` runs `PS4`, `-k`, `-O` and `--posix`
+//!   change how WORD is read. `ksh`, `mksh`, `zsh`, `fish` and the other shells with `-c`
+//!   are always unparsed: their preset aliases (`integer`, `nameref`), expansions (`=cmd`,
+//!   `<1-9>`) and startup files (zsh's `.zshenv`, read on every start) differ; what their
+//!   WORD would run is still reported.
+//! - In a shell session's line (`Reading::session`, PROTOCOL 7.2), a word naming the
+//!   shell's own descriptors (containing `/proc/`, starting with `/dev/fd` or `/dev/std`;
+//!   in a redirection or an assignment too) or a program named like the session helper's
+//!   functions (`__execd...`) is not plain. (What a session line assigns is the policy's
+//!   to weigh, from `assigned`.)
 //! - Anything else (bare, quoted, `./x`, `/usr/bin/x`, `-x`): a program, argv as read.
 //!
 //! When reading stops, `commands` holds what was read before, plus the argv of the command
@@ -131,7 +140,8 @@ pub(crate) fn basename(program: &str) -> &str {
 
 /// What a direct argv `sh -c WORD` (or `bash -c`, ...) runs: WORD split as a line that is
 /// already one level deep, so its own nested shells are not read. Empty for an argv that
-/// is no shell; unparsed for a shell run any other way (`bash x.sh`, `bash -l -c WORD`).
+/// is no shell; unparsed for a shell run any other way (`bash x.sh`, `bash --login -c
+/// WORD`, and `bash -l -c WORD` unless `reading` trusts login shells).
 pub fn split_shell_c(argv: &[String], reading: Reading) -> Split {
     let mut shells = Vec::new();
     match shell_run(argv, reading.login_split) {
