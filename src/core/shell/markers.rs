@@ -157,43 +157,47 @@ fn escaped(bytes: &[u8]) -> String {
 ///
 /// Nothing a line assigns, defines or redirects changes what this code does (PROTOCOL
 /// 7.2): the nonce, the prompt variables and the functions are read-only; the state the
-/// functions hand each other (`__execd_back`, `__execd_was`, the hex cache
-/// `__execd_lp`/`__execd_hp`) is checked before use or only ever passed to `cd`, and the
-/// daemon checks the directory a marker names against the shell's real one; every command
-/// the helper runs is `builtin X` (so a function named `printf`, `cd`, `set`, `local`,
-/// `return` or `eval` is never called), and every expansion in its words is quoted
-/// (`builtin local` is no declaration builtin to the parser: its words are split on `IFS`,
-/// which a line may have set); before the next line is read and again before it
-/// runs, what would make its words mean more than they say is undone (`set -k`, `set -a`,
-/// `set -H`, the command hash, alias expansion); and lines never see `$?` or
-/// `$__execd_c` before the daemon's own values are put there. At each prompt the shell checks that its stdin
-/// is still a socket (the command channel): a line that closed the copy bash saved while
-/// the line ran would leave it reading commands from the terminal, so it kills itself
-/// instead (the session starts another). What it cannot hold: a line that defines a
-/// function named `builtin` (asked for, like every definition) takes over every later
-/// line once approved.
+/// functions hand each other (`__execd_back`, `__execd_was`, `__execd_chk`, the hex
+/// cache `__execd_lp`/`__execd_hp`) is checked before use, only ever passed to `cd`, or
+/// names what the daemon checks itself (the directory a marker names is checked against
+/// the shell's real one); every command the helper runs is `builtin X` (so a function
+/// named `printf`, `cd`, `set`, `local`, `return` or `eval` is never called), and every
+/// expansion in its words is quoted (`builtin local` is no declaration builtin to the
+/// parser: its words are split on `IFS`, which a line may have set); alias expansion is
+/// off; lines never see `$?` or `$__execd_c` before the daemon's own values are put there;
+/// and after a line that is not a plain script the prompt checks the shell's descriptors
+/// and undoes what would make later words mean more than they say (`set -k`, `set -a`,
+/// `set -H`, the command hash, alias expansion; `command_line`). What it cannot hold: a
+/// line that defines a function named `builtin` (asked for, like every definition) takes
+/// over every later line once approved; and what an approved line defines (a function, a
+/// trap, an exported variable) applies to later lines as it would at a terminal, in the
+/// open for its approver to read.
 pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
     let physical = if keep_symlinks { "+P" } else { "-P" };
     let dir = escaped(dir.as_os_str().as_bytes());
     format!(
-        " set +o history +H; unset HISTFILE MAILCHECK TMOUT; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
-builtin readonly __execd_n={nonce} MAILCHECK TMOUT; \
-__execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_c=; \
-__execd_prompt() {{ builtin local \"__s=$?\" LC_ALL=C __i __h=; \
-[[ -S /dev/stdin ]] || builtin kill -KILL \"$$\"; builtin set +k +a +H; \
-if [[ $__execd_back == /* ]]; then builtin cd -- \"$__execd_back\" 2>/dev/null || __execd_back=; fi; __execd_back=; \
-if [[ $__execd_was == 1 ]]; then builtin set -P; elif [[ $__execd_was == 2 ]]; then builtin set +P; fi; __execd_was=; \
-if [[ $PWD != \"$__execd_lp\" ]]; then for ((__i=0; __i<${{#PWD}}; __i++)); do \
-builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; fi; \
+        " set +o history +H; unset HISTFILE MAILCHECK TMOUT; builtin shopt -u expand_aliases; \
+builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; builtin readonly __execd_n={nonce} MAILCHECK TMOUT; \
+__execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_c=; __execd_chk=; \
+__execd_prompt() {{ builtin local \"__s=$?\"; \
+if [[ -n $__execd_chk ]]; then \
+[[ -S /dev/fd/0 && -t 1 && -t 2 ]] || builtin kill -KILL \"$$\"; builtin set +kaH; builtin hash -r; fi; \
+if [[ -n $__execd_back ]]; then if [[ $__execd_back == /* ]]; then \
+builtin cd -- \"$__execd_back\" 2>/dev/null || __execd_back=; fi; __execd_back=; fi; \
+if [[ -n $__execd_was ]]; then if [[ $__execd_was == 1 ]]; then builtin set -P; \
+elif [[ $__execd_was == 2 ]]; then builtin set +P; fi; __execd_was=; fi; \
+if [[ $PWD != \"$__execd_lp\" ]]; then builtin local LC_ALL=C __i __h=; \
+for ((__i=0; __i<${{#PWD}}; __i++)); do builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; \
+__execd_hp=$__h; __execd_lp=$PWD; fi; \
 builtin printf '\\033]6973;e;%s;%s;%s\\007' \"$__execd_n\" \"$__s\" \"$__execd_hp\" >/dev/tty; }}; \
-__execd_pre() {{ __execd_c=; builtin set +k +a +H; builtin hash -r; builtin shopt -u expand_aliases; \
-builtin local __c __d; builtin printf -v __c %b \"$2\"; builtin history -s -- \"$__c\"; \
+__execd_pre() {{ if [[ -n $__execd_chk ]]; then builtin shopt -u expand_aliases; __execd_chk=; fi; \
+builtin printf -v __execd_c %b \"$2\"; builtin history -s -- \"$__execd_c\"; \
 if [[ $5 != . ]]; then if [[ -o physical ]]; then __execd_was=1; else __execd_was=2; fi; builtin set \"$5\"; fi; \
-if [[ -n $3 ]]; then builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
-builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then \
+if [[ -n $3 ]]; then builtin local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
+builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then __execd_c=; \
 builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; builtin return 0; fi; }}; fi; \
-__execd_c=$__c; builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; builtin return 0; }}; \
+builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; }}; \
 __execd_st() {{ builtin return \"$1\"; }}; \
 builtin readonly -f __execd_prompt __execd_pre __execd_st; \
 PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
@@ -209,14 +213,26 @@ __execd_c=; builtin history -c\n"
 /// fails it rather than running it in the session's directory), its own
 /// `preserve_symlinks`; `status` is what `$?` says when it starts (the last command's,
 /// as the daemon read it from the end marker), and `tty` the terminal's path, opened
-/// afresh (read and write, as a terminal is) as its stdin, and its stdout and stderr. Every command word is quoted (`\x`), so no
-/// alias applies; no reserved word is used, so no alias of one (`{`) does either.
+/// afresh (read and write, as a terminal is) as its stdin. Every command word is quoted
+/// (`\x`), so no alias applies; no reserved word is used, so no alias of one (`{`) does
+/// either.
+///
+/// `guarded`: the line is not a plain script (PROTOCOL 7.2), so it may `exec`, `set` or
+/// name bash's saved descriptors (a plain line can do none of these). Its stdout and
+/// stderr are the terminal too, restored after it whatever it redirected; and it sets
+/// `__execd_chk`, for which the prompt after it checks that the shell's stdin is still
+/// its socket and its stdout and stderr terminals (a line that closed the copies bash
+/// saved could leave it reading commands from elsewhere: the shell ends itself then, and
+/// the session starts another) and undoes `set -k`, `set -a`, `set -H` and the command
+/// hash; the next line's `__execd_pre` turns alias expansion off again (bash restores
+/// that option after running `PROMPT_COMMAND`, so the prompt cannot). A plain line pays
+/// for none of it.
 pub fn command_line(
     seq: u64,
     command: &str,
     opts: &LineOpts,
-    tty: &std::path::Path,
-    status: i32,
+    (tty, status): (&std::path::Path, i32),
+    guarded: bool,
 ) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
     let physical = match opts.keep_symlinks {
@@ -231,9 +247,14 @@ pub fn command_line(
         (true, true) => "se",
     };
     let tty = escaped(tty.as_os_str().as_bytes());
+    let (chk, outs) = if guarded {
+        (" __execd_chk=1;", " 1>&0 2>&0")
+    } else {
+        ("", "")
+    };
     format!(
-        " \\__execd_pre {seq} '{}' '{}' {flags} {physical}; \\__execd_st {} && \\builtin :; \
-\\builtin eval -- \"$__execd_c\" 0<>$'{tty}' 1>&0 2>&0\n",
+        " \\__execd_pre {seq} '{}' '{}' {flags} {physical};{chk} \\__execd_st {} && \\builtin :; \
+\\builtin eval -- \"$__execd_c\" 0<>$'{tty}'{outs}\n",
         escaped(command.as_bytes()),
         escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
         status.clamp(0, 255),

@@ -626,7 +626,14 @@ impl Core {
         r.last_change = self.now;
         // The prompt it is typed at is the one shown now.
         r.ps1 = ps1;
-        let line = command_line(r.seq, &r.command, &r.opts, &tty, status);
+        // Only a line that is not a plain script can `exec`, `set` or close bash's saved
+        // descriptors: those are run guarded (`command_line`).
+        let session = crate::policy::Reading {
+            session: true,
+            ..Default::default()
+        };
+        let guarded = crate::policy::split_line_as(&r.command, session).unparsed;
+        let line = command_line(r.seq, &r.command, &r.opts, (&tty, status), guarded);
         let (id, peer, command) = (r.id.clone(), r.peer, r.command.clone());
         let (decision, rule) = r.admitted.clone();
         let cwd = r
@@ -1768,12 +1775,12 @@ mod tests {
             ..LineOpts::default()
         };
         let tty = std::path::Path::new("/dev/pts/7");
-        let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts, tty, 3);
+        let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts, (tty, 3), true);
         let text = String::from_utf8(line).unwrap();
         assert!(text.starts_with(" \\__execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
         let pts = "$'\\x2f\\x64\\x65\\x76\\x2f\\x70\\x74\\x73\\x2f\\x37'";
         assert!(text.ends_with(&format!(
-            " s -P; \\__execd_st 3 && \\builtin :; \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
+            " s -P; __execd_chk=1; \\__execd_st 3 && \\builtin :; \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
         )));
         let payload = text.split('\'').nth(1).unwrap();
         assert!(payload
@@ -1782,12 +1789,12 @@ mod tests {
             .all(|c| c.len() == 4 && c.starts_with(b"\\x")));
         // Only its final newline ends a line.
         assert_eq!(text.matches('\n').count(), 1);
-        let plain = command_line(1, "true", &LineOpts::default(), tty, 0);
+        let plain = command_line(1, "true", &LineOpts::default(), (tty, 0), false);
         assert_eq!(
             String::from_utf8(plain).unwrap(),
             format!(
                 " \\__execd_pre 1 '\\x74\\x72\\x75\\x65' '' - .; \\__execd_st 0 && \\builtin :; \
-                 \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
+                 \\builtin eval -- \"$__execd_c\" 0<>{pts}\n"
             )
         );
         // Every word in command position is quoted: no alias applies, and no reserved
@@ -1799,7 +1806,8 @@ mod tests {
             .map(str::trim)
         {
             let first = command.split(' ').next().unwrap_or("");
-            assert!(first.is_empty() || first.starts_with('\\'), "{command:?}");
+            let quoted = first.is_empty() || first.starts_with('\\');
+            assert!(quoted || first == "__execd_chk=1", "{command:?}");
         }
     }
 

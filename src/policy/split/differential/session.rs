@@ -10,7 +10,8 @@
 //! as if approved: an assignment to every variable of the bash manual's list
 //! (`policy::BASH_VARIABLES`), each with values that would run code if the shell ever
 //! expanded or evaluated them (`'$(p9)'`, `'a[$(p9)]'`, `'zz1?$(p9)'`), a program name, a
-//! number or an option. Their own windows are not checked (a person saw them); the plain
+//! number or an option; and lines that change the shell itself (`APPROVED_ODD`: `set -k`,
+//! `exec 1>file`, closing bash's saved stdin, ...). Their own windows are not checked (a person saw them); the plain
 //! lines after them are: nothing an approved assignment leaves behind may make a later
 //! plain line run what its words do not say. Lines the splitter calls unparsed for any
 //! other reason are not run, as in the one-line mode.
@@ -30,7 +31,7 @@ use crate::core::vocab::LineOpts;
 use crate::policy::split::{split_line_traced, Reading};
 use crate::policy::{bash_variable, changes_what_runs, BASH_VARIABLES};
 use crate::sys::spawn::{read_report, Report, SpawnSpec, Spawner};
-use crate::types::{Ended, Program, Stdio3, WinSize};
+use crate::types::{Program, Stdio3, WinSize};
 
 /// Sequences per run (each in a fresh shell), and generated lines in each besides the
 /// assignments.
@@ -54,6 +55,21 @@ const VALUES: &[&str] = &[
     "0",
     "1",
     "-k",
+];
+
+/// Lines a person might approve that change the shell itself rather than a variable:
+/// keyword arguments as assignments (`set -k` would make `p1 A=b` run `p1` with `A=b` in
+/// its environment), exporting every assignment, history expansion, the shell's own
+/// stdout and stderr redirected or closed, bash's saved copy of its stdin closed, alias
+/// expansion on.
+const APPROVED_ODD: &[&str] = &[
+    "set -k",
+    "set -a",
+    "set -H",
+    "exec 1>./o8",
+    "exec 2>&-",
+    "exec 10>&-",
+    "shopt -s expand_aliases",
 ];
 
 /// One line of a sequence.
@@ -92,6 +108,12 @@ fn session_lines_run_only_what_the_splitter_reported() {
                     approved: true,
                 });
             }
+        }
+        for odd in APPROVED_ODD {
+            lines.push(Line {
+                text: (*odd).to_owned(),
+                approved: true,
+            });
         }
         for _ in 0..GENERATED_PER_SEQUENCE {
             let text = line(&mut g, 0);
@@ -168,7 +190,7 @@ fn session_lines_run_only_what_the_splitter_reported() {
     }
     eprintln!(
         "session differential: {sequences} sequences in {shells} shells: {ran} plain lines \
-         checked ({execs} execve), {approved} approved assignments run, {skipped} generated \
+         checked ({execs} execve), {approved} approved lines run, {skipped} generated \
          lines not run (unparsed or not confined); seed {seed:#x}; {:.1} s",
         started.elapsed().as_secs_f64()
     );
@@ -189,6 +211,14 @@ fn session_lines_run_only_what_the_splitter_reported() {
         approved >= BASH_VARIABLES.len() * 2,
         "only {approved} approved lines"
     );
+}
+
+/// How a session's line is read.
+fn session_reading() -> Reading {
+    Reading {
+        session: true,
+        ..Reading::default()
+    }
 }
 
 /// Whether a generated line runs in the test: plain as a session line, setting nothing
@@ -311,7 +341,9 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
     for (i, l) in lines.iter().enumerate() {
         let seq = i as u64 + 1;
         term.seen.clear();
-        let text = command_line(seq, &l.text, &LineOpts::default(), &tty, status);
+        // Run as the daemon runs it: guarded when it is not a plain script.
+        let guarded = split_line_traced(&l.text, session_reading()).0.unparsed;
+        let text = command_line(seq, &l.text, &LineOpts::default(), (&tty, status), guarded);
         send(&mut channel, &text);
         let what = format!("line {:?}", l.text);
         let ended = term.until(
@@ -342,9 +374,9 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
     let deadline = Instant::now() + LINE;
     loop {
         match crate::sys::reap::try_reap(shell.pid) {
-            // strace ends as the shell did: with its last status.
-            Some(Ended::Code(_)) => break,
-            Some(other) => panic!("strace ended with {other:?}"),
+            // strace ends as the shell did: with its last status, or killed as it was
+            // (a shell that finds its stdin gone ends itself with SIGKILL).
+            Some(_) => break,
             None if Instant::now() < deadline => {
                 // Its terminal must be read for it to finish writing.
                 let mut buf = [0u8; 4096];
@@ -368,7 +400,7 @@ fn send(channel: &mut File, bytes: &[u8]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(1))
             }
-            Err(e) => panic!("writing to the shell: {e}"),
+            Err(e) => panic!("writing to the shell: {e} (does it still read its channel?)"),
         }
     }
 }
