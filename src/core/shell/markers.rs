@@ -252,12 +252,16 @@ pub fn command_line(
     } else {
         ("", "")
     };
+    // `__execd_pre` leaves `$?` at 0: a status of 0 needs no more.
+    let status = match status.clamp(0, 255) {
+        0 => String::new(),
+        s => format!(" \\__execd_st {s} && \\builtin :;"),
+    };
     format!(
-        " \\__execd_pre {seq} '{}' '{}' {flags} {physical};{chk} \\__execd_st {} && \\builtin :; \
+        " \\__execd_pre {seq} '{}' '{}' {flags} {physical};{chk}{status} \
 \\builtin eval -- \"$__execd_c\" 0<>$'{tty}'{outs}\n",
         escaped(command.as_bytes()),
         escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
-        status.clamp(0, 255),
     )
     .into_bytes()
 }
