@@ -113,9 +113,10 @@ pub enum Stdio3 {
     /// terminal; its output is one stream.
     Pty(WinSize),
     /// A shell session's bash (PROTOCOL 12.2): a pseudo-terminal of this size is stdout,
-    /// stderr and the controlling terminal, and stdin is a pipe of its own that only the
-    /// daemon writes: the command lines that passed the gate. What a person types to a
-    /// running program goes to the terminal, which the shell never reads commands from.
+    /// stderr and the controlling terminal, and stdin is a Unix socket of its own that
+    /// only the daemon writes (shut for writing on the shell's side): the command lines
+    /// that passed the gate. What a person types to a running program goes to the
+    /// terminal, which the shell never reads commands from.
     Shell(WinSize),
 }
 

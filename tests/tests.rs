@@ -44,6 +44,7 @@ mod robustness;
 mod sandbox;
 mod scale;
 mod shell;
+mod shell_door;
 mod sinks;
 mod slow_cwd;
 mod streams;

@@ -1170,3 +1170,40 @@ fn closed_sessions_and_one_shot_sessions_carry_over() {
     assert!(ids.contains(&"a") && ids.contains(&"b"), "{ids:?}");
     assert_no_panic(&d);
 }
+
+/// A shell session's command channel carries over as what it is, a socket the shell
+/// cannot write into, with its terminal's path (PROTOCOL 12.2, 13): after the upgrade the
+/// session's lines run on the same terminal, and a line still cannot put a command into
+/// the channel through `/proc`.
+#[test]
+fn a_shell_sessions_channel_and_terminal_carry_over() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    let victim = d.dir.path().join("victim");
+    std::fs::create_dir_all(&victim).expect("victim");
+    let tty = |c: &mut Client| {
+        let r = ok(c, "shell/exec", json!({"id": "door", "command": "tty"}));
+        assert_eq!(r["status"], "completed", "{r}");
+        r["output"].as_str().unwrap_or_default().trim().to_string()
+    };
+    let before = tty(&mut c);
+    assert!(before.starts_with("/dev/pts/"), "{before}");
+    upgrade(&d, &mut c, Trigger::Signal, 0);
+    assert_eq!(tty(&mut c), before, "the same terminal, by its path");
+    let attack = format!("echo 'rm -rf {}' > /proc/$$/fd/10", victim.display());
+    ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "door", "command": attack}),
+    );
+    let r = ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "door", "command": "echo next"}),
+    );
+    assert_eq!(r["output"].as_str().map(str::trim), Some("next"), "{r}");
+    assert!(
+        victim.exists(),
+        "a line wrote a command into the carried channel"
+    );
+}

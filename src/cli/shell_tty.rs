@@ -96,7 +96,7 @@ enum Esc {
 /// A line typed at the prompt, with the minimal editing a cooked terminal gives: what is
 /// typed is echoed, Backspace erases a character (UTF-8 aware), Ctrl-U the line, Ctrl-W
 /// a word. Other control keys and escape sequences do nothing: no history, no
-/// completion (the session's bash reads its commands from a pipe, so it has neither).
+/// completion (the session's bash reads its commands from a socket, so it has neither).
 #[derive(Debug, Default)]
 pub struct LineEditor {
     line: Vec<u8>,

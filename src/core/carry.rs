@@ -585,6 +585,7 @@ fn carry_proc(p: &Proc, clock: &Clock, blobs: &mut BlobsOut) -> ProcImage {
                     alternate,
                 }
             }),
+            path: t.path.as_ref().map(|p| Bytes::of_os(p.as_os_str())),
         }),
         quiet_since: clock.rel(p.quiet_since),
         waiting_for_input: p.waiting_for_input,
@@ -686,7 +687,8 @@ fn resume_proc(p: &ProcImage, blobs: &BlobsIn, clock: &Clock) -> Result<Proc, St
                     &streams[0].ring,
                 ))),
             };
-            Some(Tty { size, screen })
+            let path = t.path.as_ref().map(|p| std::path::PathBuf::from(p.to_os()));
+            Some(Tty { size, screen, path })
         }
     };
     Ok(Proc {

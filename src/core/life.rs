@@ -72,7 +72,11 @@ impl Core {
             ),
         };
         let tty = match req.stdio {
-            Stdio3::Pty(size) | Stdio3::Shell(size) => Some(Tty { size, screen: None }),
+            Stdio3::Pty(size) | Stdio3::Shell(size) => Some(Tty {
+                size,
+                screen: None,
+                path: None,
+            }),
             _ => None,
         };
         let commands = match req.stdio {
@@ -417,7 +421,7 @@ impl Core {
     /// Marks a command's stdin closed (counting what never got through) and has the loop
     /// close its pipe; a write waiting for room learns it never will.
     pub fn close_stdin(&mut self, key: Key) {
-        // A shell's command pipe goes with its input: both end only with the shell.
+        // A shell's command channel goes with its input: both end only with the shell.
         if let Some(c) = self.table.get_mut(key).and_then(|p| p.commands.as_mut()) {
             c.close();
         }

@@ -144,8 +144,18 @@ pub enum Effect {
     ClosePipes(Key),
     /// Write what waits for a command's stdin.
     FlushStdin(Key),
-    /// Write what waits for a shell's command pipe.
+    /// Write what waits for a shell's command channel.
     FlushCommands(Key),
+    /// Discard the unread input of a shell's terminal (its prompt: what one command did
+    /// not read never reaches the next, PROTOCOL 12.2).
+    DiscardInput(Key),
+    /// Read where a shell really is (`/proc/PID/cwd`) and hand it to `Core::shell_dir`;
+    /// `logical` is the `$PWD` its end marker named, to be taken instead when the session
+    /// keeps symlinks and it is the same directory.
+    ShellDir {
+        key: Key,
+        logical: Option<std::path::PathBuf>,
+    },
     /// SIGINT to the foreground job of a shell's terminal (`shell/kill`).
     Interrupt(Key),
     /// Start a command nobody's request waits for (a shell session's shell, restarted).

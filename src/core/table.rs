@@ -164,6 +164,11 @@ impl Stream {
 pub struct Tty {
     pub size: WinSize,
     pub screen: Option<Box<Screen>>,
+    /// The terminal's path (`/dev/pts/N`), known for a shell session's shell: its command
+    /// lines open it for each command. `None` for other terminals, and for a shell an
+    /// upgrade carried from an image that did not say (it is restarted before its next
+    /// line).
+    pub path: Option<std::path::PathBuf>,
 }
 
 /// A command's stdin: a fixed-capacity buffer the loop drains into the pipe as it accepts.
@@ -262,7 +267,7 @@ pub struct Proc {
     /// One stream (merged) for terminals; stdout and stderr for bash commands.
     pub streams: Vec<Stream>,
     pub stdin: Option<Stdin>,
-    /// A shell session's command pipe: the gated lines waiting for the shell to take them.
+    /// A shell session's command channel: the gated lines waiting for the shell to take them.
     pub commands: Option<Stdin>,
     /// The uid it runs as (a root daemon runs a peer's commands as the peer).
     pub runs_as: u32,

@@ -184,5 +184,5 @@ impl Answer {
 
 /// The longest command an `exec` may send, in bytes (the line is four times as long).
 pub const MAX_COMMAND: usize = 128 << 10;
-/// The command pipe's buffer: one command line, escaped, and room to spare.
+/// The command channel's buffer: one command line, escaped, and room to spare.
 pub const COMMAND_PIPE_BUFFER: usize = 4 * MAX_COMMAND + (16 << 10);

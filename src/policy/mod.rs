@@ -36,7 +36,7 @@ use crate::types::Program;
 use std::collections::HashMap;
 
 use split::basename;
-pub use split::{split_line, Split};
+pub use split::{split_line, split_line_as, Reading, Split};
 use std::path::Path;
 
 /// A policy decision. The derived order is strictness: `Allow < Ask < Deny`, so the
@@ -79,10 +79,11 @@ pub enum Judged<'a> {
     Argv(&'a [String]),
     /// A shell line (run as SHELL -c LINE).
     Line(&'a str),
-    /// A line typed into an interactive shell (a shell session, PROTOCOL 12.2): judged as
-    /// a `Line`, and setting a prompt (`PS0`, `PS1`, `PS2`), which such a shell expands,
-    /// command substitutions included, before and after every later command, also makes
-    /// it unparsed.
+    /// A line typed into a shell session's interactive shell (PROTOCOL 12.2), which lives
+    /// on after it: judged as a `Line`, and also unparsed when it assigns one of bash's own
+    /// variables (`bash_variable`: `MAILPATH` runs what it expands at a later prompt,
+    /// `PROMPT_COMMAND` before every prompt, ...) or a name of the session helper's
+    /// (`__execd...`), or names the shell's own descriptors (`/proc/...`, `/dev/fd...`).
     InteractiveLine(&'a str),
 }
 
@@ -192,6 +193,9 @@ pub struct Policy {
     /// dynamic loader runs (`PATH`, `BASH_ENV`, `LD_PRELOAD`, ...) is judged by its
     /// commands alone; otherwise it is unparsed (PROTOCOL 7.2).
     env_allow: bool,
+    /// `"login_shell": "split"`: `bash -lc WORD` is read through like `bash -c WORD`,
+    /// trusting the profile files a login shell reads first; otherwise it is unparsed.
+    login_split: bool,
     rules: Vec<Rule>,
     /// First-word index: each alternative of a rule's first element -> rule indices,
     /// ascending. See the module invariants.
@@ -220,6 +224,7 @@ impl Default for Policy {
             default: Decision::Allow,
             unparsed: Decision::Allow,
             env_allow: true,
+            login_split: false,
             rules: Vec::new(),
             by_first: HashMap::new(),
             source: None,
@@ -231,7 +236,8 @@ impl Default for Policy {
 }
 
 /// The fields a policy file may have at the top level.
-const TOP_FIELDS: &str = "default, unparsed, env, rules, sandbox, workspaces, escalation";
+const TOP_FIELDS: &str =
+    "default, unparsed, env, login_shell, rules, sandbox, workspaces, escalation";
 /// The fields a rule may have.
 const RULE_FIELDS: [&str; 9] = [
     "name",
@@ -260,7 +266,14 @@ impl Policy {
         if let Some(key) = top.keys().find(|k| {
             !matches!(
                 k.as_str(),
-                "default" | "unparsed" | "env" | "rules" | "sandbox" | "workspaces" | "escalation"
+                "default"
+                    | "unparsed"
+                    | "env"
+                    | "login_shell"
+                    | "rules"
+                    | "sandbox"
+                    | "workspaces"
+                    | "escalation"
             )
         }) {
             return Err(format!(
@@ -330,6 +343,20 @@ impl Policy {
                 ))
             }
         };
+        let login_split = match top.get("login_shell") {
+            None => false,
+            Some(Value::String(s)) if s == "split" => true,
+            Some(Value::String(s)) if s == "unparsed" => false,
+            Some(other) => {
+                return Err(format!(
+                    "\"login_shell\" must be \"split\" or \"unparsed\", not {}",
+                    match other {
+                        Value::String(s) => format!("{s:?}"),
+                        other => kind(other).to_string(),
+                    }
+                ))
+            }
+        };
         let entries: &[Value] = match top.get("rules") {
             // A file may set only the defaults; it then has no rules.
             None => &[],
@@ -359,6 +386,7 @@ impl Policy {
             default,
             unparsed,
             env_allow,
+            login_split,
             rules,
             by_first,
             source: Some(text.to_string()),
@@ -440,29 +468,40 @@ impl Policy {
     /// Judges a direct command or a shell line that runs with the variables `env` set
     /// (their names), for `peer` (PROTOCOL 7.2).
     pub fn judge(&self, what: &Judged<'_>, env: &[&str], peer: &Subject<'_>) -> Verdict {
+        let session = matches!(what, Judged::InteractiveLine(_));
+        let reading = Reading {
+            session,
+            login_split: self.login_split,
+        };
         let (direct, split) = match *what {
             // A direct `sh -c WORD` is judged as itself and as the line it runs. The line
             // counts as already one level deep: its own nested shells are not read.
-            Judged::Argv(argv) => (Some(argv), split::split_shell_c(argv)),
-            Judged::Line(line) | Judged::InteractiveLine(line) => (None, split_line(line)),
+            Judged::Argv(argv) => (Some(argv), split::split_shell_c(argv, reading)),
+            Judged::Line(line) | Judged::InteractiveLine(line) => {
+                (None, split_line_as(line, reading))
+            }
         };
-        let interactive = matches!(what, Judged::InteractiveLine(_));
         let commands: Vec<&[String]> = direct
             .into_iter()
             .chain(split.commands.iter().map(Vec::as_slice))
             .collect();
-        // A variable that changes what a shell or the loader runs makes every command's
-        // argv say less than what will run.
-        let env_changes_what_runs = !self.env_allow
-            && env
-                .iter()
-                .copied()
-                .chain(split.assigned.iter().map(String::as_str))
-                .any(|name| {
-                    changes_what_runs(name)
-                        || (interactive && matches!(name, "PS0" | "PS1" | "PS2"))
-                });
-        self.decide(commands, split.unparsed || env_changes_what_runs, peer)
+        let mut names = env
+            .iter()
+            .copied()
+            .chain(split.assigned.iter().map(String::as_str));
+        let unparsed = split.unparsed
+            || names.any(|name| {
+                // A variable that changes what a shell or the loader runs makes every
+                // command's argv say less than what will run.
+                (!self.env_allow && changes_what_runs(name))
+                    // A login shell reads its profile from `$HOME` (and readline's file
+                    // from `INPUTRC`, `sh` the file `ENV` names).
+                    || (split.login && startup_files_from(name))
+                    // A shell that lives on keeps what a line assigns: its own variables
+                    // act at later prompts, and the helper's are its own.
+                    || (session && (bash_variable(name) || name.starts_with("__execd")))
+            });
+        self.decide(commands, unparsed, peer)
     }
 
     /// The verdict for these simple commands, read from a line that was `unparsed` or not.
@@ -640,6 +679,151 @@ pub fn changes_what_runs(name: &str) -> bool {
             | "SHLVL"
     ) || name.starts_with("LD_")
         || name.starts_with("BASH_FUNC_")
+}
+
+/// Whether setting `name` for a shell changes which startup files it reads: a login
+/// shell's profile is `$HOME`'s, zsh reads `$ZDOTDIR/.zshenv` on every start, fish its
+/// `$XDG_CONFIG_HOME` config, readline `$INPUTRC`, an interactive `sh` what `$ENV` names
+/// (PROTOCOL 7.2). zsh and fish are never read through (so always unparsed); this weighs
+/// a login bash or sh read through under `"login_shell": "split"`.
+pub fn startup_files_from(name: &str) -> bool {
+    matches!(
+        name,
+        "HOME" | "ZDOTDIR" | "XDG_CONFIG_HOME" | "INPUTRC" | "ENV"
+    )
+}
+
+/// The variables the bash manual lists under Shell Variables (bash 5.2, sections 5.1
+/// "Bourne Shell Variables" and 5.2 "Bash Variables"; bash(1)'s "Shell Variables", which
+/// also names `auto_resume`): the one list a shell session's lines are judged by
+/// (PROTOCOL 7.2, `bash_variable`).
+pub const BASH_VARIABLES: &[&str] = &[
+    // 5.1 Bourne Shell Variables
+    "CDPATH",
+    "HOME",
+    "IFS",
+    "MAIL",
+    "MAILPATH",
+    "OPTARG",
+    "OPTIND",
+    "PATH",
+    "PS1",
+    "PS2",
+    // 5.2 Bash Variables
+    "_",
+    "BASH",
+    "BASHOPTS",
+    "BASHPID",
+    "BASH_ALIASES",
+    "BASH_ARGC",
+    "BASH_ARGV",
+    "BASH_ARGV0",
+    "BASH_CMDS",
+    "BASH_COMMAND",
+    "BASH_COMPAT",
+    "BASH_ENV",
+    "BASH_EXECUTION_STRING",
+    "BASH_LINENO",
+    "BASH_LOADABLES_PATH",
+    "BASH_REMATCH",
+    "BASH_SOURCE",
+    "BASH_SUBSHELL",
+    "BASH_VERSINFO",
+    "BASH_VERSION",
+    "BASH_XTRACEFD",
+    "CHILD_MAX",
+    "COLUMNS",
+    "COMP_CWORD",
+    "COMP_LINE",
+    "COMP_POINT",
+    "COMP_TYPE",
+    "COMP_KEY",
+    "COMP_WORDBREAKS",
+    "COMP_WORDS",
+    "COMPREPLY",
+    "COPROC",
+    "DIRSTACK",
+    "EMACS",
+    "ENV",
+    "EPOCHREALTIME",
+    "EPOCHSECONDS",
+    "EUID",
+    "EXECIGNORE",
+    "FCEDIT",
+    "FIGNORE",
+    "FUNCNAME",
+    "FUNCNEST",
+    "GLOBIGNORE",
+    "GROUPS",
+    "histchars",
+    "HISTCMD",
+    "HISTCONTROL",
+    "HISTFILE",
+    "HISTFILESIZE",
+    "HISTIGNORE",
+    "HISTSIZE",
+    "HISTTIMEFORMAT",
+    "HOSTFILE",
+    "HOSTNAME",
+    "HOSTTYPE",
+    "IGNOREEOF",
+    "INPUTRC",
+    "INSIDE_EMACS",
+    "LANG",
+    "LC_ALL",
+    "LC_COLLATE",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LINENO",
+    "LINES",
+    "MACHTYPE",
+    "MAILCHECK",
+    "MAPFILE",
+    "OLDPWD",
+    "OPTERR",
+    "OSTYPE",
+    "PIPESTATUS",
+    "POSIXLY_CORRECT",
+    "PPID",
+    "PROMPT_COMMAND",
+    "PROMPT_DIRTRIM",
+    "PS0",
+    "PS3",
+    "PS4",
+    "PWD",
+    "RANDOM",
+    "READLINE_ARGUMENT",
+    "READLINE_LINE",
+    "READLINE_MARK",
+    "READLINE_POINT",
+    "REPLY",
+    "SECONDS",
+    "SHELL",
+    "SHELLOPTS",
+    "SHLVL",
+    "SRANDOM",
+    "TIMEFORMAT",
+    "TMOUT",
+    "TMPDIR",
+    "UID",
+    // Job control, listed in bash(1) with the others
+    "auto_resume",
+];
+
+/// Whether `name` is one of bash's own variables (`BASH_VARIABLES`, and every name of
+/// the families a newer bash adds to: `BASH*`, `LC_*`, `COMP_*`, `READLINE_*`). Assigning
+/// one changes how a shell that lives on behaves at later prompts and lines: `MAILPATH`
+/// expands (and runs) its message, `PROMPT_COMMAND` and `PS0`..`PS4` run, `PWD` and
+/// `HOME` change what is shown and where `cd` goes, `CDPATH`, `GLOBIGNORE`, `EXECIGNORE`,
+/// `BASH_CMDS` and `BASH_ALIASES` change what later words mean, `TMOUT` ends the shell.
+pub fn bash_variable(name: &str) -> bool {
+    name.starts_with("BASH")
+        || name.starts_with("LC_")
+        || name.starts_with("COMP_")
+        || name.starts_with("READLINE_")
+        || BASH_VARIABLES.contains(&name)
 }
 
 /// How a JSON value is named in errors.
@@ -1109,9 +1293,20 @@ mod tests {
         assert_eq!(hit_names(&v), ["read-only-git", "no-force-push", "push"]);
         assert_eq!(v.hits[1].argv, words(&["git", "push", "-f", "origin"]));
         assert!(!v.unparsed);
-        // `bash -lc`, as agents wrap commands, is read the same way (PROTOCOL 7.2).
+        // `bash -lc`, as agents wrap commands, reads profile files no rule saw: unparsed,
+        // unless the policy says `"login_shell": "split"` (PROTOCOL 7.2). A deny still
+        // decides.
         let v = direct(&p, &["bash", "-lc", "git status && git push -f origin"]);
         decides(&v, Decision::Deny, "no-force-push");
+        assert!(v.unparsed);
+        decides(
+            &direct(&p, &["bash", "-lc", "git status"]),
+            Decision::Ask,
+            "unparsed",
+        );
+        let trusting = policy(&EXAMPLE.replacen('{', r#"{"login_shell": "split","#, 1));
+        let v = direct(&trusting, &["bash", "-lc", "git status"]);
+        decides(&v, Decision::Allow, "read-only-git");
         assert!(!v.unparsed);
         decides(
             &direct(&p, &["/bin/sh", "-c", "git push"]),
@@ -1379,14 +1574,42 @@ mod tests {
         assert!(Policy::parse(r#"{"env": "sometimes"}"#)
             .unwrap_err()
             .contains(r#""env" must be "allow" or "unparsed""#));
-        // A prompt runs what it expands in an interactive shell, and only there; a line
-        // of assignments alone sets them for good there.
-        for line in ["PS1='$(rm -rf ~)'", "PS0=x", "ls; PS2=y"] {
+        // A shell session's shell lives on: what a line assigns to bash's own variables
+        // acts at later prompts and lines (a prompt runs what it expands, MAILPATH its
+        // message), and the helper's names are its own (PROTOCOL 7.2).
+        for line in [
+            "PS1='$(rm -rf ~)'",
+            "PS0=x",
+            "ls; PS2=y",
+            "MAILPATH='f?$(rm -rf V)'",
+            "MAILPATH=f",
+            "PWD=/tmp/harmless",
+            "cd V && PWD=/tmp/harmless",
+            "HOME=h ls",
+            "LANG=C ls",
+            "LC_ALL=C ls",
+            "TMPDIR=/x",
+            "histchars=x",
+            "BASH_XTRACEFD=3",
+            "__execd_was=-k",
+            "__execd_n=x ls",
+        ] {
             assert!(strict.judge_interactive(line, &ANYONE).unparsed, "{line}");
+        }
+        for line in [
+            "PS1=x",
+            "MAILPATH=f",
+            "PWD=/tmp",
+            "LANG=C ls",
+            "__execd_was=-k",
+        ] {
             assert!(!judged(&strict, line, &[]).unparsed, "{line}");
         }
+        // Not even `"env": "allow"` lets a session line set them.
+        assert!(lenient.judge_interactive("MAILPATH=f", &ANYONE).unparsed);
         assert!(strict.judge_interactive("PATH=/x", &ANYONE).unparsed);
-        assert!(!strict.judge_interactive("LANG=C ls", &ANYONE).unparsed);
+        assert!(!strict.judge_interactive("X=1 ls", &ANYONE).unparsed);
+        assert!(!strict.judge_interactive("ls; cd /tmp", &ANYONE).unparsed);
         // Direct commands too.
         let v = strict.judge_program(
             &Program::Direct {
@@ -1397,6 +1620,146 @@ mod tests {
             &ANYONE,
         );
         assert!(v.unparsed);
+    }
+
+    /// Login shells read files no rule saw (PROTOCOL 7.2): unparsed unless the policy
+    /// says `"login_shell": "split"`; and even then, a request that moves where a login
+    /// shell finds its profile (`HOME`, ...) is unparsed. zsh reads `$ZDOTDIR/.zshenv` on
+    /// every start and fish its config, so those with such a variable are unparsed however
+    /// they are run; a shell without `-c` (or with `-s`) is interactive on a terminal.
+    #[test]
+    fn login_shells_and_the_variables_that_move_their_startup_files_are_unparsed() {
+        let rules =
+            r#""rules": [{"name": "t", "pattern": [["true", "echo"]], "decision": "allow"}]"#;
+        let strict = policy(&format!("{{{rules}}}"));
+        let trusting = policy(&format!(r#"{{"login_shell": "split", {rules}}}"#));
+        let lenient = policy(&format!(
+            r#"{{"login_shell": "split", "env": "allow", {rules}}}"#
+        ));
+        let judged = |p: &Policy, l: &str, env: &[&str]| p.judge(&Judged::Line(l), env, &ANYONE);
+        // The red team's: a profile written, then a login shell pointed at it.
+        let attack = "echo 'rm -rf V' > h/.bash_profile; HOME=h bash -lc true";
+        for p in [&strict, &trusting, &lenient] {
+            let v = judged(p, attack, &[]);
+            assert!(v.unparsed, "{attack}");
+            decides(&v, Decision::Ask, "unparsed");
+            assert!(p.judge_interactive(attack, &ANYONE).unparsed);
+        }
+        for line in [
+            "bash -lc true",
+            "bash -l -c true",
+            "sh -lc true",
+            "bash -ilc true",
+        ] {
+            decides(&judged(&strict, line, &[]), Decision::Ask, "unparsed");
+        }
+        for line in ["bash -lc true", "bash -cl true", "sh -l -c 'echo x'"] {
+            let v = judged(&trusting, line, &[]);
+            decides(&v, Decision::Allow, "t");
+            assert!(!v.unparsed, "{line}");
+        }
+        assert!(judged(&trusting, "bash -ilc true", &[]).unparsed);
+        for (line, env) in [
+            ("bash -lc true", &["HOME"][..]),
+            ("bash -lc true", &["INPUTRC"][..]),
+            ("HOME=h bash -lc true", &[][..]),
+            ("XDG_CONFIG_HOME=x bash -lc true", &[][..]),
+            ("ZDOTDIR=d bash -lc true", &[][..]),
+        ] {
+            assert!(judged(&trusting, line, env).unparsed, "{line} {env:?}");
+            assert!(judged(&lenient, line, env).unparsed, "{line} {env:?}");
+        }
+        // Not a login shell: its profile is not read, its HOME is only a value.
+        assert!(!judged(&trusting, "HOME=h bash -c true", &[]).unparsed);
+        let direct = |p: &Policy, argv: &[&str], env: &[&str]| {
+            p.judge(&Judged::Argv(&words(argv)), env, &ANYONE)
+        };
+        assert!(direct(&trusting, &["bash", "-lc", "true"], &["HOME"]).unparsed);
+        assert!(!direct(&trusting, &["bash", "-lc", "true"], &[]).unparsed);
+        assert!(direct(&strict, &["bash", "-lc", "true"], &[]).unparsed);
+        // zsh's `.zshenv` variant, and fish: however they are run.
+        for p in [&strict, &trusting, &lenient] {
+            for (line, env) in [
+                ("ZDOTDIR=d zsh -c true", &[][..]),
+                ("zsh -c true", &["ZDOTDIR"][..]),
+                ("HOME=h zsh -c true", &[][..]),
+                ("XDG_CONFIG_HOME=x fish -c true", &[][..]),
+                ("zsh -c true", &[][..]),
+            ] {
+                assert!(judged(p, line, env).unparsed, "{line} {env:?}");
+                assert!(p.judge_interactive(line, &ANYONE).unparsed, "{line}");
+            }
+            assert!(direct(p, &["zsh", "-c", "true"], &["ZDOTDIR"]).unparsed);
+            assert!(direct(p, &["fish", "-c", "true"], &["XDG_CONFIG_HOME"]).unparsed);
+            // A shell without `-c`, or with `-s`, reads its commands from where it runs
+            // (a session's terminal): interactive, its rc file and whatever is typed.
+            for line in [
+                "bash",
+                "sh",
+                "bash -s",
+                "dash -s x",
+                "zsh",
+                "fish",
+                "busybox sh",
+                "bash -i",
+            ] {
+                assert!(p.judge_interactive(line, &ANYONE).unparsed, "{line}");
+                assert!(judged(p, line, &[]).unparsed, "{line}");
+            }
+        }
+        // The field is checked like the others.
+        assert!(Policy::parse(r#"{"login_shell": "sometimes"}"#)
+            .unwrap_err()
+            .contains(r#""login_shell" must be "split" or "unparsed", not "sometimes""#));
+        assert!(Policy::parse(r#"{"login_shell": true}"#)
+            .unwrap_err()
+            .contains("not a boolean"));
+        assert!(
+            !Policy::parse(r#"{"login_shell": "unparsed"}"#)
+                .unwrap()
+                .login_split
+        );
+    }
+
+    /// The one list of bash's own variables holds every variable an interactive bash sets
+    /// itself (a newer bash's new variable fails here first); `TERM` is the terminal's.
+    #[test]
+    fn the_list_of_bash_variables_covers_what_the_installed_bash_sets() {
+        let Ok(out) = std::process::Command::new("bash")
+            .args(["--norc", "--noprofile", "-i", "-c", "compgen -v"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+        else {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("bash is not installed");
+            }
+            eprintln!("SKIPPED: bash is not installed");
+            return;
+        };
+        let names = String::from_utf8_lossy(&out.stdout);
+        assert!(names.lines().count() > 30, "{names}");
+        for name in names.lines().filter(|n| *n != "TERM") {
+            assert!(
+                bash_variable(name),
+                "bash sets {name}: is it in the manual's list?"
+            );
+        }
+        for name in [
+            "MAILPATH",
+            "PS0",
+            "PS3",
+            "PROMPT_COMMAND",
+            "CDPATH",
+            "histchars",
+        ] {
+            assert!(bash_variable(name), "{name}");
+        }
+        for name in ["TERM", "USER", "X", "PAGER", "__execd_n", "LD_PRELOAD"] {
+            assert!(!bash_variable(name), "{name}");
+        }
     }
 
     #[test]
@@ -1451,7 +1814,7 @@ mod tests {
     fn refuses_bad_top_level_fields() {
         refused(
             r#"{"rule": []}"#,
-            r#"unknown field "rule" at the top level (known: default, unparsed, env, rules, sandbox, workspaces, escalation)"#,
+            r#"unknown field "rule" at the top level (known: default, unparsed, env, login_shell, rules, sandbox, workspaces, escalation)"#,
         );
         refused(
             r#"{"default": "maybe"}"#,

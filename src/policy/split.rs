@@ -68,16 +68,25 @@
 //! - A word holding `=` that is no assignment (zsh runs `=rm` as `/bin/rm`; `1A=x`), or
 //!   starting with `%` (a job to resume): unparsed.
 //! - A shell (`sh`, `bash`, `rbash`, `dash`, `ash`, `busybox sh`/`busybox ash`, by basename)
-//!   given exactly `[-e|-u|-l|+e|+u|-o pipefail|errexit|nounset]... -c WORD [ARG...]`:
+//!   given exactly `[-e|-u|+e|+u|-o pipefail|errexit|nounset]... -c WORD [ARG...]`:
 //!   replaced by WORD's commands (one level deep; a shell inside WORD is reported and
-//!   unparsed). `-l` is there because the spec reads `bash -lc WORD` (agents wrap every
-//!   command so); the profile it reads could only have been written by an earlier command,
-//!   which is judged too. Any other invocation of a shell is unparsed: `bash script.sh`
-//!   and `echo .. | bash` run code nobody read, `--login` and `-i` run profile and rc
-//!   files, `-x` runs `PS4`,
-//!   `-k`, `-O` and `--posix` change how WORD is read. `ksh`, `mksh`, `zsh` and the other
-//!   shells with `-c` are always unparsed: their preset aliases (`integer`, `nameref`) and
-//!   expansions (`=cmd`, `<1-9>`) differ; what their WORD would run is still reported.
+//!   unparsed). Options are read as the shell reads them: `l` anywhere in a short cluster
+//!   (`-lc`, `-cl`, `-elc`) makes a login shell, which runs `/etc/profile` and the
+//!   profile in `$HOME` first, code no rule saw: unparsed, unless the reading says
+//!   `login_split` (the policy's `"login_shell": "split"`), which trusts those files and
+//!   reports `login` (the policy weighs `HOME` and the like against it). Any other
+//!   invocation of a shell is unparsed: `bash script.sh` and `echo .. | bash` run code
+//!   nobody read, `--login`, `-i`, `--rcfile` and `--init-file` run profile and rc
+//!   files, `-s` or no `-c` reads the terminal, `-x` runs `PS4`, `-k`, `-O` and `--posix`
+//!   change how WORD is read. `ksh`, `mksh`, `zsh`, `fish` and the other shells with `-c`
+//!   are always unparsed: their preset aliases (`integer`, `nameref`), expansions (`=cmd`,
+//!   `<1-9>`) and startup files (zsh's `.zshenv`, read on every start) differ; what their
+//!   WORD would run is still reported.
+//! - In a shell session's line (`Reading::session`, PROTOCOL 7.2), a word naming the
+//!   shell's own descriptors (containing `/proc/`, starting with `/dev/fd` or `/dev/std`;
+//!   in a redirection or an assignment too) or a program named like the session helper's
+//!   functions (`__execd...`) is not plain. (What a session line assigns is the policy's
+//!   to weigh, from `assigned`.)
 //! - Anything else (bare, quoted, `./x`, `/usr/bin/x`, `-x`): a program, argv as read.
 //!
 //! When reading stops, `commands` holds what was read before, plus the argv of the command
@@ -102,6 +111,23 @@ pub struct Split {
     /// in order, nested `sh -c` lines included: the policy decides whether they change
     /// what runs.
     pub assigned: Vec<String>,
+    /// A login shell's `-c WORD` was read through (only under `Reading::login_split`): it
+    /// reads profile files from `$HOME` first, which the policy weighs against the
+    /// variables set.
+    pub login: bool,
+}
+
+/// How a line is read: where it will run, and what the policy trusts (PROTOCOL 7.2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// A line of a shell session (12.2), typed into a shell that lives on: a word that
+    /// names the shell's own descriptors (`/proc/...`, `/dev/fd...`, `/dev/std...`) or a
+    /// program named like the session helper's functions (`__execd...`) is unparsed.
+    /// (Assignments to bash's own variables are the policy's to weigh: `assigned`.)
+    pub session: bool,
+    /// `"login_shell": "split"`: `bash -lc WORD` (any short cluster with `l`) is read
+    /// through like `bash -c WORD`, trusting the profile files it reads first.
+    pub login_split: bool,
 }
 
 /// The last path component of a program as given (`/usr/bin/rm` -> `rm`).
@@ -114,31 +140,44 @@ pub(crate) fn basename(program: &str) -> &str {
 
 /// What a direct argv `sh -c WORD` (or `bash -c`, ...) runs: WORD split as a line that is
 /// already one level deep, so its own nested shells are not read. Empty for an argv that
-/// is no shell; unparsed for a shell run any other way (`bash x.sh`, `bash -l -c WORD`).
-pub fn split_shell_c(argv: &[String]) -> Split {
+/// is no shell; unparsed for a shell run any other way (`bash x.sh`, `bash --login -c
+/// WORD`, and `bash -l -c WORD` unless `reading` trusts login shells).
+pub fn split_shell_c(argv: &[String], reading: Reading) -> Split {
     let mut shells = Vec::new();
-    match shell_run(argv) {
+    match shell_run(argv, reading.login_split) {
         None => Split::default(),
-        Some(ShellRun::Plain { word, posix }) => split_at(word, 1, posix, &mut shells),
+        Some(ShellRun::Plain { word, posix, login }) => {
+            let mut out = split_at(word, 1, posix, reading, &mut shells);
+            out.login |= login;
+            out
+        }
         Some(ShellRun::Opaque(word)) => {
-            let mut out = word.map_or_else(Split::default, |w| split_at(w, 1, true, &mut shells));
+            let mut out = word.map_or_else(Split::default, |w| {
+                split_at(w, 1, true, reading, &mut shells)
+            });
             out.unparsed = true;
             out
         }
     }
 }
 
-/// Splits a shell line into its simple commands, or says it is not a plain script.
+/// Splits a shell line into its simple commands, or says it is not a plain script (read
+/// as a `bash -c` line, login shells unparsed).
 pub fn split_line(line: &str) -> Split {
-    split_at(line, 0, false, &mut Vec::new())
+    split_line_as(line, Reading::default())
+}
+
+/// `split_line`, read as `reading` says.
+pub fn split_line_as(line: &str, reading: Reading) -> Split {
+    split_at(line, 0, false, reading, &mut Vec::new())
 }
 
 /// `split_line`, and the argv of every `sh -c WORD` it replaced by WORD's commands: what
 /// the differential test lets run besides the commands.
 #[cfg(test)]
-fn split_line_traced(line: &str) -> (Split, Vec<Vec<String>>) {
+fn split_line_traced(line: &str, reading: Reading) -> (Split, Vec<Vec<String>>) {
     let mut shells = Vec::new();
-    let split = split_at(line, 0, false, &mut shells);
+    let split = split_at(line, 0, false, reading, &mut shells);
     (split, shells)
 }
 
@@ -146,7 +185,13 @@ fn split_line_traced(line: &str) -> (Split, Vec<Vec<String>>) {
 /// WORD's commands (and its argv added to `shells`); deeper, it is kept as it is and the
 /// line counts as unparsed, since what it runs is not read. `posix`: the line is read by a
 /// POSIX shell (dash, ash), not by bash: bash's `&>` and `|&` are not plain there.
-fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -> Split {
+fn split_at(
+    line: &str,
+    depth: u8,
+    posix: bool,
+    reading: Reading,
+    shells: &mut Vec<Vec<String>>,
+) -> Split {
     let mut out = Split::default();
     if line
         .bytes()
@@ -159,6 +204,7 @@ fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -
         s: line.as_bytes(),
         i: 0,
         posix,
+        session: reading.session,
     };
     let mut argv: Vec<String> = Vec::new();
     // The current simple command has begun (a word, an assignment or a redirection).
@@ -181,11 +227,18 @@ fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -
                 let name = name.strip_suffix('+').unwrap_or(name);
                 out.assigned.push(name.to_owned());
                 started = true;
-                if !assignment_is_plain(name) {
+                if !assignment_is_plain(name)
+                    || (reading.session && names_own_descriptors(&word.text))
+                {
                     break false;
                 }
             }
             Token::Word(word) => {
+                let helper = argv.is_empty() && word.text.starts_with("__execd");
+                if reading.session && (helper || names_own_descriptors(&word.text)) {
+                    argv.push(word.text);
+                    break false;
+                }
                 argv.push(word.text);
                 started = true;
             }
@@ -202,7 +255,7 @@ fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -
                     }
                     break false;
                 }
-                if !finish(&mut out, std::mem::take(&mut argv), depth, shells) {
+                if !finish(&mut out, std::mem::take(&mut argv), depth, reading, shells) {
                     return out;
                 }
                 started = false;
@@ -212,7 +265,7 @@ fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -
         }
     };
     if plain {
-        finish(&mut out, argv, depth, shells);
+        finish(&mut out, argv, depth, reading, shells);
     } else {
         out.unparsed = true;
         // The words of the command being read when reading stopped: a true prefix of its
@@ -226,7 +279,13 @@ fn split_at(line: &str, depth: u8, posix: bool, shells: &mut Vec<Vec<String>>) -
 
 /// Adds the whole simple command `argv` to `out` (a `sh -c WORD` as WORD's commands).
 /// False when it is not plain: `out` is then flagged unparsed and reading stops.
-fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<String>>) -> bool {
+fn finish(
+    out: &mut Split,
+    argv: Vec<String>,
+    depth: u8,
+    reading: Reading,
+    shells: &mut Vec<Vec<String>>,
+) -> bool {
     let Some(program) = argv.first() else {
         return true;
     };
@@ -248,17 +307,18 @@ fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<St
         out.unparsed = true;
         return false;
     }
-    match shell_run(&argv) {
+    match shell_run(&argv, reading.login_split) {
         None => {
             out.commands.push(argv);
             true
         }
-        Some(ShellRun::Plain { word, posix }) if depth == 0 => {
-            let inner = split_at(word, depth + 1, posix, shells);
+        Some(ShellRun::Plain { word, posix, login }) if depth == 0 => {
+            let inner = split_at(word, depth + 1, posix, reading, shells);
             shells.push(argv);
             out.commands.extend(inner.commands);
             out.assigned.extend(inner.assigned);
             out.unparsed |= inner.unparsed;
+            out.login |= login;
             !inner.unparsed
         }
         // One level only: what a shell inside a shell runs is not read.
@@ -271,7 +331,7 @@ fn finish(out: &mut Split, argv: Vec<String>, depth: u8, shells: &mut Vec<Vec<St
             // What it would run, read as best we can: a `deny` among it still counts.
             let inner = word
                 .filter(|_| depth == 0)
-                .map(|w| split_at(w, depth + 1, true, &mut Vec::new()));
+                .map(|w| split_at(w, depth + 1, true, reading, &mut Vec::new()));
             out.commands.push(argv);
             if let Some(inner) = inner {
                 out.commands.extend(inner.commands);
@@ -365,8 +425,13 @@ fn assignment_is_plain(name: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ShellRun<'a> {
     /// `SHELL [plain options] -c WORD [ARG...]` of a shell whose reading of WORD we know;
-    /// `posix` unless that shell is bash.
-    Plain { word: &'a str, posix: bool },
+    /// `posix` unless that shell is bash; `login` when `-l` was among the options (read
+    /// through only under `"login_shell": "split"`).
+    Plain {
+        word: &'a str,
+        posix: bool,
+        login: bool,
+    },
     /// Any other way of running a shell; the `-c` WORD if one could be made out.
     Opaque(Option<&'a str>),
 }
@@ -383,7 +448,8 @@ const OTHER_SHELLS: [&str; 13] = [
 ];
 
 /// How `argv` runs a shell, if its program is one (by basename; `busybox sh` too).
-fn shell_run(argv: &[String]) -> Option<ShellRun<'_>> {
+/// `login_split`: a login shell's `-c WORD` may be read through.
+fn shell_run(argv: &[String], login_split: bool) -> Option<ShellRun<'_>> {
     let (shell, args) = match (argv.first().map(|p| basename(p)), argv.get(1)) {
         // `busybox sh`: the applet named by its basename, as busybox finds it.
         (Some("busybox"), Some(applet)) => (basename(applet), argv.get(2..)?),
@@ -394,20 +460,33 @@ fn shell_run(argv: &[String]) -> Option<ShellRun<'_>> {
     if !readable && !OTHER_SHELLS.contains(&shell) {
         return None;
     }
-    let (plain_options, word) = shell_options(args);
-    Some(match word {
-        Some(word) if readable && plain_options => ShellRun::Plain {
+    let options = shell_options(args);
+    let plain = options.plain && (!options.login || login_split);
+    Some(match options.word {
+        Some(word) if readable && plain => ShellRun::Plain {
             word,
             posix: !matches!(shell, "bash" | "rbash"),
+            login: options.login,
         },
         word => ShellRun::Opaque(word),
     })
 }
 
-/// Reads a shell's options: whether they are all plain ones (see the module header), and
-/// the script when `-c` is among them (the first operand).
-fn shell_options(args: &[String]) -> (bool, Option<&str>) {
+/// A shell's options as the shell reads them.
+struct ShellOptions<'a> {
+    /// Every option is a plain one (see the module header), `-l` included, and there is a
+    /// `-c` script.
+    plain: bool,
+    /// `-l` was among them (in any short cluster: `-lc`, `-cl`, `-elc`): a login shell.
+    login: bool,
+    /// The script, when `-c` is among them (the first operand).
+    word: Option<&'a str>,
+}
+
+/// Reads a shell's options (see `ShellOptions`).
+fn shell_options(args: &[String]) -> ShellOptions<'_> {
     let mut plain = true;
+    let mut login = false;
     let mut command_mode = false;
     let mut i = 0;
     while let Some(arg) = args.get(i) {
@@ -423,6 +502,7 @@ fn shell_options(args: &[String]) -> (bool, Option<&str>) {
             continue;
         }
         if let Some(long) = arg.strip_prefix("--") {
+            // `--login`, `--rcfile`, `--init-file`, `--posix`, ...: never read through.
             plain = false;
             // The two long options that take a value: skip it too.
             if matches!(long, "rcfile" | "init-file") {
@@ -447,11 +527,12 @@ fn shell_options(args: &[String]) -> (bool, Option<&str>) {
         for b in letters.bytes() {
             match b {
                 b'c' if minus => command_mode = true,
-                // `bash -lc`, as agents wrap every command (PROTOCOL 7.2): a login shell
-                // reads the profile files, which only a command run before could have
-                // written, and that command is judged on its own.
-                b'l' if minus => {}
+                // A login shell reads `/etc/profile` and `~/.bash_profile` (or
+                // `~/.profile`) first: code no rule saw (PROTOCOL 7.2). The caller reads
+                // its script through only under `"login_shell": "split"`.
+                b'l' if minus => login = true,
                 b'e' | b'u' => {}
+                // `-i` (interactive: the rc file), `-s`, `-x` (PS4), `-k`, `-O`, ...
                 _ => plain = false,
             }
         }
@@ -465,7 +546,22 @@ fn shell_options(args: &[String]) -> (bool, Option<&str>) {
     } else {
         None
     };
-    (plain && word.is_some(), word)
+    ShellOptions {
+        plain: plain && word.is_some(),
+        login,
+        word,
+    }
+}
+
+/// Whether a word names a shell's own descriptors, which a session's line has no business
+/// with (PROTOCOL 7.2: the command channel's guarantee is the socket; this keeps the line
+/// honest): a path through `/proc`, or `/dev/fd`, `/dev/stdin`, `/dev/stdout`,
+/// `/dev/stderr`.
+fn names_own_descriptors(word: &str) -> bool {
+    word.contains("/proc/")
+        || word.ends_with("/proc")
+        || word.starts_with("/dev/fd")
+        || word.starts_with("/dev/std")
 }
 
 /// The rest of the line is not a plain script.
@@ -533,6 +629,8 @@ struct Lexer<'a> {
     i: usize,
     /// Read as dash reads it: bash's `&>` and `|&` are not plain.
     posix: bool,
+    /// A shell session's line: a redirection to the shell's own descriptors is not plain.
+    session: bool,
 }
 
 impl Lexer<'_> {
@@ -652,7 +750,8 @@ impl Lexer<'_> {
         }
         let word = self.word()?;
         let socket = word.text.starts_with("/dev/tcp/") || word.text.starts_with("/dev/udp/");
-        if socket || (word.digits && matches!(self.at(0), Some(b'<' | b'>'))) {
+        let own = self.session && names_own_descriptors(&word.text);
+        if socket || own || (word.digits && matches!(self.at(0), Some(b'<' | b'>'))) {
             return Err(NotPlain);
         }
         Ok(Token::Redirect { both: false })
@@ -1147,13 +1246,22 @@ mod tests {
         ("bash script.sh", &[&["bash", "script.sh"]], true),
         ("p1 | sh", &[&["p1"], &["sh"]], true),
         ("bash -c", &[&["bash", "-c"]], true),
-        // `bash -lc WORD`, as agents wrap commands, is read like `bash -c WORD`.
+        // `bash -lc WORD`, as agents wrap commands, reads the profile files first: unparsed
+        // (unless the policy says `"login_shell": "split"`), what WORD runs still read.
         (
             "bash -lc 'git status && git diff'",
-            &[&["git", "status"], &["git", "diff"]],
-            false,
+            &[
+                &["bash", "-lc", "git status && git diff"],
+                &["git", "status"],
+                &["git", "diff"],
+            ],
+            true,
         ),
-        ("bash -lc 'rm -rf V'", &[&["rm", "-rf", "V"]], false),
+        (
+            "bash -lc 'rm -rf V'",
+            &[&["bash", "-lc", "rm -rf V"], &["rm", "-rf", "V"]],
+            true,
+        ),
         (
             "bash -x -c 'p1'",
             &[&["bash", "-x", "-c", "p1"], &["p1"]],
@@ -1300,28 +1408,142 @@ mod tests {
     #[test]
     fn a_direct_shell_argv_is_read_like_its_line_one_level_deep() {
         let argv = |ws: &[&str]| ws.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
-        let s = split_shell_c(&argv(&["bash", "-c", "p1 && p2"]));
+        let plain = Reading::default();
+        let split = |ws: &[&str]| split_shell_c(&argv(ws), plain);
+        let s = split(&["bash", "-c", "p1 && p2"]);
         assert_eq!(
             (s.commands, s.unparsed),
             (vec![argv(&["p1"]), argv(&["p2"])], false)
         );
-        let s = split_shell_c(&argv(&["sh", "-c", "bash -c p1"]));
+        let s = split(&["sh", "-c", "bash -c p1"]);
         assert_eq!(
             (s.commands, s.unparsed),
             (vec![argv(&["bash", "-c", "p1"])], true)
         );
-        let s = split_shell_c(&argv(&["bash", "-l", "-c", "p1"]));
-        assert_eq!((s.commands, s.unparsed), (vec![argv(&["p1"])], false));
-        let s = split_shell_c(&argv(&["bash", "--login", "-c", "p1"]));
+        // A login shell reads profile files first: unparsed unless the policy trusts them.
+        for login in [&["bash", "-l", "-c", "p1"][..], &["bash", "-lc", "p1"][..]] {
+            let s = split(login);
+            assert_eq!(
+                (&s.commands, s.unparsed, s.login),
+                (&vec![argv(&["p1"])], true, false)
+            );
+            let trusted = Reading {
+                login_split: true,
+                ..plain
+            };
+            let s = split_shell_c(&argv(login), trusted);
+            assert_eq!(
+                (&s.commands, s.unparsed, s.login),
+                (&vec![argv(&["p1"])], false, true)
+            );
+        }
+        let s = split(&["bash", "--login", "-c", "p1"]);
         assert_eq!((s.commands, s.unparsed), (vec![argv(&["p1"])], true));
-        assert!(split_shell_c(&argv(&["bash", "x.sh"])).unparsed);
-        assert!(split_shell_c(&argv(&["zsh"])).unparsed);
-        assert_eq!(
-            split_shell_c(&argv(&["python3", "-c", "p1"])),
-            Split::default()
-        );
-        assert_eq!(split_shell_c(&argv(&["busybox", "ls"])), Split::default());
-        assert_eq!(split_shell_c(&[]), Split::default());
+        assert!(split(&["bash", "x.sh"]).unparsed);
+        assert!(split(&["zsh"]).unparsed);
+        assert_eq!(split(&["python3", "-c", "p1"]), Split::default());
+        assert_eq!(split(&["busybox", "ls"]), Split::default());
+        assert_eq!(split(&[]), Split::default());
+    }
+
+    /// How a shell reads its options (PROTOCOL 7.2): `l` or `i` anywhere in a short
+    /// cluster, `--login`, `--rcfile`, `--init-file`, `-O`/`+O` and `-o` (but the three
+    /// that only change how errors end it) make a login, interactive or option-changing
+    /// shell; only `-l` is ever read through, and only under `"login_shell": "split"`.
+    #[test]
+    fn login_interactive_and_option_changing_shells_are_read_as_the_shell_reads_them() {
+        let trusted = Reading {
+            login_split: true,
+            ..Reading::default()
+        };
+        for line in [
+            "bash -lc p1",
+            "bash -cl p1",
+            "bash -ilc p1",
+            "bash -l -c p1",
+            "bash -elc p1",
+            "sh -lc p1",
+            "sh -l -c p1",
+            "dash -lc p1",
+            "busybox sh -lc p1",
+        ] {
+            let s = split_line(line);
+            assert!(s.unparsed, "{line}");
+            assert!(s.commands.contains(&vec!["p1".to_owned()]), "{line}: {s:?}");
+        }
+        for line in ["bash -lc p1", "bash -cl p1", "bash -l -c p1", "sh -elc p1"] {
+            let s = split_line_as(line, trusted);
+            assert!(!s.unparsed && s.login, "{line}");
+        }
+        for line in [
+            "bash -ilc p1",
+            "bash -lic p1",
+            "bash -i -c p1",
+            "bash --login -c p1",
+            "bash --rcfile x -c p1",
+            "bash --init-file x -c p1",
+            "bash -O extglob -c p1",
+            "bash +O extglob -c p1",
+            "bash -o posix -c p1",
+            "bash -o vi -c p1",
+            "bash -s",
+            "bash -ls",
+            "bash",
+            "sh",
+            "zsh",
+            "fish",
+            "zsh -c p1",
+            "fish -c p1",
+            "ksh -c p1",
+            "mksh -c p1",
+            "rbash",
+            "busybox sh",
+        ] {
+            assert!(split_line_as(line, trusted).unparsed, "{line}");
+        }
+        // The three options that change only how errors end the script stay plain.
+        assert!(!split_line("bash -o pipefail -c p1").unparsed);
+        assert!(!split_line("bash -e -o nounset -c p1").unparsed);
+    }
+
+    /// In a shell session (PROTOCOL 7.2) a word that names the shell's own descriptors,
+    /// anywhere in the line (a redirection's target, an assignment's value, inside a
+    /// `bash -c` script), or a program named like the helper's functions, is unparsed;
+    /// the same words elsewhere are only words.
+    #[test]
+    fn a_session_line_naming_the_shells_descriptors_is_unparsed() {
+        let session = Reading {
+            session: true,
+            ..Reading::default()
+        };
+        for line in [
+            "echo 'rm -rf V' > /proc/self/fd/10",
+            "echo x >/proc/self/fd/0",
+            "cat /proc/self/fd/10",
+            "cd /proc/self/fd",
+            "ls /proc",
+            "echo x > /dev/fd/10",
+            "echo x >/dev/stderr",
+            "cat /dev/stdin",
+            "p1 /dev/fd",
+            "X=/proc/self/fd/10 p1",
+            "bash -c 'echo x > /proc/self/fd/10'",
+            "__execd_prompt",
+            "__execd_pre 1 x",
+            "p1 && __execd_st 3",
+        ] {
+            assert!(split_line_as(line, session).unparsed, "{line}");
+            assert!(!split_line(line).unparsed, "{line} outside a session");
+        }
+        for line in [
+            "echo proc",
+            "cat /dev/null",
+            "p1 /dev/tty",
+            "p1 ./procs/x",
+            "p1 __execd",
+        ] {
+            assert!(!split_line_as(line, session).unparsed, "{line}");
+        }
     }
 
     /// Pieces of shell syntax, plain and not, for lines that reach every branch.
@@ -1402,7 +1624,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_line_splits_into_nonempty_argvs(line in fragments()) {
-            let (split, shells) = split_line_traced(&line);
+            let (split, shells) = split_line_traced(&line, Reading::default());
             prop_assert!(split.commands.iter().all(|c| !c.is_empty()));
             prop_assert!(shells.iter().all(|c| c.len() >= 3));
         }
@@ -1412,7 +1634,7 @@ mod tests {
         /// to the shell: unparsed.
         #[test]
         fn a_plain_line_reads_the_same_through_a_shell(line in fragments()) {
-            let (split, shells) = split_line_traced(&line);
+            let (split, shells) = split_line_traced(&line, Reading::default());
             if !split.unparsed && shells.is_empty() {
                 let option = line.starts_with(['-', '+']);
                 let bash_only = line.contains("&>") || line.contains("|&");

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use mio::unix::SourceFd;
@@ -562,6 +563,9 @@ impl Children {
             return Some(Launched::of((s.token, s.req, s.launch), Err(e)));
         }
         core.started(&s.launch, key, s.id, pid, s.runs_as);
+        if let Some(path) = s.ends.tty_path {
+            core.tty_path(key, path);
+        }
         // A command started while the daemon stops is ended with the rest.
         if core.stopping {
             core.kill(key, KillReason::Shutdown);
@@ -594,7 +598,11 @@ impl Children {
                     PIPE_BYTES_PER_TURN,
                     false,
                 );
-                false
+                // A shell's end marker: where it is now is read before anything else this
+                // turn (a request judged next must not be shown the last directory).
+                core.out
+                    .iter()
+                    .any(|e| matches!(e, crate::core::Effect::ShellDir { .. }))
             }
             Some(Source::Stdin { key }) => self.flush_stdin(core, registry, key),
             Some(Source::Commands { key }) => {
@@ -751,7 +759,7 @@ impl Children {
         false
     }
 
-    /// Writes what waits for a shell's command pipe as far as the pipe takes it.
+    /// Writes what waits for a shell's command channel as far as the socket takes it.
     pub fn flush_commands(&mut self, core: &mut Core, registry: &Registry, key: Key) {
         let Some(c) = core.table.get_mut(key).and_then(|p| p.commands.as_mut()) else {
             return;
@@ -770,6 +778,27 @@ impl Children {
         if let Some(fd) = self.pipes.terminal_fd(key) {
             let _ = crate::sys::pty::signal_foreground(fd, libc::SIGINT);
         }
+    }
+
+    /// Discards the unread input of a shell's terminal (its prompt is shown). A terminal
+    /// already closed has none.
+    pub fn discard_input(&mut self, key: Key) {
+        if let Some(fd) = self.pipes.terminal_fd(key) {
+            let _ = crate::sys::pty::discard_input(fd);
+        }
+    }
+
+    /// Reads where shell `key` is (`/proc/PID/cwd`) and hands it to the core: `logical`
+    /// instead when it names the same directory (a kept symlink).
+    pub fn shell_dir(&mut self, core: &mut Core, key: Key, logical: Option<PathBuf>) {
+        let Some(pid) = core.table.get(key).map(|p| p.pid) else {
+            return;
+        };
+        let dir = match logical {
+            Some(l) if crate::sys::cwd::names(pid, &l) => Some(l),
+            _ => crate::sys::cwd::of(pid).ok(),
+        };
+        core.shell_dir(key, dir);
     }
 
     /// Closes every pipe of a command (it was released or forgotten).
@@ -935,7 +964,7 @@ impl Children {
     }
 
     /// Closes a command's stdin (its input was drained after an `eof`, it exited or was
-    /// released), and a shell's command pipe with it.
+    /// released), and a shell's command channel with it.
     pub fn close_stdin(&mut self, registry: &Registry, key: Key) {
         self.inputs.remove(&key);
         self.pipes.close_stdin(registry, key);

@@ -740,6 +740,10 @@ impl Server {
                         self.children.flush_commands(&mut self.core, registry, key);
                     }
                     Effect::Interrupt(key) => self.children.interrupt(key),
+                    Effect::DiscardInput(key) => self.children.discard_input(key),
+                    Effect::ShellDir { key, logical } => {
+                        self.children.shell_dir(&mut self.core, key, logical)
+                    }
                     Effect::Spawn(launch) => self.start(NOBODY, None, launch),
                     Effect::Pump(key) => self.children.pump(&mut self.core, &mut self.clients, key),
                     Effect::Resize { key, size } => self.children.resize(key, size),

@@ -1,6 +1,7 @@
 //! The pipes of every command, and their tokens: output read ends, registered READABLE,
 //! read into the command's rings by the loop; stdin write ends (and a shell session's
-//! command pipe), registered WRITABLE only while input waits for them.
+//! command channel, our end of a socket pair), registered WRITABLE only while input waits
+//! for them.
 //!
 //! Invariants:
 //! - Every descriptor here is non-blocking and close-on-exec (the spawner made it so).
@@ -13,6 +14,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use mio::net::UnixStream;
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Interest, Registry, Token};
 
@@ -32,7 +34,7 @@ pub enum Source {
     Stdin {
         key: Key,
     },
-    /// A shell session's command pipe.
+    /// A shell session's command channel.
     Commands {
         key: Key,
     },
@@ -67,9 +69,11 @@ struct OutPipe {
     grown: bool,
 }
 
+/// What the loop writes into: a stdin pipe (`Sender`) or a shell's command channel
+/// (`UnixStream`).
 #[derive(Debug)]
-struct InPipe {
-    tx: Sender,
+struct InPipe<W> {
+    tx: W,
     token: Token,
     registered: bool,
 }
@@ -77,9 +81,9 @@ struct InPipe {
 #[derive(Debug, Default)]
 struct ProcPipes {
     outs: Vec<Option<OutPipe>>,
-    stdin: Option<InPipe>,
-    /// A shell session's command pipe: only lines that passed the gate go there.
-    commands: Option<InPipe>,
+    stdin: Option<InPipe<Sender>>,
+    /// A shell session's command channel: only lines that passed the gate go there.
+    commands: Option<InPipe<UnixStream>>,
 }
 
 /// Every command's pipes.
@@ -91,7 +95,7 @@ pub struct Pipes {
 
 impl Pipes {
     /// Takes a started command's pipes: `outs` in stream order, its stdin, if a pipe, and
-    /// a shell's command pipe. Output pipes are registered READABLE at once; `token`
+    /// a shell's command channel. Output pipes are registered READABLE at once; `token`
     /// hands out fresh tokens.
     pub fn add(
         &mut self,
@@ -130,7 +134,7 @@ impl Pipes {
             let t = token();
             self.sources.insert(t, Source::Commands { key });
             entry.commands = Some(InPipe {
-                tx: Sender::from(fd),
+                tx: channel(fd),
                 token: t,
                 registered: false,
             });
@@ -216,7 +220,7 @@ impl Pipes {
         flushed
     }
 
-    /// Writes what waits for a shell's command pipe, as `flush_stdin` does for stdin.
+    /// Writes what waits for a shell's command channel, as `flush_stdin` does for stdin.
     pub fn flush_commands(
         &mut self,
         registry: &Registry,
@@ -233,7 +237,7 @@ impl Pipes {
         flushed
     }
 
-    /// Closes a shell's command pipe (the shell reads EOF and exits).
+    /// Closes a shell's command channel (the shell reads EOF and exits).
     pub fn close_commands(&mut self, registry: &Registry, key: Key) {
         let Some(mut pipe) = self.procs.get_mut(&key).and_then(|p| p.commands.take()) else {
             return;
@@ -291,7 +295,9 @@ impl Pipes {
 
     /// The pipes `carry` described, their descriptors from `take`: output ends registered
     /// READABLE (a pipe that holds bytes already is reported at once); stdin ends and a
-    /// shell's command pipe registered when input waits for them.
+    /// shell's command channel registered when input waits for them. A command channel
+    /// carried from an image that made it a pipe is written as one all the same (a write
+    /// is a write); the core restarts such a shell before it sends it a line.
     pub fn resume(
         registry: &Registry,
         imgs: &[PipesImage],
@@ -327,7 +333,7 @@ impl Pipes {
                 let token = Token(token);
                 pipes.sources.insert(token, Source::Commands { key });
                 entry.commands = Some(InPipe {
-                    tx: Sender::from(take(fd)?),
+                    tx: channel(take(fd)?),
                     token,
                     registered: false,
                 });
@@ -338,10 +344,18 @@ impl Pipes {
     }
 }
 
+/// Our end of a shell's command channel, as mio writes it.
+fn channel(fd: OwnedFd) -> UnixStream {
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
+}
+
 /// Writes what `buf` holds into `pipe` as far as it takes it. `Closed` once an `eof` has
 /// drained or the pipe broke (the caller closes it); registers WRITABLE while input still
 /// waits.
-fn flush(registry: &Registry, pipe: &mut InPipe, buf: &mut Stdin) -> Flushed {
+fn flush<W>(registry: &Registry, pipe: &mut InPipe<W>, buf: &mut Stdin) -> Flushed
+where
+    W: Write + mio::event::Source,
+{
     let mut broken = false;
     while !buf.buf.is_empty() {
         let (a, _) = buf.buf.as_slices();
@@ -397,7 +411,7 @@ mod tests {
     fn pipes_carried_by_an_upgrade_come_back_under_their_tokens() {
         let (out_r, out_w) = pipe();
         let (in_r, in_w) = pipe();
-        let (cmd_r, cmd_w) = pipe();
+        let (cmd_w, cmd_r) = crate::sys::spawn::command_channel().expect("socket pair");
         let img = vec![PipesImage {
             key: 12,
             outs: vec![Some((out_r.as_raw_fd(), 40, true)), None],

@@ -879,7 +879,7 @@ impl Server {
             final_sweep_until: None,
         };
         // Input that waited for a command's stdin, and lines that waited for a shell's
-        // command pipe, go on being written.
+        // command channel, go on being written.
         let waiting = |s: &Option<crate::core::table::Stdin>| {
             s.as_ref().is_some_and(|s| s.open && !s.buf.is_empty())
         };

@@ -1,6 +1,7 @@
 //! Every system call and every `unsafe` block of the daemon, one room per concern:
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
-//! credentials), `socket`, `host` (the daemon's own process), `inotify`; and the OS-facing
+//! credentials), `socket`, `host` (the daemon's own process), `cwd` (where a process is),
+//! `inotify`; and the OS-facing
 //! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
 //! sinks, whether a command waits for input (`waiting`), the off-loop reader's process
 //! (`reader`: what reads other processes' memory, away from the loop), and the system
@@ -11,6 +12,7 @@
 pub mod cgroup;
 pub mod contain;
 pub mod cookie;
+pub mod cwd;
 pub mod host;
 pub mod ids;
 pub mod inotify;

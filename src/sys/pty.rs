@@ -10,6 +10,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 
 use crate::types::WinSize;
 
@@ -83,6 +84,48 @@ pub fn signal_foreground(fd: RawFd, sig: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// The path the slave `slave` has in the file system (`/dev/pts/N`), as this process sees
+/// it: what a shell session's command lines open for each command (PROTOCOL 12.2), so that
+/// `tty` names the terminal and nothing a line redirected carries over to the next.
+pub fn path_of(slave: &OwnedFd) -> io::Result<PathBuf> {
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", slave.as_raw_fd()))?;
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(io::Error::other(format!(
+            "a terminal with no path: {}",
+            path.display()
+        )))
+    }
+}
+
+/// Discards what the terminal whose master is `master` holds as input and nobody has read
+/// (typed, written by the daemon, or pushed with `TIOCSTI`): the prompt of a shell session
+/// starts the next command on an empty input queue (PROTOCOL 12.2). The queue is the
+/// slave's: a flush through the master (`TCIFLUSH` or `TCOFLUSH`) leaves a line already
+/// received there for the next reader (the tests below show it), so the slave is opened
+/// from the master for the flush and closed again.
+pub fn discard_input(master: RawFd) -> io::Result<()> {
+    // SAFETY: TIOCGPTPEER takes open flags and returns a new descriptor or -1.
+    let slave = unsafe {
+        libc::ioctl(
+            master,
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
+    if slave < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the ioctl just opened for us.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    // SAFETY: tcflush takes a descriptor we own and a queue selector.
+    if unsafe { libc::tcflush(slave.as_raw_fd(), libc::TCIFLUSH) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +163,82 @@ mod tests {
             size(slave.as_raw_fd()).expect("size"),
             WinSize { rows: 5, cols: 7 }
         );
+    }
+
+    /// Bytes waiting in the terminal's input queue (`FIONREAD` on the slave).
+    fn unread(slave: &OwnedFd) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int we own.
+        if unsafe { libc::ioctl(slave.as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
+            panic!("FIONREAD: {}", io::Error::last_os_error());
+        }
+        n as usize
+    }
+
+    /// What a non-blocking read of the slave gets now.
+    fn read_now(slave: &OwnedFd) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        // SAFETY: reading into a buffer we own from a descriptor we own.
+        let n = unsafe { libc::read(slave.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        buf[..n.max(0) as usize].to_vec()
+    }
+
+    /// Writes whole lines `bytes` as input (to the master) and waits until the slave holds
+    /// them all (in canonical mode `FIONREAD` counts complete lines only).
+    fn typed(master: &OwnedFd, slave: &OwnedFd, bytes: &[u8]) {
+        // SAFETY: writing a buffer we own to a descriptor we own.
+        let n = unsafe { libc::write(master.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        assert_eq!(n, bytes.len() as isize);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while unread(slave) < bytes.len() {
+            assert!(std::time::Instant::now() < deadline, "input never arrived");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Which flush empties the queue a command reads: not one through the master (neither
+    /// queue selector), only `TCIFLUSH` on the slave, which `discard_input` opens.
+    #[test]
+    fn only_a_flush_of_the_slaves_input_queue_discards_unread_input() {
+        for how in ["master TCIFLUSH", "master TCOFLUSH", "master TCIOFLUSH"] {
+            let (master, slave) = open(WinSize::DEFAULT).expect("openpty");
+            crate::sys::spawn::set_nonblocking(slave.as_raw_fd()).expect("nonblocking");
+            typed(&master, &slave, b"left over\nsecond\n");
+            let queue = match how {
+                "master TCIFLUSH" => libc::TCIFLUSH,
+                "master TCOFLUSH" => libc::TCOFLUSH,
+                _ => libc::TCIOFLUSH,
+            };
+            // SAFETY: tcflush on a descriptor we own.
+            assert_eq!(unsafe { libc::tcflush(master.as_raw_fd(), queue) }, 0);
+            assert_eq!(read_now(&slave), b"left over\n", "{how} kept the line");
+        }
+        let (master, slave) = open(WinSize::DEFAULT).expect("openpty");
+        crate::sys::spawn::set_nonblocking(slave.as_raw_fd()).expect("nonblocking");
+        typed(&master, &slave, b"left over\nsecond\n");
+        discard_input(master.as_raw_fd()).expect("discard");
+        assert_eq!(unread(&slave), 0);
+        assert_eq!(read_now(&slave), b"");
+        // What comes after the flush is input again.
+        typed(&master, &slave, b"next\n");
+        assert_eq!(read_now(&slave), b"next\n");
+    }
+
+    #[test]
+    fn a_slave_has_its_dev_pts_path() {
+        let (_master, slave) = open(WinSize::DEFAULT).expect("openpty");
+        let path = path_of(&slave).expect("path");
+        assert!(path.starts_with("/dev/pts"), "{}", path.display());
+        let opened = std::fs::File::open(&path).expect("open by path");
+        let same = |f: RawFd| {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: fstat fills a stat we own.
+            assert_eq!(unsafe { libc::fstat(f, st.as_mut_ptr()) }, 0);
+            // SAFETY: fstat succeeded.
+            let st = unsafe { st.assume_init() };
+            (st.st_dev, st.st_ino)
+        };
+        assert_eq!(same(opened.as_raw_fd()), same(slave.as_raw_fd()));
     }
 
     #[test]

@@ -61,6 +61,32 @@ pub fn reap_one() -> Option<ChildExit> {
     }
 }
 
+/// Reaps child `pid` if it has exited, without blocking: its end, or `None` while it
+/// runs (or if it is no child of ours). For a caller that started `pid` itself and must
+/// not reap anyone else's children (a test among others in one process).
+#[cfg(test)]
+pub fn try_reap(pid: i32) -> Option<Ended> {
+    if pid <= 0 {
+        return None;
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: status is valid for writes; WNOHANG makes this return at once.
+        let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if got < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if got != pid {
+            return None;
+        }
+        return Some(if libc::WIFSIGNALED(status) {
+            Ended::Signal(libc::WTERMSIG(status))
+        } else {
+            Ended::Code(libc::WEXITSTATUS(status))
+        });
+    }
+}
+
 /// Whether process group `pgid` still has a member.
 pub fn group_exists(pgid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.

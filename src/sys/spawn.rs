@@ -66,9 +66,12 @@ pub struct ParentEnds {
     /// The file the command reads its input from (its stdin pipe or PTY slave), for
     /// telling when it waits for input (`sys::waiting`).
     pub input: Option<InputFile>,
-    /// A shell session's command pipe (`Stdio3::Shell`): what the shell reads its
-    /// command lines from.
+    /// A shell session's command channel (`Stdio3::Shell`): our end of the socket the
+    /// shell reads its command lines from.
     pub commands: Option<OwnedFd>,
+    /// A shell session's terminal by path (`/dev/pts/N`, `Stdio3::Shell`): what every
+    /// command line opens as the command's stdin, stdout and stderr.
+    pub tty_path: Option<PathBuf>,
 }
 
 /// A command's stdio before the spawn: the child's ends (to become 0, 1 and 2) and the
@@ -122,6 +125,7 @@ impl Wired {
                 stdin: stdin_w,
                 input,
                 commands: None,
+                tty_path: None,
             },
         })
     }
@@ -144,25 +148,34 @@ impl Wired {
                 stdin: Some(writer),
                 input,
                 commands: None,
+                tty_path: None,
             },
         })
     }
 
     /// A shell session's bash (`Stdio3::Shell`): a pseudo-terminal of `size` whose slave
-    /// is the child's stdout, stderr and controlling terminal, as for `pty`, and a pipe
-    /// as its stdin, which the parent writes command lines to. The shell reads commands
-    /// only from the pipe, so nothing typed into the terminal reaches it as a command.
-    fn shell(size: WinSize) -> io::Result<Wired> {
+    /// is the child's stdout, stderr and controlling terminal, as for `pty`, and one end of
+    /// a Unix socket pair as its stdin, which the parent writes command lines to
+    /// (PROTOCOL 12.2). The shell reads commands only from the socket, so nothing typed
+    /// into the terminal reaches it as a command; and the socket, unlike a pipe, cannot be
+    /// opened again through `/proc/PID/fd` (`ENXIO`), while its shell end is shut for
+    /// writing, so no copy of it (inherited, or taken with `pidfd_getfd`) writes a line.
+    /// The slave is given to `owner` (the user the shell runs as), who opens it by its
+    /// path for every command.
+    fn shell(size: WinSize, owner: Option<u32>) -> io::Result<Wired> {
         let (master, slave) = crate::sys::pty::open(size)?;
         set_nonblocking(master.as_raw_fd())?;
         let writer = master.try_clone()?;
-        // Programs read the terminal; the shell itself reads only the pipe, so it never
+        let tty_path = crate::sys::pty::path_of(&slave)?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::fchown(&slave, Some(uid), None)?;
+        }
+        // Programs read the terminal; the shell itself reads only the socket, so it never
         // counts as waiting for input at its prompt.
         let input = InputFile::of_fd(slave.as_raw_fd()).ok();
-        let (cmd_r, cmd_w) = pipe()?;
-        set_nonblocking(cmd_w.as_raw_fd())?;
+        let (ours, theirs) = command_channel()?;
         Ok(Wired {
-            child: [Some(cmd_r), Some(slave), None],
+            child: [Some(theirs), Some(slave), None],
             tty: false,
             ctty: true,
             parent: ParentEnds {
@@ -170,10 +183,22 @@ impl Wired {
                 err: None,
                 stdin: Some(writer),
                 input,
-                commands: Some(cmd_w),
+                commands: Some(ours),
+                tty_path: Some(tty_path),
             },
         })
     }
+}
+
+/// A shell session's command channel (PROTOCOL 12.2): a connected pair of Unix stream
+/// sockets, both close-on-exec: `(ours, theirs)`. Ours is non-blocking, for the loop to
+/// write lines into; theirs, the shell's stdin, is shut for writing, which holds for every
+/// copy of it: a program that reaches it writes nothing (`EPIPE`).
+pub fn command_channel() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    theirs.shutdown(std::net::Shutdown::Write)?;
+    ours.set_nonblocking(true)?;
+    Ok((OwnedFd::from(ours), OwnedFd::from(theirs)))
 }
 
 /// The step of a spawn that failed.
@@ -625,7 +650,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             return fail(FAILED_SETUP, r);
         }
         // A new session has no controlling terminal: its PTY becomes it (descriptor 1
-        // is the slave for a PTY command and for a shell, whose stdin is a pipe).
+        // is the slave for a PTY command and for a shell, whose stdin is a socket).
         if plan.tty {
             let r = sys!(libc::SYS_ioctl, 1, libc::TIOCSCTTY, 0);
             if r < 0 {
@@ -1207,7 +1232,7 @@ impl Spawner {
             .collect();
         let wired = match spec.stdio {
             Stdio3::Pty(size) => Wired::pty(size)?,
-            Stdio3::Shell(size) => Wired::shell(size)?,
+            Stdio3::Shell(size) => Wired::shell(size, spec.user.map(|u| u.uid))?,
             stdio => Wired::pipes(stdio)?,
         };
         let user = spec.user.map(|u| (u.uid, u.gid, u.groups.clone()));
@@ -1254,6 +1279,7 @@ impl Spawner {
                 stdin: Some(in_w),
                 input: None,
                 commands: None,
+                tty_path: None,
             },
         };
         let prepared = Box::new(Prepared {

@@ -118,7 +118,8 @@ pub fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
 pub enum FdKind {
     /// A socket (a listener or a connection).
     Socket,
-    /// A pipe end or a terminal (a command's output, stdin or PTY master).
+    /// A pipe end, a terminal or a socket pair's end (a command's output, stdin or PTY
+    /// master, a shell's command channel).
     Stream,
     /// Anything open (the inotify descriptor, the audit file).
     Any,
@@ -138,7 +139,7 @@ pub fn check_fd(fd: RawFd, kind: FdKind) -> Result<(), String> {
     let mode = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
     let ok = match kind {
         FdKind::Socket => mode == libc::S_IFSOCK,
-        FdKind::Stream => mode == libc::S_IFIFO || mode == libc::S_IFCHR,
+        FdKind::Stream => mode == libc::S_IFIFO || mode == libc::S_IFCHR || mode == libc::S_IFSOCK,
         FdKind::Any => true,
     };
     if ok {

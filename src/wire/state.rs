@@ -450,7 +450,7 @@ pub struct ProcImage {
     pub started_wall: i64,
     pub streams: Vec<StreamImage>,
     pub stdin: Option<StdinImage>,
-    /// A shell session's command pipe: the gated lines waiting for the shell.
+    /// A shell session's command channel: the gated lines waiting for the shell.
     pub commands: Option<StdinImage>,
     /// The uid it runs as.
     pub runs_as: u32,
@@ -562,6 +562,10 @@ pub struct TtyImage {
     pub rows: u16,
     pub cols: u16,
     pub screen: Option<ScreenImage>,
+    /// A shell session's terminal by path (`/dev/pts/N`). Absent in a state from an image
+    /// whose shells read a pipe: such a shell is started again before its next line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<Bytes>,
 }
 
 /// A terminal emulator's screen: the visible grid as escape sequences that redraw it on
@@ -732,7 +736,7 @@ pub enum StdioImage {
         rows: u16,
         cols: u16,
     },
-    /// A shell session's bash: a PTY, with a command pipe for its stdin.
+    /// A shell session's bash: a PTY, with a command channel (a socket) for its stdin.
     Shell {
         rows: u16,
         cols: u16,
@@ -848,6 +852,10 @@ pub struct ShellSessionImage {
     pub oneshot: bool,
     #[serde(default)]
     pub reopened: Option<String>,
+    /// The last command's exit status (what `$?` says when the next line starts); absent
+    /// in a state from an image whose shells kept it themselves (0 then).
+    #[serde(default)]
+    pub last_status: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1136,7 +1144,7 @@ pub struct PipesImage {
     pub outs: Vec<Option<(i32, usize, bool)>>,
     /// `[fd, token]` while open.
     pub stdin: Option<(i32, usize)>,
-    /// A shell session's command pipe: `[fd, token]` while open.
+    /// A shell session's command channel: `[fd, token]` while open.
     pub commands: Option<(i32, usize)>,
 }
 
@@ -1221,7 +1229,8 @@ pub enum FallbackImage {
 pub enum FdRole {
     /// A listener or a connection.
     Socket,
-    /// A pipe end or a PTY master.
+    /// A pipe end, a PTY master, or a shell session's command channel (our end of a
+    /// socket pair; a pipe in a state from an older image).
     Stream,
     /// The inotify descriptor, the audit file.
     Other,

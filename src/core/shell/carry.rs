@@ -254,6 +254,7 @@ impl Shells {
                     old: s.old.iter().map(|k| k.0).collect(),
                     oneshot: s.oneshot,
                     reopened: s.reopened.clone(),
+                    last_status: s.last_status,
                 }
             })
             .collect();
@@ -292,6 +293,9 @@ impl Shells {
                 id: s.id.clone(),
                 owner: s.owner,
                 workdir: PathBuf::from(s.workdir.to_os()),
+                // Read again at its next end marker; nothing is being read across a swap.
+                dir_pending: false,
+                last_status: s.last_status,
                 created_wall: wall_of(s.created_wall),
                 created: clock.at(s.created),
                 last_used: clock.at(s.last_used),
@@ -401,9 +405,12 @@ mod tests {
         req.prefix = "sh";
         let (k, id) = c.table.next_ids("sh");
         c.started(&req, k, id, 4242, 1000);
+        c.tty_path(k, "/dev/pts/7".into());
         c.shell_started(&key, k, None);
         let (e, p) = (mark(&c, &key, "e;0;2f"), mark(&c, &key, "p"));
         c.output(k, 0, format!("{e}$ {p}").as_bytes());
+        // The loop reads where the shell is; the line goes then.
+        c.shell_dir(k, Some("/".into()));
         let opts = LineOpts {
             hard_timeout: Some(Duration::from_secs(10)),
             ..LineOpts::default()
@@ -447,6 +454,8 @@ mod tests {
         let mut back = through_upgrade(&c, swap);
         assert_eq!(back.shells.map[&key].nonce, c.shells.map[&key].nonce);
         assert_eq!(back.shells.map[&key].size, size);
+        let tty = |core: &Core| core.table.get(k).and_then(|p| p.tty.as_ref()?.path.clone());
+        assert_eq!(tty(&back), Some("/dev/pts/7".into()), "its terminal's path");
         let r = back.shells.map[&key].record(seq).unwrap();
         assert_eq!((r.id.as_str(), r.admitted.0), ("shcmd_9", "approve"));
         assert_eq!(r.timers.len(), 1, "its hard timeout, re-armed");

@@ -147,32 +147,61 @@ fn escaped(bytes: &[u8]) -> String {
 }
 
 /// The line that makes a fresh bash a shell session's: no history of its own (commands
-/// are added as sent) and no history file, no `!` expansion, the markers, the functions
-/// lines call, `set -P` unless symlinks are kept, and the start directory entered as
-/// given (so a kept symlink shows in `pwd`). One line: bash runs each line it reads
-/// before reading the next.
+/// are added as sent) and no history file, no `!` expansion, no mail checks and no idle
+/// exit (`MAILPATH` and `TMOUT` do nothing with `MAILCHECK` and `TMOUT` unset and
+/// read-only), the markers, the functions lines call, `set -P` unless symlinks are kept,
+/// and the start directory entered as given (so a kept symlink shows in `pwd`). One line:
+/// bash runs each line it reads before reading the next. The prompts (`PS0`, `PS1`,
+/// `PS2`, `PROMPT_COMMAND`, and `PS4`, which `set -x` expands before every command) are
+/// read-only: no line makes them run anything.
+///
+/// Nothing a line assigns, defines or redirects changes what this code does (PROTOCOL
+/// 7.2): the nonce, the prompt variables and the functions are read-only; the state the
+/// functions hand each other (`__execd_back`, `__execd_was`, `__execd_chk`, the hex
+/// cache `__execd_lp`/`__execd_hp`) is checked before use, only ever passed to `cd`, or
+/// names what the daemon checks itself (the directory a marker names is checked against
+/// the shell's real one); every command the helper runs is `builtin X` (so a function
+/// named `printf`, `cd`, `set`, `local`, `return` or `eval` is never called), and every
+/// expansion in its words is quoted (`builtin local` is no declaration builtin to the
+/// parser: its words are split on `IFS`, which a line may have set); alias expansion is
+/// off; lines never see `$?` or `$__execd_c` before the daemon's own values are put there;
+/// and after a line that is not a plain script the prompt checks the shell's descriptors
+/// and undoes what would make later words mean more than they say (`set -k`, `set -a`,
+/// `set -H`, the command hash, alias expansion; `command_line`). What it cannot hold: a
+/// line that defines a function named `builtin` (asked for, like every definition) takes
+/// over every later line once approved; and what an approved line defines (a function, a
+/// trap, an exported variable) applies to later lines as it would at a terminal, in the
+/// open for its approver to read.
 pub fn setup_line(nonce: &str, dir: &std::path::Path, keep_symlinks: bool) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
     let physical = if keep_symlinks { "+P" } else { "-P" };
     let dir = escaped(dir.as_os_str().as_bytes());
     format!(
-        " set +o history +H; unset HISTFILE; builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; \
-__execd_n={nonce}; __execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_s=0; \
-__execd_hex() {{ local LC_ALL=C __i __h=; for ((__i=0; __i<${{#PWD}}; __i++)); do \
-builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; __execd_hp=$__h; __execd_lp=$PWD; }}; \
-__execd_prompt() {{ local __s=$?; __execd_s=$__s; \
-if [[ -n $__execd_back ]]; then builtin cd -- \"$__execd_back\"; __execd_back=; fi; \
-if [[ -n $__execd_was ]]; then builtin set $__execd_was; __execd_was=; fi; \
-if [[ $PWD != \"$__execd_lp\" ]]; then __execd_hex; fi; \
+        " set +o history +H; unset HISTFILE MAILCHECK TMOUT; builtin shopt -u expand_aliases; \
+builtin export -n PS0 PS1 PS2 PROMPT_COMMAND; builtin readonly __execd_n={nonce} MAILCHECK TMOUT; \
+__execd_lp=; __execd_hp=; __execd_back=; __execd_was=; __execd_c=; __execd_chk=; \
+__execd_prompt() {{ builtin local \"__s=$?\"; \
+if [[ -n $__execd_chk ]]; then \
+[[ -S /dev/fd/0 && -t 1 && -t 2 ]] || builtin kill -KILL \"$$\"; builtin set +kaH; builtin hash -r; fi; \
+if [[ -n $__execd_back ]]; then if [[ $__execd_back == /* ]]; then \
+builtin cd -- \"$__execd_back\" 2>/dev/null || __execd_back=; fi; __execd_back=; fi; \
+if [[ -n $__execd_was ]]; then if [[ $__execd_was == 1 ]]; then builtin set -P; \
+elif [[ $__execd_was == 2 ]]; then builtin set +P; fi; __execd_was=; fi; \
+if [[ $PWD != \"$__execd_lp\" ]]; then builtin local LC_ALL=C __i __h=; \
+for ((__i=0; __i<${{#PWD}}; __i++)); do builtin printf -v __h '%s%02x' \"$__h\" \"'${{PWD:__i:1}}\"; done; \
+__execd_hp=$__h; __execd_lp=$PWD; fi; \
 builtin printf '\\033]6973;e;%s;%s;%s\\007' \"$__execd_n\" \"$__s\" \"$__execd_hp\" >/dev/tty; }}; \
-__execd_pre() {{ builtin printf -v __execd_c %b \"$2\"; builtin history -s -- \"$__execd_c\"; \
-if [[ -n $5 ]]; then if [[ -o physical ]]; then __execd_was=-P; else __execd_was=+P; fi; builtin set $5; fi; \
-if [[ -n $3 ]]; then local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
-builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then \
-builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; return 2; fi; }}; fi; \
+__execd_pre() {{ if [[ -n $__execd_chk ]]; then builtin shopt -u expand_aliases; __execd_chk=; fi; \
+builtin printf -v __execd_c %b \"$2\"; builtin history -s -- \"$__execd_c\"; \
+if [[ $5 != . ]]; then if [[ -o physical ]]; then __execd_was=1; else __execd_was=2; fi; builtin set \"$5\"; fi; \
+if [[ -n $3 ]]; then builtin local __d; builtin printf -v __d %b \"$3\"; [[ $4 == *e* ]] || __execd_back=$PWD; \
+builtin cd -- \"$__d\" 2>/dev/null || {{ __execd_back=; if [[ $4 == *s* ]]; then __execd_c=; \
+builtin printf '\\033]6973;x;%s\\007' \"$__execd_n\" >/dev/tty; builtin return 0; fi; }}; fi; \
 builtin printf '\\033]6973;s;%s;%s\\007' \"$__execd_n\" \"$1\" >/dev/tty; }}; \
-__execd_st() {{ return \"$__execd_s\"; }}; \
+__execd_st() {{ builtin return \"$1\"; }}; \
+builtin readonly -f __execd_prompt __execd_pre __execd_st; \
 PROMPT_COMMAND=__execd_prompt; PS1='\\u@\\h:\\w\\$ \\[\\033]6973;p;{nonce}\\007\\]'; PS2=; PS0=; \
+builtin readonly PROMPT_COMMAND PS0 PS1 PS2 PS4; \
 builtin set {physical}; builtin printf -v __execd_c %b '{dir}'; builtin cd -- \"$__execd_c\"; \
 __execd_c=; builtin history -c\n"
     )
@@ -182,10 +211,32 @@ __execd_c=; builtin history -c\n"
 /// The line that runs command `seq` with `opts` (see the module's header): its
 /// `exec_dir` (left again afterwards unless `enter`), `strict` (a missing `exec_dir`
 /// fails it rather than running it in the session's directory), its own
-/// `preserve_symlinks`.
-pub fn command_line(seq: u64, command: &str, opts: &LineOpts) -> Vec<u8> {
+/// `preserve_symlinks`; `status` is what `$?` says when it starts (the last command's,
+/// as the daemon read it from the end marker), and `tty` the terminal's path, opened
+/// afresh (read and write, as a terminal is) as its stdin. Every command word is quoted
+/// (`\x`), so no alias applies; no reserved word is used, so no alias of one (`{`) does
+/// either.
+///
+/// `guarded`: the line is not a plain script (PROTOCOL 7.2), so it may `exec`, `set` or
+/// name bash's saved descriptors (a plain line can do none of these). Its stdout and
+/// stderr are the terminal too, restored after it whatever it redirected; and it sets
+/// `__execd_chk`, for which the prompt after it checks that the shell's stdin is still
+/// its socket and its stdout and stderr terminals (a line that closed the copies bash
+/// saved could leave it reading commands from elsewhere: the shell ends itself then, and
+/// the session starts another) and undoes `set -k`, `set -a`, `set -H` and the command
+/// hash; the next line's `__execd_pre` turns alias expansion off again (bash restores
+/// that option after running `PROMPT_COMMAND`, so the prompt cannot). A plain line pays
+/// for none of it.
+pub fn command_line(
+    seq: u64,
+    command: &str,
+    opts: &LineOpts,
+    (tty, status): (&std::path::Path, i32),
+    guarded: bool,
+) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
     let physical = match opts.keep_symlinks {
-        None => "",
+        None => ".",
         Some(true) => "+P",
         Some(false) => "-P",
     };
@@ -195,8 +246,20 @@ pub fn command_line(seq: u64, command: &str, opts: &LineOpts) -> Vec<u8> {
         (false, true) => "e",
         (true, true) => "se",
     };
+    let tty = escaped(tty.as_os_str().as_bytes());
+    let (chk, outs) = if guarded {
+        (" __execd_chk=1;", " 1>&0 2>&0")
+    } else {
+        ("", "")
+    };
+    // `__execd_pre` leaves `$?` at 0: a status of 0 needs no more.
+    let status = match status.clamp(0, 255) {
+        0 => String::new(),
+        s => format!(" \\__execd_st {s} && \\builtin :;"),
+    };
     format!(
-        " __execd_pre {seq} '{}' '{}' {flags} {physical} && {{ __execd_st && :; eval -- \"$__execd_c\"; }} </dev/tty\n",
+        " \\__execd_pre {seq} '{}' '{}' {flags} {physical};{chk}{status} \
+\\builtin eval -- \"$__execd_c\" 0<>$'{tty}'{outs}\n",
         escaped(command.as_bytes()),
         escaped(opts.exec_dir.as_deref().unwrap_or("").as_bytes()),
     )

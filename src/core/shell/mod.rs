@@ -3,36 +3,47 @@
 //! terminal's byte stream by markers the shell prints itself.
 //!
 //! How a line runs:
-//! - The bash (`bash --noprofile --norc --noediting -i`) reads its commands from a pipe
-//!   that only the daemon writes (`Stdio3::Shell`); its terminal is a PTY whose master the
-//!   daemon holds. Input for programs (`shell/write`) goes to the terminal, which the
-//!   shell never reads commands from, so nothing but a line that passed the gate can ever
-//!   run as a command, whatever is typed when.
+//! - The bash (`bash --noprofile --norc --noediting -i`) reads its commands from a Unix
+//!   socket that only the daemon writes (`Stdio3::Shell`): its end is shut for writing and
+//!   cannot be opened again through `/proc/PID/fd`, and bash's saved copies of it are
+//!   close-on-exec, so no program a line runs can put a command there. Its terminal is a
+//!   PTY whose master the daemon holds. Input for programs (`shell/write`) goes to the
+//!   terminal, which the shell never reads commands from, so nothing but a line that
+//!   passed the gate can ever run as a command, whatever is typed when.
 //! - Once started, the shell is sent a setup line (the daemon's own, not a request's)
-//!   that defines the prompt and two functions (`setup_line`). A command line is then
-//!   ` __execd_pre SEQ 'CMD' 'DIR' STRICT PHYS && { __execd_st && :; eval -- "$__execd_c";
-//!   } </dev/tty` (`command_line`): the command and its `exec_dir` travel as `\xNN`
-//!   escapes, so the line holds no character the shell gives a meaning to and no
-//!   fragment of it could ever run as something else; `__execd_pre` decodes them, adds
-//!   the command to history, enters `exec_dir` and prints the start marker;
-//!   `__execd_st` gives `$?` back the last command's status, as a prompt would (`false`,
-//!   then `echo $?` shows 1; `&& :` keeps a failing status from `set -e` and ERR traps);
-//!   `eval` runs the command at the top level (so `cd`, `export`, `declare`, functions
-//!   persist as if typed), with the terminal as its stdin.
+//!   that defines the prompt and three read-only functions (`setup_line`). A command
+//!   line is then ` \__execd_pre SEQ 'CMD' 'DIR' STRICT PHYS; \__execd_st STATUS &&
+//!   \builtin :; \builtin eval -- "$__execd_c" 0<>TTY 1>&0 2>&0` (`command_line`): the
+//!   command and its `exec_dir` travel as `\xNN` escapes, so the line holds no character
+//!   the shell gives a meaning to and no fragment of it could ever run as something else;
+//!   every word in command position is quoted, so no alias applies. `__execd_pre` resets
+//!   what would make later words mean more than they say (`set -k`, `set -a`, the command
+//!   hash, alias expansion), decodes the command, adds it to history, enters `exec_dir`
+//!   and prints the start marker; `__execd_st` gives `$?` the last command's status as
+//!   the daemon read it (`false`, then `echo $?` shows 1; `&& :` keeps a failing status
+//!   from `set -e` and ERR traps); `eval` runs the command at the top level (so `cd`,
+//!   `export`, `declare`, functions persist as if typed) with the terminal, opened afresh
+//!   by its `/dev/pts` path, as stdin, stdout and stderr: `tty` names it, and what a line
+//!   redirects (`exec >file`) ends with it.
 //! - Markers are OSC sequences `ESC ] 6973 ; KIND ; NONCE [; FIELD...] BEL`, written to
 //!   `/dev/tty`. Text replies strip every escape sequence, so they are never shown. The
-//!   nonce is random per shell and lives only in unexported shell variables: a program
-//!   printing a marker cannot know it, so it cannot end its command early or fake an exit
-//!   code. (A line that expands those variables itself can; that is its owner's own line,
-//!   and it only misleads its own session.) Kinds: `s;N;SEQ` the command started,
-//!   `e;N;STATUS;HEXDIR` a command ended (PROMPT_COMMAND, before each prompt: `$?` and
-//!   the directory), `p;N` the prompt is shown (the end of PS1), `x;N` `exec_dir` is
-//!   missing and `strict` was asked.
+//!   nonce is random per shell and lives only in a read-only shell variable and the
+//!   prompt: a program printing a marker cannot know it, so it cannot end its command
+//!   early or fake an exit code. (A line that expands it itself can; that is its owner's
+//!   own line, and it only misleads its own session.) Kinds: `s;N;SEQ` the command
+//!   started, `e;N;STATUS;HEXDIR` a command ended (PROMPT_COMMAND, before each prompt: `$?`
+//!   and `$PWD`), `p;N` the prompt is shown (the end of PS1), `x;N` `exec_dir` is missing
+//!   and `strict` was asked.
+//! - Where the shell is comes from the kernel, never from a marker: at each end marker
+//!   the loop reads `/proc/PID/cwd` (`Effect::ShellDir`; the marker's `$PWD` is taken
+//!   instead only when symlinks are kept and it names the same directory), and no line is
+//!   sent until that is known. At each prompt the terminal's unread input is discarded
+//!   (`Effect::DiscardInput`).
 //!
 //! A session's shell: spawning (being started) -> starting (setup sent, first prompt
 //! awaited) -> at the prompt <-> busy; back to spawning when it dies (restarted in the
 //! session's last directory); failed when it cannot be started.
-//! A record (one `exec`): queued (no prompt yet) -> sent (written to the pipe) -> running
+//! A record (one `exec`): queued (no prompt yet) -> sent (written to the channel) -> running
 //! (start marker) -> done (end marker, the shell's death, or it never ran).
 //!
 //! Invariants:
@@ -204,8 +215,16 @@ impl Record {
 pub struct ShellSession {
     pub id: String,
     pub owner: u32,
-    /// The shell's directory as its last prompt said: where a restart starts.
+    /// The shell's directory at its last prompt, as the kernel says (`/proc/PID/cwd`, or
+    /// the logical `$PWD` when symlinks are kept and it is the same directory): what
+    /// approvers and the audit see, and where a restart starts.
     pub workdir: PathBuf,
+    /// The shell's directory is being read (an end marker came; `shell_dir` ends it): no
+    /// line is sent until it is known.
+    pub dir_pending: bool,
+    /// The exit status of the last command, from the last end marker: what `$?` says
+    /// when the next line starts.
+    pub last_status: i32,
     pub created_wall: SystemTime,
     pub created: Instant,
     pub last_used: Instant,
@@ -440,6 +459,8 @@ impl Core {
                 id: id.to_string(),
                 owner,
                 workdir: dir,
+                dir_pending: false,
+                last_status: 0,
                 created_wall: self.wall,
                 created: self.now,
                 last_used: self.now,
@@ -501,6 +522,8 @@ impl Core {
         s.scan = Scanner::default();
         s.prompt_from = None;
         s.nonce = nonce;
+        s.dir_pending = false;
+        s.last_status = 0;
         if origin.is_some() {
             s.origin = origin;
         }
@@ -511,7 +534,15 @@ impl Core {
         self.send_to_shell(shell, &line);
     }
 
-    /// Queues `line` for the command pipe of `shell` (sized for the longest line).
+    /// The loop opened the terminal of command `key` (a shell's) at `path`: its command
+    /// lines open it for each command.
+    pub fn tty_path(&mut self, key: Key, path: PathBuf) {
+        if let Some(t) = self.table.get_mut(key).and_then(|p| p.tty.as_mut()) {
+            t.path = Some(path);
+        }
+    }
+
+    /// Queues `line` for the command channel of `shell` (sized for the longest line).
     fn send_to_shell(&mut self, shell: Key, line: &[u8]) {
         let Some(c) = self.table.get_mut(shell).and_then(|p| p.commands.as_mut()) else {
             return;
@@ -594,26 +625,55 @@ impl Core {
         }
     }
 
-    /// Sends the queued record, if the shell is at its prompt.
+    /// Sends the queued record, if the shell is at its prompt and where it is is known.
+    /// A shell with no terminal path (carried by an upgrade from an image whose shells
+    /// read their lines from a pipe, with that image's helper) is started again first.
     fn shell_send(&mut self, key: &SessionKey) {
         let Some(s) = self.shells.map.get_mut(key) else {
             return;
         };
         let Some(shell) = s.shell else { return };
-        if s.phase != Phase::Prompt {
+        if s.phase != Phase::Prompt || s.dir_pending {
             return;
         }
+        if !s.current().is_some_and(|r| r.step == RecordStep::Queued) {
+            return;
+        }
+        let Some(tty) = self
+            .table
+            .get(shell)
+            .and_then(|p| p.tty.as_ref()?.path.clone())
+        else {
+            self.log.line(format_args!(
+                "the shell of session {:?} (uid {}) reads its lines the old way: starting \
+                 another before its next line",
+                key.1, key.0
+            ));
+            if let Some(s) = self.shells.map.get_mut(key) {
+                s.phase = Phase::Busy;
+            }
+            self.kill(shell, KillReason::Request);
+            return;
+        };
+        let Some(s) = self.shells.map.get_mut(key) else {
+            return;
+        };
+        let status = s.last_status;
         let ps1 = s.ps1.clone();
         let Some(r) = s.current_mut() else { return };
-        if r.step != RecordStep::Queued {
-            return;
-        }
         r.step = RecordStep::Sent;
         r.shell = Some(shell);
         r.last_change = self.now;
         // The prompt it is typed at is the one shown now.
         r.ps1 = ps1;
-        let line = command_line(r.seq, &r.command, &r.opts);
+        // Only a line that is not a plain script can `exec`, `set` or close bash's saved
+        // descriptors: those are run guarded (`command_line`).
+        let session = crate::policy::Reading {
+            session: true,
+            ..Default::default()
+        };
+        let guarded = crate::policy::split_line_as(&r.command, session).unparsed;
+        let line = command_line(r.seq, &r.command, &r.opts, (&tty, status), guarded);
         let (id, peer, command) = (r.id.clone(), r.peer, r.command.clone());
         let (decision, rule) = r.admitted.clone();
         let cwd = r
@@ -635,6 +695,26 @@ impl Core {
                     "shell": true, "sandbox": sandbox }),
         );
         self.send_to_shell(shell, &line);
+    }
+
+    /// Where shell `shell` is now, as the loop read it for an end marker (`None`: it
+    /// could not be read, the shell being gone): the session's directory from now on.
+    /// Then the line waiting for it is sent.
+    pub fn shell_dir(&mut self, shell: Key, dir: Option<PathBuf>) {
+        let Some(sk) = self.table.get(shell).and_then(session_of) else {
+            return;
+        };
+        let Some(s) = self.shells.map.get_mut(&sk) else {
+            return;
+        };
+        if s.shell != Some(shell) {
+            return;
+        }
+        if let Some(dir) = dir {
+            s.workdir = dir;
+        }
+        s.dir_pending = false;
+        self.shell_send(&sk);
     }
 
     /// Output of shell `key` arrived at stream offset `offset`: markers move its session
@@ -695,9 +775,23 @@ impl Core {
             Marker::End { status, dir } => {
                 use std::os::unix::ffi::OsStringExt;
                 s.prompt_from = Some(end);
-                if !dir.is_empty() {
-                    s.workdir = PathBuf::from(std::ffi::OsString::from_vec(dir));
-                }
+                s.last_status = status;
+                // Where the shell is comes from the kernel, never from what a marker (or a
+                // line's `PWD=`) says; the `$PWD` it names is only a candidate for the
+                // name shown when symlinks are kept.
+                let keep = s.keep_symlinks
+                    || s.current()
+                        .is_some_and(|r| r.opts.keep_symlinks == Some(true));
+                let logical = (keep && !dir.is_empty())
+                    .then(|| PathBuf::from(std::ffi::OsString::from_vec(dir)));
+                s.dir_pending = true;
+                self.out.push(Effect::ShellDir {
+                    key: shell,
+                    logical,
+                });
+                let Some(s) = self.shells.map.get_mut(sk) else {
+                    return;
+                };
                 // Only a command that started (or was refused its exec_dir) ends here: a
                 // prompt cycle before a line sent was read (a repeated prompt) is not its.
                 let seq = s
@@ -735,6 +829,9 @@ impl Core {
                     .filter(|r| r.step == RecordStep::Running)
                     .map(|r| r.seq);
                 s.phase = Phase::Prompt;
+                // What the last command left unread in the terminal (or a program pushed
+                // there) is not the next one's input.
+                self.out.push(Effect::DiscardInput(shell));
                 if let Some(seq) = seq {
                     self.finish(sk, seq, None, Some(start), None);
                 }
@@ -1192,6 +1289,8 @@ mod tests {
     use crate::core::Wait;
     use crate::types::{Stdio3, Usage, WinSize};
     use crate::wire::rpc::ReqNo;
+    use serde_json::Value;
+    use std::path::Path;
 
     const N: &str = "abc123";
 
@@ -1221,6 +1320,7 @@ mod tests {
         req.ring_capacity = 1 << 16;
         let (k, id) = c.table.next_ids("sh");
         c.started(&req, k, id, k.0 as i32 + 1000, 1000);
+        c.tty_path(k, "/dev/pts/7".into());
         c.shell_started(key, k, None);
         k
     }
@@ -1229,9 +1329,31 @@ mod tests {
         c.shells.map[key].nonce.clone()
     }
 
-    /// Feeds the shell `k` what it would print.
+    /// Where the (fake) kernel says every shell is.
+    const KERNEL_DIR: &str = "/real/dir";
+
+    /// Feeds the shell `k` what it would print, and answers what the loop would read at
+    /// once (where a shell is, after an end marker): the marker's logical `$PWD` when one
+    /// is asked about (the fake kernel agrees it names the directory), else `KERNEL_DIR`.
     fn print(c: &mut Core, k: Key, text: &str) {
         c.output(k, 0, text.as_bytes());
+        serve_dirs(c);
+    }
+
+    /// Answers every `ShellDir` the core asked for, as the loop would.
+    fn serve_dirs(c: &mut Core) {
+        let asked: Vec<(Key, Option<PathBuf>)> = c
+            .out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ShellDir { key, logical } => Some((*key, logical.clone())),
+                _ => None,
+            })
+            .collect();
+        c.out.retain(|e| !matches!(e, Effect::ShellDir { .. }));
+        for (key, logical) in asked {
+            c.shell_dir(key, Some(logical.unwrap_or_else(|| KERNEL_DIR.into())));
+        }
     }
 
     fn mark(c: &Core, key: &SessionKey, body: &str) -> String {
@@ -1245,7 +1367,7 @@ mod tests {
         print(c, k, &m);
     }
 
-    /// What waits for the shell's command pipe, as text.
+    /// What waits for the shell's command channel, as text.
     fn piped(c: &mut Core, k: Key) -> String {
         let buf = &mut c.table.get_mut(k).unwrap().commands.as_mut().unwrap().buf;
         String::from_utf8(buf.drain(..).collect()).unwrap()
@@ -1269,7 +1391,7 @@ mod tests {
     fn a_line_waits_for_the_prompt_runs_and_ends_at_its_markers() {
         let mut c = testkit::core();
         let (key, k) = with_shell(&mut c);
-        assert!(piped(&mut c, k).starts_with(" set +o history +H; unset HISTFILE;"));
+        assert!(piped(&mut c, k).starts_with(" set +o history +H; unset HISTFILE"));
         let seq = queue(&mut c, &key, "echo hi");
         assert_eq!(
             record(&c, &key, seq).step,
@@ -1280,9 +1402,10 @@ mod tests {
         let (e, p) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
         print(&mut c, k, &format!("bash-5.2$ {e}u@h:/tmp$ {p}"));
         assert_eq!(c.shells.map[&key].ps1, "u@h:/tmp$ ");
-        assert_eq!(c.shells.map[&key].workdir, PathBuf::from("/tmp"));
+        // The marker's `$PWD` is not where the shell is: the kernel says.
+        assert_eq!(c.shells.map[&key].workdir, PathBuf::from(KERNEL_DIR));
         assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
-        assert!(piped(&mut c, k).starts_with(&format!(" __execd_pre {seq} '\\x65")));
+        assert!(piped(&mut c, k).starts_with(&format!(" \\__execd_pre {seq} '\\x65")));
         assert_eq!(record(&c, &key, seq).ps1, "u@h:/tmp$ ");
         // A prompt cycle before the line is read (a repeated prompt) ends nothing.
         let (e0, p0) = (mark(&c, &key, "e;0;2f746d70"), mark(&c, &key, "p"));
@@ -1397,6 +1520,117 @@ mod tests {
         say(&mut c, &key, k, "e;0;2f");
         let stdin = c.table.get(k).unwrap().stdin.as_ref().unwrap();
         assert!(stdin.buf.is_empty(), "not left for the next program");
+    }
+
+    /// The session's directory is the kernel's, read for every end marker before the next
+    /// line goes (so its audit `cwd` and what approvers are shown are where it runs); the
+    /// marker's `$PWD` is only offered as the logical name when symlinks are kept.
+    #[test]
+    fn the_directory_is_read_from_the_kernel_before_the_next_line_goes() {
+        let mut c = testkit::core();
+        c.cfg.audit = Some(crate::config::AuditTarget::Stderr);
+        let mut c = Core::new(c.cfg, c.now, c.wall, crate::core::log::Log::new(false));
+        let (key, k) = with_shell(&mut c);
+        piped(&mut c, k);
+        let seq = queue(&mut c, &key, "rm -rf build");
+        // A line said `PWD=/tmp/harmless`: the marker names it.
+        let e = mark(&c, &key, "e;0;2f746d702f6861726d6c657373");
+        let p = mark(&c, &key, "p");
+        c.output(k, 0, format!("{e}$ {p}").as_bytes());
+        let asked: Vec<_> = c
+            .out
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ShellDir { key: x, logical } if *x == k => Some(logical.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            asked,
+            vec![None],
+            "no logical name without preserve_symlinks"
+        );
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::DiscardInput(x) if *x == k)));
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Queued, "not before");
+        assert!(piped(&mut c, k).is_empty());
+        c.out.clear();
+        c.shell_dir(k, Some("/home/u/V".into()));
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
+        assert_eq!(c.shells.map[&key].workdir, PathBuf::from("/home/u/V"));
+        let audit = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
+        let start: Value = audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["event"] == "start" && r["shell"] == true)
+            .expect("a start record");
+        assert_eq!(start["cwd"], "/home/u/V");
+        // A shell that could not be read keeps the last directory known.
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        let e = mark(&c, &key, "e;0;2f");
+        c.output(k, 0, e.as_bytes());
+        c.shell_dir(k, None);
+        assert_eq!(c.shells.map[&key].workdir, PathBuf::from("/home/u/V"));
+        // With symlinks kept, the marker's `$PWD` is offered to the loop to check.
+        let kept = c
+            .open_shell(1000, ("k", false), "/".into(), PEER, (None, true))
+            .expect("open");
+        let k2 = start_shell(&mut c, &kept);
+        c.out.clear();
+        let e = mark(&c, &kept, "e;0;2f6c");
+        c.output(k2, 0, e.as_bytes());
+        assert!(c.out.iter().any(|e| matches!(e,
+            Effect::ShellDir { key: x, logical: Some(l) } if *x == k2 && l == Path::new("/l"))));
+    }
+
+    /// `$?` when a line starts is the last command's status as its end marker said, put
+    /// there by the line itself (no variable of the shell holds it between lines).
+    #[test]
+    fn a_line_starts_with_the_last_status() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        piped(&mut c, k); // the setup
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "false");
+        assert!(!piped(&mut c, k).contains("__execd_st"), "0 needs nothing");
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        say(&mut c, &key, k, "e;1;2f");
+        say(&mut c, &key, k, "p");
+        queue(&mut c, &key, "echo $?");
+        assert!(piped(&mut c, k).contains(" \\__execd_st 1 && "));
+    }
+
+    /// A shell an upgrade carried from an image whose shells read a pipe (with that
+    /// image's helper) has no terminal path: it is started again before it gets a line,
+    /// and the line goes to the new shell.
+    #[test]
+    fn a_shell_of_the_old_kind_is_started_again_before_its_next_line() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        if let Some(t) = c.table.get_mut(k).and_then(|p| p.tty.as_mut()) {
+            t.path = None;
+        }
+        say(&mut c, &key, k, "e;0;2f");
+        say(&mut c, &key, k, "p");
+        piped(&mut c, k);
+        c.out.clear();
+        let seq = queue(&mut c, &key, "echo hi");
+        assert!(piped(&mut c, k).is_empty(), "nothing for the old shell");
+        assert!(c
+            .out
+            .iter()
+            .any(|e| matches!(e, Effect::End { key: x, .. } if *x == k)));
+        c.exited(k, Ended::Signal(libc::SIGHUP), Usage::default(), None);
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Queued);
+        assert!(c.out.iter().any(|e| matches!(e, Effect::Spawn(_))));
+        let k2 = start_shell(&mut c, &key);
+        piped(&mut c, k2);
+        say(&mut c, &key, k2, "e;0;2f");
+        say(&mut c, &key, k2, "p");
+        assert_eq!(record(&c, &key, seq).step, RecordStep::Sent);
+        assert!(piped(&mut c, k2).contains("\\__execd_pre"));
     }
 
     #[test]
@@ -1592,10 +1826,14 @@ mod tests {
             keep_symlinks: Some(false),
             ..LineOpts::default()
         };
-        let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts);
+        let tty = std::path::Path::new("/dev/pts/7");
+        let line = command_line(4, "echo 'a' \"$B\"; rm -rf x\n!", &opts, (tty, 3), true);
         let text = String::from_utf8(line).unwrap();
-        assert!(text.starts_with(" __execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
-        assert!(text.ends_with(" s -P && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"));
+        assert!(text.starts_with(" \\__execd_pre 4 '\\x65\\x63\\x68\\x6f\\x20"));
+        let pts = "$'\\x2f\\x64\\x65\\x76\\x2f\\x70\\x74\\x73\\x2f\\x37'";
+        assert!(text.ends_with(&format!(
+            " s -P; __execd_chk=1; \\__execd_st 3 && \\builtin :; \\builtin eval -- \"$__execd_c\" 0<>{pts} 1>&0 2>&0\n"
+        )));
         let payload = text.split('\'').nth(1).unwrap();
         assert!(payload
             .as_bytes()
@@ -1603,11 +1841,26 @@ mod tests {
             .all(|c| c.len() == 4 && c.starts_with(b"\\x")));
         // Only its final newline ends a line.
         assert_eq!(text.matches('\n').count(), 1);
-        let plain = command_line(1, "true", &LineOpts::default());
+        let plain = command_line(1, "true", &LineOpts::default(), (tty, 0), false);
         assert_eq!(
-            plain,
-            b" __execd_pre 1 '\\x74\\x72\\x75\\x65' '' -  && { __execd_st && :; eval -- \"$__execd_c\"; } </dev/tty\n"
+            String::from_utf8(plain).unwrap(),
+            format!(
+                " \\__execd_pre 1 '\\x74\\x72\\x75\\x65' '' - .; \
+                 \\builtin eval -- \"$__execd_c\" 0<>{pts}\n"
+            )
         );
+        // Every word in command position is quoted: no alias applies, and no reserved
+        // word (`{`, `if`) is there for an alias of one to replace.
+        for command in text
+            .trim_end()
+            .split(';')
+            .flat_map(|c| c.split("&&"))
+            .map(str::trim)
+        {
+            let first = command.split(' ').next().unwrap_or("");
+            let quoted = first.is_empty() || first.starts_with('\\');
+            assert!(quoted || first == "__execd_chk=1", "{command:?}");
+        }
     }
 
     #[test]

@@ -29,6 +29,10 @@
 //! (`bash -lc`): the host's `/etc/profile` runs first, and its programs cannot be told
 //! from the line's.
 //!
+//! The shell-session mode (`session.rs`) runs sequences of lines in one interactive bash
+//! each, as a session's shell runs them, approved assignments to every variable of the
+//! bash manual among them, and checks what runs after each plain line.
+//!
 //! Tools: `bash` and `strace` (and a `/bin/true`). Without them the tests fail under
 //! `CI=true` and print `SKIPPED` otherwise.
 //!
@@ -44,8 +48,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::tests::{single_quoted, Case, CASES, FOUND, RED_TEAM};
-use super::{split_line_traced, Split};
+use super::{split_line_traced, Reading, Split};
 use crate::policy::changes_what_runs;
+
+mod session;
 
 const CORPUS: &str = include_str!("../../../tests/data/splitter-corpus.txt");
 
@@ -122,7 +128,7 @@ fn the_generator_mixes_plain_and_unparsed_lines() {
     assert_eq!(lines.len(), GENERATED);
     let plain = lines
         .iter()
-        .filter(|l| !split_line_traced(l).0.unparsed)
+        .filter(|l| !split_line_traced(l, Reading::default()).0.unparsed)
         .count();
     // Both halves of the splitter get exercised.
     assert!(
@@ -131,7 +137,7 @@ fn the_generator_mixes_plain_and_unparsed_lines() {
     );
     let nested = lines
         .iter()
-        .filter(|l| !split_line_traced(l).1.is_empty())
+        .filter(|l| !split_line_traced(l, Reading::default()).1.is_empty())
         .count();
     assert!(nested > GENERATED / 20, "{nested} read through a shell");
 }
@@ -490,7 +496,7 @@ fn differential(tools: &Tools, lines: &[String]) -> Tally {
     let mut report = Tally::default();
     let mut runs = Vec::new();
     for line in lines {
-        let (split, shells) = split_line_traced(line);
+        let (split, shells) = split_line_traced(line, Reading::default());
         if split.unparsed {
             report.unparsed += 1;
         } else if split.assigned.iter().any(|n| changes_what_runs(n)) {
