@@ -32,6 +32,7 @@ pub mod shutdown;
 pub mod table;
 #[cfg(test)]
 pub mod testkit;
+pub mod tie;
 pub mod timers;
 pub mod view;
 pub mod vocab;
@@ -79,13 +80,15 @@ impl Default for Containment {
     }
 }
 
-/// Who is calling: the connection and the peer's credentials.
+/// Who is calling: the connection, the peer's credentials, and whether the peer is one
+/// of the gate's subjects (a descendant of the daemon, and of which command: 7.3).
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {
     pub conn: ConnId,
     pub uid: u32,
     pub gid: u32,
     pub pid: i32,
+    pub tie: tie::Tie,
 }
 
 impl Caller {

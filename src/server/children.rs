@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, KillReason, Peer};
+use crate::core::tie::Tie;
 use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
@@ -779,6 +780,36 @@ impl Children {
             .map(|(pid, k)| (*pid, Key(*k)))
             .collect();
         Ok(c)
+    }
+
+    /// The tie of the process at the other end of Unix socket `fd`, which `SO_PEERCRED`
+    /// says is `pid` (PROTOCOL 7.3): the command whose cgroup holds it, else the command
+    /// (or the daemon) its chain of parents reaches; pinned, so that facts of a process
+    /// that took its pid meanwhile make it `unknown` (a descendant), never an outsider.
+    /// Only `/proc/PID/stat` and `/proc/PID/cgroup` are read (`sys::peer`).
+    pub fn tie_of(&self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> Tie {
+        if pid <= 0 {
+            return crate::core::tie::trace(pid, 0, None, |_| None, |_| None).tie;
+        }
+        let pinned = crate::sys::peer::Pinned::of_socket(fd, pid);
+        let key_of = |id: &str| {
+            core.table
+                .find(id, 0)
+                .or_else(|| self.starting.values().find(|s| s.id == id).map(|s| s.key))
+        };
+        let cgroup = self.contain.command_holding(pid).map(|id| key_of(&id));
+        // A spawn whose report is not read yet already runs its program.
+        let leader = |p: i32| {
+            core.table
+                .by_pid(p)
+                .or_else(|| self.starting.get(&p).map(|s| s.key))
+        };
+        let daemon = std::process::id() as i32;
+        let traced = crate::core::tie::trace(pid, daemon, cgroup, leader, crate::sys::peer::stat);
+        if !pinned.still_same(traced.start) {
+            return Tie::unknown();
+        }
+        traced.tie
     }
 
     /// How the pre-flight ended, once it was reaped.

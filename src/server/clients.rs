@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 
 use crate::core::pump::{Outbox, Outboxes};
 use crate::core::table::{ConnId, Peer};
+use crate::core::tie::Tie;
 use crate::core::Core;
 use crate::server::conn::{Bounds, Conn};
 use crate::server::listen::{Accepted, Listeners};
@@ -142,6 +144,7 @@ impl Clients {
 
     /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials
     /// allow, or an HTTP client; none past `--max-clients` (told so in its own protocol).
+    /// A Unix peer's tie (7.3) is what `tie_of` finds of its socket and pid.
     pub fn accept(
         &mut self,
         lt: Token,
@@ -149,6 +152,7 @@ impl Clients {
         core: &mut Core,
         registry: &Registry,
         next_token: &mut usize,
+        tie_of: &dyn Fn(&Core, RawFd, i32) -> Tie,
     ) -> Admission {
         let now = core.now;
         let bounds = Bounds {
@@ -199,7 +203,10 @@ impl Clients {
                     return Admission::Refused;
                 }
                 let token = Token(*next_token);
-                (Conn::unix(stream, token, peer, bounds), peer, groups)
+                let tie = tie_of(core, stream.as_raw_fd(), peer.pid);
+                let mut conn = Conn::unix(stream, token, peer, bounds);
+                conn.tie = tie;
+                (conn, peer, groups)
             }
             Accepted::Http(mut stream) => {
                 let peer = listeners.http_peer;
@@ -226,7 +233,8 @@ impl Clients {
                 }
                 let token = Token(*next_token);
                 let auth = listeners.http_auth.clone();
-                let conn = Conn::http(stream, token, peer, bounds, auth);
+                let mut conn = Conn::http(stream, token, peer, bounds, auth);
+                conn.tie = Tie::remote();
                 (conn, peer, listeners.http_groups.clone())
             }
         };

@@ -26,11 +26,15 @@ use serde_json::Value;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::core::carry::{carry_wait, resume_wait};
+use crate::core::table::Key;
+use crate::core::tie::{Tie, TieSource};
 use crate::core::Wait;
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
-use crate::wire::state::{BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError};
+use crate::wire::state::{
+    BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError, TieImage,
+};
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]
@@ -130,6 +134,9 @@ pub struct Conn {
     /// after them wait, so what a client sends next sees them started (or failed), as if
     /// the spawn had been instant.
     pub launching: usize,
+    /// Whether the peer descends from the daemon, and from which command (PROTOCOL 7.3),
+    /// found at accept; a descendant of no known command until then.
+    pub tie: Tie,
 }
 
 impl Conn {
@@ -170,6 +177,7 @@ impl Conn {
             last_request: Instant::now(),
             deferred: VecDeque::new(),
             launching: 0,
+            tie: Tie::unknown(),
         }
     }
 
@@ -473,6 +481,11 @@ impl Conn {
                 .iter()
                 .map(|(req, wait)| (req.0, carry_wait(wait, blobs)))
                 .collect(),
+            tie: Some(TieImage {
+                descends: self.tie.descends,
+                command: self.tie.command.map(|k| k.0),
+                by: self.tie.by.as_str().to_string(),
+            }),
         }
     }
 
@@ -517,6 +530,15 @@ impl Conn {
         conn.broken = img.broken;
         conn.groups = img.groups.clone();
         conn.last_request = clock.at(img.last_request);
+        if let Some(t) = &img.tie {
+            let by = TieSource::parse(&t.by)
+                .ok_or_else(|| StateError::new(format!("a tie found by {:?}", t.by)))?;
+            conn.tie = Tie {
+                descends: t.descends,
+                command: t.command.map(Key),
+                by,
+            };
+        }
         for (req, wait) in &img.deferred {
             conn.deferred
                 .push_back((ReqNo(*req), resume_wait(wait, blobs)?));

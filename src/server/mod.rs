@@ -409,9 +409,11 @@ impl Server {
         while !self.accept_paused && self.shutdown.is_none() && !self.draining() {
             let registry = self.poll.registry();
             let (core, next) = (&mut self.core, &mut self.next_token);
+            let children = &self.children;
+            let tie_of = |core: &Core, fd, pid| children.tie_of(core, fd, pid);
             match self
                 .clients
-                .accept(lt, &self.listeners, core, registry, next)
+                .accept(lt, &self.listeners, core, registry, next, &tie_of)
             {
                 Admission::Nothing => return,
                 Admission::Failed => {
@@ -521,6 +523,7 @@ impl Server {
             uid: conn.peer.uid,
             gid: conn.peer.gid,
             pid: conn.peer.pid,
+            tie: conn.tie,
         };
         let step = dispatch::call(&mut self.core, &caller, method, params);
         self.settle(token, req, step);

@@ -166,6 +166,14 @@ impl Contain {
         self.cookies.instance().cookie(id)
     }
 
+    /// The id of the command whose cgroup holds process `pid` (PROTOCOL 7.3), with cgroup
+    /// containment; None when it is in no command cgroup, or cgroups are not in use.
+    pub fn command_holding(&self, pid: i32) -> Option<String> {
+        self.cgroups.as_ref()?;
+        let own = crate::sys::peer::own_cgroup()?;
+        cgroup::command_of(&crate::sys::peer::cgroup(pid)?, &own)
+    }
+
     /// The kind in use: `cgroup` or `process-group`.
     pub fn kind(&self) -> &'static str {
         if self.cgroups.is_some() {

@@ -1061,6 +1061,21 @@ pub struct ConnImage {
     pub last_request: Rel,
     /// Parked answers waiting for room, oldest first.
     pub deferred: Vec<(u64, WaitImage)>,
+    /// Whether its peer descends from the daemon, and from which command (PROTOCOL 7.3):
+    /// found once, at accept. A state without it (an older writer) resumes the
+    /// connection as `unknown`, a descendant.
+    #[serde(default)]
+    pub tie: Option<TieImage>,
+}
+
+/// A connection's tie (`core::tie::Tie`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TieImage {
+    pub descends: bool,
+    pub command: Option<u64>,
+    /// `outside`, `cgroup`, `ancestry`, `cookie`, `unknown` or `remote`.
+    pub by: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
