@@ -17,7 +17,9 @@
 //!   matches is covered. An unparsed line is approved once, never for the session.
 //! - What an approver is shown is what will run: each simple command with the rules it
 //!   matched, every variable the request sets, cwd, uid and pid; text cut in the middle
-//!   (never at the end, so a trailing command cannot hide) with what was left out counted.
+//!   (never at the end, so a trailing command cannot hide) with what was left out counted,
+//!   and in the texts a person reads every character that does not show as itself
+//!   escaped (`wire::shown`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -33,6 +35,7 @@ use crate::core::{Core, Effect, Timer};
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
+use crate::wire::shown::escape_invisible;
 
 /// What an approval is about, for the approver and the audit log.
 #[derive(Debug, Clone)]
@@ -263,10 +266,17 @@ fn shown_command(argv: &[String], verdict: &Verdict) -> (String, Vec<Value>) {
     (cut_middle(&quoted(argv), SHOWN_MAX), rules)
 }
 
+/// One `brief` display block: `text` with every character that does not show as itself
+/// escaped (`\u{200b}`, `wire::shown`), so two lines that look alike read apart.
+fn brief(text: &str) -> Value {
+    json!({"type": "brief", "text": escape_invisible(text)})
+}
+
 /// What an approver is shown of a command the policy asks about (PROTOCOL 7.3): a first
 /// `brief` as Wire clients expect it (rule, uid, pid, cwd, session), a `brief` per simple
 /// command with the rules it matched, one per variable the request sets, and an `execd`
-/// block with the same as data for programs.
+/// block with the same as data for programs. The `brief` texts are escaped for people;
+/// the data stays exact, as `description` does.
 fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Value {
     let peer = launch.peer;
     let session = cut_middle(launch.family.session_id(), SHOWN_MAX);
@@ -274,16 +284,15 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         .justification
         .as_deref()
         .map_or(String::new(), |j| format!(": {j}"));
-    let mut blocks = vec![json!({"type": "brief", "text": format!(
+    let mut blocks = vec![brief(&format!(
         "rule {}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
         verdict.rule, peer.uid, peer.pid
-    )})];
+    ))];
     let (first, skipped, last) = first_and_last(&verdict.commands);
     let mut commands = Vec::new();
     for (i, argv) in first.iter().chain(last).enumerate() {
         if i == first.len() && skipped > 0 {
-            blocks.push(json!({"type": "brief",
-                "text": format!("... {skipped} more simple commands ...")}));
+            blocks.push(brief(&format!("... {skipped} more simple commands ...")));
         }
         let (text, rules) = shown_command(argv, verdict);
         let said: Vec<String> = rules
@@ -295,25 +304,24 @@ fn approval_display(launch: &LaunchRequest, verdict: &Verdict, cwd: &str) -> Val
         } else {
             said.join(", ")
         };
-        blocks.push(json!({"type": "brief", "text": format!("runs: {text}  [{said}]")}));
+        blocks.push(brief(&format!("runs: {text}  [{said}]")));
         commands.push(json!({ "command": text, "rules": rules }));
     }
     if verdict.unparsed {
-        blocks.push(
-            json!({"type": "brief", "text": "unparsed: the policy cannot read all \
-            that this runs; the command line is all there is to see"}),
-        );
+        blocks.push(brief(
+            "unparsed: the policy cannot read all that this runs; the command line is all \
+             there is to see",
+        ));
     }
     let (first, skipped_env, last) = first_and_last(&launch.env);
     let mut env = Vec::new();
     for (name, value) in first.iter().chain(last) {
         let (name, value) = (cut_middle(name, SHOWN_MAX), cut_middle(value, SHOWN_MAX));
-        blocks.push(json!({"type": "brief", "text": format!("sets {name}={value}")}));
+        blocks.push(brief(&format!("sets {name}={value}")));
         env.push(json!({ "name": name, "value": value }));
     }
     if skipped_env > 0 {
-        blocks.push(json!({"type": "brief",
-            "text": format!("... {skipped_env} more variables ...")}));
+        blocks.push(brief(&format!("... {skipped_env} more variables ...")));
     }
     blocks.push(json!({"type": "execd", "data": {
         "rule": verdict.rule,
@@ -470,8 +478,8 @@ impl Core {
                     } else {
                         verdict.asked.clone()
                     },
-                    // Raw, like the display: what shows it to a person escapes control
-                    // characters (execctl approve does).
+                    // The exact line (cut past 16 KiB): the display's texts are the
+                    // ones escaped for people (and execctl escapes what it prints).
                     description: cut_middle(&command, DESCRIPTION_MAX),
                     display: approval_display(&launch, &verdict, &cwd),
                 };
@@ -1005,6 +1013,43 @@ mod tests {
             .unwrap()["data"];
         assert_eq!(data["commands"][1]["command"], "rm -rf V");
         assert_eq!(data["commands"][1]["rules"][0]["rule"], "rm");
+    }
+
+    /// Two paths that look alike read apart: what does not show as itself is escaped in
+    /// the texts an approver reads, and the description and data stay exact.
+    #[test]
+    fn invisible_characters_are_escaped_in_what_approvers_read() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        let mut l = line(1000, "s\u{2060}", "");
+        l.program = crate::types::Program::Direct {
+            program: "rm".into(),
+            args: vec!["-rf".into(), "/tmp/a\u{200b}b".into(), "\u{feff}c".into()],
+        };
+        l.env = vec![("X\u{200b}".into(), "\u{3164}".into())];
+        assert!(matches!(c.gate(l, C1, Some(ReqNo(1))), Gated::Asked));
+        let msg = sent(&mut c).remove(0).1;
+        let payload = &msg["params"]["payload"];
+        let texts: Vec<&str> = payload["display"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect();
+        let all = texts.join("\n");
+        assert!(
+            all.contains(r"runs: rm -rf '/tmp/a\u{200b}b' '\u{feff}c'"),
+            "{all}"
+        );
+        assert!(all.contains(r"sets X\u{200b}=\u{3164}"), "{all}");
+        assert!(all.contains(r"session s\u{2060}"), "{all}");
+        assert!(!all.contains(['\u{200b}', '\u{feff}', '\u{2060}', '\u{3164}']));
+        assert_eq!(
+            payload["description"], "rm -rf '/tmp/a\u{200b}b' '\u{feff}c'",
+            "the exact words"
+        );
+        let data = &payload["display"].as_array().unwrap().last().unwrap()["data"];
+        assert_eq!(data["env"][0]["name"], "X\u{200b}");
     }
 
     #[test]

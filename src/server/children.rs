@@ -247,6 +247,7 @@ impl Children {
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
+            check_binary: None,
         };
         let spawned = match self.spawner.spawn(&spec) {
             Ok(spawned) => spawned,
@@ -791,7 +792,20 @@ impl Children {
         if pid <= 0 {
             return crate::core::tie::trace(pid, 0, None, |_| None, |_| None).tie;
         }
-        let pinned = crate::sys::peer::Pinned::of_socket(fd, pid);
+        self.tie_pinned(core, crate::sys::peer::Pinned::of_socket(fd, pid))
+    }
+
+    /// The tie of the process that sent a signal (`si_pid`): as `tie_of`, pinned by its
+    /// start time only. A sender already gone is `unknown`.
+    pub fn tie_of_sender(&self, core: &Core, pid: i32) -> Tie {
+        if pid <= 0 {
+            return crate::core::tie::trace(pid, 0, None, |_| None, |_| None).tie;
+        }
+        self.tie_pinned(core, crate::sys::peer::Pinned::of_pid(pid))
+    }
+
+    fn tie_pinned(&self, core: &Core, pinned: crate::sys::peer::Pinned) -> Tie {
+        let pid = pinned.pid;
         let key_of = |id: &str| {
             core.table
                 .find(id, 0)
@@ -828,8 +842,11 @@ impl Children {
 
     /// Starts `binary --upgrade-check` (PROTOCOL 13), cloned like a command but owned by
     /// no one: the caller watches its report pipe and its output (stdout and stderr
-    /// together), and hands back what it reads (`probe_failed`, `probe_execd`).
-    pub fn probe(&mut self, binary: &str) -> io::Result<Spawned> {
+    /// together), and hands back what it reads (`probe_failed`, `probe_execd`). It runs
+    /// as the daemon, in the daemon's own cgroup, with a cookie of the daemon's. A binary
+    /// a caller `named` is checked by the child before it runs anything
+    /// (`FailedAt::Binary`): where a hung file system holds only that child.
+    pub fn probe(&mut self, binary: &str, named: bool) -> io::Result<Spawned> {
         let program = crate::types::Program::Direct {
             program: binary.to_string(),
             args: vec!["--upgrade-check".to_string()],
@@ -842,6 +859,7 @@ impl Children {
             user: None,
             cgroup_procs: None,
             cookie: &self.contain.cookie("upgrade-check"),
+            check_binary: named.then_some(self.uid),
         };
         let spawned = self.spawner.spawn(&spec)?;
         self.probe = Some(spawned.pid);

@@ -68,6 +68,12 @@ impl Pinned {
         }
     }
 
+    /// Process `pid` as it is now, without a pidfd (a signal's sender: only its start
+    /// time, read again after the facts, says it is still the same).
+    pub fn of_pid(pid: i32) -> Pinned {
+        Pinned { pid, pidfd: None }
+    }
+
     /// Whether facts read by pid since the pin are the pinned process's: it is still
     /// alive (pidfd), or (without one) its start time is still `start`.
     pub fn still_same(&self, start: Option<u64>) -> bool {

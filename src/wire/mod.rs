@@ -3,4 +3,5 @@
 pub mod encode;
 pub mod http;
 pub mod rpc;
+pub mod shown;
 pub mod state;

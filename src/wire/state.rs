@@ -260,6 +260,18 @@ pub struct UpgradeImage {
     /// CLOCK_MONOTONIC, nanoseconds, when the writer stopped serving: the pause is from
     /// there to the first turn of the image that serves next.
     pub stopped: i64,
+    /// Who asked, for the `upgrade` record (an older writer says nothing).
+    #[serde(default)]
+    pub asker: Option<AskerImage>,
+}
+
+/// Who asked for an upgrade: a peer's `daemon/upgrade`, or a SIGUSR2 (the sender's pid
+/// and uid, none when the kernel sent it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum AskerImage {
+    Peer(PeerImage),
+    Signal(Option<(i32, u32)>),
 }
 
 // ---- core -------------------------------------------------------------------------------
@@ -1309,6 +1321,7 @@ mod tests {
                 upgrades: 3,
                 asked_by: Some((7, 9)),
                 stopped: 4,
+                asker: Some(AskerImage::Signal(Some((42, 1000)))),
             },
             core: CoreImage {
                 procs: vec![],
