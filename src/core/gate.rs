@@ -449,24 +449,24 @@ impl Core {
                         None,
                     ));
                 }
-                // The pending asks are bounded, and a non-root uid's commands hold at most
-                // half of them (PROTOCOL 8, fair shares).
+                // The pending asks are bounded, and a shared uid's commands hold at most
+                // half of them, all shared uids' seven eighths (PROTOCOL 8, fair shares).
                 let max = self.cfg.max_pending_approvals;
-                let share = if self.shares(peer.uid) {
-                    (max / 2).max(1)
-                } else {
-                    max
-                };
+                let shared = self
+                    .approvals
+                    .pending
+                    .values()
+                    .filter(|p| self.shares(p.launch.peer.uid))
+                    .count();
+                let held = (self.approvals.pending_of(peer.uid), shared);
                 let refused = if self.approvals.pending.len() >= max {
-                    Some(("max-pending-approvals", max))
-                } else if self.approvals.pending_of(peer.uid) >= share {
-                    Some(("max-pending-approvals-per-uid", share))
+                    Err(RpcError::limit("max-pending-approvals", max))
                 } else {
-                    None
+                    self.fair_share(peer.uid, held, ("max-pending-approvals", max))
                 };
-                if let Some((limit, n)) = refused {
+                if let Err(e) = refused {
                     self.launch_failed(&launch);
-                    return Gated::Refused(RpcError::limit(limit, n));
+                    return Gated::Refused(e);
                 }
                 let appr = self.approvals.next_id();
                 let command = describe(&launch);
@@ -1052,6 +1052,65 @@ mod tests {
         assert_eq!(data["env"][0]["name"], "X\u{200b}");
     }
 
+    /// One uid's flood of 900 KB denied lines: each record is cut to 16 KiB, the uid
+    /// holds at most half of the audit queue, another uid's denial and root's command
+    /// are still recorded, and a command whose `start` record has no room is not started.
+    #[test]
+    fn a_flood_of_denials_loses_only_its_own_records_and_nothing_runs_unrecorded() {
+        let mut c = gated();
+        c.cfg.audit = Some(crate::config::AuditTarget::File("/audit".into()));
+        let policy = std::mem::take(&mut c.policy);
+        let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
+        c.policy = policy;
+        c.daemon_uid = 0;
+        let huge = format!("shutdown {}", "x".repeat(100_000));
+        for _ in 0..50 {
+            assert!(matches!(
+                c.gate(line(1000, "s", &huge), C1, None),
+                Gated::Refused(_)
+            ));
+        }
+        let q = c.audit.as_ref().unwrap();
+        assert!(q.pending().len() <= super::super::log::QUEUE_BYTES / 2);
+        assert!(q.pending().len() > super::super::log::QUEUE_BYTES / 4);
+        // Another uid's denial and root's command still go in.
+        assert!(matches!(
+            c.gate(line(2000, "t", "shutdown now"), C2, None),
+            Gated::Refused(_)
+        ));
+        let mut root = line(0, "r", "true");
+        root.prefix = "cmd";
+        let (k, id) = c.table.next_ids("cmd");
+        c.promise_start(&root, k, &id)
+            .expect("room for root's start");
+        c.started(&root, k, id.clone(), 4242, 0);
+        let text = String::from_utf8(c.audit.as_ref().unwrap().pending().to_vec()).unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(records.iter().all(|r| r.to_string().len() < 16 << 10));
+        let of = |uid: u32, event: &str| {
+            records
+                .iter()
+                .filter(|r| r["peer"]["uid"] == uid && r["event"] == event)
+                .count()
+        };
+        assert!(of(1000, "deny") < 50, "its flood lost its own records");
+        assert_eq!(of(2000, "deny"), 1);
+        assert_eq!(of(0, "start"), 1);
+        let first = records.iter().find(|r| r["peer"]["uid"] == 1000).unwrap();
+        assert_eq!(first["line_bytes"], huge.len());
+        // The target stalls and the queue fills: no command starts unrecorded.
+        while c.audit.as_ref().unwrap().pending().len() < super::super::log::QUEUE_BYTES - 200 {
+            c.record("exit", None, json!({ "id": "x".repeat(100) }));
+        }
+        let (k2, id2) = c.table.next_ids("cmd");
+        let e = c.promise_start(&root, k2, &id2).unwrap_err();
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
+        assert_eq!(e.data.unwrap()["limit"], "audit");
+    }
+
     #[test]
     fn with_no_approver_an_ask_is_refused_at_once() {
         let mut c = gated();
@@ -1104,6 +1163,8 @@ mod tests {
         assert!(launched(&std::mem::take(&mut c.out)).is_empty());
     }
 
+    /// Fair shares of the pending asks: one shared uid at most half, all shared uids
+    /// seven eighths, so two of them cannot lock root out.
     #[test]
     fn pending_asks_are_bounded_and_a_non_root_uid_holds_at_most_half() {
         let mut c = gated();
@@ -1121,12 +1182,16 @@ mod tests {
         ask(&mut c, "true", 1);
         ask(&mut c, "true", 2);
         assert_eq!(refused(&mut c, 1000), "max-pending-approvals-per-uid");
-        for _ in 0..2 {
-            assert!(matches!(
-                c.gate(line(1001, "s", "true"), C1, None),
-                Gated::Asked
-            ));
-        }
+        assert!(matches!(
+            c.gate(line(1001, "s", "true"), C1, None),
+            Gated::Asked
+        ));
+        // Shared uids hold 3, seven eighths of 4: the last is root's.
+        assert_eq!(refused(&mut c, 1001), "max-pending-approvals-shared");
+        assert!(matches!(
+            c.gate(line(0, "s", "true"), C2, None),
+            Gated::Asked
+        ));
         // All 4 taken: root too is refused.
         assert_eq!(refused(&mut c, 0), "max-pending-approvals");
     }

@@ -227,9 +227,14 @@ impl Children {
             Some(a) => (a.key, a.id.clone()),
             None => core.table.next_ids(launch.prefix),
         };
+        // Nothing runs unrecorded: room for its `start` record first (PROTOCOL 7.4).
+        if let Err(e) = core.promise_start(&launch, key, &id) {
+            return Err((launch, e));
+        }
         let place = match self.contain.prepare(&id, &launch.limits) {
             Ok(place) => place,
             Err(e) => {
+                core.unpromise_start(key);
                 let e = match e {
                     PrepareError::Unavailable(u) => unavailable(&u),
                     PrepareError::Io(e) => RpcError::internal(format!("{e}")),
@@ -253,6 +258,7 @@ impl Children {
             Ok(spawned) => spawned,
             Err(e) => {
                 self.contain.abandon(place);
+                core.unpromise_start(key);
                 let e = spawn_error(core, &launch, &e);
                 return Err((launch, e));
             }
@@ -270,6 +276,7 @@ impl Children {
             // Nobody would hear how it went: end it, and keep what it reads until reaped.
             let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
             self.contain.abandon(place);
+            core.unpromise_start(key);
             self.failed.insert(pid, memory);
             let e = RpcError::internal(format!("watching a spawn: {e}"));
             return Err((launch, e));
@@ -354,6 +361,7 @@ impl Children {
         core.table.reserve_start(s.launch.peer.uid, false);
         if let Err((at, e)) = outcome {
             self.contain.abandon(s.place);
+            core.unpromise_start(s.key);
             // The child exits after its report: keep what it reads until it is reaped.
             if s.exit.is_none() {
                 self.failed.insert(pid, s.memory);
@@ -396,6 +404,7 @@ impl Children {
             } else {
                 self.abandoned.insert(pid, key);
             }
+            core.unpromise_start(key);
             let e = RpcError::internal(format!("registering a pipe: {e}"));
             return Some(Launched::of((s.token, s.req, s.launch), Err(e)));
         }

@@ -186,20 +186,28 @@ impl Clients {
                     refuse(core, peer, "peer not allowed");
                     return Admission::Refused;
                 }
-                // A non-root uid holds at most half the connections (fair shares).
-                let share = max_clients.div_ceil(2);
+                // A shared uid holds at most half the connections, all shared uids seven
+                // eighths (fair shares).
                 let own = self.map.values().filter(|c| c.peer.uid == peer.uid).count();
+                let shared = self
+                    .map
+                    .values()
+                    .filter(|c| !c.is_tcp() && core.shares(c.peer.uid))
+                    .count();
                 let full = if self.map.len() >= max_clients {
-                    Some(("max-clients", max_clients))
-                } else if core.shares(peer.uid) && own >= share {
-                    Some(("max-clients-per-uid", share))
+                    Err(RpcError::limit("max-clients", max_clients))
                 } else {
-                    None
+                    core.fair_share(peer.uid, (own, shared), ("max-clients", max_clients))
                 };
-                if let Some((limit, value)) = full {
-                    let e = RpcError::limit(limit, value);
+                if let Err(e) = full {
+                    let limit = e
+                        .data
+                        .as_ref()
+                        .and_then(|d| d["limit"].as_str())
+                        .unwrap_or("max-clients")
+                        .to_string();
                     let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
-                    refuse(core, peer, limit);
+                    refuse(core, peer, &limit);
                     return Admission::Refused;
                 }
                 let token = Token(*next_token);

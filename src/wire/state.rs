@@ -599,6 +599,14 @@ pub struct QueueImage {
     pub front_written: usize,
     pub cap: usize,
     pub dropped: u64,
+    /// Per line, as `lines`: the shared uid it belongs to (or whose drops it reports),
+    /// and whether it is held in that uid's share (PROTOCOL 7.4). Empty from an older
+    /// writer: no line of any uid's.
+    #[serde(default)]
+    pub uids: Vec<(Option<u32>, bool)>,
+    /// Drops not yet reported, per shared uid.
+    #[serde(default)]
+    pub dropped_by: Vec<(u32, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1343,6 +1351,8 @@ mod tests {
                         front_written: 0,
                         cap: 1 << 20,
                         dropped: 0,
+                        uids: vec![(Some(1000), true)],
+                        dropped_by: vec![(1001, 2)],
                     },
                     refusals: vec![],
                 },
