@@ -43,5 +43,6 @@ mod shell;
 mod sinks;
 mod slow_cwd;
 mod streams;
+mod subjects;
 mod systemd;
 mod upgrade;
