@@ -168,7 +168,7 @@ fn an_agent_cannot_answer_its_own_asks_through_an_approver_it_runs() {
     // It either subscribed (says `ready`) or was refused and ended.
     wait_until("the approver subscribed or ended", || {
         let o = look(&mut agent);
-        o["stdout"].as_str().unwrap_or("").contains("ready") || o["status"] != "running"
+        o["stdout"].as_str().unwrap_or("").contains("ready") || o["command"]["status"] != "running"
     });
     let mut asker = d.client();
     let ask = asker
@@ -196,7 +196,7 @@ fn an_agent_cannot_answer_its_own_asks_through_an_approver_it_runs() {
             );
             break;
         }
-        if o["status"] != "running" {
+        if o["command"]["status"] != "running" {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
