@@ -157,15 +157,39 @@ pub struct Traced {
     pub start: Option<u64>,
 }
 
+/// The most processes `Outsiders` remembers; past it, it starts again empty.
+const OUTSIDERS_MAX: usize = 4096;
+
+/// Processes known not to descend from the daemon, by pid and start time: what never
+/// changes for a process (an orphan is re-parented to its nearest subreaper, which for a
+/// process outside is outside too), so the next walk through one of them (an agent's
+/// shell, sshd, a user's systemd) stops there rather than read its way up to init again.
+#[derive(Debug, Default)]
+pub struct Outsiders(std::collections::HashSet<(i32, u64)>);
+
+impl Outsiders {
+    fn knows(&self, pid: i32, s: &Stat) -> bool {
+        self.0.contains(&(pid, s.start))
+    }
+
+    fn learn(&mut self, seen: &[(i32, u64)]) {
+        if self.0.len() + seen.len() > OUTSIDERS_MAX {
+            self.0.clear();
+        }
+        self.0.extend(seen.iter().copied());
+    }
+}
+
 /// Follows `pid`'s parents (read with `stat`) up to a command's leader (`leader` names
-/// its command), the daemon (`daemon`), or anything else; `cgroup` is what the peer's
-/// cgroup said (`Some(command)` for one of the daemon's command cgroups, the inner `None`
-/// when that command is no longer known), and wins when it names a command.
+/// its command), the daemon (`daemon`), a process known to be outside (`outsiders`,
+/// which learns the ones this walk found outside), or anything else; `cgroup` is what the
+/// peer's cgroup said (`Some(command)` for one of the daemon's command cgroups, the inner
+/// `None` when that command is no longer known), and wins when it names a command.
 pub fn trace(
     pid: i32,
     daemon: i32,
     cgroup: Option<Option<Key>>,
-    leader: impl Fn(i32) -> Option<Key>,
+    (leader, outsiders): (impl Fn(i32) -> Option<Key>, &mut Outsiders),
     mut stat: impl FnMut(i32) -> Option<Stat>,
 ) -> Traced {
     if let Some(Some(k)) = cgroup {
@@ -188,7 +212,7 @@ pub fn trace(
             start: None,
         };
     };
-    let found = walk(pid, first, daemon, &leader, &mut stat);
+    let found = walk(pid, first, daemon, (&leader, outsiders), &mut stat);
     // Its cgroup said it is a descendant even when the walk could not name its command.
     let tie = match (cgroup, found) {
         (Some(None), t) if !t.descends => Tie::descendant(None, TieSource::Cgroup),
@@ -204,17 +228,27 @@ fn walk(
     pid: i32,
     first: Stat,
     daemon: i32,
-    leader: &impl Fn(i32) -> Option<Key>,
+    (leader, outsiders): (&impl Fn(i32) -> Option<Key>, &mut Outsiders),
     stat: &mut impl FnMut(i32) -> Option<Stat>,
 ) -> Tie {
     if pid == daemon {
         return Tie::descendant(None, TieSource::Ancestry);
     }
+    // The processes passed on the way: outside, all of them, if the walk ends outside.
+    let mut seen: Vec<(i32, u64)> = Vec::new();
+    let outside = |o: &mut Outsiders, seen: &[(i32, u64)]| {
+        o.learn(seen);
+        Tie::outside()
+    };
     let (mut cur, mut cur_stat) = (pid, first);
     for _ in 0..MAX_DEPTH {
         if let Some(k) = leader(cur) {
             return Tie::descendant(Some(k), TieSource::Ancestry);
         }
+        if outsiders.knows(cur, &cur_stat) {
+            return outside(outsiders, &seen);
+        }
+        seen.push((cur, cur_stat.start));
         let mut rereads = 0;
         let parent = loop {
             let ppid = cur_stat.ppid;
@@ -223,7 +257,7 @@ fn walk(
                 return Tie::descendant(None, TieSource::Ancestry);
             }
             if ppid <= 1 {
-                return Tie::outside();
+                return outside(outsiders, &seen);
             }
             match stat(ppid) {
                 // A parent never starts after its child.
@@ -295,7 +329,11 @@ mod tests {
     }
 
     fn tie_of(pid: i32, table: &HashMap<i32, Stat>, lead: &[(i32, u64)]) -> Tie {
-        trace(pid, DAEMON, None, leaders(lead), |p| table.get(&p).copied()).tie
+        let mut fresh = Outsiders::default();
+        trace(pid, DAEMON, None, (leaders(lead), &mut fresh), |p| {
+            table.get(&p).copied()
+        })
+        .tie
     }
 
     /// init 1 -> shell 50 -> daemon 100 -> leader 200 (command 7) -> sh 201 -> peer 202;
@@ -344,17 +382,31 @@ mod tests {
     #[test]
     fn the_cgroup_wins_and_otherwise_still_says_descendant() {
         let t = tree();
-        let traced = trace(61, DAEMON, Some(Some(Key(9))), leaders(&[]), |p| {
-            t.get(&p).copied()
-        });
+        let traced = trace(
+            61,
+            DAEMON,
+            Some(Some(Key(9))),
+            (leaders(&[]), &mut Outsiders::default()),
+            |p| t.get(&p).copied(),
+        );
         assert_eq!(traced.tie, Tie::descendant(Some(Key(9)), TieSource::Cgroup));
         assert_eq!(traced.start, Some(51));
-        let forgotten = trace(61, DAEMON, Some(None), leaders(&[]), |p| t.get(&p).copied());
+        let forgotten = trace(
+            61,
+            DAEMON,
+            Some(None),
+            (leaders(&[]), &mut Outsiders::default()),
+            |p| t.get(&p).copied(),
+        );
         assert_eq!(forgotten.tie, Tie::descendant(None, TieSource::Cgroup));
         // The walk can do better than a cgroup of a forgotten command.
-        let better = trace(202, DAEMON, Some(None), leaders(&[(200, 7)]), |p| {
-            t.get(&p).copied()
-        });
+        let better = trace(
+            202,
+            DAEMON,
+            Some(None),
+            (leaders(&[(200, 7)]), &mut Outsiders::default()),
+            |p| t.get(&p).copied(),
+        );
         assert_eq!(better.tie.command, Some(Key(7)));
     }
 
@@ -377,6 +429,65 @@ mod tests {
         );
     }
 
+    /// A walk that ends outside remembers the processes it passed: the next one through
+    /// them stops there, and a reused pid (another start time) is not taken for them.
+    #[test]
+    fn processes_found_outside_are_not_read_again() {
+        let t = tree();
+        let mut outsiders = Outsiders::default();
+        let mut reads = Vec::new();
+        let look = |pid: i32, reads: &mut Vec<i32>, o: &mut Outsiders| {
+            reads.clear();
+            trace(pid, DAEMON, None, (leaders(&[]), o), |p| {
+                reads.push(p);
+                t.get(&p).copied()
+            })
+            .tie
+        };
+        assert_eq!(look(61, &mut reads, &mut outsiders), Tie::outside());
+        assert_eq!(reads, [61, 60, 50]);
+        let mut t2 = t.clone();
+        t2.insert(
+            62,
+            Stat {
+                ppid: 60,
+                start: 52,
+            },
+        );
+        reads.clear();
+        let tie = trace(62, DAEMON, None, (leaders(&[]), &mut outsiders), |p| {
+            reads.push(p);
+            t2.get(&p).copied()
+        })
+        .tie;
+        assert_eq!(tie, Tie::outside());
+        assert_eq!(reads, [62, 60], "stops at its known parent");
+        // Pid 60 reused by a descendant of the daemon: another start, another process.
+        let mut t3 = t.clone();
+        t3.insert(
+            60,
+            Stat {
+                ppid: DAEMON,
+                start: 90,
+            },
+        );
+        t3.insert(
+            63,
+            Stat {
+                ppid: 60,
+                start: 91,
+            },
+        );
+        let tie = trace(63, DAEMON, None, (leaders(&[]), &mut outsiders), |p| {
+            t3.get(&p).copied()
+        })
+        .tie;
+        assert_eq!(tie, Tie::descendant(None, TieSource::Ancestry));
+        // Descendants are never remembered as outside.
+        let _ = look(301, &mut reads, &mut outsiders);
+        assert!(!outsiders.0.contains(&(301, 41)));
+    }
+
     #[test]
     fn a_pid_of_zero_is_a_peer_of_another_namespace() {
         assert_eq!(tie_of(0, &tree(), &[]), Tie::outside());
@@ -385,10 +496,16 @@ mod tests {
     #[test]
     fn a_daemon_that_is_pid_one_still_sees_its_descendants() {
         let t = procs(&[(5, 1, 10), (6, 5, 11)]);
-        let tie = trace(6, 1, None, leaders(&[]), |p| t.get(&p).copied()).tie;
+        let tie = trace(6, 1, None, (leaders(&[]), &mut Outsiders::default()), |p| {
+            t.get(&p).copied()
+        })
+        .tie;
         assert_eq!(tie, Tie::descendant(None, TieSource::Ancestry));
         let outside = procs(&[(7, 0, 10)]);
-        let tie = trace(7, 1, None, leaders(&[]), |p| outside.get(&p).copied()).tie;
+        let tie = trace(7, 1, None, (leaders(&[]), &mut Outsiders::default()), |p| {
+            outside.get(&p).copied()
+        })
+        .tie;
         assert_eq!(tie, Tie::outside(), "a parent outside the namespace");
     }
 
@@ -405,35 +522,47 @@ mod tests {
             },
         ); // reused: starts after 202
         let mut reads = 0;
-        let tie = trace(202, DAEMON, None, leaders(&[]), |p| {
-            if p == 202 {
-                reads += 1;
-                if reads > 1 {
-                    // Read again: it was re-parented to its subreaper.
-                    return Some(Stat {
-                        ppid: DAEMON,
-                        start: 32,
-                    });
+        let tie = trace(
+            202,
+            DAEMON,
+            None,
+            (leaders(&[]), &mut Outsiders::default()),
+            |p| {
+                if p == 202 {
+                    reads += 1;
+                    if reads > 1 {
+                        // Read again: it was re-parented to its subreaper.
+                        return Some(Stat {
+                            ppid: DAEMON,
+                            start: 32,
+                        });
+                    }
                 }
-            }
-            t.get(&p).copied()
-        })
+                t.get(&p).copied()
+            },
+        )
         .tie;
         assert_eq!(tie, Tie::descendant(None, TieSource::Ancestry));
         // Were it read again as another process (its own pid reused), nothing is told.
         let mut reads = 0;
-        let tie = trace(202, DAEMON, None, leaders(&[]), |p| {
-            if p == 202 {
-                reads += 1;
-                if reads > 1 {
-                    return Some(Stat {
-                        ppid: 1,
-                        start: 500,
-                    });
+        let tie = trace(
+            202,
+            DAEMON,
+            None,
+            (leaders(&[]), &mut Outsiders::default()),
+            |p| {
+                if p == 202 {
+                    reads += 1;
+                    if reads > 1 {
+                        return Some(Stat {
+                            ppid: 1,
+                            start: 500,
+                        });
+                    }
                 }
-            }
-            t.get(&p).copied()
-        })
+                t.get(&p).copied()
+            },
+        )
         .tie;
         assert_eq!(tie, Tie::unknown());
     }

@@ -93,6 +93,9 @@ pub struct Children {
     probe: Option<i32>,
     probe_ended: Option<Ended>,
     scratch: Vec<u8>,
+    /// Processes found not to descend from the daemon (PROTOCOL 7.3): a later peer's walk
+    /// up its parents stops at one of them.
+    outsiders: crate::core::tie::Outsiders,
 }
 
 /// How many output streams a command has (a pipe each, open or not).
@@ -158,6 +161,7 @@ impl Children {
             probe: None,
             probe_ended: None,
             scratch: vec![0; SCRATCH],
+            outsiders: Default::default(),
         })
     }
 
@@ -797,23 +801,23 @@ impl Children {
     /// (or the daemon) its chain of parents reaches; pinned, so that facts of a process
     /// that took its pid meanwhile make it `unknown` (a descendant), never an outsider.
     /// Only `/proc/PID/stat` and `/proc/PID/cgroup` are read (`sys::peer`).
-    pub fn tie_of(&self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> Tie {
+    pub fn tie_of(&mut self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> Tie {
         if pid <= 0 {
-            return crate::core::tie::trace(pid, 0, None, |_| None, |_| None).tie;
+            return Tie::outside();
         }
         self.tie_pinned(core, crate::sys::peer::Pinned::of_socket(fd, pid))
     }
 
     /// The tie of the process that sent a signal (`si_pid`): as `tie_of`, pinned by its
     /// start time only. A sender already gone is `unknown`.
-    pub fn tie_of_sender(&self, core: &Core, pid: i32) -> Tie {
+    pub fn tie_of_sender(&mut self, core: &Core, pid: i32) -> Tie {
         if pid <= 0 {
-            return crate::core::tie::trace(pid, 0, None, |_| None, |_| None).tie;
+            return Tie::outside();
         }
         self.tie_pinned(core, crate::sys::peer::Pinned::of_pid(pid))
     }
 
-    fn tie_pinned(&self, core: &Core, pinned: crate::sys::peer::Pinned) -> Tie {
+    fn tie_pinned(&mut self, core: &Core, pinned: crate::sys::peer::Pinned) -> Tie {
         let pid = pinned.pid;
         let key_of = |id: &str| {
             core.table
@@ -828,7 +832,13 @@ impl Children {
                 .or_else(|| self.starting.get(&p).map(|s| s.key))
         };
         let daemon = std::process::id() as i32;
-        let traced = crate::core::tie::trace(pid, daemon, cgroup, leader, crate::sys::peer::stat);
+        let traced = crate::core::tie::trace(
+            pid,
+            daemon,
+            cgroup,
+            (leader, &mut self.outsiders),
+            crate::sys::peer::stat,
+        );
         if !pinned.still_same(traced.start) {
             return Tie::unknown();
         }

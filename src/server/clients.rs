@@ -152,7 +152,7 @@ impl Clients {
         core: &mut Core,
         registry: &Registry,
         next_token: &mut usize,
-        tie_of: &dyn Fn(&Core, RawFd, i32) -> Tie,
+        tie_of: &mut dyn FnMut(&Core, RawFd, i32) -> Tie,
     ) -> Admission {
         let now = core.now;
         let bounds = Bounds {

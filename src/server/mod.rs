@@ -411,11 +411,11 @@ impl Server {
         while !self.accept_paused && self.shutdown.is_none() && !self.draining() {
             let registry = self.poll.registry();
             let (core, next) = (&mut self.core, &mut self.next_token);
-            let children = &self.children;
-            let tie_of = |core: &Core, fd, pid| children.tie_of(core, fd, pid);
+            let children = &mut self.children;
+            let mut tie_of = |core: &Core, fd, pid| children.tie_of(core, fd, pid);
             match self
                 .clients
-                .accept(lt, &self.listeners, core, registry, next, &tie_of)
+                .accept(lt, &self.listeners, core, registry, next, &mut tie_of)
             {
                 Admission::Nothing => return,
                 Admission::Failed => {

@@ -88,6 +88,9 @@ pub struct Contain {
     fallback: Option<Fallback>,
     /// This run's cookie and its sweeps.
     cookies: Sweeper,
+    /// The daemon's own `/proc/self/cgroup` (its `daemon` leaf), read once it is needed
+    /// (after the daemon moved there).
+    own_cgroup: std::cell::OnceCell<Option<String>>,
 }
 
 /// A limit the request or the flags ask for that containment cannot enforce.
@@ -170,8 +173,11 @@ impl Contain {
     /// containment; None when it is in no command cgroup, or cgroups are not in use.
     pub fn command_holding(&self, pid: i32) -> Option<String> {
         self.cgroups.as_ref()?;
-        let own = crate::sys::peer::own_cgroup()?;
-        cgroup::command_of(&crate::sys::peer::cgroup(pid)?, &own)
+        let own = self
+            .own_cgroup
+            .get_or_init(crate::sys::peer::own_cgroup)
+            .as_deref()?;
+        cgroup::command_of(&crate::sys::peer::cgroup(pid)?, own)
     }
 
     /// The kind in use: `cgroup` or `process-group`.
@@ -523,6 +529,7 @@ impl Contain {
                 FallbackImage::Setup(w) => Fallback::Setup(w.clone()),
             }),
             cookies,
+            own_cgroup: Default::default(),
         })
     }
 }
