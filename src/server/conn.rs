@@ -613,10 +613,25 @@ mod tests {
         c.push(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"meth");
         c.deferred.push_back((ReqNo(5), Wait::Exit(Key(9))));
         c.groups = vec![10, 20];
+        c.tie = Tie::descendant(Some(Key(3)), TieSource::Cgroup);
         let clock = Clock {
             base: Instant::now(),
         };
         let (mut back, img) = through_upgrade(&c, &clock);
+        assert_eq!(back.tie, c.tie, "what it descends from is carried");
+        // A state of an older writer, without it: a descendant until told otherwise.
+        let mut blobs = BlobsOut::default();
+        let mut old = c.carry(&mut blobs, &clock);
+        old.tie = None;
+        let area = BlobsIn(blobs.bytes());
+        let r = Conn::resume(&old, unsafe_dup(img.fd), &area, &clock, BOUNDS).expect("resume");
+        assert_eq!(r.tie, Tie::unknown());
+        let mut bad = c.carry(&mut BlobsOut::default(), &clock);
+        if let Some(t) = bad.tie.as_mut() {
+            t.by = "guess".into();
+        }
+        let e = Conn::resume(&bad, unsafe_dup(img.fd), &area, &clock, BOUNDS).unwrap_err();
+        assert!(e.0.contains("a tie found by"), "{}", e.0);
         assert!(matches!(img.codec, CodecImage::Rpc(_)));
         assert_eq!(
             (back.token, back.peer.pid, back.peer.uid),
