@@ -591,7 +591,8 @@ fn sighup_reopens_the_audit_file_and_reloads_the_policy() {
 }
 
 /// An audit target that stops taking writes (a FIFO whose reader is paused) does not
-/// stop the daemon serving; once it drains, a `dropped` record says what was lost.
+/// stop the daemon serving: commands are refused once their start records no longer fit,
+/// and once it drains, a `dropped` record says what was lost.
 #[test]
 fn a_stalled_audit_target_never_stops_the_daemon() {
     use std::io::Read;
@@ -611,14 +612,41 @@ fn a_stalled_audit_target_never_stops_the_daemon() {
         .expect("open fifo");
     let mut c = d.client();
     let long = "y".repeat(8 << 10);
+    // Commands run while their start records fit; then they are refused (-32003
+    // `audit`), never run unrecorded (PROTOCOL 7.4).
+    let mut refused = 0;
     for _ in 0..300 {
-        let id = create(&mut c, "true", &[&long]);
+        let created = c.call(
+            "terminal/create",
+            json!({"sessionId": "s", "command": "true", "args": [long]}),
+        );
+        let id = match created {
+            Ok(r) => r["terminalId"].as_str().expect("id").to_string(),
+            Err(CallError::Rpc { code, data, .. }) => {
+                assert_eq!(
+                    (code, data.expect("data")["limit"].clone()),
+                    (-32003, json!("audit"))
+                );
+                refused += 1;
+                continue;
+            }
+            Err(e) => panic!("{e:?}"),
+        };
         wait_exit(&mut c, &id);
         ok(
             &mut c,
             "terminal/release",
             json!({"sessionId": "s", "terminalId": id}),
         );
+    }
+    assert!(
+        refused > 0,
+        "300 records of 8 KiB do not fit a stalled 1 MiB queue"
+    );
+    // Records that may be lost (connections', more than the room a start record did not
+    // find) are counted once the queue is full.
+    for _ in 0..100 {
+        drop(d.client());
     }
     assert_eq!(ok(&mut c, "initialize", json!({}))["protocolVersion"], 1);
     let mut text = Vec::new();

@@ -48,5 +48,6 @@ mod shell_door;
 mod sinks;
 mod slow_cwd;
 mod streams;
+mod subjects;
 mod systemd;
 mod upgrade;

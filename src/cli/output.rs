@@ -61,7 +61,7 @@ pub fn json_line(v: &Value) -> String {
 /// escapes only what JSON requires (C0 controls, `"` and `\`), but JSON is read on
 /// terminals too. The value read back is the same: outside its strings JSON text is ASCII
 /// punctuation and whitespace, so each such character is inside a string, where `\uXXXX`
-/// stands for it (all of them are in the Basic Multilingual Plane).
+/// (a surrogate pair of them past the Basic Multilingual Plane) stands for it.
 fn json_escaped(text: String) -> String {
     use std::fmt::Write as _;
     let raw = |c: char| c == '\x7f' || (!c.is_ascii() && hidden(c));
@@ -71,7 +71,9 @@ fn json_escaped(text: String) -> String {
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         if raw(c) {
-            let _ = write!(out, "\\u{:04x}", u32::from(c));
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
         } else {
             out.push(c);
         }
@@ -319,22 +321,15 @@ pub fn visible(text: &str) -> String {
     out
 }
 
-/// Characters a terminal acts on or hides rather than shows, beyond ASCII: the C1
-/// controls (U+0080..U+009F; some terminals read U+009B as CSI), the bidirectional
-/// embeddings, overrides, isolates and marks, which reorder what follows them, and the
-/// line and paragraph separators.
+/// Characters a terminal acts on or hides rather than shows (`wire::shown`, the table
+/// the daemon escapes its approval texts by): controls (the C1 ones included: some
+/// terminals read U+009B as CSI), format characters (the bidirectional embeddings,
+/// overrides and isolates, which reorder what follows them; zero-width spaces and joiners;
+/// U+FEFF), line and paragraph separators, spaces other than U+0020, and every
+/// default-ignorable character (variation selectors, tags, fillers), so that two command
+/// lines that look alike are shown apart.
 fn hidden(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{200e}'
-                | '\u{200f}'
-                | '\u{061c}'
-                | '\u{2028}'
-                | '\u{2029}'
-        )
+    crate::wire::shown::invisible(c)
 }
 
 /// A word as a POSIX shell would need it typed: as is when plain, else single-quoted.
@@ -467,6 +462,14 @@ mod tests {
             assert_eq!(shown, format!("x\\u{{{:x}}}y", u32::from(bidi)));
         }
         assert_eq!(visible("a\u{2028}b"), "a\\u{2028}b");
+        // Two paths that look alike are shown apart (PROTOCOL 7.3): zero-width and
+        // default-ignorable characters, and spaces other than U+0020.
+        assert_eq!(visible("/tmp/a\u{200b}b"), "/tmp/a\\u{200b}b");
+        assert_eq!(visible("\u{feff}rm"), "\\u{feff}rm");
+        assert_eq!(
+            visible("a\u{a0}b\u{3164}\u{e0041}"),
+            "a\\u{a0}b\\u{3164}\\u{e0041}"
+        );
         // A backslash is escaped too, so no typed text can pose as an escape.
         assert_eq!(visible(r"C:\x1b"), r"C:\\x1b");
         assert_ne!(visible("\u{1b}"), visible(r"\x1b"));
@@ -487,6 +490,11 @@ mod tests {
         let pretty = json_escaped(serde_json::to_string_pretty(&v).unwrap_or_default());
         assert!(pretty.contains('\n') && !pretty.contains(['\u{202e}', '\u{9b}']));
         assert_eq!(serde_json::from_str::<Value>(&pretty).ok(), Some(v));
+        // Past the Basic Multilingual Plane, a surrogate pair.
+        let v = serde_json::json!(["a\u{200b}\u{feff}\u{e0041}b"]);
+        let line = json_line(&v);
+        assert_eq!(line, r#"["a\u200b\ufeff\udb40\udc41b"]"#);
+        assert_eq!(serde_json::from_str::<Value>(&line).ok(), Some(v));
     }
 
     #[test]

@@ -49,6 +49,15 @@ pub fn upgrade(ctx: &Ctx, p: &Args) -> Res<u8> {
         }
         Err(e) => {
             let message = match detail(&e) {
+                // What execd runs never upgrades it (PROTOCOL 7.3): its own words say so.
+                Some(d)
+                    if d.code == -32002
+                        && d.data
+                            .as_ref()
+                            .is_some_and(|v| v["method"] == "daemon/upgrade") =>
+                {
+                    format!("upgrade refused: {}", d.message)
+                }
                 Some(d) if d.code == -32002 => {
                     "upgrade refused: only execd's own user and root may upgrade it".to_string()
                 }

@@ -17,7 +17,9 @@
 //!   matches is covered. An unparsed line is approved once, never for the session.
 //! - What an approver is shown is what will run: each simple command with the rules it
 //!   matched, every variable the request sets, cwd, uid and pid; text cut in the middle
-//!   (never at the end, so a trailing command cannot hide) with what was left out counted.
+//!   (never at the end, so a trailing command cannot hide) with what was left out counted,
+//!   and in the texts a person reads every character that does not show as itself
+//!   escaped (`wire::shown`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -35,6 +37,7 @@ use crate::policy::sandbox::Given;
 use crate::policy::{self, Decision, Policy, Verdict};
 use crate::wire::rpc::RpcError;
 use crate::wire::rpc::{self, ReqNo};
+use crate::wire::shown::escape_invisible;
 
 /// What an approval is about, for the approver and the audit log.
 #[derive(Debug, Clone)]
@@ -288,10 +291,17 @@ fn shown_command(argv: &[String], verdict: &Verdict) -> (String, Vec<Value>) {
     (cut_middle(&quoted(argv), SHOWN_MAX), rules)
 }
 
+/// One `brief` display block: `text` with every character that does not show as itself
+/// escaped (`\u{200b}`, `wire::shown`), so two lines that look alike read apart.
+fn brief(text: &str) -> Value {
+    json!({"type": "brief", "text": escape_invisible(text)})
+}
+
 /// What an approver is shown of a command the policy asks about (PROTOCOL 7.3): a first
 /// `brief` as Wire clients expect it (rule, uid, pid, cwd, session), a `brief` per simple
 /// command with the rules it matched, one per variable the request sets, and an `execd`
-/// block with the same as data for programs.
+/// block with the same as data for programs. The `brief` texts are escaped for people;
+/// the data stays exact, as `description` does.
 fn approval_display(
     launch: &LaunchRequest,
     verdict: &Verdict,
@@ -309,25 +319,28 @@ fn approval_display(
         "default" | "unparsed" => crate::wire::rpc::rule_words(&verdict.rule),
         name => format!("rule {name}"),
     };
-    let mut blocks = vec![json!({"type": "brief", "text": format!(
+    let mut blocks = vec![brief(&format!(
         "{decided}{why}; uid {} (pid {}), cwd {cwd}, session {session}",
         peer.uid, peer.pid
-    )})];
+    ))];
     // What it may touch, and what an approval lets it touch beyond the sandbox in force.
     if !outside.is_empty() {
-        blocks.push(json!({"type": "brief", "text": format!(
-            "outside the sandbox: {}", cut_middle(&outside.join(", "), SHOWN_MAX))}));
+        blocks.push(brief(&format!(
+            "outside the sandbox: {}",
+            cut_middle(&outside.join(", "), SHOWN_MAX)
+        )));
     }
     if let Some(g) = &launch.sandbox {
-        blocks.push(json!({"type": "brief",
-            "text": format!("sandbox {}", cut_middle(&g.brief(), SHOWN_MAX))}));
+        blocks.push(brief(&format!(
+            "sandbox {}",
+            cut_middle(&g.brief(), SHOWN_MAX)
+        )));
     }
     let (first, skipped, last) = first_and_last(&verdict.commands);
     let mut commands = Vec::new();
     for (i, argv) in first.iter().chain(last).enumerate() {
         if i == first.len() && skipped > 0 {
-            blocks.push(json!({"type": "brief",
-                "text": format!("... {skipped} more simple commands ...")}));
+            blocks.push(brief(&format!("... {skipped} more simple commands ...")));
         }
         let (text, rules) = shown_command(argv, verdict);
         let said: Vec<String> = rules
@@ -339,25 +352,24 @@ fn approval_display(
         } else {
             said.join(", ")
         };
-        blocks.push(json!({"type": "brief", "text": format!("runs: {text}  [{said}]")}));
+        blocks.push(brief(&format!("runs: {text}  [{said}]")));
         commands.push(json!({ "command": text, "rules": rules }));
     }
     if verdict.unparsed {
-        blocks.push(
-            json!({"type": "brief", "text": "unparsed: the policy cannot read all \
-            that this runs; the command line is all there is to see"}),
-        );
+        blocks.push(brief(
+            "unparsed: the policy cannot read all that this runs; the command line is all \
+             there is to see",
+        ));
     }
     let (first, skipped_env, last) = first_and_last(&launch.env);
     let mut env = Vec::new();
     for (name, value) in first.iter().chain(last) {
         let (name, value) = (cut_middle(name, SHOWN_MAX), cut_middle(value, SHOWN_MAX));
-        blocks.push(json!({"type": "brief", "text": format!("sets {name}={value}")}));
+        blocks.push(brief(&format!("sets {name}={value}")));
         env.push(json!({ "name": name, "value": value }));
     }
     if skipped_env > 0 {
-        blocks.push(json!({"type": "brief",
-            "text": format!("... {skipped_env} more variables ...")}));
+        blocks.push(brief(&format!("... {skipped_env} more variables ...")));
     }
     blocks.push(json!({"type": "execd", "data": {
         "rule": verdict.rule,
@@ -548,24 +560,24 @@ impl Core {
             self.launch_failed(&launch);
             return Gated::Refused(RpcError::not_approved(&verdict.rule, "no approver", None));
         }
-        // The pending asks are bounded, and a non-root uid's commands hold at most
-        // half of them (PROTOCOL 8, fair shares).
+        // The pending asks are bounded, and a shared uid's commands hold at most half of
+        // them, all shared uids' seven eighths (PROTOCOL 8, fair shares).
         let max = self.cfg.max_pending_approvals;
-        let share = if self.shares(peer.uid) {
-            (max / 2).max(1)
-        } else {
-            max
-        };
+        let shared = self
+            .approvals
+            .pending
+            .values()
+            .filter(|p| self.shares(p.launch.peer.uid))
+            .count();
+        let held = (self.approvals.pending_of(peer.uid), shared);
         let refused = if self.approvals.pending.len() >= max {
-            Some(("max-pending-approvals", max))
-        } else if self.approvals.pending_of(peer.uid) >= share {
-            Some(("max-pending-approvals-per-uid", share))
+            Err(RpcError::limit("max-pending-approvals", max))
         } else {
-            None
+            self.fair_share(peer.uid, held, ("max-pending-approvals", max))
         };
-        if let Some((limit, n)) = refused {
+        if let Err(e) = refused {
             self.launch_failed(&launch);
-            return Gated::Refused(RpcError::limit(limit, n));
+            return Gated::Refused(e);
         }
         let appr = self.approvals.next_id();
         let command = describe(&launch);
@@ -577,8 +589,8 @@ impl Core {
             } else {
                 verdict.asked.clone()
             },
-            // Raw, like the display: what shows it to a person escapes control
-            // characters (execctl approve does).
+            // The exact line (cut past 16 KiB): the display's texts are the ones
+            // escaped for people (and execctl escapes what it prints).
             description: cut_middle(&command, DESCRIPTION_MAX),
             display: approval_display(&launch, &verdict, &cwd, &outside),
         };
@@ -1215,6 +1227,102 @@ mod tests {
         assert_eq!(data["commands"][1]["rules"][0]["rule"], "rm");
     }
 
+    /// Two paths that look alike read apart: what does not show as itself is escaped in
+    /// the texts an approver reads, and the description and data stay exact.
+    #[test]
+    fn invisible_characters_are_escaped_in_what_approvers_read() {
+        let mut c = gated();
+        c.approvals.approvers.insert(APPROVER, approver(1000));
+        let mut l = line(1000, "s\u{2060}", "");
+        l.program = crate::types::Program::Direct {
+            program: "rm".into(),
+            args: vec!["-rf".into(), "/tmp/a\u{200b}b".into(), "\u{feff}c".into()],
+        };
+        l.env = vec![("X\u{200b}".into(), "\u{3164}".into())];
+        assert!(matches!(c.gate(l, C1, Some(ReqNo(1))), Gated::Asked));
+        let msg = sent(&mut c).remove(0).1;
+        let payload = &msg["params"]["payload"];
+        let texts: Vec<&str> = payload["display"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect();
+        let all = texts.join("\n");
+        assert!(
+            all.contains(r"runs: rm -rf '/tmp/a\u{200b}b' '\u{feff}c'"),
+            "{all}"
+        );
+        assert!(all.contains(r"sets X\u{200b}=\u{3164}"), "{all}");
+        assert!(all.contains(r"session s\u{2060}"), "{all}");
+        assert!(!all.contains(['\u{200b}', '\u{feff}', '\u{2060}', '\u{3164}']));
+        assert_eq!(
+            payload["description"], "rm -rf '/tmp/a\u{200b}b' '\u{feff}c'",
+            "the exact words"
+        );
+        let data = &payload["display"].as_array().unwrap().last().unwrap()["data"];
+        assert_eq!(data["env"][0]["name"], "X\u{200b}");
+    }
+
+    /// One uid's flood of 900 KB denied lines: each record is cut to 16 KiB, the uid
+    /// holds at most half of the audit queue, another uid's denial and root's command
+    /// are still recorded, and a command whose `start` record has no room is not started.
+    #[test]
+    fn a_flood_of_denials_loses_only_its_own_records_and_nothing_runs_unrecorded() {
+        let mut c = gated();
+        c.cfg.audit = Some(crate::config::AuditTarget::File("/audit".into()));
+        let policy = std::mem::take(&mut c.policy);
+        let mut c = Core::new(c.cfg, c.now, c.wall, Log::new(false));
+        c.policy = policy;
+        c.daemon_uid = 0;
+        let huge = format!("shutdown {}", "x".repeat(100_000));
+        for _ in 0..50 {
+            assert!(matches!(
+                c.gate(line(1000, "s", &huge), C1, None),
+                Gated::Refused(_)
+            ));
+        }
+        let q = c.audit.as_ref().unwrap();
+        assert!(q.pending().len() <= super::super::log::QUEUE_BYTES / 2);
+        assert!(q.pending().len() > super::super::log::QUEUE_BYTES / 4);
+        // Another uid's denial and root's command still go in.
+        assert!(matches!(
+            c.gate(line(2000, "t", "shutdown now"), C2, None),
+            Gated::Refused(_)
+        ));
+        let mut root = line(0, "r", "true");
+        root.prefix = "cmd";
+        let (k, id) = c.table.next_ids("cmd");
+        c.promise_start(&root, k, &id)
+            .expect("room for root's start");
+        c.started(&root, k, id.clone(), 4242, 0);
+        let text = String::from_utf8(c.audit.as_ref().unwrap().pending().to_vec()).unwrap();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(records.iter().all(|r| r.to_string().len() < 16 << 10));
+        let of = |uid: u32, event: &str| {
+            records
+                .iter()
+                .filter(|r| r["peer"]["uid"] == uid && r["event"] == event)
+                .count()
+        };
+        assert!(of(1000, "deny") < 50, "its flood lost its own records");
+        assert_eq!(of(2000, "deny"), 1);
+        assert_eq!(of(0, "start"), 1);
+        let first = records.iter().find(|r| r["peer"]["uid"] == 1000).unwrap();
+        assert_eq!(first["line_bytes"], huge.len());
+        // The target stalls and the queue fills: no command starts unrecorded.
+        while c.audit.as_ref().unwrap().pending().len() < super::super::log::QUEUE_BYTES - 200 {
+            c.record("exit", None, json!({ "id": "x".repeat(100) }));
+        }
+        let (k2, id2) = c.table.next_ids("cmd");
+        let e = c.promise_start(&root, k2, &id2).unwrap_err();
+        assert_eq!(e.code, crate::wire::rpc::LIMIT_REACHED);
+        assert_eq!(e.data.unwrap()["limit"], "audit");
+    }
+
     #[test]
     fn with_no_approver_an_ask_is_refused_at_once() {
         let mut c = gated();
@@ -1267,6 +1375,8 @@ mod tests {
         assert!(launched(&std::mem::take(&mut c.out)).is_empty());
     }
 
+    /// Fair shares of the pending asks: one shared uid at most half, all shared uids
+    /// seven eighths, so two of them cannot lock root out.
     #[test]
     fn pending_asks_are_bounded_and_a_non_root_uid_holds_at_most_half() {
         let mut c = gated();
@@ -1284,12 +1394,16 @@ mod tests {
         ask(&mut c, "true", 1);
         ask(&mut c, "true", 2);
         assert_eq!(refused(&mut c, 1000), "max-pending-approvals-per-uid");
-        for _ in 0..2 {
-            assert!(matches!(
-                c.gate(line(1001, "s", "true"), C1, None),
-                Gated::Asked
-            ));
-        }
+        assert!(matches!(
+            c.gate(line(1001, "s", "true"), C1, None),
+            Gated::Asked
+        ));
+        // Shared uids hold 3, seven eighths of 4: the last is root's.
+        assert_eq!(refused(&mut c, 1001), "max-pending-approvals-shared");
+        assert!(matches!(
+            c.gate(line(0, "s", "true"), C2, None),
+            Gated::Asked
+        ));
         // All 4 taken: root too is refused.
         assert_eq!(refused(&mut c, 0), "max-pending-approvals");
     }

@@ -91,6 +91,10 @@ impl LaunchRequest {
             + self.args.iter().map(String::len).sum::<usize>()
             + self.cwd.as_os_str().len()
             + self.family.session_id().len()
+            + self
+                .sandbox
+                .as_ref()
+                .map_or(0, |g| g.to_json().to_string().len())
     }
 
     /// The session a session approval is remembered for: the ACP session or the bash

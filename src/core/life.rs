@@ -17,30 +17,120 @@ use super::screen::Screen;
 use super::table::{Exit, Key, KillReason, Proc, Stdin, Stream, Tty};
 use super::view;
 use super::vocab::Wait;
-use super::{Core, Effect, Timer};
+use super::{Core, Effect, Queued, Timer};
 use crate::config::BASH_HISTORY;
 use crate::types::TreeUsage;
 use crate::types::{Ended, Stdio3, Usage};
 use crate::types::{Stage, WinSize};
 use crate::wire::rpc::RpcError;
 
+/// The fields of a command's `start` record (PROTOCOL 7.4).
+fn start_fields(req: &LaunchRequest, id: &str, pid: i32, runs_as: u32) -> serde_json::Value {
+    let (decision, rule) = req
+        .admitted
+        .as_ref()
+        .map_or(("allow", "default"), |a| (a.decision, a.rule.as_str()));
+    let mut fields = json!({
+        "id": id, "session": req.family.session_id(), "cwd": req.cwd,
+        "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
+    });
+    match &req.program {
+        crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
+        crate::types::Program::Direct { .. } => {
+            fields["argv"] = json!(req.program.argv());
+        }
+    }
+    fields["sandbox"] = req.sandbox.as_ref().map_or_else(
+        || crate::policy::sandbox::Given::off().to_json(),
+        |g| g.to_json(),
+    );
+    fields
+}
+
+/// A command refused because its `start` record could not be queued.
+fn audit_full() -> RpcError {
+    let cap = super::log::QUEUE_BYTES;
+    RpcError::limit("audit", cap).with_data(json!({
+        "limit": "audit",
+        "value": cap,
+        "reason": "the audit log does not take records fast enough to record this command's \
+                   start; nothing runs unrecorded",
+    }))
+}
+
 impl Core {
     /// Whether `req` may start now: at most `--max-processes` run, a uid held to fair
-    /// shares at most half of them, and its record fits its owner's share of the output
-    /// memory once retained output of exited commands is given back (PROTOCOL 8).
+    /// shares at most half of them and all such uids together seven eighths, and its
+    /// record fits its owner's share of the output memory once retained output of
+    /// exited commands is given back (PROTOCOL 8).
     pub fn may_start(&mut self, req: &LaunchRequest) -> Result<(), RpcError> {
         let owner = req.peer.uid;
         let max = self.cfg.max_processes;
         if self.table.running() + self.table.starting(None) >= max {
             return Err(RpcError::limit("max-processes", max));
         }
-        let share = (max / 2).max(1);
-        if self.shares(owner)
-            && self.table.running_of(owner) + self.table.starting(Some(owner)) >= share
-        {
-            return Err(RpcError::limit("max-processes-per-uid", share));
-        }
+        let held = |uid| self.table.running_of(uid) + self.table.starting(Some(uid));
+        let shared = self
+            .table
+            .owners_running()
+            .filter(|&u| self.shares(u))
+            .map(held)
+            .sum();
+        self.fair_share(owner, (held(owner), shared), ("max-processes", max))?;
         self.room_for_record(owner, req.record_bytes())
+    }
+
+    /// Promises the audit queue room for the `start` record of `req`, about to be spawned
+    /// as `key` (public id `id`), so that it never runs unrecorded (PROTOCOL 7.4):
+    /// `-32003` (`audit`) when the queue cannot take it (a stalled audit target). The
+    /// promise is kept by `started`, or given back by `unpromise_start`.
+    pub fn promise_start(
+        &mut self,
+        req: &LaunchRequest,
+        key: Key,
+        id: &str,
+    ) -> Result<(), RpcError> {
+        if !self.auditing() {
+            return Ok(());
+        }
+        // The record as `started` makes it, with the longest pid and uid it can hold.
+        let fields = start_fields(req, id, i32::MAX, u32::MAX);
+        let peer = json!({ "uid": req.peer.uid, "gid": req.peer.gid, "pid": req.peer.pid });
+        let fields = match fields {
+            serde_json::Value::Object(m) => m,
+            _ => Default::default(),
+        };
+        let bytes = super::log::bounded_audit_line(self.wall, "start", Some(peer), fields).len();
+        if !self.audit_queue().reserve(bytes) {
+            return Err(audit_full());
+        }
+        self.audit_promised.insert(key, bytes);
+        Ok(())
+    }
+
+    /// A spawn promised room for its `start` record did not start.
+    pub fn unpromise_start(&mut self, key: Key) {
+        if let Some(bytes) = self.audit_promised.remove(&key) {
+            self.audit_queue().unreserve(bytes);
+        }
+    }
+
+    /// Whether the audit queue has room now for the `start` record of a shell session's
+    /// line `line` (PROTOCOL 7.4): `-32003` (`audit`) when not. The record itself is
+    /// queued when the line is typed, at the next prompt, into that room or past the
+    /// queue's capacity (one line per session at most waits so).
+    pub fn room_for_line_record(&mut self, line: &str, session: &str) -> Result<(), RpcError> {
+        if !self.auditing() {
+            return Ok(());
+        }
+        // The line and its session, and what every start record holds beside them.
+        let bytes = (line.len() + session.len()).min(super::log::RECORD_MAX) + 4096;
+        let q = self.audit_queue();
+        if !q.reserve(bytes) {
+            return Err(audit_full());
+        }
+        q.unreserve(bytes);
+        Ok(())
     }
 
     /// Records a command the loop just started as `key` (public id `id`, leader `pid`).
@@ -101,26 +191,13 @@ impl Core {
                 format!(" args {:?}", req.args)
             }
         ));
-        if self.audit.is_some() || self.audit_to_log {
-            let (decision, rule) = req
-                .admitted
-                .as_ref()
-                .map_or(("allow", "default"), |a| (a.decision, a.rule.as_str()));
-            let mut fields = json!({
-                "id": id, "session": req.family.session_id(), "cwd": req.cwd,
-                "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
-            });
-            match &req.program {
-                crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),
-                crate::types::Program::Direct { .. } => {
-                    fields["argv"] = json!(req.program.argv());
-                }
-            }
-            fields["sandbox"] = req.sandbox.as_ref().map_or_else(
-                || crate::policy::sandbox::Given::off().to_json(),
-                |g| g.to_json(),
-            );
-            self.record("start", Some(req.peer), fields);
+        if self.auditing() {
+            let how = self
+                .audit_promised
+                .remove(&key)
+                .map_or(Queued::Any, Queued::Promised);
+            let fields = start_fields(req, &id, pid, runs_as);
+            self.record_queued("start", Some(req.peer), fields, how);
         }
         // A shell session's sandbox is fixed once its first shell runs: its restarts
         // (in whatever directory a `cd` left it) keep it, unchecked.
@@ -592,6 +669,46 @@ const CTRL_D: u8 = 0x04;
 mod tests {
     use super::*;
     use crate::core::testkit::*;
+
+    /// Two shared uids together never fill `--max-processes`: one holds at most half,
+    /// both seven eighths, and root still starts.
+    #[test]
+    fn shared_uids_together_leave_root_room_to_start() {
+        let mut c = core();
+        c.cfg.max_processes = 8;
+        let start = |c: &mut Core, uid: u32| -> Result<(), RpcError> {
+            let mut req = request(
+                Family::Terminal {
+                    session_id: "s".into(),
+                },
+                Stdio3::Merged,
+            );
+            req.peer.uid = uid;
+            c.may_start(&req)?;
+            let (key, id) = c.table.next_ids("term");
+            c.started(&req, key, id, key.0 as i32 + 1000, uid);
+            Ok(())
+        };
+        let limit = |r: Result<(), RpcError>| r.unwrap_err().data.unwrap()["limit"].clone();
+        for _ in 0..4 {
+            start(&mut c, 1000).unwrap();
+        }
+        assert_eq!(limit(start(&mut c, 1000)), "max-processes-per-uid");
+        for _ in 0..3 {
+            start(&mut c, 1001).unwrap();
+        }
+        assert_eq!(limit(start(&mut c, 1001)), "max-processes-shared");
+        assert_eq!(limit(start(&mut c, 1002)), "max-processes-shared");
+        start(&mut c, 0).expect("root has room");
+        assert_eq!(limit(start(&mut c, 0)), "max-processes");
+        assert_eq!(crate::core::fair_shares(1), (1, 1));
+        assert_eq!(crate::core::fair_shares(2), (1, 1));
+        assert_eq!(crate::core::fair_shares(1024), (512, 896));
+        assert_eq!(
+            crate::core::fair_shares(usize::MAX).1,
+            usize::MAX / 8 * 7 + 6
+        );
+    }
 
     #[test]
     fn kill_escalates_after_the_grace_even_when_the_leader_died() {

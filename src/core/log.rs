@@ -17,13 +17,15 @@
 //!   records a reader sees plus the counts of the `dropped` records it sees are the records
 //!   made (up to those still queued).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
+use super::view::cut_middle;
 pub use crate::types::Level;
 use crate::wire::encode::{rfc3339, write_json, write_json_str};
+use crate::wire::sha256;
 use crate::wire::state::{
     BlobsIn, BlobsOut, Clock, LogImage, QueueImage, RefusalImage, StateError,
 };
@@ -44,17 +46,26 @@ pub enum Kind {
     Audit,
 }
 
-/// One line waiting in a [`Queue`]: its length, and for a report of drops the count it
-/// carries (which goes back into the count if the report itself is lost).
+/// One line waiting in a [`Queue`]: its length; for a record of a shared uid's own
+/// share (`push_shared`), that uid; and for a report of drops the count it carries (and
+/// whose drops they were), which goes back into the count if the report itself is lost.
 #[derive(Debug, Clone, Copy)]
 struct Line {
     len: usize,
     reports: u64,
+    uid: Option<u32>,
+    /// Held in `uid`'s share (a flood-class record), rather than reporting `uid`'s drops.
+    shared: bool,
 }
 
 /// A bounded queue of whole lines. It knows where each line ends, so a writer that stops
 /// mid-line knows how much of that line went out, and one that loses what it holds (a
 /// write error) counts lines, not bytes.
+///
+/// Fair shares (PROTOCOL 7.4): records a shared uid can make without starting anything
+/// (`push_shared`: denials, asks) hold at most half of the queue per uid and seven
+/// eighths for all such uids together, and never the room promised to starts in flight
+/// (`reserve`), so one uid's flood loses only its own records, counted per uid.
 #[derive(Debug)]
 pub struct Queue {
     buf: Vec<u8>,
@@ -65,8 +76,16 @@ pub struct Queue {
     /// Bytes of the first of `lines` already written (a partial write).
     front_written: usize,
     cap: usize,
-    /// Lines dropped since the last report of drops was queued.
+    /// Lines dropped since the last report of drops was queued (those of no uid's share).
     dropped: u64,
+    /// The same, per shared uid whose own records were dropped.
+    dropped_by: BTreeMap<u32, u64>,
+    /// Bytes each shared uid's records hold (whole lines, written in part or not).
+    held_by: HashMap<u32, usize>,
+    /// Bytes all shared uids' records hold.
+    held_shared: usize,
+    /// Bytes promised to records that must not be lost (`reserve`), not yet queued.
+    reserved: usize,
     kind: Kind,
 }
 
@@ -79,20 +98,74 @@ impl Queue {
             front_written: 0,
             cap,
             dropped: 0,
+            dropped_by: BTreeMap::new(),
+            held_by: HashMap::new(),
+            held_shared: 0,
+            reserved: 0,
             kind,
         }
     }
 
+    /// Bytes held: lines waiting, the one partly written included whole.
+    fn held(&self) -> usize {
+        self.buf.len() - self.pos + self.front_written
+    }
+
+    /// Whether `len` more bytes fit beside what is held and what is promised.
+    fn fits(&self, len: usize) -> bool {
+        self.held() + self.reserved + len <= self.cap
+    }
+
     /// Queues one line (which must end in `\n`), or counts it as dropped when it does not fit.
     pub fn push(&mut self, line: &[u8]) {
-        if self.buf.len() - self.pos + line.len() > self.cap {
+        if !self.fits(line.len()) {
             self.dropped += 1;
             return;
         }
-        self.append(line, 0);
+        self.append(line, 0, None, false);
     }
 
-    fn append(&mut self, line: &[u8], reports: u64) {
+    /// Queues one record a shared `uid` made without starting anything (PROTOCOL 7.4): it
+    /// must also fit that uid's half of the queue and the seven eighths all shared uids
+    /// share; a record that does not is counted as that uid's drop.
+    pub fn push_shared(&mut self, line: &[u8], uid: u32) {
+        let own = self.held_by.get(&uid).copied().unwrap_or(0);
+        let len = line.len();
+        if !self.fits(len) || own + len > self.cap / 2 || self.held_shared + len > self.cap / 8 * 7
+        {
+            *self.dropped_by.entry(uid).or_default() += 1;
+            return;
+        }
+        *self.held_by.entry(uid).or_default() += len;
+        self.held_shared += len;
+        self.append(line, 0, Some(uid), true);
+    }
+
+    /// Promises room for a record of at most `len` bytes that must not be lost (a
+    /// command's `start`): false when it does not fit, and then nothing is promised.
+    pub fn reserve(&mut self, len: usize) -> bool {
+        if !self.fits(len) {
+            return false;
+        }
+        self.reserved += len;
+        true
+    }
+
+    /// Takes back a promise of `len` bytes that will not be used.
+    pub fn unreserve(&mut self, len: usize) {
+        self.reserved = self.reserved.saturating_sub(len);
+    }
+
+    /// Queues a record room was promised for (`reserve`, `len` bytes): it goes in even
+    /// past the capacity, as the promise kept that room (a line longer than the promise
+    /// still goes in: the promise is a bound its maker computed, and losing the record
+    /// of a command that runs is worse than a queue a few bytes over).
+    pub fn push_reserved(&mut self, line: &[u8], len: usize) {
+        self.unreserve(len);
+        self.append(line, 0, None, false);
+    }
+
+    fn append(&mut self, line: &[u8], reports: u64, uid: Option<u32>, shared: bool) {
         if line.is_empty() {
             return;
         }
@@ -100,7 +173,32 @@ impl Queue {
         self.lines.push_back(Line {
             len: line.len(),
             reports,
+            uid,
+            shared,
         });
+    }
+
+    /// A line leaves the queue (written, or lost): its uid's share is freed.
+    fn release(&mut self, line: &Line) {
+        if let (true, Some(uid)) = (line.shared, line.uid) {
+            self.held_shared = self.held_shared.saturating_sub(line.len);
+            if let Some(h) = self.held_by.get_mut(&uid) {
+                *h = h.saturating_sub(line.len);
+                if *h == 0 {
+                    self.held_by.remove(&uid);
+                }
+            }
+        }
+    }
+
+    /// A line is lost (a write error): counted where it was made, or, for a report of
+    /// drops, its count given back to whose drops they were.
+    fn count_lost(&mut self, line: &Line) {
+        let n = if line.reports > 0 { line.reports } else { 1 };
+        match (line.shared || line.reports > 0, line.uid) {
+            (true, Some(uid)) => *self.dropped_by.entry(uid).or_default() += n,
+            _ => self.dropped += n,
+        }
     }
 
     /// The bytes waiting to be written.
@@ -116,13 +214,13 @@ impl Queue {
 
     /// Nothing waits to be written and nothing lost waits to be reported.
     pub fn is_empty(&self) -> bool {
-        self.pos == self.buf.len() && self.dropped == 0
+        self.pos == self.buf.len() && self.dropped == 0 && self.dropped_by.is_empty()
     }
 
     #[cfg(test)]
     /// Lines dropped and not yet reported.
     pub fn dropped(&self) -> u64 {
-        self.dropped
+        self.dropped + self.dropped_by.values().sum::<u64>()
     }
 
     /// Bytes of the first waiting line already written: nonzero when a write stopped
@@ -136,12 +234,13 @@ impl Queue {
         let n = n.min(self.buf.len() - self.pos);
         self.pos += n;
         self.front_written += n;
-        while let Some(front) = self.lines.front() {
+        while let Some(front) = self.lines.front().copied() {
             if self.front_written < front.len {
                 break;
             }
             self.front_written -= front.len;
             self.lines.pop_front();
+            self.release(&front);
         }
         if self.pos == self.buf.len() {
             self.buf.clear();
@@ -159,14 +258,15 @@ impl Queue {
     /// partly written one included, and counts them; a lost report of drops gives its
     /// count back instead of counting as one. Returns the lines lost.
     pub fn lose_pending(&mut self) -> u64 {
-        let lost = self.lines.len() as u64;
-        for line in self.lines.drain(..) {
-            self.dropped += if line.reports > 0 { line.reports } else { 1 };
+        let lost: Vec<Line> = self.lines.drain(..).collect();
+        for line in &lost {
+            self.release(line);
+            self.count_lost(line);
         }
         self.buf.clear();
         self.pos = 0;
         self.front_written = 0;
-        lost
+        lost.len() as u64
     }
 
     /// Loses the rest of a partly written first line (its start went to a target that is
@@ -178,42 +278,59 @@ impl Queue {
         let Some(front) = self.lines.pop_front() else {
             return false;
         };
-        self.dropped += if front.reports > 0 { front.reports } else { 1 };
+        self.release(&front);
+        self.count_lost(&front);
         self.buf.drain(..self.pos + front.len - self.front_written);
         self.pos = 0;
         self.front_written = 0;
         true
     }
 
-    /// Once everything waiting is written, queues the report of the lines lost (stamped
-    /// `now`): a plain line for the log, a `dropped` record for the audit. Returns whether
-    /// it queued one.
+    /// Once everything waiting is written, queues the reports of the lines lost (stamped
+    /// `now`): a plain line for the log, a `dropped` record for the audit, one for the
+    /// lines of no uid's share and one per shared uid whose own were lost (`uid`).
+    /// Returns whether it queued any.
     pub fn report_drops(&mut self, now: SystemTime) -> bool {
-        if self.dropped == 0 || self.pos != self.buf.len() {
+        if (self.dropped == 0 && self.dropped_by.is_empty()) || self.pos != self.buf.len() {
             return false;
         }
-        let count = std::mem::take(&mut self.dropped);
-        let line = match self.kind {
-            Kind::Log => format!(
-                "{}execd: {count} log line(s) dropped: stderr was not taking them\n",
-                stamp_prefix(Some(now))
-            )
-            .into_bytes(),
-            Kind::Audit => {
-                let mut fields = Map::new();
-                fields.insert("count".into(), count.into());
-                audit_line(now, "dropped", None, fields)
-            }
-        };
-        self.append(&line, count);
+        let general = std::mem::take(&mut self.dropped);
+        let by = std::mem::take(&mut self.dropped_by);
+        let reports = (general > 0)
+            .then_some((None, general))
+            .into_iter()
+            .chain(by.into_iter().map(|(uid, n)| (Some(uid), n)));
+        for (uid, count) in reports {
+            let line = match self.kind {
+                Kind::Log => {
+                    let whose = uid.map_or(String::new(), |u| format!(" of uid {u}"));
+                    format!(
+                        "{}execd: {count} log line(s){whose} dropped: stderr was not taking \
+                         them\n",
+                        stamp_prefix(Some(now))
+                    )
+                    .into_bytes()
+                }
+                Kind::Audit => {
+                    let mut fields = Map::new();
+                    fields.insert("count".into(), count.into());
+                    if let Some(u) = uid {
+                        fields.insert("uid".into(), u.into());
+                    }
+                    audit_line(now, "dropped", None, fields)
+                }
+            };
+            self.append(&line, count, uid, false);
+        }
         true
     }
 }
 
 impl Queue {
     /// What an upgrade in place carries: the bytes waiting, every line (partly) waiting
-    /// with the drops it reports, how much of the first went out, and the drops not yet
-    /// reported.
+    /// with the drops it reports and the uid it belongs to, how much of the first went
+    /// out, and the drops not yet reported. Nothing is promised then (the upgrade waits
+    /// for spawns in flight).
     pub fn carry(&self, blobs: &mut BlobsOut) -> QueueImage {
         QueueImage {
             pending: blobs.put(self.pending()),
@@ -221,16 +338,34 @@ impl Queue {
             front_written: self.front_written,
             cap: self.cap,
             dropped: self.dropped,
+            uids: self.lines.iter().map(|l| (l.uid, l.shared)).collect(),
+            dropped_by: self.dropped_by.iter().map(|(u, n)| (*u, *n)).collect(),
         }
     }
 
     /// The queue `carry` described, of `kind`.
     pub fn resume(img: &QueueImage, blobs: &BlobsIn, kind: Kind) -> Result<Queue, StateError> {
         let buf = blobs.get(img.pending)?.to_vec();
+        if !img.uids.is_empty() && img.uids.len() != img.lines.len() {
+            return Err(StateError::new(format!(
+                "a queue of {} lines with {} owners",
+                img.lines.len(),
+                img.uids.len()
+            )));
+        }
         let lines: VecDeque<Line> = img
             .lines
             .iter()
-            .map(|&(len, reports)| Line { len, reports })
+            .enumerate()
+            .map(|(i, &(len, reports))| {
+                let (uid, shared) = img.uids.get(i).copied().unwrap_or((None, false));
+                Line {
+                    len,
+                    reports,
+                    uid,
+                    shared,
+                }
+            })
             .collect();
         let held: usize = lines.iter().map(|l| l.len).sum();
         if held != buf.len() + img.front_written {
@@ -239,15 +374,19 @@ impl Queue {
                 buf.len() + img.front_written
             )));
         }
-        Ok(Queue {
-            buf,
-            pos: 0,
-            lines,
-            front_written: img.front_written,
-            cap: img.cap,
-            dropped: img.dropped,
-            kind,
-        })
+        let mut q = Queue::new(img.cap, kind);
+        for l in lines.iter().filter(|l| l.shared) {
+            if let Some(uid) = l.uid {
+                *q.held_by.entry(uid).or_default() += l.len;
+                q.held_shared += l.len;
+            }
+        }
+        q.buf = buf;
+        q.lines = lines;
+        q.front_written = img.front_written;
+        q.dropped = img.dropped;
+        q.dropped_by = img.dropped_by.iter().copied().collect();
+        Ok(q)
     }
 }
 
@@ -285,6 +424,171 @@ pub fn audit_line(
     }
     line.extend_from_slice(b"}\n");
     line
+}
+
+/// The most bytes one audit record takes (PROTOCOL 7.4), its newline included.
+pub const RECORD_MAX: usize = 16 << 10;
+
+/// The fields whose value is as long as a peer makes it: the command as it runs (`line`,
+/// `argv`) or as it was asked for (`command`).
+const LONG_FIELDS: [&str; 3] = ["line", "argv", "command"];
+
+/// One audit record as a line of at most `RECORD_MAX` bytes: as `audit_line` when it
+/// fits; else its command (`line`, `argv` or `command`) is cut in the middle, as
+/// approvers see a long one, and the record says `line_bytes` and `line_sha256` of the
+/// whole (an argv as `/proc/PID/cmdline` holds it: each word ended by a NUL byte).
+/// Should that not do (other fields a peer made long), every long string is cut too.
+pub fn bounded_audit_line(
+    at: SystemTime,
+    event: &str,
+    peer: Option<Value>,
+    mut fields: Map<String, Value>,
+) -> Vec<u8> {
+    // A command far past the bound is cut without being written out whole first.
+    let long = LONG_FIELDS.iter().find(|k| fields.contains_key(**k));
+    let far = long.is_some_and(|k| raw_len(&fields[*k]) > RECORD_MAX);
+    if !far {
+        let line = audit_line(at, event, peer.clone(), fields.clone());
+        if line.len() <= RECORD_MAX {
+            return line;
+        }
+    }
+    if let Some(whole) = long.and_then(|k| fields.remove(*k)) {
+        let key = *long.unwrap_or(&"line");
+        let bytes = whole_bytes(&whole);
+        fields.insert("line_bytes".into(), bytes.len().into());
+        fields.insert("line_sha256".into(), sha256::hex(&bytes).into());
+        // What the rest of the record takes, with room for the field's name and the
+        // marker of what was cut.
+        let rest = audit_line(at, event, peer.clone(), fields.clone()).len() + 128;
+        let mut budget = RECORD_MAX.saturating_sub(rest).max(64);
+        loop {
+            fields.insert(key.into(), cut_value(&whole, budget));
+            let line = audit_line(at, event, peer.clone(), fields.clone());
+            if line.len() <= RECORD_MAX {
+                return line;
+            }
+            // Escapes (`\u0000`) make a cut text longer than its bytes: cut further.
+            if budget <= 64 {
+                break;
+            }
+            budget /= 2;
+        }
+    }
+    for max in [1 << 10, 64] {
+        let cut: Map<String, Value> = fields
+            .iter()
+            .map(|(k, v)| (k.clone(), cut_strings(v, max)))
+            .collect();
+        let line = audit_line(at, event, peer.as_ref().map(|p| cut_strings(p, max)), cut);
+        if line.len() <= RECORD_MAX {
+            return line;
+        }
+    }
+    let mut fields = Map::new();
+    fields.insert("cut".into(), "the record could not be made to fit".into());
+    audit_line(at, event, None, fields)
+}
+
+/// The bytes `line_sha256` is of: a text's own, an argv's words each ended by NUL.
+fn whole_bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::String(s) => s.as_bytes().to_vec(),
+        Value::Array(words) => {
+            let mut out = Vec::new();
+            for w in words {
+                match w {
+                    Value::String(s) => out.extend_from_slice(s.as_bytes()),
+                    other => out.extend_from_slice(other.to_string().as_bytes()),
+                }
+                out.push(0);
+            }
+            out
+        }
+        other => other.to_string().into_bytes(),
+    }
+}
+
+/// Bytes of text `v` holds (its strings', an argv's words'), before any escaping.
+fn raw_len(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(raw_len).sum(),
+        _ => 0,
+    }
+}
+
+/// A command cut to about `max` bytes: a text in the middle; an argv keeps its first and
+/// last words within half of it each (a word longer than that cut in the middle), with a
+/// word saying how many were left out between them.
+fn cut_value(v: &Value, max: usize) -> Value {
+    match v {
+        Value::String(s) => Value::String(cut_middle(s, max)),
+        Value::Array(words) => {
+            let words: Vec<String> = words
+                .iter()
+                .map(|w| w.as_str().map_or_else(|| w.to_string(), str::to_string))
+                .collect();
+            Value::from(cut_words(&words, max))
+        }
+        other => Value::String(cut_middle(&other.to_string(), max)),
+    }
+}
+
+fn cut_words(words: &[String], max: usize) -> Vec<String> {
+    let size = |w: &String| w.len() + 4; // quotes and a comma
+    if words.iter().map(size).sum::<usize>() <= max {
+        return words.to_vec();
+    }
+    let half = max / 2;
+    let mut used = 0;
+    let mut head = Vec::new();
+    for w in words {
+        if used + size(w) > half {
+            break;
+        }
+        used += size(w);
+        head.push(w.clone());
+    }
+    if head.is_empty() {
+        head.push(cut_middle(&words[0], half.saturating_sub(48).max(16)));
+    }
+    let mut used = 0;
+    let mut tail = Vec::new();
+    for w in words[head.len()..].iter().rev() {
+        if used + size(w) > half {
+            break;
+        }
+        used += size(w);
+        tail.push(w.clone());
+    }
+    if tail.is_empty() && words.len() > head.len() {
+        tail.push(cut_middle(
+            &words[words.len() - 1],
+            half.saturating_sub(48).max(16),
+        ));
+    }
+    tail.reverse();
+    let left = words.len() - head.len() - tail.len();
+    if left > 0 {
+        head.push(format!("[... {left} words left out ...]"));
+    }
+    head.extend(tail);
+    head
+}
+
+/// `v` with every string longer than `max` bytes cut in the middle.
+fn cut_strings(v: &Value, max: usize) -> Value {
+    match v {
+        Value::String(s) => Value::String(cut_middle(s, max)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| cut_strings(x, max)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (cut_middle(k, max), cut_strings(x, max)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// A log of one kind of refusal, rate-limited.
@@ -444,6 +748,7 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn text(q: &Queue) -> String {
         String::from_utf8(q.pending().to_vec()).unwrap()
@@ -577,6 +882,188 @@ mod tests {
             String::from_utf8(line).unwrap(),
             "{\"ts\":\"2026-11-25T00:00:00.000Z\",\"event\":\"start\",\"peer\":{\"uid\":0},\"a\":\"x\\\"y\",\"z\":1}\n"
         );
+    }
+
+    fn record_of(line: &[u8]) -> Value {
+        assert!(line.len() <= RECORD_MAX, "{} bytes", line.len());
+        assert!(line.ends_with(b"\n"));
+        serde_json::from_slice(line).unwrap()
+    }
+
+    /// A 900 KB line makes a record of at most 16 KiB: the line cut in the middle (its end
+    /// kept), with the whole line's size and digest.
+    #[test]
+    fn a_long_command_is_cut_in_the_middle_and_named_by_its_digest() {
+        let at = crate::types::test_clock().1;
+        let line = format!("echo {}; rm -rf V", "x".repeat(900_000));
+        let mut fields = Map::new();
+        fields.insert("line".into(), line.clone().into());
+        fields.insert("id".into(), "cmd_1".into());
+        let rec = record_of(&bounded_audit_line(at, "start", None, fields));
+        let shown = rec["line"].as_str().unwrap();
+        assert!(
+            shown.starts_with("echo xxx") && shown.ends_with("; rm -rf V"),
+            "{shown:.40}"
+        );
+        assert!(shown.contains("bytes left out"));
+        assert_eq!(rec["line_bytes"], line.len());
+        assert_eq!(rec["line_sha256"], sha256::hex(line.as_bytes()));
+        assert_eq!(rec["id"], "cmd_1");
+        // One that fits is left alone, and says nothing more.
+        let mut fields = Map::new();
+        fields.insert("command".into(), "ls".into());
+        let rec = record_of(&bounded_audit_line(at, "deny", None, fields));
+        assert_eq!(rec["command"], "ls");
+        assert!(rec.get("line_bytes").is_none());
+    }
+
+    #[test]
+    fn a_long_argv_keeps_its_first_and_last_words_and_a_text_of_escapes_still_fits() {
+        let at = crate::types::test_clock().1;
+        let mut words: Vec<String> = vec!["rm".into(), "-rf".into()];
+        words.extend((0..20_000).map(|i| format!("f{i}")));
+        words.push("V".into());
+        let mut fields = Map::new();
+        fields.insert("argv".into(), json!(words));
+        let rec = record_of(&bounded_audit_line(at, "start", None, fields));
+        let argv: Vec<&str> = rec["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_str().unwrap())
+            .collect();
+        assert_eq!(&argv[..2], ["rm", "-rf"]);
+        assert_eq!(argv.last(), Some(&"V"));
+        assert!(argv.iter().any(|w| w.contains("words left out")));
+        let cmdline: Vec<u8> = words
+            .iter()
+            .flat_map(|w| [w.as_bytes(), b"\0"].concat())
+            .collect();
+        assert_eq!(rec["line_bytes"], cmdline.len());
+        assert_eq!(rec["line_sha256"], sha256::hex(&cmdline));
+        // Control characters take six bytes each once escaped: cut further to fit.
+        let mut fields = Map::new();
+        fields.insert("line".into(), "\u{1}".repeat(100_000).into());
+        fields.insert("cwd".into(), "\u{2}".repeat(4096).into());
+        let rec = record_of(&bounded_audit_line(at, "start", None, fields));
+        assert_eq!(rec["line_bytes"], 100_000);
+        // A single word of a megabyte.
+        let mut fields = Map::new();
+        fields.insert("argv".into(), json!(["x".repeat(1 << 20)]));
+        record_of(&bounded_audit_line(at, "start", None, fields));
+    }
+
+    /// One uid's flood of denials takes at most half of the queue, and all shared uids'
+    /// seven eighths: another uid's records, and root's, still go in, and what is lost is
+    /// counted for the uid that made it, in its own `dropped` record.
+    #[test]
+    fn a_shared_uid_floods_only_its_own_share() {
+        let now = crate::types::test_clock().1;
+        let rec = |tag: &str| format!("{{\"r\":\"{tag}{}\"}}\n", "x".repeat(90)).into_bytes();
+        let mut q = Queue::new(1000, Kind::Audit);
+        let mut made = 0;
+        for _ in 0..50 {
+            q.push_shared(&rec("a"), 1000);
+            made += 1;
+        }
+        assert_eq!(q.lines(), 5, "half of 1000 bytes is five records of 100");
+        assert_eq!(q.dropped(), 45);
+        for _ in 0..50 {
+            q.push_shared(&rec("b"), 2000);
+            made += 1;
+        }
+        assert_eq!(q.lines(), 8, "all shared uids together: seven eighths");
+        q.push(&rec("z"));
+        q.push(&rec("z"));
+        made += 2;
+        assert_eq!(q.lines(), 10, "root's records still fit");
+        // A start promised room goes in even when the rest is full.
+        assert!(!q.reserve(100));
+        let text = String::from_utf8(q.pending().to_vec()).unwrap();
+        assert_eq!(text.matches("\"r\":\"z").count(), 2, "root's");
+        let n = q.pending().len();
+        q.consume(n);
+        assert!(q.report_drops(now));
+        let reports: Vec<Value> = String::from_utf8(q.pending().to_vec())
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(reports.len(), 2);
+        assert_eq!(
+            (reports[0]["uid"].clone(), reports[0]["count"].clone()),
+            (json!(1000), json!(45))
+        );
+        assert_eq!(
+            (reports[1]["uid"].clone(), reports[1]["count"].clone()),
+            (json!(2000), json!(47))
+        );
+        let counted: u64 = reports.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+        assert_eq!(10 + counted, made, "records present plus counted = made");
+        // Written, the share is free again.
+        let n = q.pending().len();
+        q.consume(n);
+        q.push_shared(&rec("a"), 1000);
+        assert_eq!(q.lines(), 1);
+    }
+
+    /// A lost report of one uid's drops gives its count back to that uid, and lines of a
+    /// uid's share lost to a write error count as its drops.
+    #[test]
+    fn lost_shared_lines_and_reports_count_for_their_uid() {
+        let now = crate::types::test_clock().1;
+        let mut q = Queue::new(1000, Kind::Audit);
+        q.push_shared(b"{\"a\":1}\n", 7);
+        q.push(b"{\"b\":1}\n");
+        assert_eq!(q.lose_pending(), 2);
+        assert!(q.report_drops(now));
+        assert_eq!(q.lose_pending(), 2, "both reports lost");
+        assert!(q.report_drops(now));
+        let text = String::from_utf8(q.pending().to_vec()).unwrap();
+        let recs: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(recs[0]["count"], 1);
+        assert!(recs[0].get("uid").is_none());
+        assert_eq!(
+            (recs[1]["uid"].clone(), recs[1]["count"].clone()),
+            (json!(7), json!(1))
+        );
+        q.push_shared(
+            &[b'x'; 499]
+                .iter()
+                .chain(b"\n")
+                .copied()
+                .collect::<Vec<u8>>(),
+            7,
+        );
+        assert_eq!(
+            q.dropped(),
+            0,
+            "its share is free: the lost line was released"
+        );
+    }
+
+    #[test]
+    fn room_promised_is_kept_from_others_and_given_back() {
+        let mut q = Queue::new(100, Kind::Audit);
+        assert!(q.reserve(60));
+        q.push(&[b'x'; 49].iter().chain(b"\n").copied().collect::<Vec<u8>>());
+        assert_eq!(
+            (q.lines(), q.dropped()),
+            (0, 1),
+            "the promised room is not taken"
+        );
+        q.push_reserved(
+            &[b'y'; 59].iter().chain(b"\n").copied().collect::<Vec<u8>>(),
+            60,
+        );
+        assert_eq!(q.lines(), 1);
+        assert!(q.reserve(40));
+        assert!(!q.reserve(1));
+        q.unreserve(40);
+        assert!(q.reserve(40));
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod shutdown;
 pub mod table;
 #[cfg(test)]
 pub mod testkit;
+pub mod tie;
 pub mod timers;
 pub mod view;
 pub mod vocab;
@@ -80,13 +81,30 @@ impl Default for Containment {
     }
 }
 
-/// Who is calling: the connection and the peer's credentials.
+/// The fair shares of a limit `max` (PROTOCOL 8): what one shared uid may hold (half),
+/// and what all of them together may (seven eighths); at least one each.
+pub fn fair_shares(max: usize) -> (usize, usize) {
+    ((max / 2).max(1), (max / 8 * 7 + max % 8 * 7 / 8).max(1))
+}
+
+/// How an audit record goes into its queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Queued {
+    /// As it fits (a shared uid's request records in its share).
+    Any,
+    /// Into room promised for it, this many bytes (`Queue::reserve`): a command's `start`.
+    Promised(usize),
+}
+
+/// Who is calling: the connection, the peer's credentials, and whether the peer is one
+/// of the gate's subjects (a descendant of the daemon, and of which command: 7.3).
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {
     pub conn: ConnId,
     pub uid: u32,
     pub gid: u32,
     pub pid: i32,
+    pub tie: tie::Tie,
 }
 
 impl Caller {
@@ -258,6 +276,9 @@ pub struct Core {
     pub daemon_uid: u32,
     /// Upgrades in place this daemon went through (PROTOCOL 13).
     pub upgrades: u64,
+    /// Room promised in the audit queue to the `start` record of each command being
+    /// spawned, in bytes (PROTOCOL 7.4: nothing runs unrecorded).
+    audit_promised: HashMap<Key, usize>,
     /// Effects for the loop, in the order they arose.
     pub out: Vec<Effect>,
 }
@@ -302,25 +323,57 @@ impl Core {
             input_watch: false,
             daemon_uid: 0,
             upgrades: 0,
+            audit_promised: HashMap::new(),
             out: Vec::new(),
         }
     }
 
     /// Writes one audit record (when auditing): `event`, the peer it concerns, and its
-    /// own fields.
+    /// own fields, in at most `log::RECORD_MAX` bytes. A record a shared uid's request
+    /// made without starting anything (`deny`, `ask`, `refuse`, `reject` for want of an
+    /// approver) is held in that uid's share of the queue (PROTOCOL 7.4).
     pub fn record(&mut self, event: &str, peer: Option<Peer>, fields: Value) {
-        if self.audit.is_none() && !self.audit_to_log {
+        self.record_queued(event, peer, fields, Queued::Any);
+    }
+
+    /// `record`, queued as `how` says.
+    pub(crate) fn record_queued(
+        &mut self,
+        event: &str,
+        peer: Option<Peer>,
+        fields: Value,
+        how: Queued,
+    ) {
+        if !self.auditing() {
             return;
         }
-        let peer = peer.map(|p| json!({ "uid": p.uid, "gid": p.gid, "pid": p.pid }));
         let fields = match fields {
             Value::Object(m) => m,
             _ => Default::default(),
         };
-        let line = log::audit_line(self.wall, event, peer, fields);
+        let flood = matches!(event, "deny" | "ask" | "refuse")
+            || (event == "reject" && fields.get("reason") == Some(&json!("no approver")));
+        let share = peer.map(|p| p.uid).filter(|&u| flood && self.shares(u));
+        let peer = peer.map(|p| json!({ "uid": p.uid, "gid": p.gid, "pid": p.pid }));
+        let line = log::bounded_audit_line(self.wall, event, peer, fields);
+        let q = self.audit_queue();
+        match (how, share) {
+            (Queued::Promised(n), _) => q.push_reserved(&line, n),
+            (Queued::Any, Some(uid)) => q.push_shared(&line, uid),
+            (Queued::Any, None) => q.push(&line),
+        }
+    }
+
+    /// Whether audit records are made (`--audit`).
+    pub fn auditing(&self) -> bool {
+        self.audit.is_some() || self.audit_to_log
+    }
+
+    /// Where audit records wait: the audit file's queue, or with `--audit -` the log's.
+    pub(crate) fn audit_queue(&mut self) -> &mut Queue {
         match self.audit.as_mut() {
-            Some(q) => q.push(&line),
-            None => self.log.queue.push(&line),
+            Some(q) => q,
+            None => &mut self.log.queue,
         }
     }
 
@@ -500,6 +553,30 @@ impl Core {
     /// others.
     pub fn shares(&self, uid: u32) -> bool {
         uid != 0 && uid != self.daemon_uid
+    }
+
+    /// Whether one more of a limit `max` (`--max-processes`, `--max-clients`...) may go
+    /// to `uid`, which holds `own` of it while all shared uids hold `shared` (PROTOCOL 8):
+    /// a shared uid at most half, all of them together at most seven eighths, so root and
+    /// the daemon's own uid always have room. The limit passed, named `<name>-per-uid` or
+    /// `<name>-shared`, with its value, when not (the whole of `max` is the caller's).
+    pub fn fair_share(
+        &self,
+        uid: u32,
+        (own, shared): (usize, usize),
+        (name, max): (&str, usize),
+    ) -> Result<(), RpcError> {
+        if !self.shares(uid) {
+            return Ok(());
+        }
+        let (one, all) = fair_shares(max);
+        if own >= one {
+            return Err(RpcError::limit(&format!("{name}-per-uid"), one));
+        }
+        if shared >= all {
+            return Err(RpcError::limit(&format!("{name}-shared"), all));
+        }
+        Ok(())
     }
 
     /// Every group of a caller: its primary group and the groups its connection holds.

@@ -242,23 +242,32 @@ impl Core {
     }
 
     /// Makes room for one more session of `owner`, bash or shell (they share the count,
-    /// PROTOCOL 12.2): at `--max-sessions` (or, for a non-root owner, at half of it for
-    /// its own) one of the owner's sessions is closed: a one-shot session running
-    /// nothing, else its least recently used bash session running nothing; never a
-    /// session of another owner, one running a command, or a shell session someone
-    /// named. When there is none: `-32003`.
+    /// PROTOCOL 12.2): at `--max-sessions` (or at a shared owner's fair share: half of it
+    /// for its own, seven eighths for all shared owners) one of the owner's sessions is
+    /// closed: a one-shot session running nothing, else its least recently used bash
+    /// session running nothing; never a session of another owner, one running a command,
+    /// or a shell session someone named. When there is none: `-32003`.
     pub fn room_for_session(&mut self, owner: u32) -> Result<(), RpcError> {
         let max = self.cfg.max_sessions;
-        let share = if self.shares(owner) {
-            (max / 2).max(1)
-        } else {
-            max
-        };
         let total = self.table.sessions.len() + self.shells.map.len();
         let own = self.table.sessions.keys().filter(|k| k.0 == owner).count()
             + self.shells.of(owner).count();
-        if total < max && own < share {
+        let shared = self
+            .table
+            .sessions
+            .keys()
+            .map(|k| k.0)
+            .chain(self.shells.map.keys().map(|k| k.0))
+            .filter(|&u| self.shares(u))
+            .count();
+        let fair = self.fair_share(owner, (own, shared), ("max-sessions", max));
+        if total < max && fair.is_ok() {
             return Ok(());
+        }
+        // An owner with no session of its own has none to give up: said as the share
+        // it is held to (all shared uids together at their seven eighths).
+        if own == 0 {
+            fair?;
         }
         let Some((victim, is_shell)) = self.room_victim(owner) else {
             return Err(RpcError::limit("max-sessions", max));
@@ -451,6 +460,30 @@ pub fn oneshot_idle(full: Duration) -> Duration {
 mod tests {
     use super::*;
     use crate::core::testkit::*;
+
+    /// Sessions are held to fair shares too: two shared uids cannot take the last
+    /// eighth, and an owner at its share gives up its own least used session.
+    #[test]
+    fn shared_uids_together_leave_root_a_session() {
+        let mut c = core();
+        c.cfg.max_sessions = 8;
+        for i in 0..4 {
+            c.open_session(1000, Some(&format!("a{i}")), None, true)
+                .unwrap();
+        }
+        // At its half: its own oldest quiet session makes room.
+        c.open_session(1000, Some("a4"), None, true).unwrap();
+        assert!(!c.table.sessions.contains_key(&(1000, "a0".to_string())));
+        for i in 0..3 {
+            c.open_session(1001, Some(&format!("b{i}")), None, true)
+                .unwrap();
+        }
+        let e = c.open_session(1002, Some("c"), None, true).unwrap_err();
+        assert_eq!(e.data.unwrap()["limit"], "max-sessions-shared");
+        c.open_session(0, Some("root"), None, true)
+            .expect("root has room");
+        assert_eq!(c.table.sessions.len(), 8);
+    }
 
     #[test]
     fn idle_sessions_close_and_busy_ones_stay() {

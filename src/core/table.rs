@@ -495,6 +495,15 @@ impl Table {
         self.running
     }
 
+    /// Every uid with a command running or being started.
+    pub fn owners_running(&self) -> impl Iterator<Item = u32> + '_ {
+        let starting = self
+            .starting
+            .keys()
+            .filter(|u| !self.running_by.contains_key(u));
+        self.running_by.keys().chain(starting).copied()
+    }
+
     /// Running processes owned by `owner`.
     pub fn running_of(&self, owner: u32) -> usize {
         self.running_by.get(&owner).copied().unwrap_or(0)

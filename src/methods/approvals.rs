@@ -12,8 +12,12 @@ use crate::types::Program;
 use crate::wire::rpc::{Params, RpcError};
 
 /// `approvals/subscribe {}`: this connection approves commands of its own uid (root's of
-/// every uid), receiving each as a Wire `request`.
+/// every uid), receiving each as a Wire `request`. Never a peer that descends from the
+/// daemon, or relays for one (7.3): what the gate holds never operates it (`-32002`).
 pub fn subscribe(core: &mut Core, caller: &Caller, _p: &Params) -> Result<Step, RpcError> {
+    if caller.tie.descends {
+        return Err(core.subject_refused(caller, "approvals/subscribe"));
+    }
     let approver = Approver {
         uid: caller.uid,
         gids: core.groups_of(caller),
@@ -117,4 +121,38 @@ pub fn check(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
         "commands": split,
         "policy_loaded": core.cfg.policy.is_some(),
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::testkit::{core, C1};
+    use crate::core::tie::{Tie, TieSource};
+    use serde_json::Map;
+
+    /// Whatever its uid, a peer that descends from the daemon never becomes an approver:
+    /// the agent cannot answer its own asks through a process it ran through execd.
+    #[test]
+    fn a_descendant_of_the_daemon_never_approves() {
+        let mut c = core();
+        let none = Map::new();
+        let agent = |tie| Caller {
+            conn: C1,
+            uid: 0,
+            gid: 0,
+            pid: 77,
+            tie,
+        };
+        for tie in [
+            Tie::descendant(Some(crate::core::table::Key(5)), TieSource::Ancestry),
+            Tie::descendant(None, TieSource::Cgroup),
+            Tie::unknown(),
+        ] {
+            let e = subscribe(&mut c, &agent(tie), &Params(&none)).unwrap_err();
+            assert_eq!(e.code, crate::wire::rpc::NOT_FOUND, "{tie:?}");
+            assert!(c.approvals.approvers.is_empty());
+        }
+        assert!(subscribe(&mut c, &agent(Tie::outside()), &Params(&none)).is_ok());
+        assert_eq!(c.approvals.approvers.len(), 1);
+    }
 }

@@ -169,6 +169,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             pid: 42,
+            tie: crate::core::tie::Tie::outside(),
         };
         for name in ["terminal/nope", "", "_"] {
             let e = call(&mut core, &caller, name, &Map::new()).unwrap_err();

@@ -365,6 +365,8 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
         return Err(RpcError::internal("shell line tail for another request"));
     };
     let key = (launch.peer.uid, exec.session_id.clone());
+    // Nothing runs unrecorded: its `start` record must have room (PROTOCOL 7.4).
+    core.room_for_line_record(&launch.command, &key.1)?;
     let mut fresh = false;
     match core.shells.map.get(&key) {
         Some(s) => refuse_if_busy(s)?,

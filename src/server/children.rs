@@ -27,6 +27,7 @@ use crate::core::confine::Decided;
 use crate::core::launch::{LaunchRequest, Origin};
 use crate::core::pump::Pumped;
 use crate::core::table::{ConnId, Key, KillReason, Peer};
+use crate::core::tie::Tie;
 use crate::core::Core;
 use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
@@ -107,6 +108,9 @@ pub struct Children {
     probe: Option<i32>,
     probe_ended: Option<Ended>,
     scratch: Vec<u8>,
+    /// Processes found not to descend from the daemon (PROTOCOL 7.3): a later peer's walk
+    /// up its parents stops at one of them.
+    outsiders: crate::core::tie::Outsiders,
 }
 
 /// How many output streams a command has (a pipe each, open or not).
@@ -181,6 +185,7 @@ impl Children {
             probe: None,
             probe_ended: None,
             scratch: vec![0; SCRATCH],
+            outsiders: Default::default(),
         })
     }
 
@@ -364,9 +369,14 @@ impl Children {
             Some(a) => (a.key, a.id.clone()),
             None => core.table.next_ids(launch.prefix),
         };
+        // Nothing runs unrecorded: room for its `start` record first (PROTOCOL 7.4).
+        if let Err(e) = core.promise_start(&launch, key, &id) {
+            return Err((launch, e));
+        }
         let place = match self.contain.prepare(&id, &launch.limits) {
             Ok(place) => place,
             Err(e) => {
+                core.unpromise_start(key);
                 let e = match e {
                     PrepareError::Unavailable(u) => unavailable(&u),
                     PrepareError::Io(e) => RpcError::internal(format!("{e}")),
@@ -407,11 +417,13 @@ impl Children {
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
+            check_binary: None,
         };
         let spawned = match self.spawner.spawn(&spec, confined) {
             Ok(spawned) => spawned,
             Err(e) => {
                 self.contain.abandon(place);
+                core.unpromise_start(key);
                 let e = spawn_error(core, &launch, &e);
                 return Err((launch, e));
             }
@@ -429,6 +441,7 @@ impl Children {
             // Nobody would hear how it went: end it, and keep what it reads until reaped.
             let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
             self.contain.abandon(place);
+            core.unpromise_start(key);
             self.failed.insert(pid, memory);
             let e = RpcError::internal(format!("watching a spawn: {e}"));
             return Err((launch, e));
@@ -513,6 +526,7 @@ impl Children {
         core.table.reserve_start(s.launch.peer.uid, false);
         if let Err((at, e)) = outcome {
             self.contain.abandon(s.place);
+            core.unpromise_start(s.key);
             // The child exits after its report: keep what it reads until it is reaped.
             if s.exit.is_none() {
                 self.failed.insert(pid, s.memory);
@@ -559,6 +573,7 @@ impl Children {
             } else {
                 self.abandoned.insert(pid, key);
             }
+            core.unpromise_start(key);
             let e = RpcError::internal(format!("registering a pipe: {e}"));
             return Some(Launched::of((s.token, s.req, s.launch), Err(e)));
         }
@@ -1118,6 +1133,55 @@ impl Children {
         Ok(c)
     }
 
+    /// The tie of the process at the other end of Unix socket `fd`, which `SO_PEERCRED`
+    /// says is `pid` (PROTOCOL 7.3): the command whose cgroup holds it, else the command
+    /// (or the daemon) its chain of parents reaches; pinned, so that facts of a process
+    /// that took its pid meanwhile make it `unknown` (a descendant), never an outsider.
+    /// Only `/proc/PID/stat` and `/proc/PID/cgroup` are read (`sys::peer`).
+    pub fn tie_of(&mut self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> Tie {
+        if pid <= 0 {
+            return Tie::outside();
+        }
+        self.tie_pinned(core, crate::sys::peer::Pinned::of_socket(fd, pid))
+    }
+
+    /// The tie of the process that sent a signal (`si_pid`): as `tie_of`, pinned by its
+    /// start time only. A sender already gone is `unknown`.
+    pub fn tie_of_sender(&mut self, core: &Core, pid: i32) -> Tie {
+        if pid <= 0 {
+            return Tie::outside();
+        }
+        self.tie_pinned(core, crate::sys::peer::Pinned::of_pid(pid))
+    }
+
+    fn tie_pinned(&mut self, core: &Core, pinned: crate::sys::peer::Pinned) -> Tie {
+        let pid = pinned.pid;
+        let key_of = |id: &str| {
+            core.table
+                .find(id, 0)
+                .or_else(|| self.starting.values().find(|s| s.id == id).map(|s| s.key))
+        };
+        let cgroup = self.contain.command_holding(pid).map(|id| key_of(&id));
+        // A spawn whose report is not read yet already runs its program.
+        let leader = |p: i32| {
+            core.table
+                .by_pid(p)
+                .or_else(|| self.starting.get(&p).map(|s| s.key))
+        };
+        let daemon = std::process::id() as i32;
+        let traced = crate::core::tie::trace(
+            pid,
+            daemon,
+            cgroup,
+            (leader, &mut self.outsiders),
+            crate::sys::peer::stat,
+        );
+        if !pinned.still_same(traced.start) {
+            return Tie::unknown();
+        }
+        traced.tie
+    }
+
     /// How the pre-flight ended, once it was reaped.
     pub fn probe_ended(&self) -> Option<Ended> {
         self.probe_ended
@@ -1134,8 +1198,11 @@ impl Children {
 
     /// Starts `binary --upgrade-check` (PROTOCOL 13), cloned like a command but owned by
     /// no one: the caller watches its report pipe and its output (stdout and stderr
-    /// together), and hands back what it reads (`probe_failed`, `probe_execd`).
-    pub fn probe(&mut self, binary: &str) -> io::Result<Spawned> {
+    /// together), and hands back what it reads (`probe_failed`, `probe_execd`). It runs
+    /// as the daemon, in the daemon's own cgroup, with a cookie of the daemon's. A binary
+    /// a caller `named` is checked by the child before it runs anything
+    /// (`FailedAt::Binary`): where a hung file system holds only that child.
+    pub fn probe(&mut self, binary: &str, named: bool) -> io::Result<Spawned> {
         let program = crate::types::Program::Direct {
             program: binary.to_string(),
             args: vec!["--upgrade-check".to_string()],
@@ -1148,6 +1215,7 @@ impl Children {
             user: None,
             cgroup_procs: None,
             cookie: &self.contain.cookie("upgrade-check"),
+            check_binary: named.then_some(self.uid),
         };
         let spawned = self.spawner.spawn(&spec, None)?;
         self.probe = Some(spawned.pid);

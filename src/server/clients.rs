@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 
 use crate::core::pump::{Outbox, Outboxes};
 use crate::core::table::{ConnId, Peer};
+use crate::core::tie::Tie;
 use crate::core::Core;
 use crate::server::conn::{Bounds, Conn};
 use crate::server::listen::{Accepted, Listeners};
@@ -150,6 +152,7 @@ impl Clients {
 
     /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials
     /// allow, or an HTTP client; none past `--max-clients` (told so in its own protocol).
+    /// A Unix peer's tie (7.3) is what `tie_of` finds of its socket and pid.
     pub fn accept(
         &mut self,
         lt: Token,
@@ -157,6 +160,7 @@ impl Clients {
         core: &mut Core,
         registry: &Registry,
         next_token: &mut usize,
+        tie_of: &mut dyn FnMut(&Core, RawFd, i32) -> Tie,
     ) -> Admission {
         let now = core.now;
         let bounds = Bounds {
@@ -190,24 +194,35 @@ impl Clients {
                     refuse(core, peer, "peer not allowed");
                     return Admission::Refused;
                 }
-                // A non-root uid holds at most half the connections (fair shares).
-                let share = max_clients.div_ceil(2);
+                // A shared uid holds at most half the connections, all shared uids seven
+                // eighths (fair shares).
                 let own = self.map.values().filter(|c| c.peer.uid == peer.uid).count();
+                let shared = self
+                    .map
+                    .values()
+                    .filter(|c| !c.is_tcp() && core.shares(c.peer.uid))
+                    .count();
                 let full = if self.map.len() >= max_clients {
-                    Some(("max-clients", max_clients))
-                } else if core.shares(peer.uid) && own >= share {
-                    Some(("max-clients-per-uid", share))
+                    Err(RpcError::limit("max-clients", max_clients))
                 } else {
-                    None
+                    core.fair_share(peer.uid, (own, shared), ("max-clients", max_clients))
                 };
-                if let Some((limit, value)) = full {
-                    let e = RpcError::limit(limit, value);
+                if let Err(e) = full {
+                    let limit = e
+                        .data
+                        .as_ref()
+                        .and_then(|d| d["limit"].as_str())
+                        .unwrap_or("max-clients")
+                        .to_string();
                     let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
-                    refuse(core, peer, limit);
+                    refuse(core, peer, &limit);
                     return Admission::Refused;
                 }
                 let token = Token(*next_token);
-                (Conn::unix(stream, token, peer, bounds), peer, groups)
+                let tie = tie_of(core, stream.as_raw_fd(), peer.pid);
+                let mut conn = Conn::unix(stream, token, peer, bounds);
+                conn.tie = tie;
+                (conn, peer, groups)
             }
             Accepted::Http(mut stream) => {
                 let peer = listeners.http_peer;
@@ -234,7 +249,8 @@ impl Clients {
                 }
                 let token = Token(*next_token);
                 let auth = listeners.http_auth.clone();
-                let conn = Conn::http(stream, token, peer, bounds, auth);
+                let mut conn = Conn::http(stream, token, peer, bounds, auth);
+                conn.tie = Tie::remote();
                 (conn, peer, listeners.http_groups.clone())
             }
         };

@@ -26,11 +26,15 @@ use serde_json::Value;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::core::carry::{carry_wait, resume_wait};
+use crate::core::table::Key;
+use crate::core::tie::{Tie, TieSource};
 use crate::core::Wait;
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
-use crate::wire::state::{BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError};
+use crate::wire::state::{
+    BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError, TieImage,
+};
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]
@@ -130,6 +134,9 @@ pub struct Conn {
     /// after them wait, so what a client sends next sees them started (or failed), as if
     /// the spawn had been instant.
     pub launching: usize,
+    /// Whether the peer descends from the daemon, and from which command (PROTOCOL 7.3),
+    /// found at accept; a descendant of no known command until then.
+    pub tie: Tie,
 }
 
 impl Conn {
@@ -170,6 +177,7 @@ impl Conn {
             last_request: Instant::now(),
             deferred: VecDeque::new(),
             launching: 0,
+            tie: Tie::unknown(),
         }
     }
 
@@ -491,6 +499,11 @@ impl Conn {
                 .iter()
                 .map(|(req, wait)| (req.0, carry_wait(wait, blobs)))
                 .collect(),
+            tie: Some(TieImage {
+                descends: self.tie.descends,
+                command: self.tie.command.map(|k| k.0),
+                by: self.tie.by.as_str().to_string(),
+            }),
         }
     }
 
@@ -535,6 +548,15 @@ impl Conn {
         conn.broken = img.broken;
         conn.groups = img.groups.clone();
         conn.last_request = clock.at(img.last_request);
+        if let Some(t) = &img.tie {
+            let by = TieSource::parse(&t.by)
+                .ok_or_else(|| StateError::new(format!("a tie found by {:?}", t.by)))?;
+            conn.tie = Tie {
+                descends: t.descends,
+                command: t.command.map(Key),
+                by,
+            };
+        }
         for (req, wait) in &img.deferred {
             conn.deferred
                 .push_back((ReqNo(*req), resume_wait(wait, blobs)?));
@@ -609,10 +631,25 @@ mod tests {
         c.push(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"meth");
         c.deferred.push_back((ReqNo(5), Wait::Exit(Key(9))));
         c.groups = vec![10, 20];
+        c.tie = Tie::descendant(Some(Key(3)), TieSource::Cgroup);
         let clock = Clock {
             base: Instant::now(),
         };
         let (mut back, img) = through_upgrade(&c, &clock);
+        assert_eq!(back.tie, c.tie, "what it descends from is carried");
+        // A state of an older writer, without it: a descendant until told otherwise.
+        let mut blobs = BlobsOut::default();
+        let mut old = c.carry(&mut blobs, &clock);
+        old.tie = None;
+        let area = BlobsIn(blobs.bytes());
+        let r = Conn::resume(&old, unsafe_dup(img.fd), &area, &clock, BOUNDS).expect("resume");
+        assert_eq!(r.tie, Tie::unknown());
+        let mut bad = c.carry(&mut BlobsOut::default(), &clock);
+        if let Some(t) = bad.tie.as_mut() {
+            t.by = "guess".into();
+        }
+        let e = Conn::resume(&bad, unsafe_dup(img.fd), &area, &clock, BOUNDS).unwrap_err();
+        assert!(e.0.contains("a tie found by"), "{}", e.0);
         assert!(matches!(img.codec, CodecImage::Rpc(_)));
         assert_eq!(
             (back.token, back.peer.pid, back.peer.uid),

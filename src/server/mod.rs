@@ -21,6 +21,7 @@ mod conn;
 mod listen;
 mod pipes;
 mod reader;
+mod signals;
 mod upgrade;
 
 use std::io;
@@ -30,10 +31,10 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use serde_json::{Map, Value};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
-use signal_hook_mio::v1_0::Signals;
+use signal_hook::iterator::exfiltrator::origin::Origin;
 
 use crate::config::Config;
-use crate::core::launch::{LaunchRequest, Origin};
+use crate::core::launch::LaunchRequest;
 use crate::core::log::Log;
 use crate::core::timers::Timers;
 use crate::core::vocab::After;
@@ -43,6 +44,7 @@ use crate::server::children::{Children, ReapOutcome};
 use crate::server::clients::{conn_id, token_of, Admission, Clients};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
+use crate::server::signals::Signals;
 use crate::sys::sinks::Sinks;
 use crate::sys::systemd;
 use crate::wire::rpc::{Incoming, ReqNo, RpcError};
@@ -168,7 +170,7 @@ impl Server {
         crate::sys::host::cloexec_inherited();
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
-        let mut signals = Signals::new(HANDLED_SIGNALS)?;
+        let mut signals = Signals::new(&HANDLED_SIGNALS)?;
         // A daemon started with these blocked would never hear of its children or a stop.
         crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
@@ -464,9 +466,11 @@ impl Server {
         while !self.accept_paused && self.shutdown.is_none() && !self.draining() {
             let registry = self.poll.registry();
             let (core, next) = (&mut self.core, &mut self.next_token);
+            let children = &mut self.children;
+            let mut tie_of = |core: &Core, fd, pid| children.tie_of(core, fd, pid);
             match self
                 .clients
-                .accept(lt, &self.listeners, core, registry, next)
+                .accept(lt, &self.listeners, core, registry, next, &mut tie_of)
             {
                 Admission::Nothing => return,
                 Admission::Failed => {
@@ -576,6 +580,7 @@ impl Server {
             uid: conn.peer.uid,
             gid: conn.peer.gid,
             pid: conn.peer.pid,
+            tie: conn.tie,
         };
         let step = dispatch::call(&mut self.core, &caller, method, params);
         self.settle(token, req, step);
@@ -598,7 +603,17 @@ impl Server {
                 }
             }
             Ok(Step::Done(v)) => self.answer(token, req, Ok(v)),
-            Ok(Step::Upgrade(binary)) => self.begin_upgrade(req.map(|r| (token, r)), binary),
+            Ok(Step::Upgrade(binary)) => {
+                let Some(peer) = self.clients.get(&token).map(|c| c.peer) else {
+                    return;
+                };
+                let asker = upgrade::Asker::Peer(crate::core::table::Peer {
+                    uid: peer.uid,
+                    gid: peer.gid,
+                    pid: peer.pid,
+                });
+                self.begin_upgrade(req.map(|r| (token, r)), binary, asker)
+            }
             Err(e) => self.answer(token, req, Err(e)),
         }
     }
@@ -617,7 +632,7 @@ impl Server {
         let origin = launch.origin.clone().unwrap_or_else(|| {
             self.clients
                 .get(&token)
-                .map(|c| Origin {
+                .map(|c| crate::core::launch::Origin {
                     over_tcp: c.is_tcp(),
                     groups: c.groups.clone(),
                 })
@@ -848,15 +863,19 @@ impl Server {
     fn on_signals(&mut self) {
         let mut chld = false;
         let mut term = false;
-        for sig in self.signals.pending() {
-            match sig {
+        let pending: Vec<Origin> = self.signals.pending().collect();
+        for origin in pending {
+            match origin.signal {
                 SIGCHLD => chld = true,
                 SIGTERM | SIGINT => term = true,
                 // Reopens the audit file and reloads the policy; a closing terminal's HUP
                 // never kills the daemon (and with it every command).
-                SIGHUP => self.reopen(),
+                SIGHUP if self.sender_may_operate(&origin, "SIGHUP") => self.reopen(),
                 // An upgrade in place into the binary the daemon was started as.
-                SIGUSR2 => self.begin_upgrade(None, None),
+                SIGUSR2 if self.sender_may_operate(&origin, "SIGUSR2") => {
+                    let from = origin.process.map(|p| (p.pid, p.uid));
+                    self.begin_upgrade(None, None, upgrade::Asker::Signal(from))
+                }
                 _ => {}
             }
         }
@@ -866,6 +885,37 @@ impl Server {
         if term {
             self.begin_shutdown();
         }
+    }
+
+    /// Whether the sender of `origin` (`signal`, SIGHUP or SIGUSR2) may have it acted on:
+    /// not when it descends from the daemon (7.3), or cannot be shown not to (it is gone
+    /// already); then the signal is ignored, logged and audited as `refuse {signal, pid}`.
+    /// A signal the kernel sent (a terminal's hang-up) has no sender and is acted on.
+    fn sender_may_operate(&mut self, origin: &Origin, signal: &str) -> bool {
+        let Some(sender) = origin.process else {
+            return true;
+        };
+        let tie = self.children.tie_of_sender(&self.core, sender.pid);
+        if !tie.descends {
+            return true;
+        }
+        let said = tie.describe();
+        self.core.log.refusal(
+            "subject signal",
+            self.core.now,
+            format_args!(
+                "{signal} from pid {} (uid {}) ignored: the sender descends from the daemon \
+                 ({said}), and what execd runs never reloads or upgrades it",
+                sender.pid, sender.uid
+            ),
+        );
+        self.core.record(
+            "refuse",
+            None,
+            serde_json::json!({ "signal": signal, "pid": sender.pid, "uid": sender.uid,
+                                "why": "descends from the daemon", "tie": said }),
+        );
+        false
     }
 
     /// Reaps every exited child, carrying out what each exit leaves to do.

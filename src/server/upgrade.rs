@@ -37,23 +37,26 @@ use mio::unix::pipe::Receiver;
 use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 use serde_json::json;
-use signal_hook_mio::v1_0::Signals;
 
 use super::children::Children;
 use super::clients::Clients;
 use super::conn::Bounds;
 use super::listen::Listeners;
-use super::{LoopTimer, Server, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS};
+use super::{
+    LoopTimer, Server, Signals, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS,
+};
 use crate::config::Config;
+use crate::core::table::Peer;
 use crate::core::timers::TimerId;
 use crate::core::{Containment, Core};
 use crate::sys::sinks::Sinks;
-use crate::sys::spawn::{InFlight, Report, Spawned};
+use crate::sys::spawn::{FailedAt, InFlight, Report, Spawned};
 use crate::sys::systemd;
 use crate::sys::upgrade::{self as os, Carried, FdKind, Image};
 use crate::wire::rpc::{ReqNo, RpcError};
 use crate::wire::state::{
-    self, BlobsIn, BlobsOut, Bytes, Clock, FdRole, ServerImage, State, UpgradeImage,
+    self, AskerImage, BlobsIn, BlobsOut, Bytes, Clock, FdRole, PeerImage, ServerImage, State,
+    UpgradeImage,
 };
 
 /// How long the new binary has to answer `--upgrade-check`.
@@ -63,11 +66,84 @@ const DRAIN_TIME: Duration = Duration::from_secs(5);
 /// The most of the pre-flight's output kept, for its answer or for saying why it failed.
 const PROBE_OUTPUT: usize = 4096;
 
+/// Who asked for an upgrade: what its `upgrade` and `upgrade_failed` records name.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Asker {
+    /// A peer's `daemon/upgrade`.
+    Peer(Peer),
+    /// SIGUSR2 from this process (pid, uid); none when the kernel sent it.
+    Signal(Option<(i32, u32)>),
+}
+
+impl Asker {
+    /// Audits `event` with `fields`, naming who asked: the record's `peer`, or `signal:
+    /// "SIGUSR2"` with the sender's `pid` and `uid`.
+    fn record(self, core: &mut Core, event: &str, mut fields: serde_json::Value) {
+        match self {
+            Asker::Peer(peer) => core.record(event, Some(peer), fields),
+            Asker::Signal(from) => {
+                fields["signal"] = "SIGUSR2".into();
+                if let Some((pid, uid)) = from {
+                    fields["pid"] = pid.into();
+                    fields["uid"] = uid.into();
+                }
+                core.record(event, None, fields);
+            }
+        }
+    }
+
+    fn carry(self) -> AskerImage {
+        match self {
+            Asker::Peer(p) => AskerImage::Peer(PeerImage {
+                uid: p.uid,
+                gid: p.gid,
+                pid: p.pid,
+            }),
+            Asker::Signal(from) => AskerImage::Signal(from),
+        }
+    }
+
+    fn resume(img: &AskerImage) -> Asker {
+        match img {
+            AskerImage::Peer(p) => Asker::Peer(Peer {
+                uid: p.uid,
+                gid: p.gid,
+                pid: p.pid,
+            }),
+            AskerImage::Signal(from) => Asker::Signal(*from),
+        }
+    }
+}
+
+/// How an upgrade was refused: what its asker is answered.
+enum Refused {
+    /// `-32000` with the reason.
+    State(String),
+    /// The `binary` named may not be run (`-32602` naming it): nothing of it ran.
+    Binary(String),
+}
+
+impl Refused {
+    fn why(&self) -> &str {
+        match self {
+            Refused::State(w) | Refused::Binary(w) => w,
+        }
+    }
+
+    fn error(&self) -> RpcError {
+        match self {
+            Refused::State(why) => RpcError::invalid_state(format!("upgrade refused: {why}")),
+            Refused::Binary(why) => RpcError::invalid_params("binary", why.clone()),
+        }
+    }
+}
+
 /// An upgrade under way.
 pub(super) struct Upgrading {
     binary: PathBuf,
     /// The `daemon/upgrade` request to answer; none for SIGUSR2.
     asked_by: Option<(Token, ReqNo)>,
+    asker: Asker,
     stage: UpgradeStage,
     /// The timer of the stage under way (the pre-flight's 5 s, then the drain's),
     /// cancelled when the upgrade is refused: an earlier attempt's timer never ends a
@@ -99,6 +175,8 @@ enum UpgradeStage {
 pub(super) struct Resumed {
     from: String,
     asked_by: Option<(Token, ReqNo)>,
+    /// Who asked (none: a writer that did not say).
+    asker: Option<Asker>,
     stopped: i64,
     /// Why the new image refused the state, when this is the old one resuming.
     refused: Option<String>,
@@ -115,10 +193,12 @@ impl Server {
         &mut self,
         asked_by: Option<(Token, ReqNo)>,
         binary: Option<PathBuf>,
+        asker: Asker,
     ) {
         let refuse = |s: &mut Server, why: String| {
-            s.upgrade_failed(asked_by, &why);
+            s.upgrade_failed(asked_by, asker, &Refused::State(why));
         };
+        let named = binary.is_some();
         if self.upgrade.is_some() {
             return refuse(self, "an upgrade is already under way".into());
         }
@@ -139,7 +219,7 @@ impl Server {
             ends,
             report,
             memory,
-        } = match self.children.probe(text) {
+        } = match self.children.probe(text, named) {
             Ok(spawned) => spawned,
             Err(e) => {
                 return refuse(
@@ -162,6 +242,7 @@ impl Server {
         self.upgrade = Some(Upgrading {
             binary: binary.clone(),
             asked_by,
+            asker,
             timer: None,
             stage: UpgradeStage::Probing {
                 pid,
@@ -257,20 +338,25 @@ impl Server {
         let failed = match crate::sys::spawn::read_report(fd) {
             Report::Pending => return,
             Report::Execd => None,
-            Report::Failed(_, e) => Some(e),
+            Report::Failed(at, e) => Some((at, e)),
         };
         let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
         *report = None;
         let (pid, memory, binary) = (*pid, memory.take(), binary.display().to_string());
-        if let Some(e) = failed {
+        if let Some((at, e)) = failed {
             if let Some(m) = memory {
                 self.children.probe_failed(pid, m);
             }
-            let why = format!(
-                "cannot run {binary} --upgrade-check: {}",
-                crate::wire::rpc::os_error_text(&e)
-            );
-            self.refuse_upgrade(&why);
+            let e = crate::wire::rpc::os_error_text(&e);
+            let refused = match at {
+                // Nothing of it ran: the child refused it before its exec.
+                FailedAt::Binary(_) => Refused::Binary(format!(
+                    "{binary} {e}: an upgrade runs only a regular file of root's or the \
+                     daemon's user that nobody else may write, in directories likewise"
+                )),
+                _ => Refused::State(format!("cannot run {binary} --upgrade-check: {e}")),
+            };
+            self.refused(refused);
         }
     }
 
@@ -455,14 +541,19 @@ impl Server {
     /// Gives up the upgrade under way: said to its asker, logged, audited; a daemon that
     /// had stopped reading reads again.
     fn refuse_upgrade(&mut self, why: &str) {
+        self.refused(Refused::State(why.to_string()));
+    }
+
+    fn refused(&mut self, refused: Refused) {
         let was_draining = self.draining();
         self.close_probe();
-        let up = self.upgrade.take();
-        if let Some(t) = up.as_ref().and_then(|u| u.timer) {
+        let Some(up) = self.upgrade.take() else {
+            return;
+        };
+        if let Some(t) = up.timer {
             self.timers.cancel(t);
         }
-        let asked_by = up.and_then(|u| u.asked_by);
-        self.upgrade_failed(asked_by, why);
+        self.upgrade_failed(up.asked_by, up.asker, &refused);
         if was_draining {
             for t in self.listeners.tokens() {
                 self.accept(t);
@@ -475,19 +566,21 @@ impl Server {
         }
     }
 
-    /// An upgrade refused: its asker told (`-32000` with the reason), logged, audited.
-    fn upgrade_failed(&mut self, asked_by: Option<(Token, ReqNo)>, why: &str) {
+    /// An upgrade refused: its asker told (`-32000` with the reason, or `-32602` naming
+    /// `binary`), logged, audited with who asked.
+    fn upgrade_failed(
+        &mut self,
+        asked_by: Option<(Token, ReqNo)>,
+        asker: Asker,
+        refused: &Refused,
+    ) {
+        let why = refused.why();
         self.core
             .log
             .line(format_args!("upgrade refused, this image goes on: {why}"));
-        self.core
-            .record("upgrade_failed", None, json!({ "reason": why }));
+        asker.record(&mut self.core, "upgrade_failed", json!({ "reason": why }));
         if let Some((token, req)) = asked_by {
-            self.answer(
-                token,
-                Some(req),
-                Err(RpcError::invalid_state(format!("upgrade refused: {why}"))),
-            );
+            self.answer(token, Some(req), Err(refused.error()));
         }
         self.apply();
     }
@@ -499,6 +592,7 @@ impl Server {
         let Some(Upgrading {
             binary,
             asked_by,
+            asker,
             stage: UpgradeStage::Draining { to, stopped },
             timer,
         }) = self.upgrade.take()
@@ -519,7 +613,7 @@ impl Server {
             binary.display()
         ));
         self.write_log();
-        let built = self.write_state(&binary, asked_by, stopped);
+        let built = self.write_state(&binary, (asked_by, asker), stopped);
         let failure = match built {
             Ok((memfd, old_exe, fds)) => {
                 // The off-loop reader does not cross: the new image starts its own (what
@@ -561,6 +655,7 @@ impl Server {
         self.upgrade = Some(Upgrading {
             binary,
             asked_by,
+            asker,
             stage: UpgradeStage::Draining { to, stopped },
             timer,
         });
@@ -572,7 +667,7 @@ impl Server {
     fn write_state(
         &mut self,
         binary: &std::path::Path,
-        asked_by: Option<(Token, ReqNo)>,
+        (asked_by, asker): (Option<(Token, ReqNo)>, Asker),
         stopped: i64,
     ) -> Result<(OwnedFd, Option<OwnedFd>, Vec<RawFd>), String> {
         let base = Instant::now();
@@ -612,6 +707,7 @@ impl Server {
                 upgrades: self.core.upgrades,
                 asked_by: asked_by.map(|(t, r)| (t.0, r.0)),
                 stopped,
+                asker: Some(asker.carry()),
             },
             core,
             server,
@@ -643,12 +739,12 @@ impl Server {
                     r.connections,
                     r.state_bytes.div_ceil(1024)
                 ));
-                self.core.record(
-                    "upgrade",
-                    None,
-                    json!({ "from": r.from, "to": to, "commands": r.commands,
-                            "connections": r.connections, "pause_ms": pause_ms }),
-                );
+                let fields = json!({ "from": r.from, "to": to, "commands": r.commands,
+                            "connections": r.connections, "pause_ms": pause_ms });
+                match r.asker {
+                    Some(asker) => asker.record(&mut self.core, "upgrade", fields),
+                    None => self.core.record("upgrade", None, fields),
+                }
                 if let Some((token, req)) = r.asked_by {
                     let answer = json!({ "from": r.from, "to": to,
                         "upgrades": self.core.upgrades, "pause_ms": pause_ms });
@@ -662,7 +758,8 @@ impl Server {
                     "the new image refused the state: {why}; it was handed back to the old \
                      image"
                 );
-                self.upgrade_failed(r.asked_by, &why);
+                let asker = r.asker.unwrap_or(Asker::Signal(None));
+                self.upgrade_failed(r.asked_by, asker, &Refused::State(why));
             }
         }
         self.apply();
@@ -766,7 +863,7 @@ impl Server {
         let img = &state.server;
         let mut take = |fd: RawFd| carried.take(fd);
         let poll = Poll::new().map_err(failed("epoll"))?;
-        let mut signals = Signals::new(HANDLED_SIGNALS).map_err(failed("signals"))?;
+        let mut signals = Signals::new(&HANDLED_SIGNALS).map_err(failed("signals"))?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(failed("signals"))?;
@@ -850,6 +947,7 @@ impl Server {
         let resumed = Resumed {
             from: state.from.clone(),
             asked_by,
+            asker: state.upgrade.asker.as_ref().map(Asker::resume),
             stopped: state.upgrade.stopped,
             refused,
             commands: state.core.procs.len(),

@@ -141,6 +141,20 @@ pub fn own_cgroup(proc_cgroup: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The command whose cgroup holds a process, from its `/proc/PID/cgroup` text and the
+/// daemon's own (`own`, which names `ROOT/daemon` while cgroups are in use): the `<name>`
+/// of `ROOT/cmd-<name>` when the process is in it or below it, else None. Both texts are
+/// read by the daemon, so they name cgroups the same way (its cgroup namespace).
+pub fn command_of(proc_cgroup: &str, own: &str) -> Option<String> {
+    let own = own_cgroup(own)?;
+    let root = own.strip_suffix(&format!("/{DAEMON}"))?;
+    let path = own_cgroup(proc_cgroup)?;
+    let rest = path.strip_prefix(root)?.strip_prefix('/')?;
+    let first = rest.split('/').next()?;
+    let name = first.strip_prefix(PREFIX)?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 /// The mount and the daemon's cgroup relative to it, as `choose_root` takes them, from
 /// mountinfo and `/proc/self/cgroup` text. A bind-mounted subtree shows the cgroup named in
 /// its mountinfo root at its mount point, so that prefix is taken off the cgroup path; a
@@ -948,6 +962,34 @@ mod tests {
     }
 
     const ALL: &str = "cpuset cpu io memory hugetlb pids rdma misc\n";
+
+    #[test]
+    fn a_command_cgroup_names_its_command_and_nothing_else_does() {
+        let own = "0::/system.slice/execd.service/daemon\n";
+        let at = |p: &str| command_of(&format!("0::{p}\n"), own);
+        assert_eq!(
+            at("/system.slice/execd.service/cmd-cmd_12"),
+            Some("cmd_12".into())
+        );
+        assert_eq!(
+            at("/system.slice/execd.service/cmd-term_3/nested/deeper"),
+            Some("term_3".into()),
+            "a cgroup a root command made below its own"
+        );
+        assert_eq!(at("/system.slice/execd.service/daemon"), None);
+        assert_eq!(at("/system.slice/execd.service/other"), None);
+        assert_eq!(at("/system.slice/execd.service/cmd-"), None);
+        assert_eq!(at("/system.slice/execd.serviceX/cmd-cmd_1"), None);
+        assert_eq!(at("/user.slice/cmd-cmd_1"), None);
+        // ROOT at the mount's top.
+        assert_eq!(
+            command_of("0::/cmd-cmd_1\n", "0::/daemon\n"),
+            Some("cmd_1".into())
+        );
+        // The daemon out of its leaf (cgroups not in use): nothing is a command cgroup.
+        assert_eq!(command_of("0::/x/cmd-cmd_1\n", "0::/x\n"), None);
+        assert_eq!(command_of("", own), None);
+    }
 
     #[test]
     fn setup_moves_the_daemon_and_enables_offered_controllers() {

@@ -92,6 +92,9 @@ pub struct Contain {
     fallback: Option<Fallback>,
     /// This run's cookie and its sweeps.
     cookies: Sweeper,
+    /// The daemon's own `/proc/self/cgroup` (its `daemon` leaf), read once it is needed
+    /// (after the daemon moved there).
+    own_cgroup: std::cell::OnceCell<Option<String>>,
 }
 
 /// A limit the request or the flags ask for that containment cannot enforce.
@@ -186,6 +189,17 @@ impl Contain {
     /// The `EXECD_TREE` value of command `id`.
     pub fn cookie(&self, id: &str) -> String {
         self.cookies.instance().cookie(id)
+    }
+
+    /// The id of the command whose cgroup holds process `pid` (PROTOCOL 7.3), with cgroup
+    /// containment; None when it is in no command cgroup, or cgroups are not in use.
+    pub fn command_holding(&self, pid: i32) -> Option<String> {
+        self.cgroups.as_ref()?;
+        let own = self
+            .own_cgroup
+            .get_or_init(crate::sys::peer::own_cgroup)
+            .as_deref()?;
+        cgroup::command_of(&crate::sys::peer::cgroup(pid)?, own)
     }
 
     /// The kind in use: `cgroup` or `process-group`.
@@ -609,6 +623,7 @@ impl Contain {
                 FallbackImage::Setup(w) => Fallback::Setup(w.clone()),
             }),
             cookies,
+            own_cgroup: Default::default(),
         })
     }
 }

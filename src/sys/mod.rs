@@ -1,11 +1,12 @@
 //! Every system call and every `unsafe` block of the daemon, one room per concern:
 //! `spawn` (starting commands), `reap` (signals and `wait4`), `ids` (users, peer
-//! credentials), `socket`, `host` (the daemon's own process), `cwd` (where a process is),
-//! `inotify`; and the OS-facing
-//! parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and audit
-//! sinks, whether a command waits for input (`waiting`), the off-loop reader's process
-//! (`reader`: what reads other processes' memory, away from the loop), and the system
-//! calls of an upgrade in place (`upgrade`). `term` is execctl's: its own terminal's modes and size.
+//! credentials), `peer` (what a peer process is: its parent, cgroup and pidfd), `socket`,
+//! `host` (the daemon's own process), `cwd` (where a process is), `inotify`; and the
+//! OS-facing parts of containment (`contain`, `cgroup`, `cookie`), systemd, the log and
+//! audit sinks, whether a command waits for input (`waiting`), the off-loop reader's
+//! process (`reader`: what reads other processes' memory, away from the loop), the
+//! sandbox (`sandbox`), and the system calls of an upgrade in place (`upgrade`). `term` is
+//! execctl's: its own terminal's modes and size.
 //!
 //! Nothing here ever waits: descriptors are non-blocking, reaping is `WNOHANG`.
 
@@ -16,6 +17,7 @@ pub mod cwd;
 pub mod host;
 pub mod ids;
 pub mod inotify;
+pub mod peer;
 pub mod pty;
 pub mod reader;
 pub mod reap;

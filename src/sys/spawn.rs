@@ -53,6 +53,11 @@ pub struct SpawnSpec<'a> {
     pub cgroup_procs: Option<RawFd>,
     /// The command's `EXECD_TREE` value (`sys::cookie`), set after every other variable.
     pub cookie: &'a str,
+    /// Check the program (an absolute path) before exec, as an upgrade's new binary must
+    /// be (PROTOCOL 13): owned by root or this uid and writable by nobody else, and so is
+    /// every directory above it. Done by the child, so a path on a hung file system holds
+    /// only the child; what fails is reported as `FailedAt::Binary`.
+    pub check_binary: Option<u32>,
 }
 
 /// The parent's ends of a command's stdio, all non-blocking and close-on-exec; the loop
@@ -210,6 +215,8 @@ pub enum FailedAt {
     Cwd,
     /// Anything else between clone and exec (cgroup, session, limits, user, stdio).
     Setup,
+    /// The program is not one an upgrade may run (`SpawnSpec::check_binary`).
+    Binary(Unsafe),
     /// Applying the sandbox (PROTOCOL 16).
     Sandbox(SandboxStep),
 }
@@ -226,6 +233,91 @@ pub enum SandboxStep {
     Protect(usize),
     /// The directory it entered does not lie under its workspace's root.
     Outside,
+}
+
+/// Why a program may not be an upgrade's new binary (PROTOCOL 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsafe {
+    /// It or a directory above it could not be looked at (the report's error says why).
+    Unreadable,
+    NotRegular,
+    /// Owned by a user other than root or the daemon's.
+    Owner,
+    /// Writable by its group or others.
+    Writable,
+    /// A directory above it is owned by a user other than root or the daemon's.
+    DirOwner,
+    /// A directory above it is writable by its group or others, and is not a sticky
+    /// directory of root's (`/tmp` is; a directory inside it is judged on its own).
+    DirWritable,
+}
+
+impl Unsafe {
+    /// What is wrong, in words.
+    pub fn text(self) -> &'static str {
+        match self {
+            Unsafe::Unreadable => "cannot be looked at",
+            Unsafe::NotRegular => "is not a regular file",
+            Unsafe::Owner => "is owned by a user other than root or the daemon's",
+            Unsafe::Writable => "may be written by its group or others",
+            Unsafe::DirOwner => "is in a directory owned by a user other than root or the daemon's",
+            Unsafe::DirWritable => {
+                "is in a directory its group or others may write (and not a sticky one of root's)"
+            }
+        }
+    }
+
+    /// The report's step for this reason.
+    const fn step(self) -> libc::c_int {
+        FAILED_BINARY
+            + match self {
+                Unsafe::Unreadable => 0,
+                Unsafe::NotRegular => 1,
+                Unsafe::Owner => 2,
+                Unsafe::Writable => 3,
+                Unsafe::DirOwner => 4,
+                Unsafe::DirWritable => 5,
+            }
+    }
+
+    fn of_step(step: libc::c_int) -> Option<Unsafe> {
+        Some(match step - FAILED_BINARY {
+            0 => Unsafe::Unreadable,
+            1 => Unsafe::NotRegular,
+            2 => Unsafe::Owner,
+            3 => Unsafe::Writable,
+            4 => Unsafe::DirOwner,
+            5 => Unsafe::DirWritable,
+            _ => return None,
+        })
+    }
+}
+
+/// What is wrong with a file of `mode` owned by `uid` to be an upgrade's binary, for a
+/// daemon running as `trusted` (root is always trusted).
+pub const fn unsafe_file(mode: u32, uid: u32, trusted: u32) -> Option<Unsafe> {
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        Some(Unsafe::NotRegular)
+    } else if uid != 0 && uid != trusted {
+        Some(Unsafe::Owner)
+    } else if mode & 0o022 != 0 {
+        Some(Unsafe::Writable)
+    } else {
+        None
+    }
+}
+
+/// What is wrong with a directory of `mode` owned by `uid` to hold an upgrade's binary:
+/// owned by root or `trusted`, and written by nobody else unless it is sticky and
+/// root's (where nobody may replace another's file).
+pub const fn unsafe_dir(mode: u32, uid: u32, trusted: u32) -> Option<Unsafe> {
+    if uid != 0 && uid != trusted {
+        Some(Unsafe::DirOwner)
+    } else if mode & 0o022 != 0 && !(mode & libc::S_ISVTX != 0 && uid == 0) {
+        Some(Unsafe::DirWritable)
+    } else {
+        None
+    }
 }
 
 /// What a spawn's report pipe says.
@@ -293,6 +385,13 @@ pub fn read_report(fd: RawFd) -> Report {
     }
     let step = i32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
     let err = io::Error::from_raw_os_error(i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]));
+    if let Some(u) = Unsafe::of_step(step) {
+        let err = match u {
+            Unsafe::Unreadable => err,
+            u => io::Error::other(u.text()),
+        };
+        return Report::Failed(FailedAt::Binary(u), err);
+    }
     let at = match (step & 0xff, (step >> 8) as usize) {
         (FAILED_CWD, _) => FailedAt::Cwd,
         (FAILED_EXEC, _) => FailedAt::Program,
@@ -383,6 +482,8 @@ struct Prepared {
     reset: Vec<libc::c_int>,
     /// The sandbox, when the command has one: what `plan.sandbox` points into.
     confined: Option<Confined>,
+    /// Check the program first (`SpawnSpec::check_binary`), for this daemon uid.
+    check_binary: Option<libc::uid_t>,
     stack: Vec<u8>,
     plan: ChildPlan,
 }
@@ -414,6 +515,8 @@ struct ChildPlan {
     tty: bool,
     /// The write end of the report pipe: `{step, errno}` when a step fails.
     report: RawFd,
+    /// Check the program first (`SpawnSpec::check_binary`), for this daemon uid.
+    check_binary: Option<libc::uid_t>,
     sandbox: SandboxPlan,
 }
 
@@ -493,6 +596,7 @@ impl ChildPlan {
         tty: false,
         report: -1,
         sandbox: SandboxPlan::OFF,
+        check_binary: None,
     };
 }
 
@@ -505,6 +609,8 @@ const FAILED_SANDBOX: libc::c_int = 4;
 const FAILED_ROOT: libc::c_int = 5;
 const FAILED_PROTECT: libc::c_int = 6;
 const FAILED_OUTSIDE: libc::c_int = 7;
+/// The first of `Unsafe`'s steps (one each).
+const FAILED_BINARY: libc::c_int = 10;
 
 /// Raw system calls for the child between clone and exec. It shares the loop's memory,
 /// thread-local storage included, while the loop runs on: the libc wrappers would write
@@ -717,6 +823,17 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             0,
             8
         );
+        // Before anything of the program runs (an upgrade's new binary, PROTOCOL 13).
+        if let Some(trusted) = plan.check_binary {
+            let first = std::slice::from_raw_parts(plan.paths, plan.npaths).first();
+            let checked = match first {
+                Some(&path) => check_binary(path, trusted),
+                None => Err((Unsafe::Unreadable, -(libc::ENOENT as isize))),
+            };
+            if let Err((u, r)) = checked {
+                return fail(u.step(), r);
+            }
+        }
         // As execvp searches PATH: a path that is not there (or not a directory) passes
         // to the next; one that may not be run is remembered; anything else is the answer.
         // A directory is remembered apart (the kernel says EACCES for it too): when
@@ -1001,6 +1118,107 @@ unsafe fn is_directory(path: *const libc::c_char) -> bool {
     r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
+/// Checks `path` as an upgrade's binary for a daemon of uid `trusted` (PROTOCOL 13): the
+/// file it names (symlinks followed) must pass `unsafe_file`, and every directory of its
+/// real path (read back from `/proc/self/fd`) `unsafe_dir`. The reason and the (negative)
+/// error when not.
+///
+/// # Safety
+/// Raw system calls on the child's own stack only; for the child between clone and exec.
+unsafe fn check_binary(path: *const libc::c_char, trusted: u32) -> Result<(), (Unsafe, isize)> {
+    const MASK: u32 = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_UID;
+    let unreadable = |r: isize| Err((Unsafe::Unreadable, r.min(-1)));
+    // SAFETY: raw system calls with pointers into this stack frame and the plan.
+    unsafe {
+        let fd = sys!(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path,
+            libc::O_PATH | libc::O_CLOEXEC
+        );
+        if fd < 0 {
+            return unreadable(fd);
+        }
+        let mut stx: libc::statx = std::mem::zeroed();
+        let r = sys!(
+            libc::SYS_statx,
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            MASK,
+            &mut stx as *mut libc::statx
+        );
+        if r < 0 {
+            return unreadable(r);
+        }
+        if let Some(u) = unsafe_file(stx.stx_mode as u32, stx.stx_uid, trusted) {
+            return Err((u, 0));
+        }
+        // "/proc/self/fd/N": where the file really is, every symlink resolved.
+        let mut link = [0u8; 32];
+        let prefix = b"/proc/self/fd/";
+        link[..prefix.len()].copy_from_slice(prefix);
+        let mut digits = [0u8; 12];
+        let (mut n, mut v) = (0, fd as usize);
+        loop {
+            digits[n] = b'0' + (v % 10) as u8;
+            n += 1;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        for i in 0..n {
+            link[prefix.len() + i] = digits[n - 1 - i];
+        }
+        let mut real = [0u8; 4096];
+        let len = sys!(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD,
+            link.as_ptr(),
+            real.as_mut_ptr(),
+            real.len() - 1
+        );
+        sys!(libc::SYS_close, fd);
+        if len < 0 {
+            return unreadable(len);
+        }
+        let len = len as usize;
+        if len >= real.len() - 1 {
+            return unreadable(-(libc::ENAMETOOLONG as isize));
+        }
+        if real[0] != b'/' {
+            return unreadable(-(libc::ENOENT as isize));
+        }
+        // Each directory above it, from `/` down: the path up to each `/` but the first
+        // (which is `/` itself).
+        for i in 0..len {
+            if real[i] != b'/' {
+                continue;
+            }
+            let end = if i == 0 { 1 } else { i };
+            let kept = real[end];
+            real[end] = 0;
+            let r = sys!(
+                libc::SYS_statx,
+                libc::AT_FDCWD,
+                real.as_ptr(),
+                0,
+                MASK,
+                &mut stx as *mut libc::statx
+            );
+            real[end] = kept;
+            if r < 0 {
+                return unreadable(r);
+            }
+            if let Some(u) = unsafe_dir(stx.stx_mode as u32, stx.stx_uid, trusted) {
+                return Err((u, 0));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Closes every descriptor from `first` up except the ones in `keep` (`-1` keeps nothing),
 /// with `close_range(2)`: a few system calls; on a kernel without it they stay until exec
 /// closes them, being close-on-exec.
@@ -1252,6 +1470,7 @@ impl Spawner {
             limits: self.shared.limits.clone(),
             reset: self.shared.reset.clone(),
             confined,
+            check_binary: spec.check_binary,
             stack: vec![0u8; CHILD_STACK],
             plan: ChildPlan::EMPTY,
         });
@@ -1294,6 +1513,7 @@ impl Spawner {
             limits: Vec::new(),
             reset: self.shared.reset.clone(),
             confined: None,
+            check_binary: None,
             stack: vec![0u8; CHILD_STACK],
             plan: ChildPlan::EMPTY,
         });
@@ -1359,6 +1579,7 @@ impl Spawner {
                 .confined
                 .as_ref()
                 .map_or(SandboxPlan::OFF, SandboxPlan::of),
+            check_binary: p.check_binary,
         };
         // The stack grows down: hand clone its 16-byte-aligned top.
         let top = (p.stack.as_mut_ptr() as usize + p.stack.len()) & !15;
@@ -1444,4 +1665,125 @@ fn env_entry(name: &[u8], value: &[u8]) -> io::Result<CString> {
     kv.push(b'=');
     kv.extend_from_slice(value);
     cstring(kv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_upgrade_binary_and_its_directories_are_judged_by_owner_and_write_bits() {
+        let reg = libc::S_IFREG;
+        let dir = libc::S_IFDIR;
+        assert_eq!(unsafe_file(reg | 0o755, 0, 1000), None);
+        assert_eq!(unsafe_file(reg | 0o700, 1000, 1000), None);
+        assert_eq!(unsafe_file(reg | 0o755, 1001, 1000), Some(Unsafe::Owner));
+        assert_eq!(unsafe_file(reg | 0o775, 0, 0), Some(Unsafe::Writable));
+        assert_eq!(unsafe_file(reg | 0o757, 0, 0), Some(Unsafe::Writable));
+        assert_eq!(unsafe_file(dir | 0o755, 0, 0), Some(Unsafe::NotRegular));
+        assert_eq!(unsafe_dir(dir | 0o755, 0, 1000), None);
+        assert_eq!(unsafe_dir(dir | 0o755, 1000, 1000), None);
+        assert_eq!(unsafe_dir(dir | 0o755, 7, 1000), Some(Unsafe::DirOwner));
+        assert_eq!(unsafe_dir(dir | 0o1777, 0, 1000), None, "/tmp");
+        assert_eq!(
+            unsafe_dir(dir | 0o1777, 1000, 1000),
+            Some(Unsafe::DirWritable),
+            "sticky, but not root's"
+        );
+        assert_eq!(unsafe_dir(dir | 0o777, 0, 0), Some(Unsafe::DirWritable));
+        assert_eq!(unsafe_dir(dir | 0o775, 0, 0), Some(Unsafe::DirWritable));
+        for u in [
+            Unsafe::Unreadable,
+            Unsafe::NotRegular,
+            Unsafe::Owner,
+            Unsafe::Writable,
+            Unsafe::DirOwner,
+            Unsafe::DirWritable,
+        ] {
+            assert_eq!(Unsafe::of_step(u.step()), Some(u));
+        }
+        assert_eq!(Unsafe::of_step(FAILED_EXEC), None);
+    }
+
+    /// Spawns `program --upgrade-check` checked as an upgrade's binary and waits (bounded)
+    /// for its report.
+    fn checked_spawn(program: &Path) -> Report {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        let prog = Program::Direct {
+            program: program.to_str().unwrap().to_string(),
+            args: vec!["--upgrade-check".into()],
+        };
+        let spec = SpawnSpec {
+            program: &prog,
+            env: &[],
+            cwd: Path::new("/"),
+            stdio: Stdio3::Merged,
+            user: None,
+            cgroup_procs: None,
+            cookie: "test:upgrade-check",
+            // SAFETY: getuid cannot fail.
+            check_binary: Some(unsafe { libc::getuid() }),
+        };
+        let s = spawner.spawn(&spec, None).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let report = loop {
+            match read_report(s.report.as_raw_fd()) {
+                Report::Pending if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                r => break r,
+            }
+        };
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, into a local.
+        unsafe { libc::waitpid(s.pid, &mut status, 0) };
+        drop(s.memory);
+        report
+    }
+
+    /// The child checks the binary before it runs anything of it: a script in a directory
+    /// others may write, reached through a symlink from a safe one, never runs (its
+    /// marker never appears); the same script in a safe directory does.
+    #[test]
+    fn a_child_refuses_an_upgrade_binary_others_could_have_written() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // the files below must be root's to be judged on their directory
+        }
+        let base = std::env::temp_dir().join(format!("execd-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (safe, open) = (base.join("safe"), base.join("open"));
+        std::fs::create_dir_all(&safe).unwrap();
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let marker = base.join("ran");
+        let script = format!("#!/bin/sh\necho ran > {}\n", marker.display());
+        for d in [&safe, &open] {
+            std::fs::write(d.join("x"), &script).unwrap();
+            std::fs::set_permissions(d.join("x"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::os::unix::fs::symlink(open.join("x"), safe.join("link")).unwrap();
+        for (path, want) in [
+            (open.join("x"), Unsafe::DirWritable),
+            (safe.join("link"), Unsafe::DirWritable),
+            (safe.join("missing"), Unsafe::Unreadable),
+            (safe.clone(), Unsafe::NotRegular),
+        ] {
+            match checked_spawn(&path) {
+                Report::Failed(FailedAt::Binary(u), _) => assert_eq!(u, want, "{path:?}"),
+                other => panic!("{path:?}: {other:?}"),
+            }
+        }
+        std::fs::set_permissions(safe.join("x"), std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(matches!(
+            checked_spawn(&safe.join("x")),
+            Report::Failed(FailedAt::Binary(Unsafe::Writable), _)
+        ));
+        assert!(!marker.exists(), "nothing of a refused binary ran");
+        std::fs::set_permissions(safe.join("x"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(checked_spawn(&safe.join("x")), Report::Execd));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

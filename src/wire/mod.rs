@@ -3,4 +3,6 @@
 pub mod encode;
 pub mod http;
 pub mod rpc;
+pub mod sha256;
+pub mod shown;
 pub mod state;

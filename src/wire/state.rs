@@ -260,6 +260,18 @@ pub struct UpgradeImage {
     /// CLOCK_MONOTONIC, nanoseconds, when the writer stopped serving: the pause is from
     /// there to the first turn of the image that serves next.
     pub stopped: i64,
+    /// Who asked, for the `upgrade` record (an older writer says nothing).
+    #[serde(default)]
+    pub asker: Option<AskerImage>,
+}
+
+/// Who asked for an upgrade: a peer's `daemon/upgrade`, or a SIGUSR2 (the sender's pid
+/// and uid, none when the kernel sent it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum AskerImage {
+    Peer(PeerImage),
+    Signal(Option<(i32, u32)>),
 }
 
 // ---- core -------------------------------------------------------------------------------
@@ -628,6 +640,14 @@ pub struct QueueImage {
     pub front_written: usize,
     pub cap: usize,
     pub dropped: u64,
+    /// Per line, as `lines`: the shared uid it belongs to (or whose drops it reports),
+    /// and whether it is held in that uid's share (PROTOCOL 7.4). Empty from an older
+    /// writer: no line of any uid's.
+    #[serde(default)]
+    pub uids: Vec<(Option<u32>, bool)>,
+    /// Drops not yet reported, per shared uid.
+    #[serde(default)]
+    pub dropped_by: Vec<(u32, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1125,6 +1145,21 @@ pub struct ConnImage {
     pub last_request: Rel,
     /// Parked answers waiting for room, oldest first.
     pub deferred: Vec<(u64, WaitImage)>,
+    /// Whether its peer descends from the daemon, and from which command (PROTOCOL 7.3):
+    /// found once, at accept. A state without it (an older writer) resumes the
+    /// connection as `unknown`, a descendant.
+    #[serde(default)]
+    pub tie: Option<TieImage>,
+}
+
+/// A connection's tie (`core::tie::Tie`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TieImage {
+    pub descends: bool,
+    pub command: Option<u64>,
+    /// `outside`, `cgroup`, `ancestry`, `cookie`, `unknown` or `remote`.
+    pub by: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1377,6 +1412,7 @@ mod tests {
                 upgrades: 3,
                 asked_by: Some((7, 9)),
                 stopped: 4,
+                asker: Some(AskerImage::Signal(Some((42, 1000)))),
             },
             core: CoreImage {
                 procs: vec![],
@@ -1398,6 +1434,8 @@ mod tests {
                         front_written: 0,
                         cap: 1 << 20,
                         dropped: 0,
+                        uids: vec![(Some(1000), true)],
+                        dropped_by: vec![(1001, 2)],
                     },
                     refusals: vec![],
                 },

@@ -687,12 +687,15 @@ impl Core {
             |g| g.to_json(),
         );
         let runs_as = self.table.get(shell).map_or(peer.uid, |p| p.runs_as);
-        self.record(
+        // Into the room found for it when the line was admitted (or past the queue's
+        // capacity): it is typed now, so it is recorded now.
+        self.record_queued(
             "start",
             Some(peer),
             json!({ "id": id, "session": key.1, "line": command, "cwd": cwd,
                     "uid": runs_as, "decision": decision, "rule": rule,
                     "shell": true, "sandbox": sandbox }),
+            crate::core::Queued::Promised(0),
         );
         self.send_to_shell(shell, &line);
     }

@@ -307,6 +307,7 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
                 user: None,
                 cgroup_procs: None,
                 cookie: "differential",
+                check_binary: None,
             },
             None,
         )
