@@ -4,3 +4,4 @@ pub mod encode;
 pub mod http;
 pub mod rpc;
 pub mod state;
+pub mod ws;
