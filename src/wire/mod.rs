@@ -3,5 +3,6 @@
 pub mod encode;
 pub mod http;
 pub mod rpc;
+pub mod sha256;
 pub mod state;
 pub mod ws;

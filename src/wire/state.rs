@@ -971,10 +971,22 @@ pub enum HttpStateImage {
         body: Blob,
         keep_alive: bool,
         authorization: Option<String>,
+        /// Absent from the images of builds before WebSockets: no query, HTTP/1.1, no
+        /// event stream asked for.
+        #[serde(default)]
+        query: String,
+        #[serde(default = "yes")]
+        http11: bool,
+        #[serde(default)]
+        event_stream: bool,
         framing: FramingImage,
         continue_due: bool,
     },
     Done,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -999,7 +1011,14 @@ pub enum AuthImage {
 #[serde(rename_all = "snake_case")]
 pub enum SlotImage {
     Ready(Blob),
-    Waiting { req: u64, keep_alive: bool },
+    Waiting {
+        req: u64,
+        keep_alive: bool,
+        /// An event stream's: its head written, and the events held behind an earlier
+        /// answer (absent from the images of builds before event streams).
+        #[serde(default)]
+        sse: Option<(bool, Blob)>,
+    },
 }
 
 // ---- server -----------------------------------------------------------------------------

@@ -274,7 +274,10 @@ impl WsCodec {
                 }
             }
             OP_BINARY => {
-                return Err((CLOSE_UNSUPPORTED, "binary messages are not taken; send text"))
+                return Err((
+                    CLOSE_UNSUPPORTED,
+                    "binary messages are not taken; send text",
+                ))
             }
             OP_TEXT if self.message.is_some() => {
                 return Err((CLOSE_PROTOCOL, "a new message inside a fragmented one"))
@@ -684,10 +687,7 @@ pub(crate) mod tests {
         payload.extend_from_slice(b"bye");
         let mut bytes = client_frame(true, OP_CLOSE, &payload, M);
         bytes.extend(text("after"));
-        assert_eq!(
-            events(&bytes),
-            vec![Event::Close(Some(1001), "bye".into())]
-        );
+        assert_eq!(events(&bytes), vec![Event::Close(Some(1001), "bye".into())]);
         assert_eq!(
             events(&client_frame(true, OP_CLOSE, b"", M)),
             vec![Event::Close(None, String::new())]
@@ -696,15 +696,21 @@ pub(crate) mod tests {
             (vec![3u8], CLOSE_PROTOCOL),
             (1005u16.to_be_bytes().to_vec(), CLOSE_PROTOCOL),
             (999u16.to_be_bytes().to_vec(), CLOSE_PROTOCOL),
-            ([&1000u16.to_be_bytes()[..], &[0xff]].concat(), CLOSE_INVALID_DATA),
+            (
+                [&1000u16.to_be_bytes()[..], &[0xff]].concat(),
+                CLOSE_INVALID_DATA,
+            ),
         ] {
             assert_eq!(
                 events(&client_frame(true, OP_CLOSE, &payload, M))[0],
-                Event::Fail(code, match code {
-                    CLOSE_PROTOCOL if payload.len() == 1 => "a close frame with half a code",
-                    CLOSE_PROTOCOL => "a close code that may not be sent",
-                    _ => "a close reason not in UTF-8",
-                }),
+                Event::Fail(
+                    code,
+                    match code {
+                        CLOSE_PROTOCOL if payload.len() == 1 => "a close frame with half a code",
+                        CLOSE_PROTOCOL => "a close code that may not be sent",
+                        _ => "a close reason not in UTF-8",
+                    }
+                ),
                 "{payload:?}"
             );
         }
@@ -767,7 +773,10 @@ pub(crate) mod tests {
         assert_eq!(op, OP_CLOSE);
         assert!(payload.len() <= 125);
         assert_eq!(&payload[..2], &1008u16.to_be_bytes());
-        assert!(std::str::from_utf8(&payload[2..]).is_ok(), "cut at a character");
+        assert!(
+            std::str::from_utf8(&payload[2..]).is_ok(),
+            "cut at a character"
+        );
         let mut out = Vec::new();
         write_pong(&mut out, b"abc");
         assert_eq!(server_frame(&out).2, b"abc");
@@ -790,7 +799,12 @@ pub(crate) mod tests {
             client_msg(r#"{"type":"pong","data":{"timestamp":1}}"#),
             ClientMsg::Pong
         );
-        for bad in ["nope", r#"{"type":"input","data":3}"#, r#"{"type":"x"}"#, "{}"] {
+        for bad in [
+            "nope",
+            r#"{"type":"input","data":3}"#,
+            r#"{"type":"x"}"#,
+            "{}",
+        ] {
             assert!(matches!(client_msg(bad), ClientMsg::Ignored(_)), "{bad}");
         }
         let mut out = Vec::new();
