@@ -462,6 +462,7 @@ pub fn carry_wait(w: &Wait, blobs: &mut BlobsOut) -> WaitImage {
                 },
                 ShellWait::End => ShellWaitImage::End,
                 ShellWait::Kill => ShellWaitImage::Kill,
+                ShellWait::View => ShellWaitImage::View,
             },
         },
     }
@@ -502,6 +503,7 @@ pub fn resume_wait(w: &WaitImage, blobs: &BlobsIn) -> Result<Wait, StateError> {
                 },
                 ShellWaitImage::End => ShellWait::End,
                 ShellWaitImage::Kill => ShellWait::Kill,
+                ShellWaitImage::View => ShellWait::View,
             },
         },
     })
@@ -818,6 +820,7 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
             rule: a.rule.clone(),
         }),
         origin: shell::carry::origin_image(&l.origin),
+        via: l.via.as_str().to_string(),
     }
 }
 
@@ -888,6 +891,7 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
             }),
         },
         origin: shell::carry::origin_of(&l.origin),
+        via: super::vocab::Via::named(&l.via),
     })
 }
 

@@ -403,7 +403,7 @@ impl Core {
                     "deny",
                     Some(peer),
                     json!({ "id": id, "rule": verdict.rule, "reason": "policy",
-                            "command": describe(&launch) }),
+                            "command": describe(&launch), "via": launch.via.as_str() }),
                 );
                 self.log.line(format_args!(
                     "denied {id} of uid {}: rule {}",
@@ -488,7 +488,7 @@ impl Core {
                     json!({ "id": id, "approval": appr, "rule": verdict.rule,
                             "rules": verdict.asked,
                             "reason": if verdict.unparsed { "unparsed" } else { "policy" },
-                            "command": command }),
+                            "command": command, "via": launch.via.as_str() }),
                 );
                 admit(&mut launch, "approve", &verdict.rule);
                 let timer = self.timers.add(

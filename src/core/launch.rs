@@ -48,6 +48,8 @@ pub struct LaunchRequest {
     /// Whence the request came, for whom its command runs as: the loop fills it in from
     /// the connection when the request does not carry it (a shell's restart does).
     pub origin: Option<Origin>,
+    /// The front door it came through (the loop sets it before the gate), for the audit.
+    pub via: super::vocab::Via,
 }
 
 /// Where a request came from, for whom its command runs as.

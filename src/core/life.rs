@@ -99,6 +99,7 @@ impl Core {
             let mut fields = json!({
                 "id": id, "session": req.family.session_id(), "cwd": req.cwd,
                 "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
+                "via": req.via.as_str(),
             });
             match &req.program {
                 crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),

@@ -56,6 +56,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         after: After::Terminal,
         admitted: None,
         origin: None,
+        via: Default::default(),
     }
 }
 

@@ -247,6 +247,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         limits,
         admitted: None,
         origin: None,
+        via: Default::default(),
         after: After::Terminal,
     })))
 }

@@ -396,6 +396,7 @@ pub enum ShellWaitImage {
     Exec { truncate: bool },
     End,
     Kill,
+    View,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -669,6 +670,13 @@ pub struct LaunchImage {
     pub admitted: Option<AdmittedImage>,
     /// Whence the request came: `[over TCP, the Unix peer's groups]`.
     pub origin: Option<(bool, Vec<u32>)>,
+    /// The front door it came through (`rpc` in the images of builds before it was kept).
+    #[serde(default = "rpc")]
+    pub via: String,
+}
+
+fn rpc() -> String {
+    "rpc".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -835,6 +843,9 @@ pub struct RecordImage {
     /// Input written before it started.
     pub input: Blob,
     pub bytes: usize,
+    /// The front door its line came through.
+    #[serde(default = "rpc")]
+    pub via: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -23,7 +23,6 @@ const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// Close codes (RFC 6455 7.4.1) execd sends.
 pub const CLOSE_NORMAL: u16 = 1000;
-pub const CLOSE_GOING_AWAY: u16 = 1001;
 pub const CLOSE_PROTOCOL: u16 = 1002;
 pub const CLOSE_UNSUPPORTED: u16 = 1003;
 pub const CLOSE_INVALID_DATA: u16 = 1007;
@@ -231,6 +230,7 @@ impl WsCodec {
     }
 
     /// Whether a close or a failure came out (the reader takes nothing more).
+    #[cfg(test)]
     pub fn done(&self) -> bool {
         self.done
     }

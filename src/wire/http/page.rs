@@ -41,6 +41,13 @@ pub fn policy() -> &'static str {
     })
 }
 
+/// The page's entity tag: its SHA-256, so a page kept by a browser is checked again and
+/// a new build's is fetched.
+fn etag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| format!("\"{}\"", crate::wire::sha256::hex(body())))
+}
+
 /// The answer to `GET /terminal`.
 pub fn response(keep_alive: bool) -> Vec<u8> {
     typed_response(
@@ -50,7 +57,8 @@ pub fn response(keep_alive: bool) -> Vec<u8> {
         keep_alive,
         &[
             ("Content-Security-Policy", policy()),
-            ("Cache-Control", "no-store"),
+            ("Cache-Control", "no-cache"),
+            ("ETag", etag()),
             // A `?token=` in the address must not travel in a Referer.
             ("Referrer-Policy", "no-referrer"),
             ("X-Content-Type-Options", "nosniff"),
