@@ -45,3 +45,4 @@ mod slow_cwd;
 mod streams;
 mod systemd;
 mod upgrade;
+mod ws;

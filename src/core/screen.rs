@@ -103,11 +103,8 @@ impl Screen {
         }
         let mut lines = Vec::new();
         for row in 0..rows {
-            let (text, runs) = row_of(s, row, cols);
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            text.hash(&mut h);
-            runs.to_string().hash(&mut h);
-            let hash = h.finish() | 1; // never the 0 of a fresh `seen`
+            let (text, runs, hash) = row_of(s, row, cols);
+            let hash = hash | 1; // never the 0 of a fresh `seen`
             if fresh || seen[usize::from(row)] != hash {
                 seen[usize::from(row)] = hash;
                 lines.push(json!({ "row": row, "text": text, "runs": runs }));
@@ -183,9 +180,73 @@ impl Screen {
     }
 }
 
-/// One row's text and its attribute runs (see `Screen::frame`).
-fn row_of(s: &vt100::Screen, row: u16, cols: u16) -> (String, Value) {
-    let mut chars: Vec<(String, Value)> = Vec::with_capacity(usize::from(cols));
+/// A cell's attributes, as compared and hashed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+struct Attrs {
+    fg: Option<(u8, u8, u8, u8)>,
+    bg: Option<(u8, u8, u8, u8)>,
+    /// bold, dim, italic, underline, inverse.
+    flags: u8,
+}
+
+const FLAGS: [&str; 5] = ["bold", "dim", "italic", "underline", "inverse"];
+
+fn packed(c: vt100::Color) -> Option<(u8, u8, u8, u8)> {
+    match c {
+        vt100::Color::Default => None,
+        vt100::Color::Idx(i) => Some((0, i, 0, 0)),
+        vt100::Color::Rgb(r, g, b) => Some((1, r, g, b)),
+    }
+}
+
+/// A colour as a frame says it: its 256-colour index or `#rrggbb`.
+fn color(c: (u8, u8, u8, u8)) -> Value {
+    match c {
+        (0, i, _, _) => i.into(),
+        (_, r, g, b) => format!("#{r:02x}{g:02x}{b:02x}").into(),
+    }
+}
+
+impl Attrs {
+    fn of(cell: &vt100::Cell) -> Attrs {
+        let flags = [
+            cell.bold(),
+            cell.dim(),
+            cell.italic(),
+            cell.underline(),
+            cell.inverse(),
+        ]
+        .iter()
+        .enumerate()
+        .fold(0u8, |f, (i, on)| f | (u8::from(*on) << i));
+        Attrs {
+            fg: packed(cell.fgcolor()),
+            bg: packed(cell.bgcolor()),
+            flags,
+        }
+    }
+
+    fn json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        if let Some(c) = self.fg {
+            m.insert("fg".into(), color(c));
+        }
+        if let Some(c) = self.bg {
+            m.insert("bg".into(), color(c));
+        }
+        for (i, name) in FLAGS.iter().enumerate() {
+            if self.flags & (1 << i) != 0 {
+                m.insert((*name).into(), true.into());
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+/// One row's text, its attribute runs (see `Screen::frame`) and a hash of both.
+fn row_of(s: &vt100::Screen, row: u16, cols: u16) -> (String, Value, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut cells: Vec<(&str, Attrs)> = Vec::with_capacity(usize::from(cols));
     for col in 0..cols {
         let Some(cell) = s.cell(row, col) else {
             continue;
@@ -194,68 +255,42 @@ fn row_of(s: &vt100::Screen, row: u16, cols: u16) -> (String, Value) {
             continue;
         }
         let text = if cell.has_contents() {
-            cell.contents().to_string()
+            cell.contents()
         } else {
-            " ".to_string()
+            " "
         };
-        let mut attrs = serde_json::Map::new();
-        if let Some(c) = color(cell.fgcolor()) {
-            attrs.insert("fg".into(), c);
-        }
-        if let Some(c) = color(cell.bgcolor()) {
-            attrs.insert("bg".into(), c);
-        }
-        for (name, on) in [
-            ("bold", cell.bold()),
-            ("dim", cell.dim()),
-            ("italic", cell.italic()),
-            ("underline", cell.underline()),
-            ("inverse", cell.inverse()),
-        ] {
-            if on {
-                attrs.insert(name.into(), true.into());
-            }
-        }
-        chars.push((text, Value::Object(attrs)));
+        cells.push((text, Attrs::of(cell)));
     }
     // Trailing blanks with no attributes are not drawn.
-    while chars
+    while cells
         .last()
-        .is_some_and(|(t, a)| t == " " && a.as_object().is_some_and(|m| m.is_empty()))
+        .is_some_and(|(t, a)| *t == " " && *a == Attrs::default())
     {
-        chars.pop();
+        cells.pop();
     }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    cells.hash(&mut h);
     let mut text = String::new();
     let mut runs: Vec<Value> = Vec::new();
-    let mut run: Option<(usize, usize, Value)> = None;
-    for (i, (t, a)) in chars.into_iter().enumerate() {
-        text.push_str(&t);
-        let plain = a.as_object().is_some_and(|m| m.is_empty());
+    let mut run: Option<(usize, usize, Attrs)> = None;
+    for (i, (t, a)) in cells.iter().enumerate() {
+        text.push_str(t);
         match &mut run {
-            Some((_, len, attrs)) if *attrs == a => *len += 1,
+            Some((_, len, attrs)) if attrs == a => *len += 1,
             _ => {
                 if let Some((start, len, attrs)) = run.take() {
-                    runs.push(json!([start, len, attrs]));
+                    runs.push(json!([start, len, attrs.json()]));
                 }
-                if !plain {
-                    run = Some((i, 1, a));
+                if *a != Attrs::default() {
+                    run = Some((i, 1, *a));
                 }
             }
         }
     }
     if let Some((start, len, attrs)) = run {
-        runs.push(json!([start, len, attrs]));
+        runs.push(json!([start, len, attrs.json()]));
     }
-    (text, Value::Array(runs))
-}
-
-/// A colour as a frame says it: its 256-colour index, `#rrggbb`, or none (the default).
-fn color(c: vt100::Color) -> Option<Value> {
-    match c {
-        vt100::Color::Default => None,
-        vt100::Color::Idx(i) => Some(i.into()),
-        vt100::Color::Rgb(r, g, b) => Some(format!("#{r:02x}{g:02x}{b:02x}").into()),
-    }
+    (text, Value::Array(runs), h.finish())
 }
 
 #[cfg(test)]

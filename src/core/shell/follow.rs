@@ -36,15 +36,16 @@ impl Core {
         });
     }
 
-    /// The hook on output of session `sk` (after its markers): each follow of it gets the
-    /// lines completed since.
-    pub(super) fn follow_output(&mut self, sk: &SessionKey) {
+    /// The hook on output of session `sk` (before its markers move the session on; `end`
+    /// where an end marker among them begins): each follow of it gets the lines completed
+    /// since, so they go out before the answer the end marker brings.
+    pub(super) fn follow_output(&mut self, sk: &SessionKey, end: Option<u64>) {
         if !self.shells.follows.iter().any(|f| f.session == *sk) {
             return;
         }
         let mut follows = std::mem::take(&mut self.shells.follows);
         for f in follows.iter_mut().filter(|f| f.session == *sk) {
-            if let Some(data) = self.lines_for(f) {
+            if let Some(data) = self.lines_for(f, end) {
                 self.out.push(Effect::Event {
                     conn: f.conn,
                     req: f.req,
@@ -66,7 +67,7 @@ impl Core {
             .iter()
             .position(|f| f.conn == conn && f.req == req)?;
         let mut f = self.shells.follows.remove(i);
-        self.lines_for(&mut f)
+        self.lines_for(&mut f, None)
     }
 
     /// Connection `conn` closed: its follows end.
@@ -74,9 +75,9 @@ impl Core {
         self.shells.follows.retain(|f| f.conn != conn);
     }
 
-    /// The lines `f`'s command completed since its last ones, as an event's `data` (a
-    /// JSON string).
-    fn lines_for(&self, f: &mut Follow) -> Option<Vec<u8>> {
+    /// The lines `f`'s command completed since its last ones (before `end`, if its end is
+    /// not known yet), as an event's `data` (a JSON string).
+    fn lines_for(&self, f: &mut Follow, end: Option<u64>) -> Option<Vec<u8>> {
         let s = self.shells.map.get(&f.session)?;
         let r = s.record(f.seq)?;
         let (Some(from), Some(p)) = (r.from, r.shell.and_then(|k| self.table.get(k))) else {
@@ -85,7 +86,7 @@ impl Core {
         let st = &p.streams[0];
         let ring = &st.ring;
         let next = f.next.unwrap_or(from).max(ring.start());
-        let end = r.to.unwrap_or_else(|| ring.end()).min(ring.end());
+        let end = r.to.or(end).unwrap_or_else(|| ring.end()).min(ring.end());
         if end <= next {
             return None;
         }

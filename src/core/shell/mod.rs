@@ -625,12 +625,20 @@ impl Core {
         }
         let nonce = s.nonce.clone();
         let found = s.scan.feed(&nonce, offset, data);
-        // People see the output before what its markers do (a prompt, then a line).
+        // People see the output before what its markers do (a prompt, then a line), and
+        // requests that stream get the lines before an end marker answers them.
         self.people_output(&sk, data);
+        let end = found
+            .iter()
+            .find_map(|(m, start, _)| matches!(m, Marker::End { .. }).then_some(*start));
+        self.follow_output(&sk, end);
         for (m, start, end) in found {
             self.on_marker(&sk, key, m, start, end);
         }
-        self.follow_output(&sk);
+        if end.is_none() {
+            // A command that started in this output has its first lines in it.
+            self.follow_output(&sk, None);
+        }
     }
 
     fn on_marker(&mut self, sk: &SessionKey, shell: Key, m: Marker, start: u64, end: u64) {

@@ -40,6 +40,9 @@ use crate::wire::rpc::RpcError;
 
 /// The most of the stream kept unfed to the screen.
 pub const UNFED_MAX: usize = 64 << 10;
+/// How much of what came since the screen's last look is fed to it, in screenfuls of
+/// cells (a full-screen program's redraw, escapes included, fits).
+const SCREENFULS: usize = 4;
 /// The most bytes of keys waiting for the next prompt, per session.
 pub const QUEUED_MAX: usize = 64 << 10;
 
@@ -177,16 +180,23 @@ impl Desk {
         }
     }
 
-    /// Brings the screen up to date.
+    /// Brings the screen up to date. What came since the last look beyond a few
+    /// screenfuls (a flood) is passed over: its last screenfuls, from a line start, are
+    /// what a terminal would show after it.
     fn sync(&mut self) {
+        let size = self.screen.size();
+        let keep = (SCREENFULS * usize::from(size.rows) * usize::from(size.cols)).max(4096);
         let mut from = 0;
+        if self.unfed.len() > keep {
+            from = self.unfed.len() - keep;
+            self.cut = true;
+        }
         if std::mem::take(&mut self.cut) {
             // The front was dropped: start at a line, not inside an escape sequence.
-            from = self
-                .unfed
+            from += self.unfed[from..]
                 .iter()
                 .position(|&b| b == b'\n')
-                .map_or(self.unfed.len(), |p| p + 1);
+                .map_or(self.unfed.len() - from, |p| p + 1);
         }
         self.screen.feed(&self.unfed[from..]);
         self.unfed.clear();

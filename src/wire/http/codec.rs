@@ -147,11 +147,6 @@ impl Auth {
             Auth::Token(token) => given.is_some_and(|g| same_secret(g.as_bytes(), token)),
         }
     }
-
-    /// Whether requests must carry a token at all.
-    fn needs_token(&self) -> bool {
-        matches!(self, Auth::Token(_))
-    }
 }
 
 /// The names a request from a browser may give as its `Host` besides loopback literals
@@ -220,6 +215,15 @@ fn browser_admitted(req: &httparse::Request, hosts: &Hosts) -> bool {
         .any(|f| f.name.len() > 10 && f.name[..10].eq_ignore_ascii_case("sec-fetch-"));
     if origins.is_empty() && !fetch {
         return true;
+    }
+    // What the browser says of where the request comes from: only a page of this origin,
+    // or the person (an address typed, a bookmark), may; never another site, even one
+    // that sends no Origin (a GET an image or a link makes).
+    let site_ok = field("sec-fetch-site").iter().all(|s| {
+        s.is_some_and(|s| s.eq_ignore_ascii_case("same-origin") || s.eq_ignore_ascii_case("none"))
+    });
+    if !site_ok {
+        return false;
     }
     let host = match field("host")[..] {
         [Some(h)] if hosts.allows(h) => h,
@@ -806,7 +810,7 @@ fn understand(
         || in_query.is_some_and(|t| auth.admits_token(Some(t)))
         || in_protocol.is_some_and(|t| auth.admits_token(Some(t)));
     let open_page = path == OPEN_PAGE && token.is_none() && in_query.is_none();
-    if !admitted && !(open_page && auth.needs_token()) {
+    if !admitted && !open_page {
         return Err(Fault::unauthorized());
     }
     // Then the browser rule, before anything has an effect (PROTOCOL 11).

@@ -294,21 +294,22 @@ impl HttpSession {
         })
     }
 
-    /// The handshake `req` was, if it was the one this exchange handed out: its answer
-    /// is the loop's to write (`ws::switching`), and the exchange is over.
+    /// The handshake `req` was, if it was the one this exchange handed out. Its answer is
+    /// a refusal (`answer`, after which the connection closes) or the loop's `101` once
+    /// the loop has taken what followed it (`take_rest`).
     pub fn take_upgrade(&mut self, req: ReqNo) -> Option<Opening> {
         if self.upgrade.as_ref().is_none_or(|(r, _)| *r != req) {
             return None;
         }
-        let (_, opening) = self.upgrade.take()?;
-        self.order
-            .retain(|s| !matches!(s, Slot::Waiting { req: r, .. } if *r == req));
-        self.waiting = self.waiting.saturating_sub(1);
-        Some(opening)
+        self.upgrade.take().map(|(_, opening)| opening)
     }
 
-    /// What the client sent after its handshake (its first frames).
+    /// What the client sent after its handshake (its first frames); the exchange is over
+    /// (the handshake was the only request owed an answer).
     pub fn take_rest(&mut self) -> Vec<u8> {
+        self.order.clear();
+        self.waiting = 0;
+        self.held = 0;
         self.codec.take_rest()
     }
 
@@ -566,8 +567,26 @@ mod tests {
         let opening = s.take_upgrade(req).expect("it is ours");
         assert_eq!(opening.accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
         assert_eq!(s.take_upgrade(req), None, "once");
+        assert!(!s.idle(), "its answer is owed");
         assert_eq!(s.take_rest(), b"\x81\x80");
         assert!(s.idle() && s.done());
+        // Refused instead: the answer is written and the connection closes.
+        let mut s = HttpSession::new(limits(), Auth::Peer);
+        let mut out = Vec::new();
+        s.push(HANDSHAKE.as_bytes());
+        let req = take(&mut s, &mut out, room(1 << 20))[0];
+        assert!(s.take_upgrade(req).is_some());
+        s.answer(
+            req,
+            &Err(RpcError::not_found("shell session", "a b")),
+            &mut out,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 404 ") && text.contains("Connection: close"),
+            "{text}"
+        );
+        assert!(s.done());
     }
 
     #[test]
