@@ -19,6 +19,7 @@ mod attacks;
 mod backlog;
 mod bash;
 mod bounds;
+mod browser;
 mod cli_manage;
 mod cli_policy;
 mod cli_shell;

@@ -164,10 +164,12 @@
     send({type: "resize", data: s});
   }
   var resizeTimer = null;
-  window.addEventListener("resize", function () {
+  function resized() {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(resize, 100);
-  });
+  }
+  window.addEventListener("resize", resized);
+  if (window.ResizeObserver) new ResizeObserver(resized).observe(term);
 
   // ---- keys ------------------------------------------------------------------------------
 
