@@ -641,7 +641,7 @@ fn read_until(s: &mut impl Read, got: &mut Vec<u8>, upto: &str) {
         match read_some(s, &mut buf) {
             Ok(0) => panic!("closed before {upto:?}: {:?}", String::from_utf8_lossy(got)),
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) => panic!("read: {e}"),
+            Err(e) => panic!("read: {e}: {:?}", String::from_utf8_lossy(got)),
         }
     }
 }
@@ -664,6 +664,7 @@ fn events(text: &str) -> Vec<(String, Value)> {
 #[test]
 fn exec_and_view_stream_lines_as_they_come_then_one_result() {
     let d = Daemon::start(&[]);
+    let _log = LogOnFailure(&d);
     let dir = TempDir::new();
     let go = dir.path().join("go");
     let command = format!(
@@ -933,4 +934,37 @@ fn a_watched_session_is_in_use_and_closes_when_idle_once_left() {
         let s = ok(&mut c, "shell/sessions", json!({}));
         s["sessions"].get(&sid).is_none()
     });
+}
+
+#[test]
+fn an_upgrade_in_place_closes_websockets_saying_so_and_the_session_goes_on() {
+    let Some(py) = python() else { return };
+    let d = Daemon::start(&[]);
+    let _log = LogOnFailure(&d);
+    let (mut w, _) = Relay::unix(&py, &d.socket, "/v1/shell/ws");
+    let sid = w.greeting();
+    w.prompt();
+    w.keys("echo before-upgrade\r");
+    w.output_until("before-upgrade\r\n");
+    w.prompt();
+    let mut c = d.client();
+    unsafe_kill(d.pid(), libc::SIGUSR2);
+    let closed = w.until("the close", |v| v["event"] == "closed");
+    assert_eq!(closed["code"], 1012, "{closed}");
+    wait_until("the new image serves", || {
+        ok(&mut c, "initialize", json!({"protocolVersion": 1}))["_meta"]["execd"]["upgrades"] == 1
+    });
+    // Connecting again shows the session as it was, and it goes on.
+    let (mut again, _) = Relay::unix(&py, &d.socket, &format!("/v1/shell/ws?session_id={sid}"));
+    assert_eq!(again.greeting(), sid);
+    let paint = again.next();
+    assert!(
+        paint["data"]["data"]
+            .as_str()
+            .is_some_and(|p| p.contains("before-upgrade")),
+        "{paint}"
+    );
+    again.keys("echo after-upgrade\r");
+    again.output_until("after-upgrade\r\n");
+    assert_no_panic(&d);
 }

@@ -313,6 +313,8 @@ impl Conn {
             Dialect::Undecided => 0,
             Dialect::Rpc(s) => s.pending_input(),
             Dialect::Http(s) => s.pending_input(),
+            // A WebSocket that is closing reads nothing more: what comes is dropped.
+            Dialect::Ws(w) if w.closing => 0,
             Dialect::Ws(w) => w.codec.pending(),
         }
     }
@@ -334,6 +336,7 @@ impl Conn {
             Dialect::Undecided => {}
             Dialect::Rpc(s) => s.push(bytes),
             Dialect::Http(s) => s.push(bytes),
+            Dialect::Ws(w) if w.closing => {}
             Dialect::Ws(w) => w.codec.push(bytes),
         }
     }

@@ -306,6 +306,9 @@ impl WsCodec {
                 let event = close_of(payload);
                 self.done = true;
                 self.message = None;
+                // Nothing after a close is read: what followed it is let go.
+                self.buf = Vec::new();
+                self.pos = 0;
                 Some(match event {
                     Ok((code, reason)) => Event::Close(code, reason),
                     Err((code, reason)) => Event::Fail(code, reason),

@@ -320,7 +320,7 @@ impl Core {
 
     /// Connection `conn` closed: it watches nothing, and its waiting keys are dropped.
     pub fn unwatch(&mut self, conn: ConnId) {
-        let mut replay = Vec::new();
+        let mut left = Vec::new();
         for (sk, d) in self.shells.people.iter_mut() {
             let before = d.watchers.len();
             d.watchers.retain(|w| w.conn != conn);
@@ -329,18 +329,16 @@ impl Core {
             }
             d.queue.retain(|(c, _)| *c != conn);
             d.queued = d.queue.iter().map(|(_, k)| k.len()).sum();
-            if d.judging == Some(conn) {
-                d.judging = None;
-                replay.push(sk.clone());
-            }
+            let judged = std::mem::take(&mut d.judging);
+            d.judging = judged.filter(|c| *c != conn);
+            left.push((sk.clone(), judged == Some(conn)));
         }
-        for sk in replay {
-            self.replay(&sk);
-        }
-        // It was in use until now: idle from here.
-        let watched: Vec<SessionKey> = self.shells.people.keys().cloned().collect();
-        for sk in watched {
+        for (sk, replay) in left {
+            // It was in use until now: idle from here.
             self.touch_shell(&sk);
+            if replay {
+                self.replay(&sk);
+            }
         }
     }
 
