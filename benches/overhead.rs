@@ -7,7 +7,7 @@
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
 //! kill, policy, http, shell, mcp, parallel, ingest, stream, memory, scale, hold, pty,
-//! tunnel, upgrade).
+//! tunnel, upgrade, ws).
 
 // The tests' harness (start a daemon, talk to it); the bench uses a few of its helpers.
 #[allow(dead_code)]
@@ -1771,6 +1771,282 @@ fn bench_upgrade(rows: &mut Vec<Row>) {
     drop(approver);
 }
 
+// 11. --------------------------------------------------------------------------------------
+
+/// A WebSocket client just big enough for the bench: the handshake on the daemon's
+/// socket, masked text frames out, unfragmented text frames in.
+struct Ws {
+    s: std::os::unix::net::UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Ws {
+    fn connect(socket: &std::path::Path, path: &str) -> Ws {
+        use std::io::Write;
+        let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .expect("handshake");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let end = loop {
+            let n = s.read(&mut chunk).expect("read the answer");
+            assert!(n > 0, "closed during the handshake");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(p) = find(&buf, b"\r\n\r\n") {
+                break p + 4;
+            }
+        };
+        assert!(
+            buf.starts_with(b"HTTP/1.1 101 "),
+            "{}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.drain(..end);
+        Ws { s, buf }
+    }
+
+    fn send(&mut self, text: &str) {
+        use std::io::Write;
+        let mask = [0x11u8, 0x22, 0x33, 0x44];
+        let len = text.len();
+        let mut frame = vec![0x81u8];
+        if len < 126 {
+            frame.push(0x80 | len as u8);
+        } else {
+            frame.push(0x80 | 126);
+            frame.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        frame.extend_from_slice(&mask);
+        frame.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.s.write_all(&frame).expect("send");
+    }
+
+    /// The next message's payload.
+    fn next(&mut self) -> Vec<u8> {
+        let mut chunk = vec![0u8; 256 << 10];
+        loop {
+            if self.buf.len() >= 2 {
+                let (len, at) = match self.buf[1] & 0x7f {
+                    126 if self.buf.len() >= 4 => (
+                        usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]])),
+                        4,
+                    ),
+                    127 if self.buf.len() >= 10 => {
+                        let mut n = [0u8; 8];
+                        n.copy_from_slice(&self.buf[2..10]);
+                        (u64::from_be_bytes(n) as usize, 10)
+                    }
+                    126 | 127 => (usize::MAX, 0),
+                    n => (usize::from(n), 2),
+                };
+                if len != usize::MAX && self.buf.len() >= at + len {
+                    let payload = self.buf[at..at + len].to_vec();
+                    self.buf.drain(..at + len);
+                    return payload;
+                }
+            }
+            let n = self.s.read(&mut chunk).expect("read");
+            assert!(n > 0, "the WebSocket closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// A PTY with `cat` on it, read and written directly: the bench's side of the
+/// keystroke latency.
+fn direct_pty_cat() -> (std::fs::File, std::process::Child) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: posix_openpt returns a new descriptor or -1.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(master >= 0, "posix_openpt");
+    // SAFETY: a descriptor we just opened.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: grantpt, unlockpt and TIOCGPTPEER take the master descriptor.
+    let slave = unsafe {
+        libc::grantpt(master.as_raw_fd());
+        libc::unlockpt(master.as_raw_fd());
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY,
+        )
+    };
+    assert!(slave >= 0, "TIOCGPTPEER");
+    // SAFETY: the descriptor the ioctl opened.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    let mut cmd = Command::new("cat");
+    cmd.stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    // SAFETY: setsid and TIOCSCTTY are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn cat");
+    drop(slave);
+    (std::fs::File::from(master), child)
+}
+
+/// The output text of a WebSocket message, if it is an `output` one.
+fn ws_output(payload: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(payload).ok()?;
+    (v["type"] == "output").then(|| v["data"].as_str().unwrap_or_default().to_string())
+}
+
+/// A person at `/v1/shell/ws`: the time from a key sent to its echo coming back while
+/// `cat` runs in the session (the PTY path: the daemon writes the key to the terminal, the
+/// line discipline echoes it, the daemon reads the echo and sends it), against the same
+/// key written to a PTY and its echo read directly. And the daemon's CPU for a flood of
+/// `yes` with one WebSocket watcher against one lossless subscriber (row 4's kind).
+fn bench_ws(rows: &mut Vec<Row>) {
+    use std::io::Write;
+    const KEYS: usize = 400;
+    const LINE: usize = 40;
+    let d = Daemon::start(&["--client-buffer", "64M"]);
+    let mut c = client(&d);
+    let r = call(&mut c, "shell/sessions/create", json!({"id": "keys"}));
+    assert_eq!(r["session_id"], "keys");
+    // At its prompt (a command ran to its end), then `cat` started: what the WebSocket
+    // shows after its screen is what is typed.
+    call(
+        &mut c,
+        "shell/exec",
+        json!({"id": "keys", "command": "true"}),
+    );
+    call(
+        &mut c,
+        "shell/exec",
+        json!({"id": "keys", "command": "cat", "async_mode": true}),
+    );
+    let mut ws = Ws::connect(&d.socket, "/v1/shell/ws?session_id=keys");
+    for _ in 0..3 {
+        ws.next(); // session_id, ready, the screen
+    }
+    let (mut cat, mut child) = direct_pty_cat();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut buf = [0u8; 4096];
+    for batch in 0..KEYS / LINE {
+        for _ in 0..LINE {
+            let t = Instant::now();
+            cat.write_all(b"x").expect("write");
+            let n = cat.read(&mut buf).expect("read the echo");
+            assert_eq!(&buf[..n], b"x");
+            a.push(t.elapsed().as_secs_f64() * 1e3);
+
+            let t = Instant::now();
+            ws.send(r#"{"type":"input","data":"x"}"#);
+            loop {
+                if let Some(text) = ws_output(&ws.next()) {
+                    assert_eq!(text, "x", "batch {batch}");
+                    break;
+                }
+            }
+            b.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        // Enter: the echo, then cat's line, on both sides.
+        let want = format!("\r\n{}\r\n", "x".repeat(LINE));
+        cat.write_all(b"\r").expect("write");
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).ends_with(&want) {
+            let n = cat.read(&mut buf).expect("read");
+            got.extend_from_slice(&buf[..n]);
+        }
+        ws.send(r#"{"type":"input","data":"\r"}"#);
+        let mut got = String::new();
+        while !got.ends_with(&want) {
+            got.push_str(&ws_output(&ws.next()).unwrap_or_default());
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (p50a, p50b) = (median(&mut a), median(&mut b));
+    let (p99a, p99b) = (percentile(&mut a, 0.99), percentile(&mut b, 0.99));
+    report(
+        rows,
+        "11 keystroke to echo through /v1/shell/ws while cat runs".into(),
+        format!("p50 {p50a:.3} ms, p99 {p99a:.3} ms (a PTY directly)"),
+        format!("p50 {p50b:.3} ms, p99 {p99b:.3} ms"),
+        format!("+{:.3} ms p50", p50b - p50a),
+        "p50 <= 2 ms".into(),
+    );
+
+    // The flood: daemon CPU per GiB of `yes` through a session's terminal.
+    const TOTAL: u64 = 256 << 20;
+    let flood = format!("yes | head -c {TOTAL}");
+    let (mut sub, mut wsc) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        // One lossless subscriber of the session's shell, which reads as fast as it can.
+        let id = format!("sub{round}");
+        let r = call(&mut c, "shell/sessions/create", json!({"id": id}));
+        let process = r["process_id"].as_str().expect("its shell").to_string();
+        let mut s = client(&d);
+        call(
+            &mut s,
+            "events/subscribe",
+            json!({"id": process, "lossless": true, "encoding": "base64"}),
+        );
+        let stream = s.handle().expect("the connection");
+        let done = stream.try_clone().expect("dup");
+        let reader = std::thread::spawn(move || {
+            let mut stream = stream;
+            let mut buf = vec![0u8; 1 << 20];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let before = cpu_secs(d.pid());
+        call(
+            &mut c,
+            "shell/exec",
+            json!({"id": id, "command": flood, "no_change_timeout": 600}),
+        );
+        sub.push((cpu_secs(d.pid()) - before) * (1u64 << 30) as f64 / TOTAL as f64);
+        call(&mut c, "shell/sessions/close", json!({"id": id}));
+        let _ = done.shutdown(std::net::Shutdown::Both);
+        drop(s);
+        let _ = reader.join();
+
+        // One WebSocket watcher of another session, reading as fast as it can.
+        let id = format!("ws{round}");
+        call(&mut c, "shell/sessions/create", json!({"id": id}));
+        let ws = Ws::connect(&d.socket, &format!("/v1/shell/ws?session_id={id}"));
+        let stream = ws.s.try_clone().expect("dup");
+        let reader = std::thread::spawn(move || {
+            let mut stream = stream;
+            let mut buf = vec![0u8; 1 << 20];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let before = cpu_secs(d.pid());
+        call(
+            &mut c,
+            "shell/exec",
+            json!({"id": id, "command": flood, "no_change_timeout": 600}),
+        );
+        wsc.push((cpu_secs(d.pid()) - before) * (1u64 << 30) as f64 / TOTAL as f64);
+        call(&mut c, "shell/sessions/close", json!({"id": id}));
+        let _ = ws.s.shutdown(std::net::Shutdown::Both);
+        drop(ws);
+        let _ = reader.join();
+    }
+    let (ms, mw) = (median(&mut sub), median(&mut wsc));
+    report(
+        rows,
+        "11 daemon CPU per GiB of yes in a session: one WebSocket watcher vs one lossless subscriber".into(),
+        format!("{ms:.2} CPU s/GiB subscriber"),
+        format!("{mw:.2} CPU s/GiB WebSocket"),
+        format!("{:.2}", mw / ms),
+        "<= 1.20".into(),
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
@@ -1778,7 +2054,7 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let want = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-    let benches: [(&str, Bench); 17] = [
+    let benches: [(&str, Bench); 18] = [
         ("spawn", bench_spawn),
         ("sandbox", bench_sandbox),
         ("cgroup", bench_cgroup),
@@ -1796,6 +2072,7 @@ fn main() {
         ("pty", bench_pty),
         ("tunnel", bench_tunnel),
         ("upgrade", bench_upgrade),
+        ("ws", bench_ws),
     ];
     let mut rows = Vec::new();
     let start = Instant::now();

@@ -102,6 +102,9 @@ pub struct Config {
     pub http_run_as: Option<String>,
     /// `--http-idle`: a TCP connection without a request this long, owed nothing, closes.
     pub http_idle: Duration,
+    /// `--http-host NAME` (repeatable): a name a browser may reach execd by besides
+    /// loopback addresses and `localhost` (PROTOCOL 11), with any port.
+    pub http_hosts: Vec<String>,
     /// `--resume-from FD` (given by the daemon itself): the state an upgrade in place
     /// carries, in the memfd at FD (PROTOCOL 13).
     pub resume_from: Option<i32>,
@@ -174,6 +177,7 @@ impl Default for Config {
             http_run_as: None,
             http_idle: DEFAULT_HTTP_IDLE,
             log_level: crate::types::Level::default(),
+            http_hosts: Vec::new(),
             resume_from: None,
             binary: None,
             args: Vec::new(),
@@ -290,6 +294,8 @@ options:
   --http-run-as USER       whom TCP requests run as (required when execd runs as root)
   --http-idle DURATION     close a TCP connection that sends no request this long
                            while nothing is owed to it (default 60s)
+  --http-host NAME         a host name a browser may reach execd by, besides loopback
+                           addresses and localhost (repeatable; any port)
   -h, --help               print this help
   -V, --version            print the version
 
@@ -639,6 +645,26 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Invocation, 
             "--http-no-auth" => cfg.http_no_auth = true,
             "--http-run-as" => cfg.http_run_as = Some(value()?),
             "--http-idle" => cfg.http_idle = duration(&flag, &value()?)?,
+            "--http-host" => {
+                let v = value()?;
+                let name = v
+                    .strip_prefix('[')
+                    .and_then(|n| n.strip_suffix(']'))
+                    .unwrap_or(&v);
+                let ok = !v.is_empty()
+                    && v.len() <= 253
+                    && (name.parse::<std::net::IpAddr>().is_ok()
+                        || v.split('.').all(|l| {
+                            !l.is_empty()
+                                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                        }));
+                if !ok {
+                    return Err(format!(
+                        "--http-host: {v:?} is not a host name (without a port, e.g. box.example)"
+                    ));
+                }
+                cfg.http_hosts.push(v);
+            }
             "--memory-max" => cfg.limits.memory_max = Some(size(&flag, &value()?)? as u64),
             "--pids-max" => cfg.limits.pids_max = Some(parse_num(&flag, &value()?)?),
             "--cpu-max" => {
@@ -814,6 +840,7 @@ mod tests {
                 "--http-token-file",
                 "--run-as",
                 "--http-run-as",
+                "--http-host",
                 "--check-policy",
             ]
             .contains(&flag.as_str())

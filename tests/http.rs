@@ -173,6 +173,24 @@ pub(crate) fn start_front(extra: &[&str]) -> Front {
     Front { daemon, port }
 }
 
+/// execd with `--http-listen 127.0.0.1:PORT --http-no-auth` (no token), TCP requests run as
+/// `nobody` in the temp dir.
+#[track_caller]
+pub(crate) fn start_open_front() -> Front {
+    let (daemon, port) = start_on_free_port(|dir, port| {
+        vec![
+            "--http-listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--http-no-auth".into(),
+            "--http-run-as".into(),
+            "nobody".into(),
+            "--workdir".into(),
+            dir.display().to_string(),
+        ]
+    });
+    Front { daemon, port }
+}
+
 /// Runs execd with `args` expecting it to refuse to start: its exit code and log.
 #[track_caller]
 fn refused(args: &[String]) -> (Option<i32>, String) {

@@ -475,6 +475,7 @@ pub fn carry_wait(w: &Wait, blobs: &mut BlobsOut) -> WaitImage {
                 },
                 ShellWait::End => ShellWaitImage::End,
                 ShellWait::Kill => ShellWaitImage::Kill,
+                ShellWait::View => ShellWaitImage::View,
             },
         },
     }
@@ -515,6 +516,7 @@ pub fn resume_wait(w: &WaitImage, blobs: &BlobsIn) -> Result<Wait, StateError> {
                 },
                 ShellWaitImage::End => ShellWait::End,
                 ShellWaitImage::Kill => ShellWait::Kill,
+                ShellWaitImage::View => ShellWait::View,
             },
         },
     })
@@ -843,6 +845,7 @@ fn carry_launch(l: &LaunchRequest) -> LaunchImage {
         }),
         origin: shell::carry::origin_image(&l.origin),
         sandbox: l.sandbox.as_ref().map(|g| g.to_json()),
+        via: l.via.as_str().to_string(),
     }
 }
 
@@ -919,6 +922,7 @@ fn resume_launch(l: &LaunchImage) -> Result<LaunchRequest, StateError> {
             .as_ref()
             .and_then(crate::policy::sandbox::Given::from_json),
         ceiling: None,
+        via: super::vocab::Via::named(&l.via),
     })
 }
 

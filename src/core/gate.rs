@@ -499,7 +499,7 @@ impl Core {
                     "deny",
                     Some(peer),
                     json!({ "id": id, "rule": verdict.rule, "reason": "policy",
-                            "command": describe(&launch) }),
+                            "command": describe(&launch), "via": launch.via.as_str() }),
                 );
                 self.log.line(format_args!(
                     "denied {id} of uid {}: {}",
@@ -625,7 +625,7 @@ impl Core {
                         else if verdict.unparsed { "unparsed" } else { "policy" },
                     "outside": outside,
                     "sandbox": launch.sandbox.as_ref().map(|g| g.to_json()),
-                    "command": command }),
+                    "command": command, "via": launch.via.as_str() }),
         );
         admit(&mut launch, "approve", &verdict.rule);
         let timer = self.timers.add(

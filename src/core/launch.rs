@@ -58,6 +58,8 @@ pub struct LaunchRequest {
     /// tied to (with its `$CWD`), `read-only` for a descendant of the daemon tied to
     /// none; none for a caller outside every command. See `core::confine`.
     pub ceiling: Option<Box<Given>>,
+    /// The front door it came through (the loop sets it before the gate), for the audit.
+    pub via: super::vocab::Via,
 }
 
 /// Where a request came from, for whom its command runs as.

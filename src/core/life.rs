@@ -33,6 +33,7 @@ fn start_fields(req: &LaunchRequest, id: &str, pid: i32, runs_as: u32) -> serde_
     let mut fields = json!({
         "id": id, "session": req.family.session_id(), "cwd": req.cwd,
         "uid": runs_as, "decision": decision, "rule": rule, "pid": pid,
+        "via": req.via.as_str(),
     });
     match &req.program {
         crate::types::Program::Shell { line, .. } => fields["line"] = line.clone().into(),

@@ -200,6 +200,30 @@ pub enum Effect {
         req: Option<ReqNo>,
         launch: Box<LaunchRequest>,
     },
+    /// Show `text` to the people watching shell session `session` (PROTOCOL 12.5): its
+    /// terminal's output without markers, or the daemon's echo.
+    Show { session: SessionKey, text: String },
+    /// A person (connection `conn`) ended a line with Enter at session `session`'s
+    /// prompt: run it as that connection's `shell/exec`, through the gate.
+    Line {
+        conn: ConnId,
+        session: SessionKey,
+        line: String,
+    },
+    /// A server-sent event `name` with `data` (one line of JSON) for request `req` of
+    /// connection `conn`, which streams (PROTOCOL 12.5).
+    Event {
+        conn: ConnId,
+        req: ReqNo,
+        name: &'static str,
+        data: Vec<u8>,
+    },
+    /// Stop connection `conn` watching a session: close it with `code`, saying `reason`.
+    Unwatch {
+        conn: ConnId,
+        code: u16,
+        reason: String,
+    },
 }
 
 /// Everything the core waits for in time.
@@ -622,6 +646,8 @@ impl Core {
             self.kill(key, KillReason::Disconnect);
         }
         self.groups.remove(&conn);
+        self.unwatch(conn);
+        self.unfollow(conn);
         self.approvals.remove(conn);
         self.approvals.set_notices(conn, false);
         // Its commands waiting for approval are withdrawn: nothing is started for a

@@ -47,9 +47,92 @@ impl Screen {
         Screen { parser }
     }
 
+    /// An empty screen of `size`.
+    pub fn blank(size: WinSize) -> Screen {
+        Screen {
+            parser: vt100::Parser::new(size.rows, size.cols, 0),
+        }
+    }
+
+    /// The escape sequences that paint this screen on a terminal that shows anything:
+    /// the alternate screen entered if it is on, every row, the attributes and the
+    /// cursor as they are (PROTOCOL 12.5: what a watcher is sent first).
+    pub fn paint(&self) -> Vec<u8> {
+        let s = self.parser.screen();
+        let mut out = Vec::new();
+        out.extend_from_slice(if s.alternate_screen() {
+            b"\x1b[?1049h"
+        } else {
+            b"\x1b[?1049l"
+        });
+        out.extend_from_slice(b"\x1b[H\x1b[2J");
+        out.extend_from_slice(&s.state_formatted());
+        out
+    }
+
+    /// A screen frame for a watcher that has seen rows hashed `seen` (PROTOCOL 12.5):
+    /// `{rows, cols, cursor: {row, col, visible}, alternate, app_cursor, lines: [{row,
+    /// text, runs}]}` with the rows that changed (all of them when the size did), or
+    /// `None` when nothing did. `seen` is updated. A row's `text` has its trailing blanks
+    /// trimmed unless they are coloured; `runs` are `[start, len, attrs]` over its
+    /// characters (a wide character is one character, two columns), for the characters
+    /// whose attributes are not the default: `fg`, `bg` (a 256-colour index or
+    /// `#rrggbb`), `bold`, `dim`, `italic`, `underline`, `inverse`.
+    pub fn frame(&self, seen: &mut Vec<u64>) -> Option<Value> {
+        use std::hash::{Hash, Hasher};
+        let s = self.parser.screen();
+        let (rows, cols) = s.size();
+        let (crow, ccol) = s.cursor_position();
+        let meta = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (
+                rows,
+                cols,
+                crow,
+                ccol,
+                s.hide_cursor(),
+                s.alternate_screen(),
+            )
+                .hash(&mut h);
+            s.application_cursor().hash(&mut h);
+            h.finish()
+        };
+        let fresh = seen.len() != usize::from(rows) + 1;
+        if fresh {
+            *seen = vec![0; usize::from(rows) + 1];
+        }
+        let mut lines = Vec::new();
+        for row in 0..rows {
+            let (text, runs, hash) = row_of(s, row, cols);
+            let hash = hash | 1; // never the 0 of a fresh `seen`
+            if fresh || seen[usize::from(row)] != hash {
+                seen[usize::from(row)] = hash;
+                lines.push(json!({ "row": row, "text": text, "runs": runs }));
+            }
+        }
+        let last = usize::from(rows);
+        if !fresh && lines.is_empty() && seen[last] == meta {
+            return None;
+        }
+        seen[last] = meta;
+        Some(json!({
+            "rows": rows,
+            "cols": cols,
+            "cursor": { "row": crow, "col": ccol, "visible": !s.hide_cursor() },
+            "alternate": s.alternate_screen(),
+            "app_cursor": s.application_cursor(),
+            "lines": lines,
+        }))
+    }
+
     /// Bytes the command wrote, in order.
     pub fn feed(&mut self, bytes: &[u8]) {
         self.parser.process(bytes);
+    }
+
+    pub fn size(&self) -> WinSize {
+        let (rows, cols) = self.parser.screen().size();
+        WinSize { rows, cols }
     }
 
     pub fn resize(&mut self, size: WinSize) {
@@ -97,6 +180,119 @@ impl Screen {
     }
 }
 
+/// A cell's attributes, as compared and hashed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+struct Attrs {
+    fg: Option<(u8, u8, u8, u8)>,
+    bg: Option<(u8, u8, u8, u8)>,
+    /// bold, dim, italic, underline, inverse.
+    flags: u8,
+}
+
+const FLAGS: [&str; 5] = ["bold", "dim", "italic", "underline", "inverse"];
+
+fn packed(c: vt100::Color) -> Option<(u8, u8, u8, u8)> {
+    match c {
+        vt100::Color::Default => None,
+        vt100::Color::Idx(i) => Some((0, i, 0, 0)),
+        vt100::Color::Rgb(r, g, b) => Some((1, r, g, b)),
+    }
+}
+
+/// A colour as a frame says it: its 256-colour index or `#rrggbb`.
+fn color(c: (u8, u8, u8, u8)) -> Value {
+    match c {
+        (0, i, _, _) => i.into(),
+        (_, r, g, b) => format!("#{r:02x}{g:02x}{b:02x}").into(),
+    }
+}
+
+impl Attrs {
+    fn of(cell: &vt100::Cell) -> Attrs {
+        let flags = [
+            cell.bold(),
+            cell.dim(),
+            cell.italic(),
+            cell.underline(),
+            cell.inverse(),
+        ]
+        .iter()
+        .enumerate()
+        .fold(0u8, |f, (i, on)| f | (u8::from(*on) << i));
+        Attrs {
+            fg: packed(cell.fgcolor()),
+            bg: packed(cell.bgcolor()),
+            flags,
+        }
+    }
+
+    fn json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        if let Some(c) = self.fg {
+            m.insert("fg".into(), color(c));
+        }
+        if let Some(c) = self.bg {
+            m.insert("bg".into(), color(c));
+        }
+        for (i, name) in FLAGS.iter().enumerate() {
+            if self.flags & (1 << i) != 0 {
+                m.insert((*name).into(), true.into());
+            }
+        }
+        Value::Object(m)
+    }
+}
+
+/// One row's text, its attribute runs (see `Screen::frame`) and a hash of both.
+fn row_of(s: &vt100::Screen, row: u16, cols: u16) -> (String, Value, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut cells: Vec<(&str, Attrs)> = Vec::with_capacity(usize::from(cols));
+    for col in 0..cols {
+        let Some(cell) = s.cell(row, col) else {
+            continue;
+        };
+        if cell.is_wide_continuation() {
+            continue;
+        }
+        let text = if cell.has_contents() {
+            cell.contents()
+        } else {
+            " "
+        };
+        cells.push((text, Attrs::of(cell)));
+    }
+    // Trailing blanks with no attributes are not drawn.
+    while cells
+        .last()
+        .is_some_and(|(t, a)| *t == " " && *a == Attrs::default())
+    {
+        cells.pop();
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    cells.hash(&mut h);
+    let mut text = String::new();
+    let mut runs: Vec<Value> = Vec::new();
+    let mut run: Option<(usize, usize, Attrs)> = None;
+    for (i, (t, a)) in cells.iter().enumerate() {
+        text.push_str(t);
+        match &mut run {
+            Some((_, len, attrs)) if attrs == a => *len += 1,
+            _ => {
+                if let Some((start, len, attrs)) = run.take() {
+                    runs.push(json!([start, len, attrs.json()]));
+                }
+                if *a != Attrs::default() {
+                    run = Some((i, 1, *a));
+                }
+            }
+        }
+    }
+    if let Some((start, len, attrs)) = run {
+        runs.push(json!([start, len, attrs.json()]));
+    }
+    (text, Value::Array(runs), h.finish())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +321,55 @@ mod tests {
         assert_eq!(s.view()["lines"][0], "main");
         s.resize(WinSize { rows: 2, cols: 5 });
         assert_eq!(s.view()["rows"], 2);
+    }
+
+    #[test]
+    fn a_frame_has_every_row_first_then_the_changed_ones() {
+        let mut s = Screen::blank(WinSize { rows: 3, cols: 10 });
+        s.feed(b"ab\x1b[1;31mred\x1b[0m\r\n\x1b[44m  \x1b[0m");
+        let mut seen = Vec::new();
+        let f = s.frame(&mut seen).expect("the first frame");
+        assert_eq!(f["lines"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            f["lines"][0],
+            json!({"row": 0, "text": "abred",
+            "runs": [[2, 3, {"fg": 1, "bold": true}]]})
+        );
+        assert_eq!(
+            f["lines"][1],
+            json!({"row": 1, "text": "  ", "runs": [[0, 2, {"bg": 4}]]}),
+            "coloured blanks are kept"
+        );
+        assert_eq!(f["cursor"], json!({"row": 1, "col": 2, "visible": true}));
+        assert_eq!(s.frame(&mut seen), None, "nothing changed");
+        s.feed(b"\x1b[3;1H\x1b[38;2;1;2;3m\xe4\xbd\xa0x");
+        let f = s.frame(&mut seen).expect("a change");
+        assert_eq!(
+            f["lines"],
+            json!([{"row": 2, "text": "你x",
+            "runs": [[0, 2, {"fg": "#010203"}]]}])
+        );
+        s.feed(b"\x1b[?25l");
+        let f = s.frame(&mut seen).expect("the cursor hid");
+        assert_eq!(
+            (
+                f["lines"].as_array().unwrap().len(),
+                &f["cursor"]["visible"]
+            ),
+            (0, &json!(false))
+        );
+        s.resize(WinSize { rows: 2, cols: 10 });
+        assert_eq!(
+            s.frame(&mut seen).unwrap()["lines"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        // The paint redraws the same screen on a fresh terminal.
+        let mut again = Screen::blank(WinSize { rows: 2, cols: 10 });
+        again.feed(&s.paint());
+        assert_eq!(again.view()["lines"], s.view()["lines"]);
     }
 
     /// Carries `s` as an upgrade does and reads it back on the ring's bytes.

@@ -59,6 +59,7 @@ pub fn request(family: Family, stdio: Stdio3) -> LaunchRequest {
         sandbox_asked: None,
         sandbox: None,
         ceiling: None,
+        via: Default::default(),
     }
 }
 

@@ -11,6 +11,38 @@ use serde_json::Value;
 
 use super::table::{Key, SessionKey};
 
+// Whence a request came.
+
+/// The front door a request came through, as the audit's `via` says it (PROTOCOL 7.4):
+/// JSON-RPC, HTTP, a WebSocket (a person at `/v1/shell/ws`), or `execctl mcp`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Via {
+    #[default]
+    Rpc,
+    Http,
+    Ws,
+    Mcp,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Rpc => "rpc",
+            Via::Http => "http",
+            Via::Ws => "ws",
+            Via::Mcp => "mcp",
+        }
+    }
+
+    /// The door `as_str` names; an unknown name is `rpc` (an older state says none).
+    pub fn named(name: &str) -> Via {
+        [Via::Http, Via::Ws, Via::Mcp]
+            .into_iter()
+            .find(|v| v.as_str() == name)
+            .unwrap_or(Via::Rpc)
+    }
+}
+
 // What follows a launch.
 
 /// What the family does once the command is started (or failed to start).
@@ -138,6 +170,8 @@ pub enum ShellWait {
     End,
     /// `kill`: the command's end.
     Kill,
+    /// `view` following the command to its end (server-sent events): the view then.
+    View,
 }
 
 // Approvals.

@@ -288,6 +288,7 @@ pub fn create(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcE
         limits,
         admitted: None,
         origin: None,
+        via: Default::default(),
         after: After::Terminal,
         sandbox_asked,
         sandbox: None,

@@ -280,6 +280,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         limits,
         admitted: None,
         origin: None,
+        via: Default::default(),
         after: After::BashExec {
             async_mode,
             timeout,

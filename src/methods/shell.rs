@@ -150,6 +150,7 @@ pub fn answer(
             let s = session_of(core, session)?;
             Ok(status_of(s.record(seq)))
         }
+        ShellWait::View => view_of(core, session),
         ShellWait::Kill => {
             let s = session_of(core, session)?;
             let r = s.record(seq);
@@ -323,6 +324,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         after: After::ShellLine(Box::new(exec)),
         admitted: None,
         origin: None,
+        via: Default::default(),
         sandbox_asked,
         sandbox: None,
         ceiling: None,
@@ -404,7 +406,7 @@ pub fn line_admitted(core: &mut Core, launch: &LaunchRequest) -> Result<Step, Rp
     };
     let queued = core.shell_queue(
         &key,
-        (id, launch.peer, (decision, rule)),
+        (id, launch.peer, (decision, rule), launch.via),
         &launch.command,
         exec.opts.clone(),
     );
@@ -543,11 +545,29 @@ fn start_failed(
     }
 }
 
-/// `shell/view {id}`: what the session shows now: the running or last command's output
-/// and status, the console, and (execd's) its directory and prompt.
+/// `shell/view {id, follow?}`: what the session shows now: the running or last command's
+/// output and status, the console, and (execd's) its directory and prompt. With `follow`
+/// (execd's: what `Accept: text/event-stream` asks for, PROTOCOL 12.5) it is answered
+/// once the running command has ended.
 pub fn view(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcError> {
     let key = existing(core, caller, p)?;
-    let s = session(core, &key)?;
+    let follow = p.opt_bool("follow")?.unwrap_or(false);
+    if let Some(r) = session(core, &key)?.records.back().filter(|_| follow) {
+        return Ok(Step::Park {
+            wait: Wait::Shell {
+                session: key,
+                seq: r.seq,
+                what: ShellWait::View,
+            },
+            deadline: None,
+        });
+    }
+    Ok(Step::Done(view_of(core, &key)?))
+}
+
+/// The view of session `key` (see `view`).
+fn view_of(core: &Core, key: &SessionKey) -> Result<Value, RpcError> {
+    let s = session(core, key)?;
     let last = s.records.back();
     let mut v = Map::new();
     v.insert("session_id".into(), key.1.clone().into());
@@ -577,7 +597,7 @@ pub fn view(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         v.insert("notice".into(), n.clone().into());
     }
     v.insert("restarts".into(), s.restarts.into());
-    Ok(Step::Done(Value::Object(v)))
+    Ok(Value::Object(v))
 }
 
 /// `shell/wait {id, seconds?, max_wait_seconds?}`: `{status}` once the running command

@@ -86,7 +86,7 @@ impl Outboxes for Clients {
     fn outbox(&mut self, conn: ConnId) -> Option<&mut dyn Outbox> {
         self.map
             .get_mut(&token_of(conn))
-            .filter(|c| !c.is_http())
+            .filter(|c| !c.is_http() && !c.is_ws())
             .map(|c| c as &mut dyn Outbox)
     }
 }
@@ -167,6 +167,7 @@ impl Clients {
             max_message: core.cfg.max_message,
             max_batch: core.cfg.max_batch,
             cap: core.cfg.client_buffer,
+            hosts: crate::wire::http::Hosts(core.cfg.http_hosts.clone().into()),
         };
         let max_clients = core.cfg.max_clients;
         let (mut conn, peer, groups) = match listeners.accept(lt) {
@@ -353,7 +354,8 @@ impl Clients {
     pub fn close_idle_tcp(&mut self, now: Instant, limit: Duration) -> bool {
         let mut any = false;
         for (token, c) in self.map.iter_mut() {
-            if !c.is_tcp() {
+            // A WebSocket is a person's terminal, pinged every 30 s: never idle.
+            if !c.is_tcp() || c.is_ws() {
                 continue;
             }
             any = true;
@@ -404,7 +406,8 @@ impl Clients {
         let mut clients = Clients::new(uid);
         for img in imgs {
             let socket = take(img.fd)?;
-            let mut conn = Conn::resume(img, socket, blobs, clock, bounds).map_err(|e| e.0)?;
+            let mut conn =
+                Conn::resume(img, socket, blobs, clock, bounds.clone()).map_err(|e| e.0)?;
             conn.register(registry)
                 .map_err(|e| format!("registering connection {}: {e}", img.token))?;
             clients.dirty.push(conn.token);

@@ -5,7 +5,9 @@
 //!
 //! On the Unix socket the first byte decides the codec (section 11): a connection that
 //! starts with an ASCII letter speaks HTTP, anything else JSON-RPC lines. A TCP listener
-//! speaks HTTP only.
+//! speaks HTTP only. An HTTP connection whose handshake the loop accepts becomes a
+//! WebSocket (`become_ws`, PROTOCOL 12.5): its frames are read by `wire::ws`, and the
+//! loop (`server::ws`) acts on them.
 //!
 //! Invariants:
 //! - Reading stops (back-pressure) while the outgoing buffer is past its cap: a client that
@@ -28,7 +30,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use crate::core::carry::{carry_wait, resume_wait};
 use crate::core::table::Key;
 use crate::core::tie::{Tie, TieSource};
+use crate::core::vocab::Via;
 use crate::core::Wait;
+use crate::server::ws::WsConn;
 use crate::sys::ids::PeerCred;
 use crate::wire::http;
 use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
@@ -92,14 +96,18 @@ enum Dialect {
     Undecided,
     Rpc(rpc::RpcSession),
     Http(http::HttpSession),
+    /// An HTTP connection upgraded to a WebSocket.
+    Ws(Box<WsConn>),
 }
 
 /// The bounds a connection's codecs take.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Bounds {
     pub max_message: usize,
     pub max_batch: usize,
     pub cap: usize,
+    /// The `--http-host` names a browser's request may give (PROTOCOL 11).
+    pub hosts: http::Hosts,
 }
 
 /// One client.
@@ -153,10 +161,9 @@ impl Conn {
         bounds: Bounds,
         auth: http::Auth,
     ) -> Conn {
-        let codec = Dialect::Http(http::HttpSession::new(
-            http::Limits::new(bounds.max_message),
-            auth,
-        ));
+        let mut session = http::HttpSession::new(http::Limits::new(bounds.max_message), auth);
+        session.set_hosts(bounds.hosts.clone());
+        let codec = Dialect::Http(session);
         Conn::with(Sock::Tcp(stream), codec, token, peer, bounds)
     }
 
@@ -198,6 +205,65 @@ impl Conn {
     /// Whether it speaks HTTP.
     pub fn is_http(&self) -> bool {
         matches!(self.codec, Dialect::Http(_))
+    }
+
+    /// Whether it is a WebSocket.
+    pub fn is_ws(&self) -> bool {
+        matches!(self.codec, Dialect::Ws(_))
+    }
+
+    /// The WebSocket state and the outgoing buffer, together.
+    pub fn ws_mut(&mut self) -> Option<(&mut WsConn, &mut Vec<u8>)> {
+        match &mut self.codec {
+            Dialect::Ws(w) if !self.broken => Some((w, &mut self.out)),
+            _ => None,
+        }
+    }
+
+    /// The front door its requests come through, for the audit.
+    pub fn via(&self) -> Via {
+        match self.codec {
+            Dialect::Http(_) => Via::Http,
+            Dialect::Ws(_) => Via::Ws,
+            Dialect::Undecided | Dialect::Rpc(_) => Via::Rpc,
+        }
+    }
+
+    /// The WebSocket handshake `req` was, if this HTTP connection made it.
+    pub fn take_upgrade(&mut self, req: ReqNo) -> Option<crate::wire::ws::Opening> {
+        match &mut self.codec {
+            Dialect::Http(s) => s.take_upgrade(req),
+            _ => None,
+        }
+    }
+
+    /// Answers the handshake with `101` and becomes the WebSocket `ws`; what the client
+    /// sent after its handshake is its first frames.
+    pub fn become_ws(&mut self, opening: &crate::wire::ws::Opening, mut ws: Box<WsConn>) {
+        let Dialect::Http(s) = &mut self.codec else {
+            return;
+        };
+        let rest = s.take_rest();
+        ws.codec.push(&rest);
+        self.out
+            .extend_from_slice(&crate::wire::ws::switching(opening));
+        self.codec = Dialect::Ws(ws);
+        self.read_pending = false;
+    }
+
+    /// Whether request `req` of this HTTP connection answers with server-sent events.
+    pub fn streams(&self, req: ReqNo) -> bool {
+        matches!(&self.codec, Dialect::Http(s) if s.streams(req))
+    }
+
+    /// One server-sent event for request `req` (see `HttpSession::event`).
+    pub fn event(&mut self, req: ReqNo, name: &str, data: &[u8]) {
+        if self.broken {
+            return;
+        }
+        if let Dialect::Http(s) = &mut self.codec {
+            s.event(req, name, data, &mut self.out);
+        }
     }
 
     /// Bytes queued and not yet written.
@@ -244,7 +310,7 @@ impl Conn {
     /// Requests handed out and not answered yet.
     pub fn waiting(&self) -> usize {
         match &self.codec {
-            Dialect::Undecided => 0,
+            Dialect::Undecided | Dialect::Ws(_) => 0,
             Dialect::Rpc(s) => s.waiting(),
             Dialect::Http(s) => s.waiting(),
         }
@@ -255,18 +321,21 @@ impl Conn {
             Dialect::Undecided => 0,
             Dialect::Rpc(s) => s.pending_input(),
             Dialect::Http(s) => s.pending_input(),
+            // A WebSocket that is closing reads nothing more: what comes is dropped.
+            Dialect::Ws(w) if w.closing => 0,
+            Dialect::Ws(w) => w.codec.pending(),
         }
     }
 
     /// Hands bytes to the codec, choosing it on the first byte of the Unix socket.
     fn push(&mut self, bytes: &[u8]) {
         if let Dialect::Undecided = self.codec {
-            let b = self.bounds;
+            let b = &self.bounds;
             self.codec = if bytes.first().is_some_and(u8::is_ascii_alphabetic) {
-                Dialect::Http(http::HttpSession::new(
-                    http::Limits::new(b.max_message),
-                    http::Auth::Peer,
-                ))
+                let mut s =
+                    http::HttpSession::new(http::Limits::new(b.max_message), http::Auth::Peer);
+                s.set_hosts(b.hosts.clone());
+                Dialect::Http(s)
             } else {
                 Dialect::Rpc(rpc::RpcSession::new(b.max_message, b.max_batch))
             };
@@ -275,6 +344,8 @@ impl Conn {
             Dialect::Undecided => {}
             Dialect::Rpc(s) => s.push(bytes),
             Dialect::Http(s) => s.push(bytes),
+            Dialect::Ws(w) if w.closing => {}
+            Dialect::Ws(w) => w.codec.push(bytes),
         }
     }
 
@@ -324,7 +395,7 @@ impl Conn {
             cap: self.bounds.cap,
         };
         let (next, held, pipeline_full) = match &mut self.codec {
-            Dialect::Undecided => (None, 0, false),
+            Dialect::Undecided | Dialect::Ws(_) => (None, 0, false),
             Dialect::Rpc(s) => (s.next(&mut self.out, room), 0, false),
             Dialect::Http(s) => {
                 let before = s.requests();
@@ -348,7 +419,8 @@ impl Conn {
             return;
         }
         match &mut self.codec {
-            Dialect::Undecided => {}
+            // Its lines' answers are the loop's to show (`server::ws`).
+            Dialect::Undecided | Dialect::Ws(_) => {}
             Dialect::Rpc(s) => s.answer(req, result, &mut self.out),
             Dialect::Http(s) => s.answer(req, result, &mut self.out),
         }
@@ -375,7 +447,7 @@ impl Conn {
     /// Queues bytes for the peer (a notification, an event). HTTP peers get none: they
     /// asked for answers only.
     pub fn queue_bytes(&mut self, bytes: &[u8]) {
-        if self.broken || self.is_http() {
+        if self.broken || self.is_http() || self.is_ws() {
             return;
         }
         self.out.extend_from_slice(bytes);
@@ -453,6 +525,9 @@ impl Conn {
         let written = self.pending_out() == 0;
         let idle = match &self.codec {
             Dialect::Undecided => true,
+            // A WebSocket ends when its close frame is written, or its peer is gone.
+            Dialect::Ws(w) if w.closing && written => return true,
+            Dialect::Ws(_) => true,
             Dialect::Rpc(s) => s.idle(),
             Dialect::Http(s) => {
                 if s.done() && written {
@@ -484,7 +559,9 @@ impl Conn {
                 pid: self.peer.pid,
             },
             codec: match &self.codec {
-                Dialect::Undecided => CodecImage::Undecided,
+                // WebSockets are closed before an upgrade's swap (`server::ws`); one left
+                // is carried as a connection that has said all it will.
+                Dialect::Undecided | Dialect::Ws(_) => CodecImage::Undecided,
                 Dialect::Rpc(s) => CodecImage::Rpc(s.carry(blobs)),
                 Dialect::Http(s) => CodecImage::Http(s.carry(blobs)),
             },
@@ -529,7 +606,11 @@ impl Conn {
                 bounds.max_message,
                 bounds.max_batch,
             )?),
-            CodecImage::Http(h) => Dialect::Http(http::HttpSession::resume(h, blobs)?),
+            CodecImage::Http(h) => {
+                let mut s = http::HttpSession::resume(h, blobs)?;
+                s.set_hosts(bounds.hosts.clone());
+                Dialect::Http(s)
+            }
         };
         let mut conn = Conn::with(
             stream,
@@ -572,11 +653,14 @@ mod tests {
     use crate::wire::state::ConnImage;
     use std::time::Duration;
 
-    const BOUNDS: Bounds = Bounds {
-        max_message: 1 << 16,
-        max_batch: 8,
-        cap: 1 << 12,
-    };
+    fn bounds() -> Bounds {
+        Bounds {
+            max_message: 1 << 16,
+            max_batch: 8,
+            cap: 1 << 12,
+            hosts: http::Hosts::default(),
+        }
+    }
     const PEER: PeerCred = PeerCred {
         pid: 4242,
         uid: 1000,
@@ -597,7 +681,7 @@ mod tests {
             base: clock.base + Duration::from_millis(40),
         };
         let fd = unsafe_dup(img.fd);
-        let back = Conn::resume(&read, fd, &BlobsIn(&area), &later, BOUNDS).expect("resume");
+        let back = Conn::resume(&read, fd, &BlobsIn(&area), &later, bounds()).expect("resume");
         let mut again = BlobsOut::default();
         let mut img2 = back.carry(&mut again, &later);
         // Its socket is the duplicate; everything else is what was carried.
@@ -622,7 +706,7 @@ mod tests {
     fn a_json_rpc_connection_carried_by_an_upgrade_goes_on_the_same() {
         let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
         ours.set_nonblocking(true).expect("nonblocking");
-        let mut c = Conn::unix(UnixStream::from_std(ours), Token(77), PEER, BOUNDS);
+        let mut c = Conn::unix(UnixStream::from_std(ours), Token(77), PEER, bounds());
         c.push(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n");
         let Some(Incoming::Request { req: Some(req), .. }) = c.ready() else {
             panic!("the first request");
@@ -642,13 +726,13 @@ mod tests {
         let mut old = c.carry(&mut blobs, &clock);
         old.tie = None;
         let area = BlobsIn(blobs.bytes());
-        let r = Conn::resume(&old, unsafe_dup(img.fd), &area, &clock, BOUNDS).expect("resume");
+        let r = Conn::resume(&old, unsafe_dup(img.fd), &area, &clock, bounds()).expect("resume");
         assert_eq!(r.tie, Tie::unknown());
         let mut bad = c.carry(&mut BlobsOut::default(), &clock);
         if let Some(t) = bad.tie.as_mut() {
             t.by = "guess".into();
         }
-        let e = Conn::resume(&bad, unsafe_dup(img.fd), &area, &clock, BOUNDS).unwrap_err();
+        let e = Conn::resume(&bad, unsafe_dup(img.fd), &area, &clock, bounds()).unwrap_err();
         assert!(e.0.contains("a tie found by"), "{}", e.0);
         assert!(matches!(img.codec, CodecImage::Rpc(_)));
         assert_eq!(

@@ -23,6 +23,7 @@ mod pipes;
 mod reader;
 mod signals;
 mod upgrade;
+mod ws;
 
 use std::io;
 use std::time::{Duration, Instant, SystemTime};
@@ -118,6 +119,10 @@ enum LoopTimer {
     UpgradeProbe,
     /// The wait for spawns in flight before an upgrade's swap is up.
     UpgradeDrain,
+    /// Ping every WebSocket (PROTOCOL 12.5).
+    WsPing,
+    /// Screen frames held back to their pace are due.
+    WsFrames,
 }
 
 /// Where shutdown is.
@@ -161,6 +166,10 @@ pub struct Server {
     final_sweep_until: Option<Instant>,
     /// What this image, resumed from an upgrade, tells once it serves.
     resumed: Option<upgrade::Resumed>,
+    /// WebSockets owed a screen frame (`ws`).
+    frames_due: Vec<Token>,
+    ws_frames_armed: bool,
+    ws_ping_armed: bool,
 }
 
 impl Server {
@@ -263,6 +272,9 @@ impl Server {
             upgrade: None,
             resumed: None,
             final_sweep_until: None,
+            frames_due: Vec::new(),
+            ws_frames_armed: false,
+            ws_ping_armed: false,
         })
     }
 
@@ -562,6 +574,9 @@ impl Server {
                 }
             }
         }
+        if self.clients.get(&token).is_some_and(Conn::is_ws) {
+            self.ws_input(token);
+        }
         self.clients.dirty.push(token);
     }
 
@@ -572,6 +587,17 @@ impl Server {
         method: &str,
         params: &Map<String, Value>,
     ) {
+        if method == crate::wire::http::exchange::WS_METHOD {
+            let opening = req.and_then(|r| {
+                let c = self.clients.get_mut(&token)?;
+                Some((r, c.take_upgrade(r)?))
+            });
+            if let Some((req, opening)) = opening {
+                self.handshake(token, req, &opening, params);
+                self.apply();
+                return;
+            }
+        }
         let Some(conn) = self.clients.get(&token) else {
             return;
         };
@@ -591,14 +617,34 @@ impl Server {
     /// by the family's tail (which yields the next step).
     fn settle(&mut self, token: Token, req: Option<ReqNo>, step: Result<Step, RpcError>) {
         match step {
-            Ok(Step::Launch(launch)) => match self.core.gate(launch, conn_id(token), req) {
-                Gated::Admitted(launch) => self.start(token, req, launch),
-                Gated::Refused(e) => self.answer(token, req, Err(e)),
-                Gated::Asked => {} // answered once an approver decides
-            },
+            Ok(Step::Launch(mut launch)) => {
+                // The door it came through, for the audit (a shell restarted by the daemon
+                // keeps its default).
+                if let Some(c) = self.clients.get(&token) {
+                    launch.via = c.via();
+                }
+                match self.core.gate(launch, conn_id(token), req) {
+                    Gated::Admitted(launch) => self.start(token, req, launch),
+                    Gated::Refused(e) => self.answer(token, req, Err(e)),
+                    // Answered once an approver decides; a person at the terminal is told
+                    // it waits.
+                    Gated::Asked => {
+                        if let Some(req) =
+                            req.filter(|_| self.clients.get(&token).is_some_and(Conn::is_ws))
+                        {
+                            self.core.people_asked(conn_id(token), req);
+                        }
+                    }
+                }
+            }
             Ok(Step::Park { wait, deadline }) => {
                 // A notification is carried out and never answered, so never waits.
                 if let Some(req) = req {
+                    // A request that streams follows its command's lines meanwhile.
+                    let streams = self.clients.get(&token).is_some_and(|c| c.streams(req));
+                    if let (true, Wait::Shell { session, seq, .. }) = (streams, &wait) {
+                        self.core.follow(conn_id(token), req, session, *seq);
+                    }
                     self.core.park(conn_id(token), req, wait, deadline);
                 }
             }
@@ -681,6 +727,9 @@ impl Server {
     }
 
     fn answer(&mut self, token: Token, req: Option<ReqNo>, result: Result<Value, RpcError>) {
+        if let (Some(req), true) = (req, self.clients.get(&token).is_some_and(Conn::is_ws)) {
+            return self.ws_answered(token, req, &result);
+        }
         self.clients.answer(&mut self.core, token, req, result);
     }
 
@@ -702,6 +751,12 @@ impl Server {
                 self.core.hold(key);
                 c.deferred.push_back((req, wait));
                 return;
+            }
+        }
+        // A request that streams gets the lines it has not had, then its result.
+        if let Some(data) = self.core.follow_end(conn_id(token), req) {
+            if let Some(c) = self.clients.get_mut(&token) {
+                c.event(req, "output", &data);
             }
         }
         let result = dispatch::answer(&self.core, &wait);
@@ -767,6 +822,24 @@ impl Server {
                         self.clients.approval_pending(conn, req, params)
                     }
                     Effect::Launch { conn, req, launch } => self.start(token_of(conn), req, launch),
+                    Effect::Show { session, text } => self.show(&session, &text),
+                    Effect::Line {
+                        conn,
+                        session,
+                        line,
+                    } => self.ws_line(token_of(conn), &session, line),
+                    Effect::Unwatch { conn, code, reason } => self.unwatch(conn, code, &reason),
+                    Effect::Event {
+                        conn,
+                        req,
+                        name,
+                        data,
+                    } => {
+                        if let Some(c) = self.clients.get_mut(&token_of(conn)) {
+                            c.event(req, name, &data);
+                            self.clients.dirty.push(token_of(conn));
+                        }
+                    }
                 }
             }
         }
@@ -787,6 +860,7 @@ impl Server {
     /// more is owed. A connection still busy after a few rounds gets the next turn.
     fn flush_dirty(&mut self) {
         const ROUNDS: usize = 8;
+        self.ws_frames();
         // A connection is marked once per message queued to it; flush it once.
         let mut dirty = std::mem::take(&mut self.clients.dirty);
         dirty.sort_unstable_by_key(|t| t.0);
@@ -966,6 +1040,11 @@ impl Server {
                 }
                 LoopTimer::UpgradeProbe => self.probe_timed_out(),
                 LoopTimer::UpgradeDrain => self.drain_timed_out(),
+                LoopTimer::WsPing => self.ws_ping(),
+                LoopTimer::WsFrames => {
+                    self.ws_frames_armed = false;
+                    self.ws_frames();
+                }
             }
         }
     }

@@ -599,6 +599,7 @@ impl Server {
         else {
             return;
         };
+        self.close_websockets();
         let pausing = os::monotonic_ns();
         if let Some(n) = &self.notifier {
             n.send(&format!(
@@ -882,6 +883,7 @@ impl Server {
             max_message: cfg.max_message,
             max_batch: cfg.max_batch,
             cap: cfg.client_buffer,
+            hosts: crate::wire::http::Hosts(cfg.http_hosts.clone().into()),
         };
         let uid = crate::sys::ids::current_uid();
         let clients = Clients::resume(
@@ -975,6 +977,9 @@ impl Server {
             upgrade: None,
             resumed: Some(resumed),
             final_sweep_until: None,
+            frames_due: Vec::new(),
+            ws_frames_armed: false,
+            ws_ping_armed: false,
         };
         // Input that waited for a command's stdin, and lines that waited for a shell's
         // command channel, go on being written.

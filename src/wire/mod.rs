@@ -6,3 +6,4 @@ pub mod rpc;
 pub mod sha256;
 pub mod shown;
 pub mod state;
+pub mod ws;

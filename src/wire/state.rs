@@ -427,6 +427,7 @@ pub enum ShellWaitImage {
     Exec { truncate: bool },
     End,
     Kill,
+    View,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -737,6 +738,13 @@ pub struct LaunchImage {
     /// The sandbox the gate gave it (`policy::sandbox::Given` as JSON).
     #[serde(default)]
     pub sandbox: Option<Value>,
+    /// The front door it came through (`rpc` in the images of builds before it was kept).
+    #[serde(default = "rpc")]
+    pub via: String,
+}
+
+fn rpc() -> String {
+    "rpc".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -919,6 +927,9 @@ pub struct RecordImage {
     /// Input written before it started.
     pub input: Blob,
     pub bytes: usize,
+    /// The front door its line came through.
+    #[serde(default = "rpc")]
+    pub via: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -1055,10 +1066,22 @@ pub enum HttpStateImage {
         body: Blob,
         keep_alive: bool,
         authorization: Option<String>,
+        /// Absent from the images of builds before WebSockets: no query, HTTP/1.1, no
+        /// event stream asked for.
+        #[serde(default)]
+        query: String,
+        #[serde(default = "yes")]
+        http11: bool,
+        #[serde(default)]
+        event_stream: bool,
         framing: FramingImage,
         continue_due: bool,
     },
     Done,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -1083,7 +1106,14 @@ pub enum AuthImage {
 #[serde(rename_all = "snake_case")]
 pub enum SlotImage {
     Ready(Blob),
-    Waiting { req: u64, keep_alive: bool },
+    Waiting {
+        req: u64,
+        keep_alive: bool,
+        /// An event stream's: its head written, and the events held behind an earlier
+        /// answer (absent from the images of builds before event streams).
+        #[serde(default)]
+        sse: Option<(bool, Blob)>,
+    },
 }
 
 // ---- server -----------------------------------------------------------------------------

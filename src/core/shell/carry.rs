@@ -164,6 +164,7 @@ fn record_image(r: &Record, clock: &Clock, blobs: &mut BlobsOut) -> RecordImage 
         notice: r.notice.clone(),
         input: blobs.put(&r.input),
         bytes: r.bytes,
+        via: r.via.as_str().to_string(),
     }
 }
 
@@ -203,6 +204,7 @@ fn record_of(r: &RecordImage, clock: &Clock, blobs: &BlobsIn) -> Result<Record, 
         input: blobs.get(r.input)?.to_vec(),
         timers: Vec::new(),
         bytes: r.bytes,
+        via: crate::core::vocab::Via::named(&r.via),
     })
 }
 
@@ -418,7 +420,12 @@ mod tests {
         let seq = c
             .shell_queue(
                 &key,
-                ("shcmd_9".into(), PEER, ("approve", "rm".into())),
+                (
+                    "shcmd_9".into(),
+                    PEER,
+                    ("approve", "rm".into()),
+                    crate::core::vocab::Via::Ws,
+                ),
                 "sleep 1; echo done",
                 opts,
             )

@@ -65,13 +65,16 @@ use serde_json::json;
 use super::launch::{LaunchRequest, Origin};
 use super::table::{Key, KillReason, Peer, Proc, SessionKey};
 use super::timers::TimerId;
-use super::vocab::{LineOpts, ShellExec, ShellThen, ShellWait};
+use super::vocab::{LineOpts, ShellExec, ShellThen, ShellWait, Via};
 use super::{Core, Effect, Timer};
 use crate::types::{Ended, WinSize};
 use crate::wire::rpc::RpcError;
 
 pub mod carry;
+pub mod editor;
+pub mod follow;
 mod markers;
+pub mod watch;
 use markers::nonce;
 pub use markers::{command_line, setup_line, Marker, Scanner};
 
@@ -194,6 +197,8 @@ pub struct Record {
     pub timers: Vec<TimerId>,
     /// Bytes counted against the output memory budget.
     pub bytes: usize,
+    /// The front door its line came through (`ws`: typed by a person at the prompt).
+    pub via: Via,
 }
 
 impl Record {
@@ -300,6 +305,10 @@ pub struct Shells {
     nonces: u64,
     /// The daemon's random secret, nonces are made from (the loop sets it at start).
     pub secret: [u8; 32],
+    /// The people watching sessions, by session (PROTOCOL 12.5; `watch`).
+    pub people: HashMap<SessionKey, watch::Desk>,
+    /// Requests that stream a command's lines as server-sent events (`follow`).
+    pub follows: Vec<follow::Follow>,
 }
 
 impl Shells {
@@ -398,11 +407,13 @@ impl Core {
             sandbox_asked: None,
             sandbox: s.sandbox.clone(),
             ceiling: None,
+            via: Default::default(),
         })
     }
 
     /// Forgets a session made for a request whose shell never started: nothing ran in it.
     pub fn forget_shell(&mut self, key: &SessionKey) {
+        self.people_gone(key);
         let Some(s) = self.shells.map.remove(key) else {
             return;
         };
@@ -531,6 +542,7 @@ impl Core {
         if let Some(r) = s.current_mut() {
             r.shell = Some(shell);
         }
+        self.people_new_shell(key);
         self.send_to_shell(shell, &line);
     }
 
@@ -559,7 +571,7 @@ impl Core {
     pub fn shell_queue(
         &mut self,
         key: &SessionKey,
-        (id, peer, admitted): (String, Peer, (&'static str, String)),
+        (id, peer, admitted, via): (String, Peer, (&'static str, String), Via),
         command: &str,
         opts: LineOpts,
     ) -> Result<u64, RpcError> {
@@ -598,6 +610,7 @@ impl Core {
             input: Vec::new(),
             timers: Vec::new(),
             bytes,
+            via,
         });
         self.table.memory.add(key.0, bytes);
         if let Some(h) = self.shells.map[key]
@@ -674,7 +687,7 @@ impl Core {
         };
         let guarded = crate::policy::split_line_as(&r.command, session).unparsed;
         let line = command_line(r.seq, &r.command, &r.opts, (&tty, status), guarded);
-        let (id, peer, command) = (r.id.clone(), r.peer, r.command.clone());
+        let (id, peer, command, via) = (r.id.clone(), r.peer, r.command.clone(), r.via);
         let (decision, rule) = r.admitted.clone();
         let cwd = r
             .opts
@@ -694,9 +707,10 @@ impl Core {
             Some(peer),
             json!({ "id": id, "session": key.1, "line": command, "cwd": cwd,
                     "uid": runs_as, "decision": decision, "rule": rule,
-                    "shell": true, "sandbox": sandbox }),
+                    "shell": true, "sandbox": sandbox, "via": via.as_str() }),
             crate::core::Queued::Promised(0),
         );
+        self.people_line_sent(key, &command, via);
         self.send_to_shell(shell, &line);
     }
 
@@ -737,8 +751,20 @@ impl Core {
             r.last_change = now;
         }
         let nonce = s.nonce.clone();
-        for (m, start, end) in s.scan.feed(&nonce, offset, data) {
+        let found = s.scan.feed(&nonce, offset, data);
+        // People see the output before what its markers do (a prompt, then a line), and
+        // requests that stream get the lines before an end marker answers them.
+        self.people_output(&sk, data);
+        let end = found
+            .iter()
+            .find_map(|(m, start, _)| matches!(m, Marker::End { .. }).then_some(*start));
+        self.follow_output(&sk, end);
+        for (m, start, end) in found {
             self.on_marker(&sk, key, m, start, end);
+        }
+        if end.is_none() {
+            // A command that started in this output has its first lines in it.
+            self.follow_output(&sk, None);
         }
     }
 
@@ -839,6 +865,7 @@ impl Core {
                     self.finish(sk, seq, None, Some(start), None);
                 }
                 self.shell_send(sk);
+                self.people_prompt(sk);
             }
         }
     }
@@ -1232,6 +1259,7 @@ impl Core {
                 self.timers.cancel(*t);
             }
         }
+        self.people_gone(key);
         let session_ref = format!("shell:{}", key.1);
         self.end_members(key.0, shells, &session_ref);
         self.approvals.end_session(key.0, &session_ref);
@@ -1250,6 +1278,8 @@ impl Core {
     pub(super) fn shell_idle_check(&mut self, key: &SessionKey) {
         let now = self.now;
         let full = self.cfg.session_idle;
+        // A session a person watches is in use (PROTOCOL 12.5).
+        let watched = self.watched(key);
         let Some(s) = self.shells.map.get_mut(key) else {
             return;
         };
@@ -1259,6 +1289,9 @@ impl Core {
             full
         };
         s.idle_timer = None;
+        if watched {
+            s.last_used = now;
+        }
         if !s.busy() && now.saturating_duration_since(s.last_used) >= idle {
             self.log.line(format_args!(
                 "shell session {:?} idle for {} s",
@@ -1383,7 +1416,12 @@ mod tests {
     fn queue(c: &mut Core, key: &SessionKey, command: &str) -> u64 {
         c.shell_queue(
             key,
-            ("shcmd_1".into(), PEER, ("allow", "default".into())),
+            (
+                "shcmd_1".into(),
+                PEER,
+                ("allow", "default".into()),
+                Via::Rpc,
+            ),
             command,
             LineOpts::default(),
         )

@@ -24,6 +24,16 @@ use crate::wire::state::{
 use serde_json::{json, Value};
 
 use super::route::{failure_body, response};
+use crate::wire::ws::WsHead;
+
+/// The routes that take a token in their query string (`?token=T`, for a browser, which
+/// cannot set a header on a page load or a WebSocket): nowhere else is one accepted
+/// (PROTOCOL 12.5).
+pub const QUERY_TOKEN_PATHS: [&str; 2] = ["/v1/shell/ws", "/terminal"];
+
+/// The static page a browser loads with no credential (its token is in the URL fragment,
+/// which is never sent): it holds nothing secret.
+pub const OPEN_PAGE: &str = "/terminal";
 
 /// The interim response `Event::Continue` asks for.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -80,6 +90,16 @@ pub struct HttpRequest {
     pub keep_alive: bool,
     /// The `Authorization` header's value, trimmed of surrounding whitespace.
     pub authorization: Option<String>,
+    /// The target's query string (after `?`, before `#`), raw. It may hold a token
+    /// (`/v1/shell/ws?token=`), so it is never logged.
+    pub query: String,
+    /// HTTP/1.1 (not 1.0): a streamed answer may be chunked.
+    pub http11: bool,
+    /// `Accept` names `text/event-stream`: the client asks for server-sent events.
+    pub event_stream: bool,
+    /// The request asks to become a WebSocket (`Upgrade: websocket`): what its head says
+    /// of the handshake. Nothing after it is parsed as HTTP (`take_rest`).
+    pub websocket: Option<Box<WsHead>>,
 }
 
 /// What a connection must act on next.
@@ -113,16 +133,121 @@ pub enum Auth {
 
 impl Auth {
     pub fn admits(&self, header: Option<&str>) -> bool {
+        let bearer = header.and_then(|h| {
+            let (scheme, value) = h.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
+        });
+        self.admits_token(bearer)
+    }
+
+    /// Whether `given` (a bearer token however it came) is the one required.
+    pub fn admits_token(&self, given: Option<&str>) -> bool {
         match self {
             Auth::Peer | Auth::Open => true,
-            Auth::Token(token) => header
-                .and_then(|h| {
-                    let (scheme, value) = h.split_once(' ')?;
-                    scheme.eq_ignore_ascii_case("bearer").then(|| value.trim())
-                })
-                .is_some_and(|given| same_secret(given.as_bytes(), token)),
+            Auth::Token(token) => given.is_some_and(|g| same_secret(g.as_bytes(), token)),
         }
     }
+}
+
+/// The names a request from a browser may give as its `Host` besides loopback literals
+/// and `localhost` (`--http-host`, each with any port), compared without regard to case
+/// (PROTOCOL 11).
+#[derive(Debug, Clone, Default)]
+pub struct Hosts(pub std::sync::Arc<[String]>);
+
+impl Hosts {
+    /// Whether `host` (a `Host` header's value: a name or a literal, then an optional
+    /// port) is one a browser may reach execd by.
+    pub fn allows(&self, host: &str) -> bool {
+        let Some(name) = host_name(host) else {
+            return false;
+        };
+        if name.eq_ignore_ascii_case("localhost") {
+            return true;
+        }
+        if let Some(v6) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+            return v6
+                .parse::<std::net::Ipv6Addr>()
+                .is_ok_and(|a| a.is_loopback());
+        }
+        if let Ok(v4) = name.parse::<std::net::Ipv4Addr>() {
+            return v4.is_loopback();
+        }
+        self.0.iter().any(|h| h.eq_ignore_ascii_case(name))
+    }
+}
+
+/// The name (or bracketed IPv6 literal) of a `Host` value whose port, if any, is digits.
+fn host_name(host: &str) -> Option<&str> {
+    let (name, port) = if host.starts_with('[') {
+        let end = host.find(']')? + 1;
+        (&host[..end], host[end..].strip_prefix(':'))
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        }
+    };
+    if let Some(p) = port {
+        if p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+    }
+    (!name.is_empty() && !host[..name.len()].contains(char::is_whitespace)).then_some(name)
+}
+
+/// Whether a request from a browser may be served (PROTOCOL 11): it names one `Host`
+/// that `hosts` allows, and its `Origin`, if any, is that host with `http://` or
+/// `https://` before it. A request with neither `Origin` nor a `Sec-Fetch-*` header is
+/// not a browser's and passes.
+fn browser_admitted(req: &httparse::Request, hosts: &Hosts) -> bool {
+    let field = |name: &str| {
+        req.headers
+            .iter()
+            .filter(|f| f.name.eq_ignore_ascii_case(name))
+            .map(|f| std::str::from_utf8(trim(f.value)).ok())
+            .collect::<Vec<_>>()
+    };
+    let origins = field("origin");
+    let fetch = req
+        .headers
+        .iter()
+        .any(|f| f.name.len() > 10 && f.name[..10].eq_ignore_ascii_case("sec-fetch-"));
+    if origins.is_empty() && !fetch {
+        return true;
+    }
+    // What the browser says of where the request comes from: only a page of this origin,
+    // or the person (an address typed, a bookmark), may; never another site, even one
+    // that sends no Origin (a GET an image or a link makes).
+    let site_ok = field("sec-fetch-site").iter().all(|s| {
+        s.is_some_and(|s| s.eq_ignore_ascii_case("same-origin") || s.eq_ignore_ascii_case("none"))
+    });
+    if !site_ok {
+        return false;
+    }
+    let host = match field("host")[..] {
+        [Some(h)] if hosts.allows(h) => h,
+        _ => return false,
+    };
+    match origins[..] {
+        [] => true,
+        [Some(origin)] => ["http://", "https://"].iter().any(|scheme| {
+            origin.len() == scheme.len() + host.len()
+                && origin[..scheme.len()].eq_ignore_ascii_case(scheme)
+                && origin[scheme.len()..].eq_ignore_ascii_case(host)
+        }),
+        _ => false,
+    }
+}
+
+/// The value of `name` in a query string (`a=1&token=T`), not percent-decoded (a token
+/// and an id are sent as they are).
+pub fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
 }
 
 /// Compares a secret in time that depends on its length only, not on where it differs.
@@ -142,6 +267,8 @@ pub struct HttpCodec {
     /// Checked on each request's head, before anything else and before any body byte
     /// is read: a request without the token is refused 401 and the connection closed.
     auth: Auth,
+    /// Where a browser's request may come from (checked after the token).
+    hosts: Hosts,
     /// Bytes read; `buf[..start]` is consumed and compacted away on the next `push`.
     buf: Vec<u8>,
     start: usize,
@@ -160,6 +287,9 @@ enum Reading {
     /// Nothing more is parsed: a refusal closed the connection, or the last request did
     /// not keep it alive.
     Done,
+    /// The last request asked to become a WebSocket: what follows it is not HTTP, and is
+    /// kept for the WebSocket (`take_rest`) or dropped with the connection.
+    Upgraded,
 }
 
 /// A request whose body is still arriving.
@@ -224,6 +354,14 @@ impl Fault {
         Fault::new(401, "unauthorized: a valid bearer token is required")
     }
 
+    fn from_browser() -> Fault {
+        Fault::new(
+            403,
+            "forbidden: a request from a browser must name a loopback address, localhost \
+             or an --http-host name as its Host, and come from a page of that host",
+        )
+    }
+
     fn body_too_large(limits: &Limits) -> Fault {
         Fault {
             status: 413,
@@ -255,6 +393,7 @@ impl HttpCodec {
         HttpCodec {
             limits,
             auth,
+            hosts: Hosts::default(),
             buf: Vec::new(),
             start: 0,
             scanned: 0,
@@ -262,8 +401,29 @@ impl HttpCodec {
         }
     }
 
+    /// The `--http-host` names a browser's request may give besides loopback ones.
+    pub fn set_hosts(&mut self, hosts: Hosts) {
+        self.hosts = hosts;
+    }
+
+    /// The bytes after a request that asked to become a WebSocket: the first frames, if
+    /// the client sent them before the answer. Empty otherwise.
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        if !matches!(self.state, Reading::Upgraded) {
+            return Vec::new();
+        }
+        let rest = self.avail().to_vec();
+        self.release();
+        rest
+    }
+
     /// Bytes read from the peer.
     pub fn push(&mut self, bytes: &[u8]) {
+        if matches!(self.state, Reading::Upgraded) {
+            // The WebSocket's, kept for it (bounded by the connection's read limit).
+            self.buf.extend_from_slice(bytes);
+            return;
+        }
         if self.closed() {
             // Nothing more will be parsed; holding the bytes would only cost memory.
             return;
@@ -284,7 +444,7 @@ impl HttpCodec {
     /// after an `HttpRequest` whose `keep_alive` is false (answer it, then close). Either way the
     /// connection should stop reading.
     pub fn closed(&self) -> bool {
-        matches!(self.state, Reading::Done)
+        matches!(self.state, Reading::Done | Reading::Upgraded)
     }
 
     /// The unconsumed bytes.
@@ -337,7 +497,7 @@ impl HttpCodec {
             self.state = Reading::Head;
             return Ok(Progress::Wait);
         }
-        let parsed = parse_head(self.avail(), &self.limits, &self.auth)?;
+        let parsed = parse_head(self.avail(), &self.limits, &self.auth, &self.hosts)?;
         let Some((len, head)) = parsed else {
             if over {
                 return Err(Fault::head_too_large(&self.limits));
@@ -367,7 +527,10 @@ impl HttpCodec {
         self.decode(&mut partial)?;
         if partial.framing == Framing::Length(0) {
             let request = partial.request;
-            if request.keep_alive {
+            if request.websocket.is_some() {
+                // What follows is the WebSocket's, whatever the answer turns out to be.
+                self.state = Reading::Upgraded;
+            } else if request.keep_alive {
                 self.state = Reading::Head;
             } else {
                 // The answer to this request is the last thing the connection does: bytes
@@ -506,6 +669,10 @@ impl Iterator for HttpCodec {
             // Each step puts back the state it leaves; a fault leaves `Done`.
             let step = match std::mem::replace(&mut self.state, Reading::Done) {
                 Reading::Done => return None,
+                Reading::Upgraded => {
+                    self.state = Reading::Upgraded;
+                    return None;
+                }
                 Reading::Head => self.head(),
                 Reading::Body(partial) => self.body(partial),
             };
@@ -558,12 +725,19 @@ fn leading_empty_lines(buf: &[u8]) -> usize {
 }
 
 /// Parses a head with `httparse`: `None` while incomplete, else its length and meaning.
-fn parse_head(buf: &[u8], limits: &Limits, auth: &Auth) -> Result<Option<(usize, Head)>, Fault> {
+fn parse_head(
+    buf: &[u8],
+    limits: &Limits,
+    auth: &Auth,
+    hosts: &Hosts,
+) -> Result<Option<(usize, Head)>, Fault> {
     let mut fields = vec![httparse::EMPTY_HEADER; limits.max_headers];
     let mut req = httparse::Request::new(&mut fields);
     match req.parse(buf) {
         Ok(httparse::Status::Partial) => Ok(None),
-        Ok(httparse::Status::Complete(len)) => Ok(Some((len, understand(&req, limits, auth)?))),
+        Ok(httparse::Status::Complete(len)) => {
+            Ok(Some((len, understand(&req, limits, auth, hosts)?)))
+        }
         Err(httparse::Error::TooManyHeaders) => Err(Fault::head_too_large(limits)),
         Err(httparse::Error::Version) if well_formed_version(buf) => {
             Err(Fault::new(505, "HTTP version not supported"))
@@ -597,11 +771,19 @@ fn parse_trailers(buf: &[u8], limits: &Limits) -> Result<Option<usize>, Fault> {
 
 /// Reads what section 11 needs from a parsed head and decides how its body is framed
 /// (RFC 9112 §6).
-fn understand(req: &httparse::Request, limits: &Limits, auth: &Auth) -> Result<Head, Fault> {
+fn understand(
+    req: &httparse::Request,
+    limits: &Limits,
+    auth: &Auth,
+    hosts: &Hosts,
+) -> Result<Head, Fault> {
     // A complete parse always sets these; a missing one is refused, not unwrapped.
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(Fault::bad("malformed request line"));
     };
+    let path = target_path(target);
+    let query = target_query(target);
+    let websocket = websocket_head(req);
     // The token first: a peer without it learns nothing else (no 413, no 400 for its
     // framing), and none of its body is read (PROTOCOL 11).
     let mut tokens = req
@@ -614,10 +796,29 @@ fn understand(req: &httparse::Request, limits: &Limits, auth: &Auth) -> Result<H
         (Some(one), None) => one,
         _ => None,
     };
-    if !auth.admits(token) {
+    // A browser cannot set a header on a page load or a WebSocket: on the two routes made
+    // for one, the token may come in the query string or (WebSocket) as the subprotocol
+    // `execd.token.T`; nowhere else (PROTOCOL 12.5). The page itself holds nothing secret
+    // and loads without one (its token is in the URL fragment, never sent).
+    let browser_route = QUERY_TOKEN_PATHS.contains(&path);
+    let in_query = query_param(query, "token").filter(|_| browser_route);
+    let in_protocol = websocket
+        .as_ref()
+        .and_then(|w| w.token())
+        .filter(|_| path == QUERY_TOKEN_PATHS[0]);
+    let admitted = auth.admits(token)
+        || in_query.is_some_and(|t| auth.admits_token(Some(t)))
+        || in_protocol.is_some_and(|t| auth.admits_token(Some(t)));
+    let open_page = path == OPEN_PAGE && token.is_none() && in_query.is_none();
+    if !admitted && !open_page {
         return Err(Fault::unauthorized());
     }
+    // Then the browser rule, before anything has an effect (PROTOCOL 11).
+    if !browser_admitted(req, hosts) {
+        return Err(Fault::from_browser());
+    }
     let http11 = version == 1;
+    let mut event_stream = false;
 
     let mut length: Option<u64> = None;
     let mut codings: Vec<&[u8]> = Vec::new();
@@ -652,6 +853,11 @@ fn understand(req: &httparse::Request, limits: &Limits, auth: &Auth) -> Result<H
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
             }
+        } else if name.eq_ignore_ascii_case("accept") {
+            event_stream |= value.split(|&b| b == b',').any(|t| {
+                trim(t.split(|&b| b == b';').next().unwrap_or_default())
+                    .eq_ignore_ascii_case(b"text/event-stream")
+            });
         } else if name.eq_ignore_ascii_case("expect") {
             // Other expectations are ignored (RFC 9110 §10.1.1 lets a server do so).
             expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
@@ -703,14 +909,21 @@ fn understand(req: &httparse::Request, limits: &Limits, auth: &Auth) -> Result<H
         Framing::Length(0)
     };
 
+    if websocket.is_some() && framing != Framing::Length(0) {
+        return Err(Fault::bad("a WebSocket handshake has no body"));
+    }
     let keep_alive = !close && (http11 || keep_alive_token);
     Ok(Head {
         request: HttpRequest {
             method: method.to_owned(),
-            path: target_path(target).to_owned(),
+            path: path.to_owned(),
             body: Vec::new(),
             keep_alive,
             authorization,
+            query: query.to_owned(),
+            http11,
+            event_stream,
+            websocket: websocket.map(Box::new),
         },
         framing,
         expect_continue,
@@ -775,6 +988,51 @@ fn target_path(target: &str) -> &str {
     }
 }
 
+/// The query string of a request target: what follows `?` up to `#`.
+fn target_query(target: &str) -> &str {
+    let Some(q) = target.find('?') else {
+        return "";
+    };
+    let rest = &target[q + 1..];
+    match rest.find('#') {
+        Some(end) => &rest[..end],
+        None => rest,
+    }
+}
+
+/// What a head says of a WebSocket handshake, when it asks for one (`Upgrade:
+/// websocket`); a key given twice counts as none.
+fn websocket_head(req: &httparse::Request) -> Option<WsHead> {
+    let list = |name: &str| -> Vec<String> {
+        req.headers
+            .iter()
+            .filter(|f| f.name.eq_ignore_ascii_case(name))
+            .filter_map(|f| std::str::from_utf8(f.value).ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    };
+    if !list("upgrade")
+        .iter()
+        .any(|u| u.eq_ignore_ascii_case("websocket"))
+    {
+        return None;
+    }
+    let one = |name: &str| match list(name)[..] {
+        [ref v] => Some(v.clone()),
+        _ => None,
+    };
+    Some(WsHead {
+        connection_upgrade: list("connection")
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case("upgrade")),
+        key: one("sec-websocket-key"),
+        version: one("sec-websocket-version"),
+        protocols: list("sec-websocket-protocol"),
+    })
+}
+
 /// Trims optional whitespace (SP, HTAB) from both ends.
 fn trim(bytes: &[u8]) -> &[u8] {
     let start = bytes
@@ -798,13 +1056,18 @@ impl HttpCodec {
     pub fn carry(&self, blobs: &mut BlobsOut) -> HttpImage {
         let state = match &self.state {
             Reading::Head => HttpStateImage::Head,
-            Reading::Done => HttpStateImage::Done,
+            // An upgrade request not answered yet closes the connection like a refusal
+            // would: its WebSocket is not carried.
+            Reading::Done | Reading::Upgraded => HttpStateImage::Done,
             Reading::Body(p) => HttpStateImage::Body {
                 method: p.request.method.clone(),
                 path: p.request.path.clone(),
                 body: blobs.put(&p.request.body),
                 keep_alive: p.request.keep_alive,
                 authorization: p.request.authorization.clone(),
+                query: p.request.query.clone(),
+                http11: p.request.http11,
+                event_stream: p.request.event_stream,
                 framing: match p.framing {
                     Framing::Length(n) => FramingImage::Length(n),
                     Framing::Chunked(Chunk::Size) => FramingImage::ChunkSize,
@@ -847,6 +1110,9 @@ impl HttpCodec {
                 body,
                 keep_alive,
                 authorization,
+                query,
+                http11,
+                event_stream,
                 framing,
                 continue_due,
             } => Reading::Body(Box::new(Partial {
@@ -856,6 +1122,10 @@ impl HttpCodec {
                     body: blobs.get(*body)?.to_vec(),
                     keep_alive: *keep_alive,
                     authorization: authorization.clone(),
+                    query: query.clone(),
+                    http11: *http11,
+                    event_stream: *event_stream,
+                    websocket: None,
                 },
                 framing: match framing {
                     FramingImage::Length(n) => Framing::Length(*n),
@@ -879,6 +1149,7 @@ impl HttpCodec {
                 AuthImage::Open => Auth::Open,
                 AuthImage::Token(t) => Auth::Token(t.0.clone().into()),
             },
+            hosts: Hosts::default(),
             scanned: img.scanned.min(buf.len()),
             buf,
             start: 0,
@@ -893,7 +1164,7 @@ impl HttpCodec {
     fn held_body(&self) -> usize {
         match &self.state {
             Reading::Body(partial) => partial.request.body.len(),
-            Reading::Head | Reading::Done => 0,
+            Reading::Head | Reading::Done | Reading::Upgraded => 0,
         }
     }
 }
@@ -1015,8 +1286,186 @@ pub(super) mod tests {
                 body: vec![],
                 keep_alive: true,
                 authorization: None,
+                query: String::new(),
+                http11: true,
+                event_stream: false,
+                websocket: None,
             }
         );
+    }
+
+    // ---- browsers, tokens in query strings, WebSockets and event streams ----
+
+    /// The status a request gets from a codec with `auth` and `--http-host` names `hosts`:
+    /// 200 for a request that comes out whole.
+    fn admitted_as(auth: Auth, hosts: &[&str], head: &str) -> u16 {
+        let mut c = HttpCodec::with_auth(limits(), auth);
+        c.set_hosts(Hosts(hosts.iter().map(|h| h.to_string()).collect()));
+        match feed(&mut c, head.as_bytes()).first() {
+            Some(Event::Request(_)) => 200,
+            Some(Event::Reject { status, .. }) => *status,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn post(extra: &str) -> String {
+        format!("POST /v1/bash/exec HTTP/1.1\r\n{extra}Content-Length: 0\r\n\r\n")
+    }
+
+    #[test]
+    fn a_request_from_a_browser_must_name_a_loopback_or_named_host_and_come_from_it() {
+        let peer = |extra: &str| admitted_as(Auth::Peer, &["box.example"], &post(extra));
+        // Neither Origin nor Sec-Fetch-*: not a browser, any Host.
+        assert_eq!(peer("Host: evil.example\r\n"), 200);
+        assert_eq!(peer(""), 200);
+        // A cross-site page.
+        assert_eq!(
+            peer("Host: 127.0.0.1:8080\r\nOrigin: http://evil.example\r\n"),
+            403
+        );
+        // DNS rebinding: the page's own origin, but a Host that is not ours.
+        assert_eq!(
+            peer("Host: evil.example:8080\r\nOrigin: http://evil.example:8080\r\n"),
+            403
+        );
+        assert_eq!(
+            peer("Host: evil.example\r\nSec-Fetch-Site: cross-site\r\n"),
+            403
+        );
+        assert_eq!(peer("Sec-Fetch-Mode: no-cors\r\n"), 403, "no Host at all");
+        assert_eq!(peer("Host: 127.0.0.1\r\nOrigin: null\r\n"), 403);
+        assert_eq!(
+            peer("Host: 127.0.0.1:8080\r\nOrigin: http://127.0.0.1:8081\r\n"),
+            403,
+            "another port is another origin"
+        );
+        assert_eq!(
+            peer("Host: 127.0.0.1\r\nHost: evil.example\r\nOrigin: http://127.0.0.1\r\n"),
+            403
+        );
+        // Our own pages.
+        for (host, origin) in [
+            ("127.0.0.1:8080", "http://127.0.0.1:8080"),
+            ("127.9.9.9", "https://127.9.9.9"),
+            ("localhost:1", "http://LOCALHOST:1"),
+            ("[::1]:8080", "http://[::1]:8080"),
+            ("Box.Example:443", "https://box.example:443"),
+        ] {
+            assert_eq!(
+                peer(&format!("Host: {host}\r\nOrigin: {origin}\r\n")),
+                200,
+                "{host}"
+            );
+        }
+        assert_eq!(
+            peer("Host: localhost\r\nSec-Fetch-Site: same-origin\r\n"),
+            200
+        );
+        for host in [
+            "10.0.0.1",
+            "[::2]",
+            "localhost.evil",
+            "127.0.0.1:x",
+            "127.0.0.1:",
+        ] {
+            assert_eq!(
+                peer(&format!("Host: {host}\r\nSec-Fetch-Dest: empty\r\n")),
+                403,
+                "{host}"
+            );
+        }
+        // With a token, the token is decided first, then the browser rule.
+        let tok = || Auth::Token(b"tok".to_vec().into());
+        let bad = "Host: 127.0.0.1\r\nOrigin: http://evil.example\r\n";
+        assert_eq!(admitted_as(tok(), &[], &post(bad)), 401);
+        let with = format!("{bad}Authorization: Bearer tok\r\n");
+        assert_eq!(admitted_as(tok(), &[], &post(&with)), 403);
+    }
+
+    #[test]
+    fn a_token_in_the_query_counts_on_the_browser_routes_only() {
+        let tok = || Auth::Token(b"tok".to_vec().into());
+        let get = |target: &str, extra: &str| {
+            admitted_as(
+                tok(),
+                &[],
+                &format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}\r\n"),
+            )
+        };
+        assert_eq!(get("/v1/shell/sessions?token=tok", ""), 401);
+        assert_eq!(get("/v1/shell/ws?token=tok", ""), 200);
+        assert_eq!(get("/v1/shell/ws?session_id=s&token=tok", ""), 200);
+        assert_eq!(get("/v1/shell/ws?token=nope", ""), 401);
+        assert_eq!(get("/terminal?token=tok", ""), 200);
+        assert_eq!(get("/terminal?token=nope", ""), 401);
+        assert_eq!(get("/terminal", ""), 200, "the page itself holds no secret");
+        assert_eq!(get("/v1/health", ""), 401);
+        let ws = "Upgrade: websocket\r\nConnection: Upgrade\r\n";
+        assert_eq!(
+            get(
+                "/v1/shell/ws",
+                &format!("{ws}Sec-WebSocket-Protocol: execd, execd.token.tok\r\n")
+            ),
+            200
+        );
+        assert_eq!(
+            get(
+                "/v1/shell/sessions",
+                &format!("{ws}Sec-WebSocket-Protocol: execd.token.tok\r\n")
+            ),
+            401,
+            "the subprotocol is the WebSocket's only"
+        );
+    }
+
+    #[test]
+    fn an_upgrade_request_stops_the_http_parser_and_keeps_what_follows() {
+        let head = "GET /v1/shell/ws?session_id=a HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+            Upgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\
+            Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+            Sec-WebSocket-Protocol: execd\r\n\r\n";
+        let mut c = HttpCodec::new(limits());
+        let mut bytes = head.as_bytes().to_vec();
+        bytes.extend_from_slice(b"\x81\x80abcdGET /v1/health HTTP/1.1\r\n\r\n");
+        let evs = feed(&mut c, &bytes);
+        let [Event::Request(r)] = &evs[..] else {
+            panic!("{evs:?}")
+        };
+        assert_eq!(
+            (r.path.as_str(), r.query.as_str()),
+            ("/v1/shell/ws", "session_id=a")
+        );
+        let ws = r.websocket.as_deref().expect("a handshake");
+        assert!(ws.connection_upgrade);
+        assert_eq!(ws.version.as_deref(), Some("13"));
+        assert_eq!(ws.protocols, vec!["execd".to_string()]);
+        assert!(c.closed());
+        c.push(b"more");
+        assert_eq!(c.next(), None);
+        assert_eq!(
+            c.take_rest(),
+            b"\x81\x80abcdGET /v1/health HTTP/1.1\r\n\r\nmore"
+        );
+        // With a body it is refused.
+        assert_eq!(
+            rejected(
+                b"GET /v1/shell/ws HTTP/1.1\r\nUpgrade: websocket\r\nContent-Length: 1\r\n\r\nx"
+            ),
+            400
+        );
+    }
+
+    #[test]
+    fn accept_event_stream_and_the_version_are_read() {
+        let r = one_request(
+            b"POST /v1/shell/exec HTTP/1.0\r\nAccept: application/json;q=0.5, Text/Event-Stream\r\n\r\n",
+        );
+        assert!(r.event_stream && !r.http11);
+        let r = one_request(b"POST /v1/shell/exec HTTP/1.1\r\nAccept: */*\r\n\r\n");
+        assert!(!r.event_stream && r.http11);
+        assert_eq!(query_param("a=1&token=t&b", "token"), Some("t"));
+        assert_eq!(query_param("a=1&b", "b"), Some(""));
+        assert_eq!(query_param("tokens=x", "token"), None);
     }
 
     #[test]

@@ -6,9 +6,11 @@
 
 pub mod codec;
 pub mod exchange;
+pub mod page;
 pub mod route;
 
 pub use codec::Auth;
+pub use codec::Hosts;
 pub use codec::Limits;
 pub use exchange::HttpSession;
 pub use route::*;

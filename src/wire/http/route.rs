@@ -34,13 +34,17 @@ pub enum Route {
     /// `DELETE /v1/shell/sessions/{id}`, with the id percent-decoded. The caller puts it
     /// into the params as `id`.
     ShellClose(String),
+    /// `GET /v1/shell/ws`: the session as a WebSocket (PROTOCOL 12.5).
+    Ws,
+    /// `GET /terminal`: the page that shows a session in a browser (PROTOCOL 12.5).
+    Terminal,
 }
 
 impl Route {
     /// The `bash/*` method of section 5 this route maps to; `None` for `Health`.
     pub fn method(&self) -> Option<&'static str> {
         Some(match self {
-            Route::Health => return None,
+            Route::Health | Route::Ws | Route::Terminal => return None,
             Route::Exec => "bash/exec",
             Route::Output => "bash/output",
             Route::Write => "bash/write",
@@ -89,6 +93,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Refusal> {
     }
     let (route, allow) = match path {
         "/v1/health" => (Route::Health, "GET"),
+        "/terminal" => (Route::Terminal, "GET"),
         "/v1/bash/exec" => (Route::Exec, "POST"),
         "/v1/bash/output" => (Route::Output, "POST"),
         "/v1/bash/write" => (Route::Write, "POST"),
@@ -139,6 +144,11 @@ fn shell_route(method: &str, rest: &str) -> Result<Route, Refusal> {
         "kill" => fixed("shell/kill", "POST"),
         // execd's, beside the SDK's routes (PROTOCOL 12.2, as /v1/bash/resize is to 12.1).
         "resize" => fixed("shell/resize", "POST"),
+        "ws" if method == "GET" => Ok(Route::Ws),
+        "ws" => Err(Refusal {
+            status: 405,
+            allow: Some("GET"),
+        }),
         "sessions" => match method {
             "GET" => Ok(Route::Shell("shell/sessions")),
             "DELETE" => Ok(Route::Shell("shell/sessions/close_all")),
@@ -203,7 +213,7 @@ fn session_to_close(path: &str) -> Option<String> {
 
 /// Decodes `%XX` escapes (RFC 3986 §2.1; `+` stays `+` in a path). `None` for a bad escape
 /// or a result that is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
+pub fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -228,12 +238,14 @@ fn percent_decode(text: &str) -> Option<String> {
 fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
+        101 => "Switching Protocols",
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        426 => "Upgrade Required",
         411 => "Length Required",
         413 => "Content Too Large",
         422 => "Unprocessable Content",
@@ -252,9 +264,26 @@ fn reason(status: u16) -> &'static str {
 /// charset=utf-8`, `Content-Length`, `Connection: keep-alive|close`, the `extra` headers
 /// (e.g. `("Allow", "POST")`, `("WWW-Authenticate", "Bearer")`), then `body`.
 pub fn response(status: u16, body: &[u8], keep_alive: bool, extra: &[(&str, &str)]) -> Vec<u8> {
+    typed_response(
+        status,
+        "application/json; charset=utf-8",
+        body,
+        keep_alive,
+        extra,
+    )
+}
+
+/// `response` with another `Content-Type` (the terminal page's HTML).
+pub fn typed_response(
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
     let connection = if keep_alive { "keep-alive" } else { "close" };
     let mut head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json; charset=utf-8\r\n\
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\n\
          Content-Length: {}\r\nConnection: {connection}\r\n",
         reason(status),
         body.len()
@@ -273,6 +302,29 @@ pub fn response(status: u16, body: &[u8], keep_alive: bool, extra: &[(&str, &str
     out.extend_from_slice(body);
     out
 }
+
+/// The head of a server-sent events answer (PROTOCOL 12.5): chunked, so its end is seen
+/// and the connection may be kept alive.
+pub fn event_stream_head(keep_alive: bool) -> Vec<u8> {
+    let connection = if keep_alive { "keep-alive" } else { "close" };
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\
+         Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {connection}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// One server-sent event (`event: NAME`, `data: DATA`, a blank line) as one chunk. `data`
+/// is one line of JSON.
+pub fn event_chunk(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+    let len = "event: \ndata: \n\n".len() + name.len() + data.len();
+    out.extend_from_slice(format!("{len:x}\r\nevent: {name}\ndata: ").as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n\r\n");
+}
+
+/// The chunk that ends a chunked answer.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// The success envelope: `{"success": true, "message": "ok", "data": RESULT, "hint": null}`,
 /// RESULT being the JSON-RPC result unchanged.
