@@ -629,6 +629,7 @@ impl Relay {
 // ---- server-sent events -----------------------------------------------------------------------
 
 /// Reads a chunked event stream from `s` until `upto` is in what was read; all of it.
+#[track_caller]
 fn read_until(s: &mut impl Read, got: &mut Vec<u8>, upto: &str) {
     let mut buf = [0u8; 4096];
     let deadline = Instant::now() + WAIT;

@@ -25,15 +25,25 @@ pub struct Follow {
 
 impl Core {
     /// Request `req` of `conn`, parked on command `seq` of `session`, answers with
-    /// server-sent events.
+    /// server-sent events: at once with the lines the command completed before it came
+    /// (a view of a command that runs quietly now still shows what it printed).
     pub fn follow(&mut self, conn: ConnId, req: ReqNo, session: &SessionKey, seq: u64) {
-        self.shells.follows.push(Follow {
+        let mut f = Follow {
             conn,
             req,
             session: session.clone(),
             seq,
             next: None,
-        });
+        };
+        if let Some(data) = self.lines_for(&mut f, None) {
+            self.out.push(Effect::Event {
+                conn,
+                req,
+                name: "output",
+                data,
+            });
+        }
+        self.shells.follows.push(f);
     }
 
     /// The hook on output of session `sk` (before its markers move the session on; `end`
