@@ -8,9 +8,9 @@
 //! `$CWD` and `$TMPDIR`" can be a directory of the test's (the system's `/tmp` holds the
 //! test directories themselves).
 //!
-//! Not here yet (they need the peer tie of `subjects`): a sandboxed command that asks
-//! execd for a command over the socket (`execctl run`, `bash/exec`, `exec_dir: "/"`) gets
-//! at most its own sandbox.
+//! A sandboxed command that asks execd for a command over the socket (`execctl run`,
+//! `bash/exec` with `exec_dir: "/"`, a shell session) gets at most its own sandbox, and
+//! a descendant tied to no command gets `read-only`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
@@ -1060,4 +1060,229 @@ fn an_upgrade_keeps_a_sessions_sandbox() {
     assert!(!p.ws().join("after").exists() && !p.ws().join("after2").exists());
     let sessions = ok(&mut c, "shell/sessions", json!({}));
     assert_eq!(sessions["sessions"]["kept"]["sandbox"]["name"], "read-only");
+}
+
+/// `execctl` against daemon `d`, as a line a command runs.
+fn execctl_line(d: &Daemon, args: &str) -> String {
+    format!(
+        "{} --socket {} {args}",
+        env!("CARGO_BIN_EXE_execctl"),
+        s(&d.socket)
+    )
+}
+
+#[test]
+fn a_sandboxed_command_asking_execd_gets_at_most_its_own_sandbox() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    // Nothing is sandboxed unless asked: an outsider's command writes where it likes.
+    let d = p.daemon("off", &[]);
+    let mut c = d.client();
+    let (text, code) = bash(
+        &mut c,
+        &format!("echo x > {}/plain", s(&p.out())),
+        &p.ws(),
+        json!({}),
+    );
+    assert_eq!(code, 0, "{text}");
+    // A command in `workspace` asks execd, by execctl and by the socket, for commands
+    // that write outside: in `/`, in `out`, and in a shell session of its own.
+    let o = s(&p.out());
+    let inner = [
+        execctl_line(&d, &format!("run --cwd / -- sh -c 'echo x > {o}/run'")),
+        execctl_line(&d, &format!("exec --cwd / 'echo x > {o}/exec'")),
+        execctl_line(&d, &format!("shell --cwd {} < /dev/null", s(&p.ws()))),
+    ]
+    .join("; ");
+    let line = format!(
+        "{inner}; echo 'echo x > {o}/session' | {}; echo END",
+        execctl_line(&d, "shell")
+    );
+    let (text, _) = bash(&mut c, &line, &p.ws(), json!({"sandbox": "workspace"}));
+    assert!(text.contains("END"), "{text}");
+    for f in ["run", "exec", "session"] {
+        assert!(
+            !p.out().join(f).exists(),
+            "{f} escaped its caller's sandbox:\n{text}"
+        );
+    }
+    assert!(text.contains("Permission denied"), "{text}");
+    // What it started says so: its sandbox is the caller's.
+    let listed = ok(&mut c, "bash/commands", json!({}));
+    let names: Vec<&str> = listed["commands"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|cmd| cmd["sandbox"]["name"].as_str())
+        .collect();
+    assert!(names.contains(&"workspace"), "{listed}");
+    assert_no_panic(&d);
+}
+
+#[test]
+fn a_descendant_tied_to_no_command_runs_read_only() {
+    if !landlock() || !have(&["setsid"]) {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("off", &[]);
+    let mut c = d.client();
+    // An unsandboxed command whose child outlives it: once the command's leader is gone,
+    // the child is tied to no command (no cgroup here says which), so what it asks for
+    // runs read-only, even in the workspace.
+    let done = p.dir.path().join("done");
+    let o = s(&p.out());
+    let late = format!(
+        "sleep 0.5; {} > {}/late.txt 2>&1; touch {}",
+        execctl_line(
+            &d,
+            &format!(
+                "exec --cwd {} 'echo x > {o}/late; echo x > here'",
+                s(&p.ws())
+            )
+        ),
+        o,
+        s(&done),
+    );
+    let line = format!(
+        "setsid sh -c '{}' < /dev/null > /dev/null 2>&1 & echo STARTED",
+        late.replace('\'', "'\\''")
+    );
+    let (text, code) = bash(&mut c, &line, &p.ws(), json!({}));
+    assert_eq!(code, 0, "{text}");
+    wait_until("the orphan's execctl ends", || done.exists());
+    let said = std::fs::read_to_string(p.out().join("late.txt")).unwrap_or_default();
+    assert!(!p.out().join("late").exists(), "{said}");
+    assert!(
+        !p.ws().join("here").exists(),
+        "read-only lets nothing write: {said}"
+    );
+    assert!(
+        said.contains("Read-only file system") || said.contains("Permission denied"),
+        "{said}"
+    );
+    assert_no_panic(&d);
+}
+
+/// `execctl mcp` on daemon `d` with `extra` flags, driven by raw lines: each call's
+/// `structuredContent` (or its error), after `initialize`.
+struct Mcp {
+    _ctl: cli::Ctl,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(d: &Daemon, extra: &[&str]) -> Mcp {
+        let mut args = vec!["mcp"];
+        args.extend_from_slice(extra);
+        let mut cmd = cli::command(Some(&d.socket), &args);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = cmd.spawn().expect("spawn execctl mcp");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = lines_of(child.stdout.take().expect("stdout"));
+        let mut m = Mcp {
+            _ctl: cli::Ctl { child },
+            stdin,
+            lines,
+            next: 1,
+        };
+        m.call(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}),
+        );
+        writeln!(
+            m.stdin,
+            "{}",
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        )
+        .expect("write");
+        m
+    }
+
+    #[track_caller]
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.stdin, "{msg}").expect("write");
+        loop {
+            let line = cli::next_line(&self.lines);
+            let v: Value = serde_json::from_str(&line).expect("JSON");
+            if v["id"] == id {
+                return v;
+            }
+        }
+    }
+
+    #[track_caller]
+    fn run(&mut self, args: Value) -> Value {
+        let r = self.call("tools/call", json!({"name": "run", "arguments": args}));
+        r["result"].clone()
+    }
+}
+
+#[test]
+fn execctl_mcp_sandbox_is_a_ceiling_and_its_calls_say_via_mcp() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let audit = p.dir.path().join("audit.jsonl");
+    // Nothing is sandboxed by the daemon itself.
+    let d = p.daemon("off", &["--audit", &s(&audit)]);
+    let mut m = Mcp::start(&d, &["--cwd", &s(&p.ws()), "--sandbox", "read-only"]);
+    let r = m.run(json!({"command": "echo x > made; echo x > $TMPDIR/made; echo END"}));
+    let out = r["structuredContent"]["output"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(out.contains("END"), "{r}");
+    assert!(
+        !p.ws().join("made").exists(),
+        "--sandbox read-only let a call write: {r}"
+    );
+    assert!(!p.tmp().join("made").exists(), "{r}");
+    // Asking for more than the ceiling is a tool error naming it; asking for what it
+    // allows runs.
+    let r = m.run(json!({"command": "true", "sandbox": "off"}));
+    assert_eq!(r["isError"], true, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap_or("");
+    assert!(text.contains("--sandbox"), "{r}");
+    let r = m.run(json!({"command": "echo ok", "sandbox": "read-only"}));
+    assert_ne!(r["isError"], true, "{r}");
+    let r = m.run(json!({"command": "true", "sandbox": {"netwrk": "none"}}));
+    assert_eq!(r["isError"], true, "{r}");
+    // The shell tool's session runs under the ceiling too.
+    let r = m.call(
+        "tools/call",
+        json!({"name": "shell", "arguments": {"command": "echo y > shellmade; echo DONE"}}),
+    );
+    assert!(r.to_string().contains("DONE"), "{r}");
+    assert!(!p.ws().join("shellmade").exists(), "{r}");
+    // The audit says the door and the sandbox.
+    wait_until("the audit has the starts", || {
+        std::fs::read_to_string(&audit).is_ok_and(|t| t.matches("\"start\"").count() >= 3)
+    });
+    let text = std::fs::read_to_string(&audit).expect("audit");
+    let starts: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["event"] == "start"
+                && (v["shell"] == true || v["id"].as_str().is_some_and(|i| i.starts_with("cmd_")))
+        })
+        .collect();
+    assert_eq!(starts.len(), 3, "two run calls and a shell line:\n{text}");
+    for st in &starts {
+        assert_eq!(st["via"], "mcp", "{st}");
+        assert_eq!(st["sandbox"]["write"], json!([]), "{st}");
+    }
+    assert_no_panic(&d);
 }

@@ -426,7 +426,7 @@ cannot be reached or does not let this user in.",
 /// `execctl mcp`.
 pub const MCP: Spec = Spec {
     name: "mcp",
-    usage: "[--cwd DIR] [--max-output-bytes N]",
+    usage: "[--cwd DIR] [--sandbox S] [--max-output-bytes N]",
     about: "an MCP server on stdio: an agent's tools run through the daemon",
     details: "\
 Serves the Model Context Protocol on stdin and stdout (one JSON-RPC message a line) for
@@ -435,15 +435,21 @@ Tools: run (a shell line, in one bash session of this process), read, write, kil
 shell and shell_view (a shell session whose cd and exports persist). Every call passes
 the daemon's policy, approvals, audit and limits: a denied line is a tool error naming
 the rule; one waiting for approval says so (execctl approve answers it). Commands die
-when the client closes stdin, except those run with background: true. --cwd and
---max-output-bytes are ceilings the model cannot lift. A daemon it cannot reach is one
-line on stderr, exit 1. See execctl(1).",
+when the client closes stdin, except those run with background: true. --cwd, --sandbox
+and --max-output-bytes are ceilings the model cannot lift. A daemon it cannot reach is
+one line on stderr, exit 1. See execctl(1).",
     flags: &[
         flag(
             "--cwd",
             Some("-w"),
             Some("DIR"),
             "calls run here, or in a directory inside it they name (default: execctl's own)",
+        ),
+        flag(
+            "--sandbox",
+            None,
+            Some("S"),
+            "the most a call may get: workspace, read-only, off, a JSON object or a file",
         ),
         flag(
             "--max-output-bytes",

@@ -23,12 +23,12 @@
 //!   `read` on the approval id picks the outcome up later.
 //! - What a command wrote reaches the client once, in order (stdout and stderr as the
 //!   daemon read them), bounded per command by head and tail (`text::Unread`).
-//! - `--cwd` and `--max-output-bytes` are ceilings: a call's directory must lie inside
-//!   `--cwd`, and no answer is longer than `--max-output-bytes` of output.
-//!
-//! A `--sandbox` ceiling (PROTOCOL 16) is not here yet: it would be read with the other
-//! ceilings in `Ceilings`, and `run_params` would send each call's `sandbox` as its
-//! intersection with it.
+//! - `--cwd`, `--sandbox` and `--max-output-bytes` are ceilings: a call's directory must
+//!   lie inside `--cwd`; every call is sent with `sandbox_ceiling` S, which the daemon
+//!   meets with the sandbox in force (so a call never runs wider than S, and never wider
+//!   than the policy lets it either), and a `run` asking for a sandbox wider than S is a
+//!   tool error naming S; no answer is longer than `--max-output-bytes` of output.
+//! - Every call says `via: "mcp"`, so the audit says which door a command came through.
 
 mod text;
 mod tools;
@@ -89,6 +89,9 @@ struct Ceilings {
     default_cwd: Option<PathBuf>,
     /// `--max-output-bytes`.
     max_output: usize,
+    /// `--sandbox`: as sent (`sandbox_ceiling`), and as a template to hold a call's
+    /// `sandbox` against.
+    sandbox: Option<(Value, crate::policy::sandbox::Template)>,
     /// The daemon is on this host: directories can be resolved here.
     local: bool,
 }
@@ -128,11 +131,21 @@ pub fn mcp(ctx: &Ctx, p: &Args) -> Res<u8> {
     let default_cwd = cwd
         .clone()
         .or_else(|| local.then(|| std::env::current_dir().ok()).flatten());
+    let sandbox = match p.value("--sandbox") {
+        None => None,
+        Some(v) => {
+            let value = super::run::sandbox_value(v)?;
+            let shape = crate::policy::sandbox::parse(&value)
+                .map_err(|e| Fail::usage(format!("--sandbox {v}: {e}")))?;
+            Some((value, shape.over(&crate::policy::sandbox::Template::off())))
+        }
+    };
     let ceilings = Ceilings {
         cwd,
         default_cwd,
         max_output,
         local,
+        sandbox,
     };
     // An MCP client shows a server's stderr at best in a log: one line, exit 1.
     let link = ctx.open().map_err(|f| f.with_code(1))?;
@@ -863,7 +876,21 @@ impl Server {
             "async_mode": true,
             "subscribe": {},
             "max_output_length": 1,
+            "via": "mcp",
         });
+        if let Some((bound, template)) = &self.ceilings.sandbox {
+            p["sandbox_ceiling"] = bound.clone();
+            if let Some(asked) = &r.sandbox {
+                if !within(asked, template) {
+                    return Err(format!(
+                        "sandbox {asked} is wider than this server's --sandbox {bound}"
+                    ));
+                }
+            }
+        }
+        if let Some(asked) = &r.sandbox {
+            p["sandbox"] = asked.clone();
+        }
         if !r.background {
             p["kill_on_disconnect"] = json!(true);
         }
@@ -931,7 +958,11 @@ impl Server {
             "command": command,
             "timeout": yield_ms as f64 / 1000.0,
             "truncate": false,
+            "via": "mcp",
         });
+        if let Some((bound, _)) = &self.ceilings.sandbox {
+            p["sandbox_ceiling"] = bound.clone();
+        }
         let session = match session {
             Some(s) => {
                 if !self.named_shells.contains(&s) {
@@ -1635,4 +1666,28 @@ fn self_tool_result(structured: Value, version: Option<&str>) -> Value {
         r["structuredContent"] = structured;
     }
     r
+}
+
+/// Whether sandbox `asked` (a shape `tools::parse` accepted; fields left out are the
+/// ceiling's) is within `ceiling`, whatever `$CWD`, `$HOME` and `$TMPDIR` stand for: both
+/// are resolved with the same stand-ins and compared.
+fn within(asked: &Value, ceiling: &crate::policy::sandbox::Template) -> bool {
+    use crate::policy::sandbox::Names;
+    let Ok(shape) = crate::policy::sandbox::parse(asked) else {
+        return false;
+    };
+    let (cwd, home, tmp) = (
+        Path::new("/\u{1}cwd"),
+        Path::new("/\u{1}home"),
+        Path::new("/\u{1}tmp"),
+    );
+    let names = Names {
+        cwd: Some(cwd),
+        home: Some(home),
+        tmpdir: Some(tmp),
+        real: None,
+    };
+    let (asked, _) = shape.over(ceiling).resolve(&names);
+    let (bound, _) = ceiling.resolve(&names);
+    asked.within(&bound)
 }

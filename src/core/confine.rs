@@ -8,11 +8,13 @@
 //! `$CWD` is chosen from the words of the command's directory (`workspace_of`): nothing
 //! here looks at a path, and the child checks the choice on the directory it entered.
 //!
-//! Where the peer tie plugs in: `LaunchRequest::ceiling`. A request whose peer is tied
-//! to a sandboxed command carries that command's `Given` there (its sandbox and `$CWD`);
-//! a peer that descends from the daemon but is tied to no command carries `read-only`.
-//! The decision below treats it as the upper bound of everything else, and `$CWD` is the
-//! ceiling's. Nothing fills it yet: the loop sets it from the connection's tie.
+//! The peer tie bounds it (`LaunchRequest::ceiling`, set by the loop from the
+//! connection's tie with `ceiling_of`): a request whose peer is tied to a sandboxed
+//! command carries that command's `Given` (its sandbox and `$CWD`); a peer that descends
+//! from the daemon but is tied to no command (or to one no longer known) carries
+//! `read-only`. The decision below treats it as the upper bound of everything else, and
+//! `$CWD` is the ceiling's. A line for an existing shell session whose sandbox is wider
+//! than the ceiling is an escalation, as a request for more would be.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,9 @@ use serde_json::json;
 
 use super::launch::LaunchRequest;
 use super::Core;
-use crate::policy::sandbox::{workspace_of, Base, Given, Kernel, Names, Resolved, Template};
+use crate::policy::sandbox::{
+    workspace_of, Base, Given, Kernel, Names, Partial, Resolved, Template,
+};
 use crate::policy::Verdict;
 use crate::wire::rpc::{RpcError, DENIED, SPAWN_FAILED};
 
@@ -93,6 +97,72 @@ impl Core {
             Some(p) => p.over(default),
             None => default.clone(),
         }
+    }
+
+    /// The most a caller tied as `tie` may have (PROTOCOL 16): none for a peer outside
+    /// the daemon (or a TCP peer, which has no process here); the sandbox of the command
+    /// it is tied to, none when that runs unsandboxed; `read-only` for a descendant tied
+    /// to no command known now (fail closed: never unsandboxed).
+    ///
+    /// `asked` is the bound the request set itself (`declared_ceiling`): the two meet,
+    /// with the tied command's `$CWD`.
+    pub fn ceiling_of(
+        &self,
+        tie: &super::tie::Tie,
+        asked: Option<Box<Given>>,
+    ) -> Option<Box<Given>> {
+        let tied = self.tie_ceiling(tie);
+        match (tied, asked) {
+            (None, a) => a,
+            (t, None) => t,
+            (Some(mut t), Some(a)) => {
+                t.sandbox = t.sandbox.meet(&a.sandbox);
+                t.name = "custom".into();
+                Some(t)
+            }
+        }
+    }
+
+    fn tie_ceiling(&self, tie: &super::tie::Tie) -> Option<Box<Given>> {
+        if !tie.descends || tie.by == super::tie::TieSource::Remote {
+            return None;
+        }
+        if let Some(p) = tie.command.and_then(|k| self.table.get(k)) {
+            // Its `$CWD` stands; where the new command runs is not checked against it.
+            return p.sandbox.clone().map(|g| {
+                Box::new(Given {
+                    verify_cwd: false,
+                    ..g
+                })
+            });
+        }
+        let names = self.names(None, 0);
+        let (sandbox, _) = Template::read_only().resolve(&names);
+        Some(Box::new(Given {
+            name: "read-only".into(),
+            sandbox,
+            cwd_root: None,
+            verify_cwd: false,
+            escalated: false,
+        }))
+    }
+
+    /// The bound a request sets itself (`sandbox_ceiling`: fields left out bound
+    /// nothing) for a command of `peer` in `cwd`: `$CWD` is the workspace `cwd` lies in
+    /// (checked by the child), and in none it stands for nothing, so a bound naming it
+    /// lets nothing be written there; a `$HOME` execd does not know is left out too.
+    /// Either way what is left out only narrows it.
+    pub fn declared_ceiling(&self, asked: &Partial, cwd: &Path, peer: u32) -> Box<Given> {
+        let ws = workspace_of(cwd, &self.sandboxing.workspaces).map(Path::to_path_buf);
+        let names = self.names(ws.as_deref(), self.runs_as(peer));
+        let (sandbox, _) = asked.over(&Template::off()).resolve(&names);
+        Box::new(Given {
+            name: Core::name_of(&sandbox, &names),
+            sandbox,
+            verify_cwd: ws.is_some(),
+            cwd_root: ws,
+            escalated: false,
+        })
     }
 
     /// The uid a command of `launch` runs as (whose home `$HOME` is): the daemon's own
@@ -182,7 +252,7 @@ impl Core {
         if let Some(c) = ceiling {
             in_force = in_force.meet(&c.sandbox);
         }
-        let verify = ws.is_some() && ceiling.is_none();
+        let verify = ws.is_some() && ceiling.is_none_or(|c| c.verify_cwd);
         let decided = match &launch.sandbox_asked {
             None => Decided::Within(Given {
                 name: Core::name_of(&in_force, &names),

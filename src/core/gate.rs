@@ -656,7 +656,18 @@ impl Core {
         };
         let key = (launch.peer.uid, exec.session_id.clone());
         let session = match self.shells.map.get(&key) {
-            Some(s) => Decided::Within(s.sandbox.clone().unwrap_or_else(Given::off)),
+            // A caller bounded by a ceiling (PROTOCOL 16) asks for more when the
+            // session's sandbox is wider than it.
+            Some(s) => {
+                let g = s.sandbox.clone().unwrap_or_else(Given::off);
+                match launch.ceiling.as_deref() {
+                    Some(c) if !g.sandbox.within(&c.sandbox) => {
+                        let outside = g.sandbox.outside(&c.sandbox);
+                        Decided::Wider { given: g, outside }
+                    }
+                    _ => Decided::Within(g),
+                }
+            }
             // The line makes the session: the session's sandbox is decided now, as for
             // its shell (the top-level one, narrowed by the request).
             None => self.sandbox_for(launch, None)?,

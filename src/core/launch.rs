@@ -54,9 +54,10 @@ pub struct LaunchRequest {
     /// The sandbox it runs in: set by the gate (`core::confine`), or carried by a shell
     /// session for its shell.
     pub sandbox: Option<Given>,
-    /// The most its caller may have: the sandbox of the command the caller's peer is
-    /// tied to (with its `$CWD`), `read-only` for a descendant of the daemon tied to
-    /// none; none for a caller outside every command. See `core::confine`.
+    /// The most it may have (`core::confine`): what the request itself bounds it to
+    /// (`sandbox_ceiling`, execctl mcp's `--sandbox`), met by the loop with what its
+    /// peer's tie allows: the sandbox of the command the peer is tied to (with its
+    /// `$CWD`), `read-only` for a descendant of the daemon tied to none. None: no bound.
     pub ceiling: Option<Box<Given>>,
     /// The front door it came through (the loop sets it before the gate), for the audit.
     pub via: super::vocab::Via,
@@ -238,6 +239,19 @@ pub fn requested_sandbox(
             };
             RpcError::invalid_params(&name, e.reason)
         }),
+    }
+}
+
+/// The door a request says relayed it (`via`, PROTOCOL 7.4): only `mcp` may be named
+/// (execctl mcp says so); none: the door it came through.
+pub fn requested_via(value: Option<&str>) -> Result<super::vocab::Via, RpcError> {
+    match value {
+        None => Ok(super::vocab::Via::Rpc),
+        Some("mcp") => Ok(super::vocab::Via::Mcp),
+        Some(other) => Err(RpcError::invalid_params(
+            "via",
+            &format!("only \"mcp\" may be named, not {other:?}"),
+        )),
     }
 }
 

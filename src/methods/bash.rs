@@ -247,6 +247,11 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         &core.cfg.limits,
     )?;
     let sandbox_asked = crate::core::launch::requested_sandbox("sandbox", p.opt_value("sandbox"))?;
+    // What a relaying front end says (execctl mcp): its door, and the most it lets the
+    // command have.
+    let via = crate::core::launch::requested_via(p.opt_str("via")?)?;
+    let bound =
+        crate::core::launch::requested_sandbox("sandbox_ceiling", p.opt_value("sandbox_ceiling"))?;
     let requested = p.opt_str("session_id")?.filter(|s| !s.is_empty());
     let existed = requested.is_some_and(|id| {
         core.table
@@ -258,6 +263,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let cwd = dir
         .clone()
         .unwrap_or_else(|| core.table.sessions[&session].workdir.clone());
+    let ceiling = bound.map(|b| core.declared_ceiling(&b, &cwd, caller.uid));
     Ok(Step::Launch(Box::new(LaunchRequest {
         family: Family::Bash {
             session_id: session.1,
@@ -280,7 +286,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         limits,
         admitted: None,
         origin: None,
-        via: Default::default(),
+        via,
         after: After::BashExec {
             async_mode,
             timeout,
@@ -291,7 +297,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         },
         sandbox_asked,
         sandbox: None,
-        ceiling: None,
+        ceiling,
     })))
 }
 

@@ -259,6 +259,11 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
     let truncate = p.opt_bool("truncate")?.unwrap_or(true);
     let keep_symlinks = p.opt_bool("preserve_symlinks")?;
     let sandbox_asked = crate::core::launch::requested_sandbox("sandbox", p.opt_value("sandbox"))?;
+    // What a relaying front end says (execctl mcp): its door, and the most it lets the
+    // line have.
+    let via = crate::core::launch::requested_via(p.opt_str("via")?)?;
+    let bound =
+        crate::core::launch::requested_sandbox("sandbox_ceiling", p.opt_value("sandbox_ceiling"))?;
     let requested = p.opt_str("id")?.filter(|s| !s.is_empty());
     let (id, creates) = match requested {
         Some(id) => {
@@ -284,6 +289,7 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .get(&key)
         .map_or_else(|| core.cfg.workdir.clone(), |s| s.workdir.clone());
     let dir = exec_dir.clone().unwrap_or_else(|| session_dir.clone());
+    let ceiling = bound.map(|b| core.declared_ceiling(&b, &dir, caller.uid));
     let exec = ShellExec {
         session_id: id.clone(),
         creates,
@@ -324,10 +330,10 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         after: After::ShellLine(Box::new(exec)),
         admitted: None,
         origin: None,
-        via: Default::default(),
+        via,
         sandbox_asked,
         sandbox: None,
-        ceiling: None,
+        ceiling,
     });
     // A session's sandbox is fixed when it is made: a later line may only repeat it.
     if let (false, Some(asked)) = (creates, &launch.sandbox_asked) {

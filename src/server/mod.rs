@@ -620,8 +620,12 @@ impl Server {
             Ok(Step::Launch(mut launch)) => {
                 // The door it came through, for the audit (a shell restarted by the daemon
                 // keeps its default).
+                // And what its peer descends from bounds its sandbox (PROTOCOL 16).
                 if let Some(c) = self.clients.get(&token) {
-                    launch.via = c.via();
+                    if launch.via == crate::core::vocab::Via::Rpc {
+                        launch.via = c.via();
+                    }
+                    launch.ceiling = self.core.ceiling_of(&c.tie, launch.ceiling.take());
                 }
                 match self.core.gate(launch, conn_id(token), req) {
                     Gated::Admitted(launch) => self.start(token, req, launch),

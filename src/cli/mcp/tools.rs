@@ -102,6 +102,7 @@ pub fn list(structured: bool) -> Vec<Value> {
             "tty": boolean("run it in a pseudo-terminal (24x80), for programs that want one"),
             "stdin": string("input to give it, then end of input; absent: stdin stays open for write"),
             "background": boolean("keep it running when this client goes away"),
+            "sandbox": {"description": "run it in a narrower sandbox: a preset (workspace, read-only, off) or {write, read, exec, network, protect}; never wider than the server's --sandbox", "type": ["string", "object"]},
             "max_output_bytes": max_output.clone(),
         }),
         &["command"],
@@ -292,6 +293,8 @@ pub struct Run {
     pub tty: bool,
     pub stdin: Option<String>,
     pub background: bool,
+    /// The sandbox asked for (checked as a shape; the daemon judges it).
+    pub sandbox: Option<Value>,
     pub max_output: Option<usize>,
 }
 
@@ -413,8 +416,23 @@ pub fn parse(name: &str, arguments: Option<&Value>) -> Result<Call, Bad> {
                 "tty",
                 "stdin",
                 "background",
+                "sandbox",
                 "max_output_bytes",
             ])?;
+            let sandbox = match a.get("sandbox") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    crate::policy::sandbox::parse(v).map_err(|e| {
+                        let key = if e.key.is_empty() {
+                            String::new()
+                        } else {
+                            format!(".{}", e.key)
+                        };
+                        a.bad(&format!("sandbox{key}"), &e.reason)
+                    })?;
+                    Some(v.clone())
+                }
+            };
             let mut env = BTreeMap::new();
             match a.get("env") {
                 None => {}
@@ -437,6 +455,7 @@ pub fn parse(name: &str, arguments: Option<&Value>) -> Result<Call, Bad> {
                 tty: a.opt_bool("tty")?.unwrap_or(false),
                 stdin: a.opt_str("stdin")?,
                 background: a.opt_bool("background")?.unwrap_or(false),
+                sandbox,
                 max_output: a.max_output()?,
             }))
         }
