@@ -929,6 +929,26 @@ fn below_landlock_6_a_seccomp_rule_keeps_signals_off_the_daemon() {
     }
     assert!(pid_alive(daemon));
     assert!(!p.out().join("f").exists());
+    // The ways round kill: a pidfd of /proc/PID, and the daemon as the owner of a
+    // descriptor's I/O signals (SIGIO's default ends a process).
+    if have(&["python3"]) {
+        let py = format!(
+            "python3 -c 'import fcntl, os, signal\n\
+             fd = os.open(\"/proc/{daemon}\", os.O_RDONLY)\n\
+             try:\n    signal.pidfd_send_signal(fd, signal.SIGTERM); print(\"pidfd=0\")\n\
+             except OSError as e: print(\"pidfd=%d\" % e.errno)\n\
+             r, w = os.pipe()\n\
+             try:\n    fcntl.fcntl(r, fcntl.F_SETOWN, {daemon}); print(\"owner=0\")\n\
+             except OSError as e: print(\"owner=%d\" % e.errno)\n\
+             fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)\n\
+             os.write(w, b\"x\")'"
+        );
+        let (text, _) = bash(&mut c, &py, &p.ws(), json!({}));
+        assert!(text.contains("pidfd=1"), "{text}");
+        assert!(text.contains("owner=1"), "{text}");
+        assert!(pid_alive(daemon), "{text}");
+        ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    }
 }
 
 #[test]

@@ -342,6 +342,56 @@ fn signals_from_a_command_are_ignored_and_from_outside_still_work() {
     assert_no_panic(&d);
 }
 
+/// Signals whose sender the daemon cannot know are never acted on: a queued one (its pid
+/// is the sender's to write, here the test's own, from outside) and one raised by I/O on
+/// a descriptor a command gave the daemon as owner (`F_SETOWN` + `F_SETSIG`).
+#[test]
+fn queued_and_io_raised_signals_are_never_acted_on() {
+    let (d, audit) = daemon(&["--cgroup", "off"]);
+    let mut c = d.client();
+    let pid = d.pid();
+    // SAFETY: sigqueue with a plain value to the daemon this test started.
+    let r = unsafe {
+        libc::sigqueue(
+            pid,
+            libc::SIGUSR2,
+            libc::sigval {
+                sival_ptr: std::ptr::null_mut(),
+            },
+        )
+    };
+    assert_eq!(r, 0, "sigqueue: {}", std::io::Error::last_os_error());
+    if have(&["python3"]) {
+        let line = format!(
+            "python3 -c 'import fcntl, os, signal, time\n\
+             r, w = os.pipe()\n\
+             fcntl.fcntl(r, fcntl.F_SETOWN, {pid})\n\
+             fcntl.fcntl(r, 10, signal.SIGHUP)\n\
+             fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)\n\
+             os.write(w, b\"x\")\n\
+             time.sleep(0.2)'"
+        );
+        run(&mut c, &line);
+    }
+    let want = if have(&["python3"]) { 2 } else { 1 };
+    wait_until("the refusals audited", || {
+        audit_lines(&audit)
+            .iter()
+            .filter(|r| r["event"] == "refuse" && r["why"] == "not sent by kill")
+            .count()
+            >= want
+    });
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init["_meta"]["execd"]["upgrades"], 0);
+    let records = audit_lines(&audit);
+    assert!(
+        !records.iter().any(|r| r["event"] == "policy_reload"),
+        "{records:?}"
+    );
+    assert!(d.log().contains("not sent by kill"));
+    assert_no_panic(&d);
+}
+
 /// A FIFO as the audit target, opened for reading but not read: the daemon's records
 /// wait in its queue.
 struct StalledAudit {

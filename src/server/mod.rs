@@ -966,12 +966,35 @@ impl Server {
     }
 
     /// Whether the sender of `origin` (`signal`, SIGHUP or SIGUSR2) may have it acted on:
-    /// not when it descends from the daemon (7.3), or cannot be shown not to (it is gone
-    /// already); then the signal is ignored, logged and audited as `refuse {signal, pid}`.
-    /// A signal the kernel sent (a terminal's hang-up) has no sender and is acted on.
+    /// only a `kill` or `tgkill` (whose sender pid the kernel fills in and no process can
+    /// forge), from a sender that does not descend from the daemon (7.3) and can be shown
+    /// not to (it is not gone already); and a SIGHUP the kernel sent (a terminal's
+    /// hang-up). A queued signal (its pid written by the sender), one raised by I/O on a
+    /// descriptor (`F_SETOWN`), or one whose cause is unknown is never acted on. A refused
+    /// one is logged and audited as `refuse {signal, pid}`.
     fn sender_may_operate(&mut self, origin: &Origin, signal: &str) -> bool {
-        let Some(sender) = origin.process else {
-            return true;
+        use signal_hook::low_level::siginfo::{Cause, Sent};
+        let sender = match (origin.cause, origin.process) {
+            (Cause::Sent(Sent::User | Sent::TKill), Some(sender)) => sender,
+            (Cause::Kernel, _) if signal == "SIGHUP" => return true,
+            (cause, process) => {
+                let pid = process.map(|p| p.pid);
+                self.core.log.refusal(
+                    "subject signal",
+                    self.core.now,
+                    format_args!(
+                        "{signal} ignored: not sent by kill ({cause:?}, pid {pid:?}), so who \
+                         sent it cannot be told"
+                    ),
+                );
+                self.core.record(
+                    "refuse",
+                    None,
+                    serde_json::json!({ "signal": signal, "pid": pid,
+                                        "why": "not sent by kill", "cause": format!("{cause:?}") }),
+                );
+                return false;
+            }
         };
         let tie = self.children.tie_of_sender(&self.core, sender.pid);
         if !tie.descends {

@@ -290,10 +290,26 @@ fn compile(
 }
 
 fn cond(arg: u8, value: u64, op: SeccompCmpOp) -> Result<SeccompRule, String> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
-        .and_then(|c| SeccompRule::new(vec![c]))
+    all_of(&[(arg, value, op)])
+}
+
+/// A rule that holds when every `(arg, value, op)` does.
+fn all_of(conds: &[(u8, u64, SeccompCmpOp)]) -> Result<SeccompRule, String> {
+    conds
+        .iter()
+        .map(|(arg, value, op)| {
+            SeccompCondition::new(*arg, SeccompCmpArgLen::Dword, op.clone(), *value)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(SeccompRule::new)
         .map_err(|e| format!("seccomp: {e}"))
 }
+
+/// `fcntl` and `ioctl` numbers the libc crate does not name (asm-generic, every
+/// architecture execd builds for).
+const F_SETOWN_EX: i32 = 15;
+const FIOSETOWN: i32 = 0x8901;
+const SIOCSPGRP: i32 = 0x8902;
 
 impl Filters {
     /// Compiles every program; `pid` and `pgrp` are the daemon's.
@@ -321,6 +337,27 @@ impl Filters {
                 (libc::SYS_rt_sigqueueinfo, vec![eq(0, pid)?]),
                 (libc::SYS_rt_tgsigqueueinfo, vec![eq(0, pid)?]),
                 (libc::SYS_pidfd_open, vec![eq(0, pid)?]),
+                // A `/proc/PID` directory is a pidfd too, and whose it is cannot be seen
+                // here: no pidfd signals at all.
+                (libc::SYS_pidfd_send_signal, vec![]),
+                // The daemon as the owner of a descriptor's I/O signals (`SIGIO`, or any
+                // signal `F_SETSIG` names): by pid or group; `F_SETOWN_EX` and the
+                // socket ioctls take a pointer, so they are refused whatever they name.
+                (
+                    libc::SYS_fcntl,
+                    vec![
+                        all_of(&[
+                            (1, libc::F_SETOWN as u64, SeccompCmpOp::Eq),
+                            (2, pid as u32 as u64, SeccompCmpOp::Eq),
+                        ])?,
+                        all_of(&[
+                            (1, libc::F_SETOWN as u64, SeccompCmpOp::Eq),
+                            (2, (-pgrp) as u32 as u64, SeccompCmpOp::Eq),
+                        ])?,
+                        eq(1, F_SETOWN_EX)?,
+                    ],
+                ),
+                (libc::SYS_ioctl, vec![eq(1, FIOSETOWN)?, eq(1, SIOCSPGRP)?]),
             ],
             SeccompAction::Errno(libc::EPERM as u32),
         )?;
