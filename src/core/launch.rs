@@ -250,7 +250,7 @@ pub fn requested_via(value: Option<&str>) -> Result<super::vocab::Via, RpcError>
         Some("mcp") => Ok(super::vocab::Via::Mcp),
         Some(other) => Err(RpcError::invalid_params(
             "via",
-            &format!("only \"mcp\" may be named, not {other:?}"),
+            format!("only \"mcp\" may be named, not {other:?}"),
         )),
     }
 }
