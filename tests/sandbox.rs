@@ -1306,3 +1306,56 @@ fn execctl_mcp_sandbox_is_a_ceiling_and_its_calls_say_via_mcp() {
     }
     assert_no_panic(&d);
 }
+
+#[test]
+fn a_sandboxed_command_cannot_type_into_a_wider_program() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("off", &[]);
+    let mut c = d.client();
+    // An unsandboxed shell reading its stdin, started from outside.
+    let r = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "sh", "session_id": "victim", "async_mode": true,
+               "exec_dir": s(&p.ws())}),
+    );
+    let victim = r["command_id"].as_str().expect("command_id").to_string();
+    // A command in `workspace` tries to type a line into it, by execctl and by a raw call.
+    let o = s(&p.out());
+    let typed = format!("echo x > {o}/typed\n");
+    let line = format!(
+        "printf '{}' | {}; echo write=$?; {}; echo call=$?",
+        typed.replace('\n', "\\n"),
+        execctl_line(&d, &format!("write {victim}")),
+        execctl_line(
+            &d,
+            &format!(
+                "call bash/write '{}'",
+                json!({"session_id": "victim", "command_id": victim, "input": typed})
+            )
+        ),
+    );
+    let (text, _) = bash(&mut c, &line, &p.ws(), json!({"sandbox": "workspace"}));
+    assert!(!text.contains("write=0"), "{text}");
+    assert!(!text.contains("call=0"), "{text}");
+    assert!(text.contains("wider than the sandbox"), "{text}");
+    // From outside it still takes input.
+    ok(
+        &mut c,
+        "bash/write",
+        json!({"session_id": "victim", "command_id": victim, "input": "exit 0\n"}),
+    );
+    wait_until("the victim ends", || {
+        let r = ok(
+            &mut c,
+            "bash/output",
+            json!({"session_id": "victim", "command_id": victim}),
+        );
+        r["status"] != "running"
+    });
+    assert!(!p.out().join("typed").exists(), "{text}");
+    assert_no_panic(&d);
+}

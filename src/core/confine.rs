@@ -147,6 +147,29 @@ impl Core {
         }))
     }
 
+    /// Whether `caller` may give input to a program running in sandbox `target` (none:
+    /// unsandboxed): a caller bounded by its tie (PROTOCOL 16) types only into what runs
+    /// within its ceiling, since typing into a wider program (a shell, an interpreter's
+    /// prompt) would step outside as a request for one would. `-32005` otherwise.
+    pub fn may_feed(&self, caller: &super::Caller, target: Option<&Given>) -> Result<(), RpcError> {
+        let Some(c) = self.tie_ceiling(&caller.tie) else {
+            return Ok(());
+        };
+        let off = Resolved::off();
+        let target = target.map_or(&off, |g| &g.sandbox);
+        let outside = target.outside(&c.sandbox);
+        if outside.is_empty() {
+            return Ok(());
+        }
+        Err(refused(
+            "sandbox",
+            &format!(
+                "it runs wider than the sandbox of the command this caller descends from ({})",
+                outside.join(", ")
+            ),
+        ))
+    }
+
     /// The bound a request sets itself (`sandbox_ceiling`: fields left out bound
     /// nothing) for a command of `peer` in `cwd`: `$CWD` is the workspace `cwd` lies in
     /// (checked by the child), and in none it stands for nothing, so a bound naming it

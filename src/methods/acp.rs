@@ -338,7 +338,7 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let data = crate::methods::bash::write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    super::write_stdin(core, key, data, eof, wait)
+    super::write_stdin(core, caller, key, data, eof, wait)
 }
 
 /// `terminal/output`: the retained tail, never blocking. An execd extension reads a slice:

@@ -112,11 +112,13 @@ fn written(n: usize) -> Value {
 /// now, or, with `wait`, once it fits the stdin buffer.
 pub fn write_stdin(
     core: &mut Core,
+    caller: &Caller,
     key: Key,
     data: Vec<u8>,
     eof: bool,
     wait: bool,
 ) -> Result<Step, RpcError> {
+    core.may_feed(caller, core.table.get(key).and_then(|p| p.sandbox.as_ref()))?;
     let n = data.len();
     Ok(match core.write_stdin(key, data, eof, wait)? {
         None => Step::Done(written(n)),

@@ -640,6 +640,8 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     if enter {
         data.push(b'\r');
     }
+    let session = core.shells.map.get(&key).and_then(|s| s.sandbox.as_ref());
+    core.may_feed(caller, session)?;
     let status = core.shell_write(&key, &data)?;
     Ok(Step::Done(
         json!({ "status": status, "written": data.len() }),
