@@ -345,13 +345,33 @@ pub struct Spawned {
 /// stack). Dropping it while the child may still run would pull that memory from under
 /// it: keep it until the child exec'd or was reaped.
 pub struct InFlight {
-    _prepared: Box<Prepared>,
+    prepared: Box<Prepared>,
+    /// Where its child's stack goes back once the child is done with it.
+    stacks: Stacks,
+}
+
+/// Child stacks no child uses any more, for the next spawns: a spawn then costs no
+/// allocation (and no `mmap`/`munmap` pair) for its stack. At most `STACKS_KEPT` are kept.
+type Stacks = std::rc::Rc<std::cell::RefCell<Vec<Vec<u8>>>>;
+
+/// The most idle child stacks kept (64 KiB each): as many as spawns commonly in flight at
+/// once in a burst; a larger burst allocates the rest and lets them go.
+const STACKS_KEPT: usize = 16;
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let stack = std::mem::take(&mut self.prepared.stack);
+        let mut kept = self.stacks.borrow_mut();
+        if kept.len() < STACKS_KEPT && stack.len() == CHILD_STACK {
+            kept.push(stack);
+        }
+    }
 }
 
 impl InFlight {
     /// How root number `n` a request named was written (for a failed sandbox's error).
     pub fn sandbox_root(&self, n: usize) -> Option<String> {
-        let c = self._prepared.confined.as_ref()?;
+        let c = self.prepared.confined.as_ref()?;
         let rule = c.rules.get(n)?;
         // SAFETY: `shown` points into a CString the `Confined` owns.
         let shown = unsafe { std::ffi::CStr::from_ptr(rule.shown) };
@@ -1309,9 +1329,19 @@ pub struct Spawner {
     /// `/dev/null`, the stdin of every terminal.
     null: OwnedFd,
     shared: Shared,
+    stacks: Stacks,
 }
 
 impl Spawner {
+    /// A child stack: one a finished spawn gave back, else a new one. Its contents do not
+    /// matter (a stack is written before it is read).
+    fn stack(&self) -> Vec<u8> {
+        self.stacks
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| vec![0u8; CHILD_STACK])
+    }
+
     /// Build this after the daemon's signal handlers are installed: they are what a child
     /// must reset. `child_nofile` is the descriptor limit to give back (see `raise_nofile`).
     /// `withheld` names variables of the daemon's environment no command may see.
@@ -1380,6 +1410,7 @@ impl Spawner {
             base_env,
             null: dev_null()?,
             shared,
+            stacks: Stacks::default(),
         })
     }
 
@@ -1471,7 +1502,7 @@ impl Spawner {
             reset: self.shared.reset.clone(),
             confined,
             check_binary: spec.check_binary,
-            stack: vec![0u8; CHILD_STACK],
+            stack: self.stack(),
             plan: ChildPlan::EMPTY,
         });
         self.clone_child(prepared, wired, user.map(|u| (u.0, u.1)), spec.cgroup_procs)
@@ -1514,7 +1545,7 @@ impl Spawner {
             reset: self.shared.reset.clone(),
             confined: None,
             check_binary: None,
-            stack: vec![0u8; CHILD_STACK],
+            stack: self.stack(),
             plan: ChildPlan::EMPTY,
         });
         self.clone_child(prepared, wired, None, None)
@@ -1615,7 +1646,8 @@ impl Spawner {
             ends: wired.parent,
             report,
             memory: InFlight {
-                _prepared: prepared,
+                prepared,
+                stacks: self.stacks.clone(),
             },
         })
     }
