@@ -6,9 +6,7 @@
 //! shell itself must hold: its command channel takes no line from a program, its helper
 //! takes no orders from a variable, its prompts run nothing a line put there.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::util::*;
@@ -149,32 +147,7 @@ impl Door {
 
 /// One POST over the daemon's socket (`Connection: close`): status and JSON body.
 fn http(socket: &Path, path: &str, body: &Value) -> (u16, Value) {
-    let mut s = UnixStream::connect(socket).expect("connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    let body = body.to_string();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: execd\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 65536];
-    loop {
-        match read_some(&mut s, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-    let text = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(body).expect("JSON body"))
+    crate::shell::http(socket, "POST", path, body)
 }
 
 /// Every audit record so far.

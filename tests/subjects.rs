@@ -23,20 +23,7 @@ const EXECCTL: &str = env!("CARGO_BIN_EXE_execctl");
 
 /// A daemon with `POLICY`, an audit file and `extra` flags; its audit file's path.
 fn daemon(extra: &[&str]) -> (Daemon, PathBuf) {
-    let dir = TempDir::new();
-    let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, POLICY).expect("write policy");
-    let audit = dir.path().join("audit.jsonl");
-    let socket = dir.path().join("execd.sock");
-    let mut flags = vec![
-        "--policy".to_string(),
-        policy.display().to_string(),
-        "--audit".to_string(),
-        audit.display().to_string(),
-    ];
-    flags.extend(extra.iter().map(|s| s.to_string()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    (Daemon::start_at(dir, socket, &flags), audit)
+    with_policy(POLICY, extra)
 }
 
 fn audit_lines(path: &Path) -> Vec<Value> {

@@ -173,24 +173,6 @@ fn audit_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// A daemon with `policy` (JSON) and an audit file: the daemon, the audit's path.
-fn with_policy(policy: &str, extra: &[&str]) -> (Daemon, PathBuf) {
-    let dir = TempDir::new();
-    let path = dir.path().join("policy.json");
-    std::fs::write(&path, policy).expect("policy");
-    let audit = dir.path().join("audit.jsonl");
-    let socket = dir.path().join("execd.sock");
-    let mut flags = vec![
-        "--policy".to_string(),
-        path.display().to_string(),
-        "--audit".into(),
-        audit.display().to_string(),
-    ];
-    flags.extend(extra.iter().map(|s| s.to_string()));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    (Daemon::start_at(dir, socket, &flags), audit)
-}
-
 /// One raw HTTP exchange on `s` (`Connection: close`): status, head and body.
 fn raw_http(mut s: impl Read + Write, request: &str) -> (u16, String, String) {
     s.write_all(request.as_bytes()).expect("send");

@@ -781,3 +781,22 @@ impl Reap {
         }
     }
 }
+
+/// A daemon with `policy` (JSON) and an audit file, and `extra` flags: the daemon and the
+/// audit file's path.
+pub fn with_policy(policy: &str, extra: &[&str]) -> (Daemon, PathBuf) {
+    let dir = TempDir::new();
+    let path = dir.path().join("policy.json");
+    std::fs::write(&path, policy).expect("policy");
+    let audit = dir.path().join("audit.jsonl");
+    let socket = dir.path().join("execd.sock");
+    let mut flags = vec![
+        "--policy".to_string(),
+        path.display().to_string(),
+        "--audit".into(),
+        audit.display().to_string(),
+    ];
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    (Daemon::start_at(dir, socket, &flags), audit)
+}
