@@ -1286,19 +1286,42 @@ fn execctl_mcp_sandbox_is_a_ceiling_and_its_calls_say_via_mcp() {
     );
     assert!(r.to_string().contains("DONE"), "{r}");
     assert!(!p.ws().join("shellmade").exists(), "{r}");
+    // A wider session of the same user (made from outside, running `cat`): the model
+    // may name it, but not type into what runs there.
+    ok(
+        &mut d.client(),
+        "shell/exec",
+        json!({"id": "wide", "command": "cat", "async_mode": true, "exec_dir": s(&p.ws())}),
+    );
+    let r = m.call(
+        "tools/call",
+        json!({"name": "shell", "arguments": {"session": "wide", "command": "true"}}),
+    );
+    assert!(r.to_string().contains("isError"), "{r}");
+    let r = m.call(
+        "tools/call",
+        json!({"name": "write", "arguments": {"id": "wide", "input": "typed\n"}}),
+    );
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(r.to_string().contains("wider than"), "{r}");
     // The audit says the door and the sandbox.
-    wait_until("the audit has the starts", || {
-        std::fs::read_to_string(&audit).is_ok_and(|t| t.matches("\"start\"").count() >= 3)
-    });
+    // Its own starts: the run calls' commands and its shell session's lines.
+    let starts = || -> Vec<Value> {
+        std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["event"] == "start"
+                    && v["session"] != "wide"
+                    && (v["shell"] == true
+                        || v["id"].as_str().is_some_and(|i| i.starts_with("cmd_")))
+            })
+            .collect()
+    };
+    wait_until("the audit has the starts", || starts().len() >= 3);
     let text = std::fs::read_to_string(&audit).expect("audit");
-    let starts: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| {
-            v["event"] == "start"
-                && (v["shell"] == true || v["id"].as_str().is_some_and(|i| i.starts_with("cmd_")))
-        })
-        .collect();
+    let starts = starts();
     assert_eq!(starts.len(), 3, "two run calls and a shell line:\n{text}");
     for st in &starts {
         assert_eq!(st["via"], "mcp", "{st}");
@@ -1341,7 +1364,31 @@ fn a_sandboxed_command_cannot_type_into_a_wider_program() {
     let (text, _) = bash(&mut c, &line, &p.ws(), json!({"sandbox": "workspace"}));
     assert!(!text.contains("write=0"), "{text}");
     assert!(!text.contains("call=0"), "{text}");
-    assert!(text.contains("wider than the sandbox"), "{text}");
+    assert!(
+        text.contains("wider than the most this caller may have"),
+        "{text}"
+    );
+    // Nor by watching a wider session at /v1/shell/ws (keys are a running command's
+    // input): the handshake is refused.
+    ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "wide", "command": "true", "exec_dir": s(&p.ws())}),
+    );
+    if have(&["python3"]) {
+        let py = format!(
+            "python3 -c 'import socket\n\
+             s = socket.socket(socket.AF_UNIX); s.connect(\"{}\")\n\
+             s.sendall(b\"GET /v1/shell/ws?session_id=wide HTTP/1.1\\r\\nHost: localhost\\r\\n\
+             Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\\r\\nSec-WebSocket-Version: 13\\r\\n\\r\\n\")\n\
+             print(\"STATUS\", s.recv(200).split(b\"\\r\\n\")[0].decode())'",
+            s(&d.socket)
+        );
+        let (text, _) = bash(&mut c, &py, &p.ws(), json!({"sandbox": "workspace"}));
+        assert!(text.contains("STATUS HTTP/1.1 "), "{text}");
+        assert!(!text.contains(" 101 "), "{text}");
+    }
     // From outside it still takes input.
     ok(
         &mut c,

@@ -1004,7 +1004,10 @@ impl Server {
                 call: Some(id),
             });
         } else if self.is_shell(&what) {
-            let params = json!({"id": what, "input": input, "press_enter": false});
+            let mut params = json!({"id": what, "input": input, "press_enter": false});
+            if let Some((bound, _)) = &self.ceilings.sandbox {
+                params["sandbox_ceiling"] = bound.clone();
+            }
             self.daemon_answer(
                 id,
                 "shell/write",
@@ -1032,6 +1035,10 @@ impl Server {
             "eof": last && f.eof,
             "wait": true,
         });
+        let mut params = params;
+        if let Some((bound, _)) = &self.ceilings.sandbox {
+            params["sandbox_ceiling"] = bound.clone();
+        }
         self.send_daemon("bash/write", params, Pending::Feed(f));
     }
 

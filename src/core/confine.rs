@@ -151,20 +151,38 @@ impl Core {
     /// unsandboxed): a caller bounded by its tie (PROTOCOL 16) types only into what runs
     /// within its ceiling, since typing into a wider program (a shell, an interpreter's
     /// prompt) would step outside as a request for one would. `-32005` otherwise.
-    pub fn may_feed(&self, caller: &super::Caller, target: Option<&Given>) -> Result<(), RpcError> {
-        let Some(c) = self.tie_ceiling(&caller.tie) else {
-            return Ok(());
+    ///
+    /// `bound` is what the request bounds itself to (`sandbox_ceiling`), `$CWD` in it the
+    /// target's own.
+    pub fn may_feed(
+        &self,
+        caller: &super::Caller,
+        target: Option<&Given>,
+        bound: Option<&Partial>,
+    ) -> Result<(), RpcError> {
+        let declared = bound.map(|b| {
+            let names = self.names(
+                target.and_then(|g| g.cwd_root.as_deref()),
+                self.runs_as(caller.uid),
+            );
+            b.over(&Template::off()).resolve(&names).0
+        });
+        let ceiling = match (self.tie_ceiling(&caller.tie), declared) {
+            (None, None) => return Ok(()),
+            (Some(t), None) => t.sandbox,
+            (None, Some(d)) => d,
+            (Some(t), Some(d)) => t.sandbox.meet(&d),
         };
         let off = Resolved::off();
         let target = target.map_or(&off, |g| &g.sandbox);
-        let outside = target.outside(&c.sandbox);
+        let outside = target.outside(&ceiling);
         if outside.is_empty() {
             return Ok(());
         }
         Err(refused(
             "sandbox",
             &format!(
-                "it runs wider than the sandbox of the command this caller descends from ({})",
+                "it runs wider than the most this caller may have ({})",
                 outside.join(", ")
             ),
         ))

@@ -338,7 +338,9 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let data = crate::methods::bash::write_input(p)?;
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
-    super::write_stdin(core, caller, key, data, eof, wait)
+    let bound =
+        crate::core::launch::requested_sandbox("sandbox_ceiling", p.opt_value("sandbox_ceiling"))?;
+    super::write_stdin(core, caller, bound, key, data, eof, wait)
 }
 
 /// `terminal/output`: the retained tail, never blocking. An execd extension reads a slice:

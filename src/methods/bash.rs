@@ -430,7 +430,9 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     let eof = p.opt_bool("eof")?.unwrap_or(false);
     let wait = p.opt_bool("wait")?.unwrap_or(false);
     let key = running_target(core, caller, p)?;
-    super::write_stdin(core, caller, key, data, eof, wait)
+    let bound =
+        crate::core::launch::requested_sandbox("sandbox_ceiling", p.opt_value("sandbox_ceiling"))?;
+    super::write_stdin(core, caller, bound, key, data, eof, wait)
 }
 
 /// `bash/kill`: a signal to the command's tree.

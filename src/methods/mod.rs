@@ -113,12 +113,17 @@ fn written(n: usize) -> Value {
 pub fn write_stdin(
     core: &mut Core,
     caller: &Caller,
+    bound: Option<crate::policy::sandbox::Partial>,
     key: Key,
     data: Vec<u8>,
     eof: bool,
     wait: bool,
 ) -> Result<Step, RpcError> {
-    core.may_feed(caller, core.table.get(key).and_then(|p| p.sandbox.as_ref()))?;
+    core.may_feed(
+        caller,
+        core.table.get(key).and_then(|p| p.sandbox.as_ref()),
+        bound.as_ref(),
+    )?;
     let n = data.len();
     Ok(match core.write_stdin(key, data, eof, wait)? {
         None => Step::Done(written(n)),

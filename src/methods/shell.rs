@@ -289,7 +289,14 @@ pub fn exec(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcErr
         .get(&key)
         .map_or_else(|| core.cfg.workdir.clone(), |s| s.workdir.clone());
     let dir = exec_dir.clone().unwrap_or_else(|| session_dir.clone());
-    let ceiling = bound.map(|b| core.declared_ceiling(&b, &dir, caller.uid));
+    // An existing session's `$CWD` is fixed (a `cd` never moves it): the bound's is that.
+    let fixed = core
+        .shells
+        .map
+        .get(&key)
+        .and_then(|s| s.sandbox.as_ref()?.cwd_root.clone());
+    let ceiling =
+        bound.map(|b| core.declared_ceiling(&b, fixed.as_deref().unwrap_or(&dir), caller.uid));
     let exec = ShellExec {
         session_id: id.clone(),
         creates,
@@ -640,8 +647,10 @@ pub fn write(core: &mut Core, caller: &Caller, p: &Params) -> Result<Step, RpcEr
     if enter {
         data.push(b'\r');
     }
+    let bound =
+        crate::core::launch::requested_sandbox("sandbox_ceiling", p.opt_value("sandbox_ceiling"))?;
     let session = core.shells.map.get(&key).and_then(|s| s.sandbox.as_ref());
-    core.may_feed(caller, session)?;
+    core.may_feed(caller, session, bound.as_ref())?;
     let status = core.shell_write(&key, &data)?;
     Ok(Step::Done(
         json!({ "status": status, "written": data.len() }),

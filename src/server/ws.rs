@@ -123,8 +123,13 @@ impl Server {
         let (key, create) = match params.get("session_id").and_then(Value::as_str) {
             Some(id) if !id.is_empty() => {
                 let key = (caller.uid, id.to_string());
-                if !self.core.shells.map.contains_key(&key) {
+                let Some(s) = self.core.shells.map.get(&key) else {
                     let e = RpcError::not_found("shell session", id);
+                    return self.answer(token, Some(req), Err(e));
+                };
+                // Keys typed while a command runs are its input: a caller bounded by its
+                // tie watches only a session within its sandbox (PROTOCOL 16).
+                if let Err(e) = self.core.may_feed(&caller, s.sandbox.as_ref(), None) {
                     return self.answer(token, Some(req), Err(e));
                 }
                 (key, None)
