@@ -958,6 +958,37 @@ mod tests {
     }
 
     /// The audit records written so far, as JSON.
+    /// A shared uid's connection churn fills only its half of a stalled audit queue:
+    /// root's records still go in.
+    #[test]
+    fn a_shared_uids_connections_hold_only_its_share_of_the_audit_queue() {
+        use crate::core::table::Peer;
+        let mut c = gated();
+        let shared = Peer {
+            uid: 1000,
+            gid: 1000,
+            pid: 7,
+        };
+        let root = Peer {
+            uid: 0,
+            gid: 0,
+            pid: 8,
+        };
+        let pad = "x".repeat(8000);
+        for _ in 0..400 {
+            c.record("connect", Some(shared), json!({ "pad": pad }));
+        }
+        let held = c.log.queue.pending().len();
+        assert!(held <= crate::core::log::QUEUE_BYTES / 2, "{held}");
+        c.record("connect", Some(root), json!({}));
+        let records = audit(&mut c);
+        assert_eq!(
+            records.last().unwrap()["peer"]["uid"],
+            0,
+            "root's record went in"
+        );
+    }
+
     fn audit(c: &mut Core) -> Vec<Value> {
         let text = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
         text.lines()

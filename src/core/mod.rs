@@ -353,9 +353,8 @@ impl Core {
     }
 
     /// Writes one audit record (when auditing): `event`, the peer it concerns, and its
-    /// own fields, in at most `log::RECORD_MAX` bytes. A record a shared uid's request
-    /// made without starting anything (`deny`, `ask`, `refuse`, `reject` for want of an
-    /// approver) is held in that uid's share of the queue (PROTOCOL 7.4).
+    /// own fields, in at most `log::RECORD_MAX` bytes. A record a shared uid's peer
+    /// causes is held in that uid's share of the queue (PROTOCOL 7.4).
     pub fn record(&mut self, event: &str, peer: Option<Peer>, fields: Value) {
         self.record_queued(event, peer, fields, Queued::Any);
     }
@@ -375,9 +374,10 @@ impl Core {
             Value::Object(m) => m,
             _ => Default::default(),
         };
-        let flood = matches!(event, "deny" | "ask" | "refuse")
-            || (event == "reject" && fields.get("reason") == Some(&json!("no approver")));
-        let share = peer.map(|p| p.uid).filter(|&u| flood && self.shares(u));
+        // Every record a shared uid's peer causes (its denials and asks, its connections,
+        // its commands' ends) holds at most its share of the queue, so its flood loses only
+        // its own; a command's start goes into the room promised for it.
+        let share = peer.map(|p| p.uid).filter(|&u| self.shares(u));
         let peer = peer.map(|p| json!({ "uid": p.uid, "gid": p.gid, "pid": p.pid }));
         let line = log::bounded_audit_line(self.wall, event, peer, fields);
         let q = self.audit_queue();
