@@ -173,6 +173,9 @@ async def drive(page, url):
     )
     sizes = [l for l in lines(text) if re.fullmatch(r"\d+ \d+", l)]
     check("stty size", bool(sizes), text)
+    # Keys typed before the prompt are the running command's input (and what it leaves
+    # unread is discarded at the prompt): the next line waits for it.
+    await page.until("the prompt after stty size", prompted)
 
     # A reload comes back to the same session, its screen as it was.
     search = await page.js("location.search")
