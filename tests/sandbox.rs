@@ -1297,7 +1297,7 @@ fn execctl_mcp_sandbox_is_a_ceiling_and_its_calls_say_via_mcp() {
         "tools/call",
         json!({"name": "shell", "arguments": {"session": "wide", "command": "true"}}),
     );
-    assert!(r.to_string().contains("isError"), "{r}");
+    assert_eq!(r["result"]["isError"], true, "{r}");
     let r = m.call(
         "tools/call",
         json!({"name": "write", "arguments": {"id": "wide", "input": "typed\n"}}),
@@ -1382,12 +1382,16 @@ fn a_sandboxed_command_cannot_type_into_a_wider_program() {
              s.sendall(b\"GET /v1/shell/ws?session_id=wide HTTP/1.1\\r\\nHost: localhost\\r\\n\
              Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\\r\\nSec-WebSocket-Version: 13\\r\\n\\r\\n\")\n\
-             print(\"STATUS\", s.recv(200).split(b\"\\r\\n\")[0].decode())'",
+             print(\"STATUS\", s.recv(4000).decode(errors=\"replace\"))'",
             s(&d.socket)
         );
         let (text, _) = bash(&mut c, &py, &p.ws(), json!({"sandbox": "workspace"}));
         assert!(text.contains("STATUS HTTP/1.1 "), "{text}");
         assert!(!text.contains(" 101 "), "{text}");
+        assert!(
+            text.contains("wider than the most this caller may have"),
+            "{text}"
+        );
     }
     // From outside it still takes input.
     ok(
@@ -1433,10 +1437,17 @@ fn execctl_http_and_ps_narrow_and_show_a_commands_sandbox() {
         "--",
         "sh",
         "-c",
-        "echo x > by-run",
+        "echo x > by-run; echo RAN",
     ]);
+    assert!(said.contains("RAN"), "{said}");
     assert!(!p.ws().join("by-run").exists(), "{said}");
-    let said = ctl(&["exec", "--sandbox", "read-only", "echo x > by-exec"]);
+    let said = ctl(&[
+        "exec",
+        "--sandbox",
+        "read-only",
+        "echo x > by-exec; echo RAN",
+    ]);
+    assert!(said.contains("RAN"), "{said}");
     assert!(!p.ws().join("by-exec").exists(), "{said}");
     let out = cli::command(Some(&d.socket), &["shell", "--sandbox", "read-only"])
         .current_dir(p.ws())
@@ -1450,15 +1461,17 @@ fn execctl_http_and_ps_narrow_and_show_a_commands_sandbox() {
                 .stdin
                 .take()
                 .expect("stdin")
-                .write_all(b"echo x > by-shell\n")?;
+                .write_all(b"echo x > by-shell; echo RAN\n")?;
             child.wait_with_output()
         })
         .expect("execctl shell");
-    assert!(
-        !p.ws().join("by-shell").exists(),
-        "{}",
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(said.contains("RAN"), "{said}");
+    assert!(!p.ws().join("by-shell").exists(), "{said}");
     // An HTTP request narrows it the same way.
     let body = json!({"command": "echo x > by-http; echo END", "exec_dir": s(&p.ws()),
                       "sandbox": "read-only"})

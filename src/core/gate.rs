@@ -957,7 +957,6 @@ mod tests {
             .collect()
     }
 
-    /// The audit records written so far, as JSON.
     /// A shared uid's connection churn fills only its half of a stalled audit queue:
     /// root's records still go in.
     #[test]
@@ -989,6 +988,7 @@ mod tests {
         );
     }
 
+    /// The audit records written so far, as JSON.
     fn audit(c: &mut Core) -> Vec<Value> {
         let text = String::from_utf8(c.log.queue.pending().to_vec()).unwrap();
         text.lines()

@@ -62,8 +62,8 @@ struct Line {
 /// mid-line knows how much of that line went out, and one that loses what it holds (a
 /// write error) counts lines, not bytes.
 ///
-/// Fair shares (PROTOCOL 7.4): records a shared uid can make without starting anything
-/// (`push_shared`: denials, asks) hold at most half of the queue per uid and seven
+/// Fair shares (PROTOCOL 7.4): records a shared uid causes itself (`push_shared`:
+/// denials, asks, connections, exits) hold at most half of the queue per uid and seven
 /// eighths for all such uids together, and never the room promised to starts in flight
 /// (`reserve`), so one uid's flood loses only its own records, counted per uid.
 #[derive(Debug)]
@@ -125,7 +125,7 @@ impl Queue {
         self.append(line, 0, None, false);
     }
 
-    /// Queues one record a shared `uid` made without starting anything (PROTOCOL 7.4): it
+    /// Queues one record a shared `uid` caused itself (PROTOCOL 7.4): it
     /// must also fit that uid's half of the queue and the seven eighths all shared uids
     /// share; a record that does not is counted as that uid's drop.
     pub fn push_shared(&mut self, line: &[u8], uid: u32) {

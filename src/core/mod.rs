@@ -353,8 +353,9 @@ impl Core {
     }
 
     /// Writes one audit record (when auditing): `event`, the peer it concerns, and its
-    /// own fields, in at most `log::RECORD_MAX` bytes. A record a shared uid's peer
-    /// causes is held in that uid's share of the queue (PROTOCOL 7.4).
+    /// own fields, in at most `log::RECORD_MAX` bytes. A record a shared uid causes itself
+    /// (`deny`, `ask`, `refuse`, `reject` for want of an approver, `connect`, `exit`) is
+    /// held in that uid's share of the queue (PROTOCOL 7.4).
     pub fn record(&mut self, event: &str, peer: Option<Peer>, fields: Value) {
         self.record_queued(event, peer, fields, Queued::Any);
     }
@@ -374,10 +375,14 @@ impl Core {
             Value::Object(m) => m,
             _ => Default::default(),
         };
-        // Every record a shared uid's peer causes (its denials and asks, its connections,
-        // its commands' ends) holds at most its share of the queue, so its flood loses only
-        // its own; a command's start goes into the room promised for it.
-        let share = peer.map(|p| p.uid).filter(|&u| self.shares(u));
+        // What a shared uid causes itself (its denials, asks and refusals, its
+        // connections, its commands' exits) holds at most its share of the queue, so its
+        // flood loses only its own. What others decide about it (an approver's answer, a
+        // kill, a release) never counts against that share, and a command's start goes
+        // into the room promised for it.
+        let flood = matches!(event, "deny" | "ask" | "refuse" | "connect" | "exit")
+            || (event == "reject" && fields.get("reason") == Some(&json!("no approver")));
+        let share = peer.map(|p| p.uid).filter(|&u| flood && self.shares(u));
         let peer = peer.map(|p| json!({ "uid": p.uid, "gid": p.gid, "pid": p.pid }));
         let line = log::bounded_audit_line(self.wall, event, peer, fields);
         let q = self.audit_queue();
