@@ -879,6 +879,12 @@ fn twenty_upgrades_in_a_row_leave_nothing_behind() {
         upgrade(&d, &mut c, Trigger::Execctl, n);
     }
     assert_eq!(meta(&mut c)["upgrades"], 20);
+    // The new image's reader may not have reported its exec yet (its report pipe is open
+    // until then): the count comes back once it has, a leak never does.
+    let deadline = Instant::now() + WAIT;
+    while descriptors(pid) != fds && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(descriptors(pid), fds, "descriptors after 20 upgrades");
     let now = d.rss_kb();
     assert!(
