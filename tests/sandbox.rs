@@ -1149,13 +1149,14 @@ fn a_descendant_tied_to_no_command_runs_read_only() {
     let p = Place::new(false);
     let d = p.daemon("off", &[]);
     let mut c = d.client();
-    // An unsandboxed command whose child outlives it: once the command's leader is gone,
-    // the child is tied to no command (no cgroup here says which), so what it asks for
-    // runs read-only, even in the workspace.
+    // An unsandboxed command whose child outlives it and clears its environment: once
+    // the command's leader is gone, the child is tied to no command (no cgroup here says
+    // which, and it has no cookie), so what it asks for runs read-only, even in the
+    // workspace.
     let done = p.dir.path().join("done");
     let o = s(&p.out());
     let late = format!(
-        "sleep 0.5; {} > {}/late.txt 2>&1; touch {}",
+        "sleep 0.5; env -i {} > {}/late.txt 2>&1; touch {}",
         execctl_line(
             &d,
             &format!(
@@ -1182,6 +1183,62 @@ fn a_descendant_tied_to_no_command_runs_read_only() {
     assert!(
         said.contains("Read-only file system") || said.contains("Permission denied"),
         "{said}"
+    );
+    assert_no_panic(&d);
+}
+
+/// A sandboxed command's `setsid` orphan, which neither a cgroup (`--cgroup off`) nor its
+/// chain of parents ties to a command once the leader is gone, is tied by the cookie it
+/// inherited: what it asks for runs in its command's sandbox with its `$CWD` (writes in
+/// the workspace work, outside do not), not `read-only`. A cookie it rewrites to name
+/// another command (an unsandboxed one) does not carry that command's tag: it ties
+/// nothing, and the request runs read-only.
+#[test]
+fn a_descendant_is_tied_by_its_cookie_and_a_forged_one_ties_nothing() {
+    if !landlock() || !have(&["setsid"]) {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("off", &["--cgroup", "off"]);
+    let mut c = d.client();
+    let wide = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "sleep 60", "async_mode": true, "exec_dir": s(&p.ws())}),
+    );
+    let wide = wide["command_id"].as_str().expect("command_id").to_string();
+    let (ws, o) = (s(&p.ws()), s(&p.out()));
+    let ask = |what: &str| {
+        execctl_line(
+            &d,
+            &format!("exec --cwd {ws} 'echo x > {ws}/{what}; echo x > {o}/{what}'"),
+        )
+    };
+    let late = format!(
+        "sleep 0.5; {} > {ws}/tied.txt 2>&1; EXECD_TREE=${{EXECD_TREE%%:*}}:{wide} {} > \
+         {ws}/forged.txt 2>&1; touch {ws}/done",
+        ask("tied"),
+        ask("forged"),
+    );
+    let line = format!(
+        "setsid sh -c '{}' < /dev/null > /dev/null 2>&1 & echo STARTED",
+        late.replace('\'', "'\\''")
+    );
+    let (text, code) = bash(&mut c, &line, &p.ws(), json!({"sandbox": "workspace"}));
+    assert_eq!(code, 0, "{text}");
+    wait_until("the orphan's requests end", || p.ws().join("done").exists());
+    let said = |f: &str| std::fs::read_to_string(p.ws().join(f)).unwrap_or_default();
+    // Tied by its cookie: its command's workspace, and no wider.
+    assert!(p.ws().join("tied").exists(), "{}", said("tied.txt"));
+    assert!(!p.out().join("tied").exists(), "{}", said("tied.txt"));
+    // The forged cookie: read-only, neither write lands.
+    assert!(!p.ws().join("forged").exists(), "{}", said("forged.txt"));
+    assert!(!p.out().join("forged").exists(), "{}", said("forged.txt"));
+    assert!(
+        said("forged.txt").contains("Read-only file system")
+            || said("forged.txt").contains("Permission denied"),
+        "{}",
+        said("forged.txt")
     );
     assert_no_panic(&d);
 }

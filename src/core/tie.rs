@@ -13,12 +13,14 @@
 //! descendant). A third source, the `EXECD_TREE` cookie of the peer's environment, needs
 //! a read of the peer's memory and so is never made on the loop; it can only add to what
 //! the first two found, for a peer they tie to no command (`command: None`, not
-//! `Remote`). The seam for the off-loop reader (issue 29): at accept, such a connection
-//! has `/proc/PID/environ` read off the loop through its pidfd (`sys::peer::Pinned`), its
-//! requests held (not read) until the answer comes or the read times out (then it stays
-//! as it is); an `EXECD_TREE` of this instance naming a known command makes it
-//! `Tie::descendant(Some(command), TieSource::Cookie)`. Nothing reads it yet: today the
-//! cookie does not tie.
+//! `Remote`). At accept, such a connection has its peer's cookie read by the off-loop
+//! reader (pinned by the peer's start time), its requests held (not read) until the
+//! answer comes or `server::COOKIE_WAIT` is up (then it stays as it is); a cookie of this
+//! instance naming a known command, with that command's tag (`sys::cookie::tag`, made
+//! from the daemon's secret, so a process cannot name another command than one whose
+//! environment it inherited), makes it `Tie::descendant(Some(command),
+//! TieSource::Cookie)`. A double-forked child of a sandboxed command, which no cgroup
+//! holds, so gets its command's sandbox and `$CWD` back rather than `read-only`.
 //!
 //! Invariants:
 //! - What cannot be read is not taken for "outside": a peer whose facts are missing, a

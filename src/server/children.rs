@@ -93,6 +93,10 @@ pub struct Children {
     reader: Reader,
     /// Commands whose look the reader has not answered yet (one at a time each).
     looking: HashSet<Key>,
+    /// Cookie reads the reader answered for connections (`Asker::Peer`): the
+    /// connection, the peer's pid and start time, and what was read. The loop takes them
+    /// (`take_peer_cookies`).
+    peer_cookies: Vec<(Token, i32, u64, crate::sys::cookie::CookieRead)>,
     /// The looks for input are made on the loop, not by the reader: the daemon is not
     /// root and Yama lets only the commands' ancestor read what they wait in.
     looks_on_loop: bool,
@@ -175,6 +179,7 @@ impl Children {
             inputs: HashMap::new(),
             reader: Reader::default(),
             looking: HashSet::new(),
+            peer_cookies: Vec::new(),
             looks_on_loop: !crate::sys::reader::looks_off_loop(
                 crate::sys::ids::effective_uid(),
                 crate::sys::reader::yama_scope().as_deref(),
@@ -409,6 +414,7 @@ impl Children {
         };
         let user = self.identity(launch.peer, origin);
         let cookie = self.contain.cookie(&id);
+        let tag = crate::sys::cookie::tag_hex(&core.shells.secret, &id);
         let spec = crate::sys::spawn::SpawnSpec {
             program: &launch.program,
             env: &launch.env,
@@ -417,6 +423,7 @@ impl Children {
             user: user.as_ref(),
             cgroup_procs: place.as_ref().map(Place::procs_fd),
             cookie: &cookie,
+            tag: Some(&tag),
             check_binary: None,
         };
         let spawned = match self.spawner.spawn(&spec, confined) {
@@ -951,6 +958,12 @@ impl Children {
                         core.swept(&s);
                     }
                 }
+                Heard::Cookie {
+                    asker: Asker::Peer(token),
+                    pid,
+                    start,
+                    read,
+                } => self.peer_cookies.push((token, pid, start, read)),
                 Heard::Stuck { pid, backoff } => core.log.refusal(
                     "hung processes",
                     core.now,
@@ -1138,11 +1151,36 @@ impl Children {
     /// (or the daemon) its chain of parents reaches; pinned, so that facts of a process
     /// that took its pid meanwhile make it `unknown` (a descendant), never an outsider.
     /// Only `/proc/PID/stat` and `/proc/PID/cgroup` are read (`sys::peer`).
-    pub fn tie_of(&mut self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> Tie {
+    /// Also the peer's start time, as read (none when it could not be).
+    pub fn tie_of(&mut self, core: &Core, fd: std::os::fd::RawFd, pid: i32) -> (Tie, Option<u64>) {
         if pid <= 0 {
-            return Tie::outside();
+            return (Tie::outside(), None);
         }
         self.tie_pinned(core, crate::sys::peer::Pinned::of_socket(fd, pid))
+    }
+
+    /// Asks the reader for the cookie of connection `token`'s peer `pid` (started at
+    /// `start`): the step of the peer check that reads a process's memory, so never made
+    /// on the loop. Answered through `take_peer_cookies`.
+    pub fn ask_peer_cookie(&mut self, token: Token, pid: i32, start: u64) {
+        self.reader.ask_cookie(pid, start, Asker::Peer(token));
+    }
+
+    /// The cookie reads answered for connections since the last call.
+    pub fn take_peer_cookies(&mut self) -> Vec<(Token, i32, u64, crate::sys::cookie::CookieRead)> {
+        std::mem::take(&mut self.peer_cookies)
+    }
+
+    /// The command a peer's cookie read ties it to (PROTOCOL 7.3): one of this instance's,
+    /// with its tag, still known (running, or exited and not released).
+    pub fn cookie_tie(&self, core: &Core, read: &crate::sys::cookie::CookieRead) -> Option<Key> {
+        let crate::sys::cookie::CookieRead::Found(value) = read else {
+            return None;
+        };
+        let id = self.contain.tied_id(value, &core.shells.secret)?;
+        core.table
+            .find(id, 0)
+            .or_else(|| self.starting.values().find(|s| s.id == id).map(|s| s.key))
     }
 
     /// The tie of the process that sent a signal (`si_pid`): as `tie_of`, pinned by its
@@ -1152,9 +1190,10 @@ impl Children {
             return Tie::outside();
         }
         self.tie_pinned(core, crate::sys::peer::Pinned::of_pid(pid))
+            .0
     }
 
-    fn tie_pinned(&mut self, core: &Core, pinned: crate::sys::peer::Pinned) -> Tie {
+    fn tie_pinned(&mut self, core: &Core, pinned: crate::sys::peer::Pinned) -> (Tie, Option<u64>) {
         let pid = pinned.pid;
         let key_of = |id: &str| {
             core.table
@@ -1177,9 +1216,9 @@ impl Children {
             crate::sys::peer::stat,
         );
         if !pinned.still_same(traced.start) {
-            return Tie::unknown();
+            return (Tie::unknown(), None);
         }
-        traced.tie
+        (traced.tie, traced.start)
     }
 
     /// How the pre-flight ended, once it was reaped.
@@ -1215,6 +1254,7 @@ impl Children {
             user: None,
             cgroup_procs: None,
             cookie: &self.contain.cookie("upgrade-check"),
+            tag: None,
             check_binary: named.then_some(self.uid),
         };
         let spawned = self.spawner.spawn(&spec, None)?;

@@ -45,8 +45,13 @@ pub fn token_of(conn: ConnId) -> Token {
 /// What one accept came to.
 #[derive(Debug, PartialEq)]
 pub enum Admission {
-    /// A connection was taken in (`tcp`: from an HTTP listener).
-    Admitted { tcp: bool },
+    /// A connection was taken in (`tcp`: from an HTTP listener); `cookie`: its peer,
+    /// a descendant tied to no command, waits for a read of its cookie (`Conn::
+    /// cookie_wait`): the peer's pid and start time.
+    Admitted {
+        tcp: bool,
+        cookie: Option<(Token, i32, u64)>,
+    },
     /// A peer was turned away (told why in its own protocol) or dropped.
     Refused,
     /// Nothing waits on the listener.
@@ -152,7 +157,8 @@ impl Clients {
 
     /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials
     /// allow, or an HTTP client; none past `--max-clients` (told so in its own protocol).
-    /// A Unix peer's tie (7.3) is what `tie_of` finds of its socket and pid.
+    /// A Unix peer's tie (7.3) is what `tie_of` finds of its socket and pid (and the
+    /// peer's start time, when it was read).
     pub fn accept(
         &mut self,
         lt: Token,
@@ -160,7 +166,7 @@ impl Clients {
         core: &mut Core,
         registry: &Registry,
         next_token: &mut usize,
-        tie_of: &mut dyn FnMut(&Core, RawFd, i32) -> Tie,
+        tie_of: &mut dyn FnMut(&Core, RawFd, i32) -> (Tie, Option<u64>),
     ) -> Admission {
         let now = core.now;
         let bounds = Bounds {
@@ -220,9 +226,13 @@ impl Clients {
                     return Admission::Refused;
                 }
                 let token = Token(*next_token);
-                let tie = tie_of(core, stream.as_raw_fd(), peer.pid);
+                let (tie, start) = tie_of(core, stream.as_raw_fd(), peer.pid);
                 let mut conn = Conn::unix(stream, token, peer, bounds);
                 conn.tie = tie;
+                // Its cookie may still name its command (read off the loop).
+                if tie.descends && tie.command.is_none() {
+                    conn.cookie_wait = start;
+                }
                 (conn, peer, groups)
             }
             Accepted::Http(mut stream) => {
@@ -261,11 +271,12 @@ impl Clients {
         }
         let token = conn.token;
         let tcp = conn.is_tcp();
+        let cookie = conn.cookie_wait.map(|start| (token, conn.peer.pid, start));
         conn.last_request = now;
         conn.groups = groups.clone();
         self.map.insert(token, conn);
         core.connected(conn_id(token), peer_of(peer), groups);
-        Admission::Admitted { tcp }
+        Admission::Admitted { tcp, cookie }
     }
 
     fn peer_allowed(&self, core: &Core, peer: &PeerCred, groups: &[u32]) -> bool {

@@ -145,6 +145,11 @@ pub struct Conn {
     /// Whether the peer descends from the daemon, and from which command (PROTOCOL 7.3),
     /// found at accept; a descendant of no known command until then.
     pub tie: Tie,
+    /// A descendant tied to no command, whose `EXECD_TREE` cookie the off-loop reader is
+    /// reading (the start time of the peer it asked about): its requests are not taken
+    /// until the answer comes (which may tie it to its command) or the wait is up (it
+    /// stays as it is). Not carried by an upgrade: the new image serves it as it is.
+    pub cookie_wait: Option<u64>,
 }
 
 impl Conn {
@@ -185,6 +190,7 @@ impl Conn {
             deferred: VecDeque::new(),
             launching: 0,
             tie: Tie::unknown(),
+            cookie_wait: None,
         }
     }
 
@@ -288,7 +294,7 @@ impl Conn {
             Dialect::Http(s) => s.pipeline_full(),
             _ => false,
         };
-        !self.owes_past_cap() && !pipeline_full && self.launching == 0
+        !self.owes_past_cap() && !pipeline_full && self.launching == 0 && self.cookie_wait.is_none()
     }
 
     /// Whether more than `--client-buffer` is owed: the peer is not reading.
@@ -386,7 +392,7 @@ impl Conn {
         if self.broken {
             return None;
         }
-        if self.launching > 0 {
+        if self.launching > 0 || self.cookie_wait.is_some() {
             self.read_pending = true;
             return None;
         }

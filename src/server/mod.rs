@@ -37,6 +37,7 @@ use signal_hook::iterator::exfiltrator::origin::Origin;
 use crate::config::Config;
 use crate::core::launch::LaunchRequest;
 use crate::core::log::Log;
+use crate::core::tie::{Tie, TieSource};
 use crate::core::timers::Timers;
 use crate::core::vocab::After;
 use crate::core::{Caller, Containment, Core, Effect, Gated, Step, Wait};
@@ -92,6 +93,10 @@ const SHUTDOWN_RECHECK: Duration = Duration::from_millis(20);
 /// How long shutdown waits past its deadline for the last cookie sweep (which a process
 /// whose memory hangs delays by the reader's deadline each).
 const FINAL_SWEEP: Duration = Duration::from_secs(3);
+/// The longest a connection's requests wait for the read of its peer's cookie: past the
+/// reader's own deadline for a hung memory (500 ms) and a restart; a reader that broke
+/// answers later still, and then the connection is already served as it was tied.
+const COOKIE_WAIT: Duration = Duration::from_secs(1);
 /// Output memory freed since the last trim that makes the heap worth trimming.
 const TRIM_AFTER: usize = 16 << 20;
 
@@ -123,6 +128,8 @@ enum LoopTimer {
     WsPing,
     /// Screen frames held back to their pace are due.
     WsFrames,
+    /// The wait of a connection for its peer's cookie is up (`Conn::cookie_wait`).
+    CookieWait(Token),
 }
 
 /// Where shutdown is.
@@ -332,6 +339,7 @@ impl Server {
                     t if self.children.reader_owns(t) => {
                         let registry = self.poll.registry();
                         self.children.on_reader(&mut self.core, registry, t);
+                        self.peer_cookies_read();
                     }
                     t if self.probe_token(t) => self.on_probe(t),
                     t => self.on_ready(
@@ -353,6 +361,7 @@ impl Server {
                 &mut self.next_token,
                 Instant::now(),
             );
+            self.peer_cookies_read();
             self.fire_timers();
             self.apply();
             // While a running command has its stdin open, look every so often whether it
@@ -491,12 +500,20 @@ impl Server {
                         .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
                     return;
                 }
-                Admission::Admitted { tcp: true } if !self.tcp_sweep_armed => {
+                Admission::Admitted { tcp: true, .. } if !self.tcp_sweep_armed => {
                     self.tcp_sweep_armed = true;
                     self.timers.add(
                         self.core.now + self.tcp_sweep_every(),
                         LoopTimer::TcpIdleSweep,
                     );
+                }
+                Admission::Admitted {
+                    cookie: Some((token, pid, start)),
+                    ..
+                } => {
+                    self.children.ask_peer_cookie(token, pid, start);
+                    let until = Instant::now() + COOKIE_WAIT;
+                    self.timers.add(until, LoopTimer::CookieWait(token));
                 }
                 Admission::Admitted { .. } | Admission::Refused => {}
             }
@@ -1072,7 +1089,36 @@ impl Server {
                     self.ws_frames_armed = false;
                     self.ws_frames();
                 }
+                LoopTimer::CookieWait(token) => {
+                    if let Some(c) = self.clients.get_mut(&token) {
+                        if c.cookie_wait.take().is_some() {
+                            self.clients.dirty.push(token);
+                        }
+                    }
+                }
             }
+        }
+    }
+
+    /// Cookie reads answered for connections waiting on them (PROTOCOL 7.3): a cookie of
+    /// this instance, with its command's tag, ties a descendant that its cgroup and
+    /// ancestry tied to no command to that command; either way its requests are taken
+    /// from now on. An answer for a connection that stopped waiting (gone, or its wait
+    /// was up) is dropped.
+    fn peer_cookies_read(&mut self) {
+        for (token, pid, start, read) in self.children.take_peer_cookies() {
+            let command = self.children.cookie_tie(&self.core, &read);
+            let Some(c) = self.clients.get_mut(&token) else {
+                continue;
+            };
+            if c.peer.pid != pid || c.cookie_wait != Some(start) {
+                continue;
+            }
+            c.cookie_wait = None;
+            if let Some(k) = command {
+                c.tie = Tie::descendant(Some(k), TieSource::Cookie);
+            }
+            self.clients.dirty.push(token);
         }
     }
 

@@ -29,8 +29,8 @@
 //!   reader and routes by `asker`): `read` is `Found(value)`, `Absent`, `Gone` (exited, a
 //!   zombie, or the pid names another process now), `Denied` (not ours to read), or
 //!   `Hung` (its memory did not answer within the deadline, now or in its back-off).
-//! - `Asker` names who asked and carries what it needs to act on the answer; a new asker
-//!   is a new variant (a connection's peer check: `Asker::Peer {conn}`), routed by
+//! - `Asker` names who asked and carries what it needs to act on the answer (a sweep's
+//!   retry, or a connection's peer check, `Asker::Peer(token)`), routed by
 //!   `Children::hear`. The core never calls the reader: a check in the core asks through
 //!   an `Effect` the loop turns into `ask_cookie`, and hears back through a `Core` method
 //!   the loop calls with the `Heard::Cookie`.
@@ -73,6 +73,9 @@ const STRIKES: u8 = 2;
 pub enum Asker {
     /// A cookie sweep that had to skip the process reads it again alone.
     Sweep,
+    /// The connection `Token` waits to know whether its peer's cookie ties it to a
+    /// command (PROTOCOL 7.3).
+    Peer(mio::Token),
 }
 
 /// What the reader said (or what became of a request), for `Children::hear`.

@@ -1001,6 +1001,10 @@ impl Server {
 
     /// After a resume: the loop's own timers that the carried state calls for.
     fn arm_after_resume(&mut self) {
+        // A connection whose requests waited (for room, a spawn, a cookie read that the
+        // upgrade did not carry) is looked at again.
+        let tokens = self.clients.tokens();
+        self.clients.dirty.extend(tokens);
         if self.clients.values().any(super::conn::Conn::is_tcp) {
             self.tcp_sweep_armed = true;
             self.timers.add(

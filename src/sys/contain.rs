@@ -191,6 +191,11 @@ impl Contain {
         self.cookies.instance().cookie(id)
     }
 
+    /// The command id cookie `value` ties its process to (PROTOCOL 7.3).
+    pub fn tied_id<'a>(&self, value: &'a [u8], secret: &[u8; 32]) -> Option<&'a str> {
+        crate::sys::cookie::tied_id(value, self.cookies.instance(), secret)
+    }
+
     /// The id of the command whose cgroup holds process `pid` (PROTOCOL 7.3), with cgroup
     /// containment; None when it is in no command cgroup, or cgroups are not in use.
     pub fn command_holding(&self, pid: i32) -> Option<String> {

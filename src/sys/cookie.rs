@@ -65,6 +65,8 @@ use crate::types::{SweepScope, Swept};
 
 /// The variable every command's environment carries.
 pub const VAR: &str = "EXECD_TREE";
+/// The variable beside it that holds its tag (`tag_hex`).
+pub const TAG_VAR: &str = "EXECD_TREE_TAG";
 
 /// Most passes over /proc in one sweep.
 const MAX_PASSES: usize = 8;
@@ -131,6 +133,77 @@ impl Instance {
     }
 }
 
+/// The `EXECD_TREE_TAG` value of command `id`: 16 hex digits made from `id` and the
+/// daemon's secret (`tag`), set beside its cookie. It is what lets a peer be tied to
+/// command `id` by its cookie (PROTOCOL 7.3), which a process can only show by having
+/// inherited it.
+pub fn tag_hex(secret: &[u8; 32], id: &str) -> String {
+    format!("{:016x}", tag(secret, id))
+}
+
+/// The tag of command `id`'s cookie: SipHash-2-4 of a domain prefix and `id`, keyed by
+/// the second half of the daemon's random secret. Command ids are sequential, so anyone
+/// can name one; only a process that inherited a command's environment (or may read it,
+/// which a sandboxed command may not: Landlock keeps its `ptrace` checks within its own
+/// domain) knows its tag. It survives an upgrade in place with the secret.
+pub fn tag(secret: &[u8; 32], id: &str) -> u64 {
+    let half = |at: usize| {
+        let mut k = [0u8; 8];
+        k.copy_from_slice(&secret[at..at + 8]);
+        u64::from_le_bytes(k)
+    };
+    let mut msg = Vec::with_capacity(16 + id.len());
+    msg.extend_from_slice(b"execd-tree\0");
+    msg.extend_from_slice(id.as_bytes());
+    siphash24(half(16), half(24), &msg)
+}
+
+/// SipHash-2-4 (Aumasson and Bernstein), the keyed pseudo-random function the tag needs:
+/// 40 lines, where a crate would bring a dependency for one call (std's keyed SipHasher
+/// is deprecated).
+fn siphash24(k0: u64, k1: u64, msg: &[u8]) -> u64 {
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    fn round(v: &mut [u64; 4]) {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    }
+    fn compress(m: u64, v: &mut [u64; 4]) {
+        v[3] ^= m;
+        round(v);
+        round(v);
+        v[0] ^= m;
+    }
+    let mut chunks = msg.chunks_exact(8);
+    for c in chunks.by_ref() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        compress(u64::from_le_bytes(w), &mut v);
+    }
+    let rest = chunks.remainder();
+    let mut last = [0u8; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    last[7] = msg.len() as u8;
+    compress(u64::from_le_bytes(last), &mut v);
+    v[2] ^= 0xff;
+    for _ in 0..4 {
+        round(&mut v);
+    }
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
 /// 64-bit FNV-1a: small, stable across builds and platforms, and enough to tell socket
 /// paths apart (a collision would only make two sockets' leftovers look alike).
 pub fn path_hash(bytes: &[u8]) -> u64 {
@@ -151,19 +224,52 @@ fn canonical(socket: &Path) -> Vec<u8> {
 /// The value of the first `EXECD_TREE` entry of an environment block (`NAME=value`
 /// entries separated by NUL bytes), the one `getenv` would return.
 pub fn find_cookie(environ: &[u8]) -> Option<&[u8]> {
-    environ
-        .split(|&b| b == 0)
-        .find_map(|entry| entry.strip_prefix(VAR.as_bytes())?.strip_prefix(b"="))
+    find_var(environ, VAR)
 }
 
-/// Splits a cookie value into its instance and command id.
+/// The value of the first `name` entry of an environment block.
+fn find_var<'a>(environ: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
+}
+
+/// Splits a cookie value into its instance and command id (a tag after the id, as
+/// `read_cookie` reports it, is left out: a sweep needs none).
 pub fn parse_cookie(value: &[u8]) -> Option<(Instance, &[u8])> {
+    parse_tagged(value).map(|(inst, id, _)| (inst, id))
+}
+
+/// Splits a cookie value into its instance, command id and tag (none: an untagged
+/// cookie, or a tag that is not 16 hex digits).
+pub fn parse_tagged(value: &[u8]) -> Option<(Instance, &[u8], Option<u64>)> {
     let colon = value.iter().position(|&b| b == b':')?;
-    let id = &value[colon + 1..];
+    let rest = &value[colon + 1..];
+    // Command ids never hold a colon.
+    let (id, tag) = match rest.iter().position(|&b| b == b':') {
+        Some(at) => {
+            let hex = &rest[at + 1..];
+            let tag = (hex.len() == 16)
+                .then(|| std::str::from_utf8(hex).ok())
+                .flatten()
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            (&rest[..at], tag)
+        }
+        None => (rest, None),
+    };
     if id.is_empty() {
         return None;
     }
-    Some((Instance::parse(&value[..colon])?, id))
+    Some((Instance::parse(&value[..colon])?, id, tag))
+}
+
+/// The command a cookie ties its process to (PROTOCOL 7.3): its id, when the cookie is
+/// of instance `me` and carries the tag `secret` gives that id; else none (another
+/// daemon's, an untagged or forged one).
+pub fn tied_id<'a>(value: &'a [u8], me: &Instance, secret: &[u8; 32]) -> Option<&'a str> {
+    let (inst, id, tag_read) = parse_tagged(value)?;
+    let id = std::str::from_utf8(id).ok()?;
+    (inst == *me && tag_read? == tag(secret, id)).then_some(id)
 }
 
 /// What a sweep does with a process, from its cookie alone.
@@ -536,8 +642,16 @@ pub fn read_cookie(pid: i32, start: u64) -> CookieRead {
     };
     let mut buf = Vec::new();
     match open_at(dir.as_raw_fd(), c"environ", 0).and_then(|f| read_all(&f, &mut buf)) {
+        // The cookie as the peer check reads it: `<cookie>:<tag>` when it has a tag.
         Ok(()) => match find_cookie(&buf) {
-            Some(value) => CookieRead::Found(value.to_vec()),
+            Some(value) => {
+                let mut found = value.to_vec();
+                if let Some(tag) = find_var(&buf, TAG_VAR) {
+                    found.push(b':');
+                    found.extend_from_slice(tag);
+                }
+                CookieRead::Found(found)
+            }
             None => CookieRead::Absent,
         },
         Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
@@ -965,6 +1079,49 @@ mod tests {
         let own = Instance::of_self(Path::new("/nonexistent/execd.sock"));
         assert_eq!(own.pid, std::process::id());
         assert_eq!(Some(own.start), process_start(own.pid));
+    }
+
+    #[test]
+    fn siphash_matches_the_reference_vectors() {
+        // The paper's key 00..0f; messages 00, 00 01, ... (its appendix A).
+        let key = |at: u64| u64::from_le_bytes(std::array::from_fn(|i| (at as u8) + i as u8));
+        let (k0, k1) = (key(0), key(8));
+        assert_eq!(siphash24(k0, k1, b""), 0x726f_db47_dd0e_0e31);
+        let msg: Vec<u8> = (0..15).collect();
+        assert_eq!(siphash24(k0, k1, &msg), 0xa129_ca61_49be_45e5);
+        // And std's own (deprecated) SipHasher, over lengths around a block.
+        for len in 0..40u8 {
+            let msg: Vec<u8> = (0..len).map(|b| b.wrapping_mul(37)).collect();
+            #[allow(deprecated)]
+            let mut std = std::hash::SipHasher::new_with_keys(k0 ^ 5, k1);
+            std::hash::Hasher::write(&mut std, &msg);
+            assert_eq!(
+                siphash24(k0 ^ 5, k1, &msg),
+                std::hash::Hasher::finish(&std),
+                "{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tagged_cookie_ties_only_with_its_own_tag() {
+        let (me, secret) = (me(), [7u8; 32]);
+        // As `read_cookie` reports a command's: its cookie, a colon, its tag.
+        let c = format!("{}:{}", me.cookie("term_3"), tag_hex(&secret, "term_3"));
+        assert_eq!(c.len(), "0123456789abcdef-4711-123456:term_3:".len() + 16);
+        assert_eq!(tied_id(c.as_bytes(), &me, &secret), Some("term_3"));
+        // A sweep reads it as the untagged one.
+        assert_eq!(parse_cookie(c.as_bytes()), Some((me, &b"term_3"[..])));
+        // Another secret, another instance, another id with this tag, no tag: none.
+        assert_eq!(tied_id(c.as_bytes(), &me, &[8u8; 32]), None);
+        let other = Instance { start: 1, ..me };
+        assert_eq!(tied_id(c.as_bytes(), &other, &secret), None);
+        let seen = &c[c.rfind(':').unwrap_or(0)..];
+        let forged = format!("{}{seen}", me.cookie("term_4"));
+        assert_eq!(tied_id(forged.as_bytes(), &me, &secret), None);
+        assert_eq!(tied_id(me.cookie("term_3").as_bytes(), &me, &secret), None);
+        assert_eq!(tied_id(format!("{c}0").as_bytes(), &me, &secret), None);
+        assert_ne!(tag(&secret, "term_3"), tag(&secret, "term_4"));
     }
 
     #[test]

@@ -22,8 +22,9 @@
 //!   sees their EOF. The child closes every other descriptor it copied at once.
 //! - The parent-death signal follows the thread that cloned: the loop's, which lives as
 //!   long as the daemon.
-//! - A command's environment ends with its `EXECD_TREE` cookie (`sys::cookie`), after the
-//!   base environment and the request's variables: it holds exactly one, its own.
+//! - A command's environment ends with its `EXECD_TREE_TAG` and `EXECD_TREE` cookie
+//!   (`sys::cookie`), after the base environment and the request's variables: it holds
+//!   exactly one of each, its own.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -53,6 +54,9 @@ pub struct SpawnSpec<'a> {
     pub cgroup_procs: Option<RawFd>,
     /// The command's `EXECD_TREE` value (`sys::cookie`), set after every other variable.
     pub cookie: &'a str,
+    /// Its `EXECD_TREE_TAG` value, set just before it (none: the upgrade pre-flight, which
+    /// no peer is ever tied to).
+    pub tag: Option<&'a str>,
     /// Check the program (an absolute path) before exec, as an upgrade's new binary must
     /// be (PROTOCOL 13): owned by root or this uid and writable by nobody else, and so is
     /// every directory above it. Done by the child, so a path on a hung file system holds
@@ -1357,7 +1361,9 @@ impl Spawner {
             Vec::new()
         } else {
             std::env::vars_os()
-                .filter(|(k, _)| !withheld.iter().any(|w| k == *w) && k != cookie::VAR)
+                .filter(|(k, _)| {
+                    !withheld.iter().any(|w| k == *w) && k != cookie::VAR && k != cookie::TAG_VAR
+                })
                 .collect()
         };
         let path_var = vars
@@ -1449,10 +1455,17 @@ impl Spawner {
             .iter()
             .enumerate()
             .filter(|(i, (k, _))| {
-                last.get(k.as_bytes()) == Some(i) && k != cookie::VAR && !withheld(k.as_bytes())
+                last.get(k.as_bytes()) == Some(i)
+                    && k != cookie::VAR
+                    && k != cookie::TAG_VAR
+                    && !withheld(k.as_bytes())
             })
             .map(|(_, (k, v))| env_entry(k.as_bytes(), v.as_bytes()))
             .chain(tmpdir.map(|t| env_entry(b"TMPDIR", t.as_os_str().as_bytes())))
+            .chain(
+                spec.tag
+                    .map(|t| env_entry(cookie::TAG_VAR.as_bytes(), t.as_bytes())),
+            )
             .chain(std::iter::once(env_entry(
                 cookie::VAR.as_bytes(),
                 spec.cookie.as_bytes(),
@@ -1754,6 +1767,7 @@ mod tests {
             user: None,
             cgroup_procs: None,
             cookie: "test:upgrade-check",
+            tag: None,
             // SAFETY: getuid cannot fail.
             check_binary: Some(unsafe { libc::getuid() }),
         };

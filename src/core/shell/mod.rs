@@ -303,7 +303,9 @@ pub struct Shells {
     next_id: u64,
     next_seq: u64,
     nonces: u64,
-    /// The daemon's random secret, nonces are made from (the loop sets it at start).
+    /// The daemon's random secret (the loop sets it at start, an upgrade carries it):
+    /// shell nonces are made from it, and so are the tags of commands' cookies
+    /// (`sys::cookie::tag`).
     pub secret: [u8; 32],
     /// The people watching sessions, by session (PROTOCOL 12.5; `watch`).
     pub people: HashMap<SessionKey, watch::Desk>,

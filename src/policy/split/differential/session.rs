@@ -306,6 +306,7 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
                 stdio: Stdio3::Shell(WinSize::DEFAULT),
                 user: None,
                 cgroup_procs: None,
+                tag: None,
                 cookie: "differential",
                 check_binary: None,
             },
