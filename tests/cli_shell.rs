@@ -143,6 +143,13 @@ fn lines_run_in_one_shell_whose_state_persists() {
     assert!(out.contains("\r\nyes\r\n"), "{out:?}");
     let mut c = d.client();
     assert_eq!(s.view(&mut c)["command"], "echo yes");
+    // The daemon's editor for sessions: the cursor moves (Ctrl-A, Left), and Up brings
+    // back a line sent before.
+    let out = s.line(&format!("cho moved\x01e{}\x7fO", "\x1b[C".repeat(6)));
+    assert!(out.contains("\r\nmOved\r\n"), "{out:?}");
+    let out = s.line("\x1b[A");
+    assert!(out.contains("\r\nmOved\r\n"), "{out:?}");
+    assert_eq!(s.view(&mut c)["command"], "echo mOved");
     // Ctrl-D at the prompt leaves; the session stays.
     s.t.type_keys(b"\x04");
     s.t.exits(0);

@@ -4,9 +4,11 @@
 //!
 //! - The terminal is raw from the start to the end (`tty::Raw`, put back on every way
 //!   out), and execctl is in one of two modes, which follow the session:
-//!   - At the prompt, execctl edits the line itself (`LineEditor`: echo, Backspace,
-//!     Ctrl-U, Ctrl-W; Ctrl-C drops the line; Ctrl-D on an empty line leaves) and sends
-//!     it on Enter as `shell/exec {async_mode}`. The daemon refuses `shell/write` at the
+//!   - At the prompt, execctl edits the line with the daemon's own editor for sessions
+//!     (`core::shell::editor`, the one a browser's terminal types into: echo, cursor
+//!     moves, Backspace, Delete, Ctrl-U/K/W, Up/Down over the lines sent from here;
+//!     Ctrl-C drops the line; Ctrl-L clears the screen; Ctrl-D on an empty line leaves)
+//!     and sends it on Enter as `shell/exec {async_mode}`. The daemon refuses `shell/write` at the
 //!     prompt by design, so nothing typed there reaches the shell except a line the gate
 //!     judged; a refused line is said in one line and the prompt shown again.
 //!   - While a command runs, every key goes to it byte for byte (`shell/write`, base64,
@@ -54,6 +56,7 @@ use super::run::stdin_chunk;
 use super::shell::next_shell;
 use super::tty::{self, Raw};
 use crate::client::{CallError, Client};
+use crate::core::shell::editor::{Done as EditorDone, Editor};
 use crate::wire::encode::base64_encode;
 
 /// Ctrl-\ leaves execctl, whatever runs (it is never sent to a program).
@@ -77,105 +80,66 @@ pub enum Done {
     Eof,
     /// Ctrl-\.
     Leave,
+    /// Ctrl-L: clear the screen, show the prompt and the line again.
+    Clear,
 }
 
-/// The escape sequence a key began (arrows, function keys): read to its end, and
-/// dropped.
-#[derive(Debug, Default, PartialEq)]
-enum Esc {
-    #[default]
-    None,
-    /// ESC seen.
-    Start,
-    /// `ESC [`: parameters until a final byte.
-    Csi,
-    /// `ESC O`: one more byte.
-    Ss3,
-}
-
-/// A line typed at the prompt, with the minimal editing a cooked terminal gives: what is
-/// typed is echoed, Backspace erases a character (UTF-8 aware), Ctrl-U the line, Ctrl-W
-/// a word. Other control keys and escape sequences do nothing: no history, no
-/// completion (the session's bash reads its commands from a socket, so it has neither).
+/// A line typed at the prompt, edited by the daemon's own line editor for sessions
+/// (`core::shell::editor`, PROTOCOL 12.5: the keys a browser's terminal gets), with the
+/// two keys only execctl has: Ctrl-D on an empty line leaves, Ctrl-\ leaves at any time.
+/// Up and Down walk the lines sent from this execctl (the session's bash reads its
+/// commands from a socket, so it keeps no history of its own to ask).
 #[derive(Debug, Default)]
 pub struct LineEditor {
-    line: Vec<u8>,
-    esc: Esc,
+    editor: Editor,
+    history: Vec<String>,
 }
 
 impl LineEditor {
-    /// One typed byte: what it shows is added to `echo`; `Some` when it ends the line.
-    pub fn key(&mut self, b: u8, echo: &mut Vec<u8>) -> Option<Done> {
-        match self.esc {
-            Esc::None => {}
-            Esc::Start => {
-                self.esc = match b {
-                    b'[' => Esc::Csi,
-                    b'O' => Esc::Ss3,
-                    _ => Esc::None,
-                };
-                return None;
+    /// Takes typed `keys` until one ends the line: what they show is added to `echo`;
+    /// returns how many bytes were taken and, when one ended the line, how. The bytes of a
+    /// character split across reads are left (not taken) until the rest comes; a byte
+    /// that can begin no character is dropped.
+    pub fn keys(&mut self, keys: &[u8], echo: &mut Vec<u8>) -> (usize, Option<Done>) {
+        let (text, skip) = match std::str::from_utf8(keys) {
+            Ok(text) => (text, 0),
+            Err(e) => {
+                let valid = e.valid_up_to();
+                let text = std::str::from_utf8(&keys[..valid]).unwrap_or_default();
+                (text, e.error_len().unwrap_or(0))
             }
-            Esc::Csi => {
-                if (0x40..=0x7e).contains(&b) {
-                    self.esc = Esc::None;
+        };
+        let history: Vec<&str> = self.history.iter().map(String::as_str).collect();
+        for (i, c) in text.char_indices() {
+            let used = i + c.len_utf8();
+            match c {
+                '\u{1c}' => return (used, Some(Done::Leave)),
+                '\u{04}' if self.editor.is_empty() => return (used, Some(Done::Eof)),
+                _ => {}
+            }
+            let (_, done) = self.editor.feed(&text[i..used], &history, echo);
+            let done = match done {
+                None => continue,
+                Some(EditorDone::Line(line)) => {
+                    if !line.contains('\n')
+                        && !line.trim().is_empty()
+                        && self.history.last() != Some(&line)
+                    {
+                        self.history.push(line.clone());
+                    }
+                    Done::Line(line)
                 }
-                return None;
-            }
-            Esc::Ss3 => {
-                self.esc = Esc::None;
-                return None;
-            }
+                Some(EditorDone::Cancelled) => Done::Cancelled,
+                Some(EditorDone::Clear) => Done::Clear,
+            };
+            return (used, Some(done));
         }
-        match b {
-            b'\r' | b'\n' => {
-                echo.extend_from_slice(b"\r\n");
-                let line = std::mem::take(&mut self.line);
-                return Some(Done::Line(String::from_utf8_lossy(&line).into_owned()));
-            }
-            0x7f | 0x08 => {
-                self.erase(echo);
-            }
-            0x15 => while self.erase(echo) {},
-            0x17 => {
-                while self.line.last() == Some(&b' ') {
-                    self.erase(echo);
-                }
-                while self.line.last().is_some_and(|&c| c != b' ') {
-                    self.erase(echo);
-                }
-            }
-            0x03 => {
-                echo.extend_from_slice(b"^C\r\n");
-                self.line.clear();
-                return Some(Done::Cancelled);
-            }
-            0x04 if self.line.is_empty() => return Some(Done::Eof),
-            LEAVE_KEY => return Some(Done::Leave),
-            0x1b => self.esc = Esc::Start,
-            0..=0x1f => {}
-            _ => {
-                self.line.push(b);
-                echo.push(b);
-            }
-        }
-        None
+        (text.len() + skip, None)
     }
 
-    /// Erases the last character, if any (its UTF-8 continuation bytes with it).
-    fn erase(&mut self, echo: &mut Vec<u8>) -> bool {
-        let Some(last) = self.line.iter().rposition(|&c| c & 0xc0 != 0x80) else {
-            // Only continuation bytes (a broken character), or nothing.
-            let any = !self.line.is_empty();
-            self.line.clear();
-            if any {
-                echo.extend_from_slice(b"\x08 \x08");
-            }
-            return any;
-        };
-        self.line.truncate(last);
-        echo.extend_from_slice(b"\x08 \x08");
-        true
+    /// Shows the line being edited (after the prompt was shown again).
+    pub fn show(&self, echo: &mut Vec<u8>) {
+        self.editor.show(echo);
     }
 }
 
@@ -370,19 +334,22 @@ impl Term {
                     continue;
                 }
                 let mut echo = Vec::new();
-                let mut done = None;
-                let mut used = keys.len();
-                for (i, &b) in keys.iter().enumerate() {
-                    if let Some(d) = editor.key(b, &mut echo) {
-                        done = Some(d);
-                        used = i + 1;
-                        break;
-                    }
-                }
+                let (used, done) = editor.keys(&keys, &mut echo);
                 show(&echo);
                 keys.drain(..used);
                 match done {
+                    // The first bytes of a character: the rest comes with the next read.
+                    None if used == 0 => {
+                        lock(&self.outbox).returned = std::mem::take(&mut keys);
+                    }
                     None => {}
+                    Some(Done::Clear) => {
+                        show(b"\x1b[H\x1b[2J");
+                        self.reprompt(c)?;
+                        let mut line = Vec::new();
+                        editor.show(&mut line);
+                        show(&line);
+                    }
                     Some(Done::Line(line)) => self.submit(c, &line)?,
                     Some(Done::Cancelled) => self.reprompt(c)?,
                     Some(Done::Eof) => {
@@ -726,12 +693,15 @@ impl Term {
 mod tests {
     use super::*;
 
-    /// Feeds `keys`: what was echoed, and how the line ended.
+    /// Feeds `keys` in one read: what was echoed, and how the line ended.
     fn typed(e: &mut LineEditor, keys: &[u8]) -> (String, Option<Done>) {
         let mut echo = Vec::new();
-        for &b in keys {
-            if let Some(d) = e.key(b, &mut echo) {
-                return (String::from_utf8_lossy(&echo).into_owned(), Some(d));
+        let mut rest = keys;
+        while !rest.is_empty() {
+            let (used, done) = e.keys(rest, &mut echo);
+            rest = &rest[used..];
+            if done.is_some() || used == 0 {
+                return (String::from_utf8_lossy(&echo).into_owned(), done);
             }
         }
         (String::from_utf8_lossy(&echo).into_owned(), None)
@@ -756,20 +726,22 @@ mod tests {
     }
 
     #[test]
-    fn backspace_ctrl_u_and_ctrl_w_erase_as_a_cooked_terminal_does() {
+    fn the_keys_are_the_daemons_editors() {
         let mut e = LineEditor::default();
-        let (echo, done) = typed(&mut e, b"lss\x7f -l\r");
-        assert_eq!(echo, "lss\x08 \x08 -l\r\n");
+        let (_, done) = typed(&mut e, b"lss\x7f -l\r");
         assert_eq!(done, Some(Done::Line("ls -l".into())));
-        // A character of several bytes goes in one Backspace; Backspace on nothing shows
-        // nothing.
-        let (echo, done) = typed(&mut e, "xé\x7f\x7f\x7f\x08y\r".as_bytes());
-        assert_eq!(echo, "xé\x08 \x08\x08 \x08y\r\n");
-        assert_eq!(done, Some(Done::Line("y".into())));
         let (_, done) = typed(&mut e, b"rm -rf /\x15echo ok\r");
         assert_eq!(done, Some(Done::Line("echo ok".into())));
         let (_, done) = typed(&mut e, b"git push  \x17\x17status\r");
         assert_eq!(done, Some(Done::Line("status".into())));
+        // Cursor moves, which the cooked-terminal editor execctl had did not make.
+        let (_, done) = typed(&mut e, b"cho x\x1b[H\x01e\x05y\r");
+        assert_eq!(done, Some(Done::Line("echo xy".into())));
+        // Up walks the lines sent from here, newest first.
+        let (_, done) = typed(&mut e, b"\x1b[A\x1b[A\r");
+        assert_eq!(done, Some(Done::Line("status".into())));
+        let (_, done) = typed(&mut e, b"\x0c");
+        assert_eq!(done, Some(Done::Clear));
     }
 
     #[test]
@@ -783,20 +755,24 @@ mod tests {
             typed(&mut e, b"true\r"),
             ("true\r\n".into(), Some(Done::Line("true".into())))
         );
-        assert_eq!(typed(&mut e, b"x\x04"), ("x".into(), None));
-        assert_eq!(
-            typed(&mut e, b"\x7f\x04"),
-            ("\x08 \x08".into(), Some(Done::Eof))
-        );
-        assert_eq!(typed(&mut e, b"abc\x1c"), ("abc".into(), Some(Done::Leave)));
+        // Ctrl-D on a line erases under the cursor (nothing, at its end): no leaving.
+        assert_eq!(typed(&mut e, b"x\x04").1, None);
+        assert_eq!(typed(&mut e, b"\x7f\x04").1, Some(Done::Eof));
+        assert_eq!(typed(&mut e, b"abc\x1c").1, Some(Done::Leave));
     }
 
     #[test]
-    fn arrows_function_keys_and_other_controls_do_nothing() {
+    fn a_character_split_across_reads_waits_for_its_rest() {
         let mut e = LineEditor::default();
-        // Up, Left (CSI), F1 (SS3), F5 with parameters, Alt-b, Tab, Ctrl-A.
-        let (echo, done) = typed(&mut e, b"a\x1b[A\x1b[D\x1bOP\x1b[15~\x1bb\t\x01b\r");
-        assert_eq!(echo, "ab\r\n");
+        let mut echo = Vec::new();
+        let bytes = "é\r".as_bytes();
+        assert_eq!(e.keys(&bytes[..1], &mut echo), (0, None));
+        let mut all = bytes[..1].to_vec();
+        all.extend_from_slice(&bytes[1..]);
+        let (_, done) = typed(&mut e, &all);
+        assert_eq!(done, Some(Done::Line("é".into())));
+        // A byte no character begins with is dropped.
+        let (_, done) = typed(&mut e, b"a\xffb\r");
         assert_eq!(done, Some(Done::Line("ab".into())));
     }
 }

@@ -94,7 +94,6 @@ impl Editor {
         self.line.iter().collect()
     }
 
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.line.is_empty()
     }
