@@ -329,27 +329,31 @@ pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 /// The success envelope: `{"success": true, "message": "ok", "data": RESULT, "hint": null}`,
 /// RESULT being the JSON-RPC result unchanged.
 pub fn success_body(result: &Value) -> Vec<u8> {
-    json!({
-        "success": true,
-        "message": SUCCESS_MESSAGE,
-        "data": result,
-        "hint": null,
-    })
-    .to_string()
-    .into_bytes()
+    envelope(true, SUCCESS_MESSAGE, Some(result))
 }
 
 /// The failure envelope: `{"success": false, "message": MESSAGE, "data": DATA or null,
 /// "hint": null}`.
 pub fn failure_body(message: &str, data: Option<&Value>) -> Vec<u8> {
-    json!({
-        "success": false,
-        "message": message,
-        "data": data,
-        "hint": null,
-    })
-    .to_string()
-    .into_bytes()
+    envelope(false, message, data)
+}
+
+/// An envelope, its keys in the seed's order whatever serde_json's map keeps (sorted, or
+/// as inserted where a dependency turns on `preserve_order`), and `data` written where it
+/// is rather than copied into a map first.
+fn envelope(success: bool, message: &str, data: Option<&Value>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(if success {
+        b"{\"success\":true,\"message\":"
+    } else {
+        b"{\"success\":false,\"message\":"
+    });
+    // Writing a string or a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut b, message);
+    b.extend_from_slice(b",\"data\":");
+    let _ = serde_json::to_writer(&mut b, &data.unwrap_or(&Value::Null));
+    b.extend_from_slice(b",\"hint\":null}");
+    b
 }
 
 /// Maps a JSON-RPC error to its HTTP status and body (section 11). `-32602` is 422 with a
