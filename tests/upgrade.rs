@@ -1213,3 +1213,59 @@ fn a_shell_sessions_channel_and_terminal_carry_over() {
         "a line wrote a command into the carried channel"
     );
 }
+
+/// The nice value of process `pid` (field 19 of `/proc/PID/stat`).
+fn nice_of(pid: i32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(16)?.parse().ok()
+}
+
+/// Where the daemon may (root here), it runs the swap at a raised priority, so the new
+/// image does not queue for a CPU behind the clients it serves: raised while the new
+/// image is paused before it rebuilds, back to what it was once it serves, and no command
+/// started after the upgrade (nor the new reader) inherits it. A refused upgrade puts it
+/// back too.
+#[test]
+fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
+    if !running_as_root() {
+        skip("raising a priority needs root or CAP_SYS_NICE");
+        return;
+    }
+    let (d, _audit) = daemon_with_env(&[], &[("EXECD_TEST_SWAP_PAUSE_MS", "1500")]);
+    let pid = d.pid();
+    let mut c = d.client();
+    let before = nice_of(pid).expect("the daemon's nice");
+    unsafe_kill(pid, libc::SIGUSR2);
+    wait_until("the swap runs raised", || nice_of(pid) == Some(-10));
+    wait_until("the new image serves", || {
+        meta(&mut c)["upgrades"].as_u64() == Some(1)
+    });
+    assert_eq!(nice_of(pid), Some(before));
+    let r = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "cut -d' ' -f19 /proc/self/stat"}),
+    );
+    assert_eq!(
+        r["stdout"].as_str().map(str::trim),
+        Some(before.to_string().as_str())
+    );
+    assert_no_panic(&d);
+    // A new image that refuses the state hands it back: the old image puts its priority
+    // back as it serves on.
+    let dir = TempDir::new();
+    let socket = dir.path().join("execd.sock");
+    let mut cmd = Daemon::command(dir.path(), &socket, &[]);
+    cmd.env("EXECD_TEST_REFUSE_STATE", "1");
+    let d = Daemon::adopt(Some(cmd.spawn().expect("spawn execd")), socket, dir);
+    let mut c = d.client();
+    meta(&mut c);
+    unsafe_kill(d.pid(), libc::SIGUSR2);
+    wait_until("the refusal is logged", || {
+        d.log().contains("the new image refused the state")
+    });
+    meta(&mut c);
+    assert_eq!(nice_of(d.pid()), Some(before));
+    assert_no_panic(&d);
+}

@@ -168,6 +168,9 @@ enum UpgradeStage {
         to: String,
         /// When serving stopped (CLOCK_MONOTONIC, ns): where the pause starts.
         stopped: i64,
+        /// The nice value before the priority was raised for the swap (`os::
+        /// raise_for_swap`), put back when the upgrade is refused or done.
+        nice: Option<i32>,
     },
 }
 
@@ -178,6 +181,8 @@ pub(super) struct Resumed {
     /// Who asked (none: a writer that did not say).
     asker: Option<Asker>,
     stopped: i64,
+    /// The nice value to put back (`UpgradeImage::nice_before`).
+    nice: Option<i32>,
     /// Why the new image refused the state, when this is the old one resuming.
     refused: Option<String>,
     commands: usize,
@@ -454,6 +459,7 @@ impl Server {
                     up.stage = UpgradeStage::Draining {
                         to,
                         stopped: os::monotonic_ns(),
+                        nice: os::raise_for_swap(),
                     };
                 }
                 let timer = self
@@ -553,6 +559,12 @@ impl Server {
         if let Some(t) = up.timer {
             self.timers.cancel(t);
         }
+        if let UpgradeStage::Draining {
+            nice: Some(nice), ..
+        } = up.stage
+        {
+            os::set_nice(nice);
+        }
         self.upgrade_failed(up.asked_by, up.asker, &refused);
         if was_draining {
             for t in self.listeners.tokens() {
@@ -593,7 +605,7 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped, nice },
             timer,
         }) = self.upgrade.take()
         else {
@@ -614,7 +626,7 @@ impl Server {
             binary.display()
         ));
         self.write_log();
-        let built = self.write_state(&binary, (asked_by, asker), stopped);
+        let built = self.write_state(&binary, (asked_by, asker), (stopped, nice));
         let failure = match built {
             Ok((memfd, old_exe, fds)) => {
                 // The off-loop reader does not cross: the new image starts its own (what
@@ -657,7 +669,7 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped, nice },
             timer,
         });
         self.refuse_upgrade(&failure);
@@ -669,7 +681,7 @@ impl Server {
         &mut self,
         binary: &std::path::Path,
         (asked_by, asker): (Option<(Token, ReqNo)>, Asker),
-        stopped: i64,
+        (stopped, nice_before): (i64, Option<i32>),
     ) -> Result<(OwnedFd, Option<OwnedFd>, Vec<RawFd>), String> {
         let base = Instant::now();
         let mono = os::monotonic_ns();
@@ -709,6 +721,7 @@ impl Server {
                 asked_by: asked_by.map(|(t, r)| (t.0, r.0)),
                 stopped,
                 asker: Some(asker.carry()),
+                nice_before,
             },
             core,
             server,
@@ -727,6 +740,11 @@ impl Server {
         let Some(r) = self.resumed.take() else {
             return;
         };
+        // The swap is over: the priority it was given goes back (before anything is
+        // spawned, so no command inherits it).
+        if let Some(nice) = r.nice {
+            os::set_nice(nice);
+        }
         let pause_ms = (os::monotonic_ns() - r.stopped).max(0) as f64 / 1e6;
         let to = env!("CARGO_PKG_VERSION");
         match &r.refused {
@@ -951,6 +969,7 @@ impl Server {
             asked_by,
             asker: state.upgrade.asker.as_ref().map(Asker::resume),
             stopped: state.upgrade.stopped,
+            nice: state.upgrade.nice_before,
             refused,
             commands: state.core.procs.len(),
             connections: state.server.conns.len(),

@@ -31,6 +31,41 @@ pub const TEST_REFUSE_VAR: &str = "EXECD_TEST_REFUSE_STATE";
 /// for the new image).
 pub const TEST_PAUSE_VAR: &str = "EXECD_TEST_SWAP_PAUSE_MS";
 
+/// The nice value the daemon takes for an upgrade's swap, where it may (root, or
+/// `CAP_SYS_NICE`): the new image needs a CPU for a few tens of milliseconds while the
+/// clients it serves (a build, streamers) keep both cores busy, and at the default
+/// weight it queued behind them for hundreds (issue 33).
+pub const SWAP_NICE: i32 = -10;
+
+/// Raises the calling thread's priority to `SWAP_NICE` for a swap: the nice value it
+/// had, to put back once the image that goes on serves (`set_nice`); none when it was
+/// already as high or may not be raised (a daemon not root, without `CAP_SYS_NICE`).
+/// The value crosses the `execve` (nice is kept by it), as the loop's thread is the
+/// process's only one.
+pub fn raise_for_swap() -> Option<i32> {
+    // getpriority answers -1 for a nice of -1 too: errno tells the two apart.
+    // SAFETY: __errno_location points at this thread's errno.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: plain integers; 0 is the calling thread.
+    let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    // SAFETY: as above.
+    if before == -1 && unsafe { *libc::__errno_location() } != 0 {
+        return None;
+    }
+    if before <= SWAP_NICE {
+        return None;
+    }
+    // SAFETY: plain integers; 0 is the calling thread.
+    (unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, SWAP_NICE) } == 0).then_some(before)
+}
+
+/// Puts the calling thread's nice value back to `nice` (what `raise_for_swap` found).
+pub fn set_nice(nice: i32) {
+    // SAFETY: plain integers; 0 is the calling thread. Lowering one's own priority is
+    // always allowed.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock both images read, where `Instant` cannot
 /// travel.
 pub fn monotonic_ns() -> i64 {

@@ -263,6 +263,10 @@ pub struct UpgradeImage {
     /// Who asked, for the `upgrade` record (an older writer says nothing).
     #[serde(default)]
     pub asker: Option<AskerImage>,
+    /// The nice value the writer had before it raised its priority for the swap: what
+    /// the image that serves next puts back (none: not raised, or an older writer).
+    #[serde(default)]
+    pub nice_before: Option<i32>,
 }
 
 /// Who asked for an upgrade: a peer's `daemon/upgrade`, or a SIGUSR2 (the sender's pid
@@ -1443,6 +1447,7 @@ mod tests {
                 asked_by: Some((7, 9)),
                 stopped: 4,
                 asker: Some(AskerImage::Signal(Some((42, 1000)))),
+                nice_before: Some(0),
             },
             core: CoreImage {
                 procs: vec![],
