@@ -126,6 +126,13 @@ pub struct Conn {
     pub read_pending: bool,
     /// The peer will send nothing more.
     pub eof: bool,
+    /// An event said the peer closed its sending side (or hung up): reads go on to the
+    /// end of the stream, not only to a short read (`fill`).
+    pub peer_closed: bool,
+    /// The socket may hold what was not read yet: a readiness event came, or the last
+    /// `fill` stopped with data left. False after a short read or the end: the socket
+    /// was empty then, and anything sent since comes with an event of its own.
+    pub unread: bool,
     /// A write failed or the peer hung up: close once the loop gets to it.
     pub broken: bool,
     /// The peer's supplementary groups: those it held when it connected (Unix socket), or
@@ -184,6 +191,8 @@ impl Conn {
             writable_registered: false,
             read_pending: false,
             eof: false,
+            peer_closed: false,
+            unread: true,
             broken: false,
             groups: Vec::new(),
             last_request: Instant::now(),
@@ -357,9 +366,24 @@ impl Conn {
 
     /// Reads what is available into the codec, stopping early when a full message and a
     /// read's worth are buffered so one client cannot make the daemon hold more.
+    ///
+    /// A read shorter than `scratch` emptied the socket's queue when it was made (a stream
+    /// socket's read takes all that is queued, up to its size): anything sent later is a
+    /// new edge of readiness, so the read that would only say `EAGAIN` is not made (two of
+    /// every request's system calls). Unless an event said the peer closed: its end of
+    /// stream may wait behind the data, and only a read finds it.
     pub fn fill(&mut self, scratch: &mut [u8]) -> Fill {
+        let fill = self.fill_from_socket(scratch);
+        self.unread = fill == Fill::More;
+        fill
+    }
+
+    fn fill_from_socket(&mut self, scratch: &mut [u8]) -> Fill {
         if self.eof {
             return Fill::Eof;
+        }
+        if !self.unread {
+            return Fill::Drained;
         }
         loop {
             if self.pending_input() >= self.bounds.max_message + scratch.len() {
@@ -373,7 +397,12 @@ impl Conn {
                     }
                     return Fill::Eof;
                 }
-                Ok(n) => self.push(&scratch[..n]),
+                Ok(n) => {
+                    self.push(&scratch[..n]);
+                    if n < scratch.len() && !self.peer_closed {
+                        return Fill::Drained;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Fill::Drained,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {

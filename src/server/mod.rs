@@ -344,7 +344,7 @@ impl Server {
                     t if self.probe_token(t) => self.on_probe(t),
                     t => self.on_ready(
                         t,
-                        ev.is_readable() || ev.is_read_closed(),
+                        (ev.is_readable(), ev.is_read_closed()),
                         ev.is_write_closed(),
                     ),
                 }
@@ -522,8 +522,12 @@ impl Server {
 
     /// A source is ready. For a connection, writing (and resuming what waited for room)
     /// happens in `flush_dirty`, so only readability and a hang-up matter here.
-    fn on_ready(&mut self, token: Token, readable: bool, hung_up: bool) {
-        if self.clients.contains(&token) {
+    fn on_ready(&mut self, token: Token, (readable, read_closed): (bool, bool), hung_up: bool) {
+        let readable = readable || read_closed;
+        if let Some(c) = self.clients.get_mut(&token) {
+            // Kept: its end of stream may still wait behind data (`Conn::fill`).
+            c.peer_closed |= read_closed || hung_up;
+            c.unread |= readable || hung_up;
             if readable {
                 self.read_requests(token);
             }
