@@ -355,10 +355,14 @@ impl Contain {
         if h.leader_alive {
             return;
         }
-        h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
+        // A cgroup says whether anything is left; only without one is the group probed
+        // (a `kill(-pgid, 0)` per reap, which fails ESRCH for every command that ended).
         let alive = match &h.cgroup {
             Some(cg) => cg.populated().unwrap_or(false),
-            None => h.group_alive,
+            None => {
+                h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
+                h.group_alive
+            }
         };
         if alive {
             return;
