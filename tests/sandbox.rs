@@ -1562,3 +1562,63 @@ fn execctl_http_and_ps_narrow_and_show_a_commands_sandbox() {
     assert!(listed.contains("read-only"), "{listed}");
     assert_no_panic(&d);
 }
+
+/// A daemon that is not root protects `.git` too: it makes its mount namespace inside a
+/// user namespace of its own (mapping only its uid), so the workspace preset, the one
+/// recommended for agents, works in a repository for the README's first setup (execd run
+/// by the agent's own user). Its commands are who they were, write the workspace, and
+/// cannot write `.git` or outside.
+#[test]
+fn a_daemon_that_is_not_root_protects_git_in_a_user_namespace() {
+    if !landlock() || !running_as_root() {
+        skip("needs Landlock, and root to start a daemon as another uid");
+        return;
+    }
+    let p = Place::new(true);
+    let nobody = 65534;
+    let chown_all = Command::new("chown")
+        .args(["-R", &format!("{nobody}:{nobody}"), &s(p.dir.path())])
+        .status()
+        .expect("chown");
+    assert!(chown_all.success());
+    let socket = p.dir.path().join("nobody.sock");
+    let mut cmd = Daemon::command(p.dir.path(), &socket, &[]);
+    cmd.args(p.flags("workspace"));
+    // SAFETY: setgroups, setgid and setuid only make system calls.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(nobody) != 0
+                || libc::setuid(nobody) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let d = Daemon::adopt(Some(cmd.spawn().expect("execd")), socket, TempDir::new());
+    let mut c = d.client();
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    let sb = &init["_meta"]["execd"]["sandbox"];
+    assert_eq!(sb["protect"], true, "{sb}");
+    let o = s(&p.out());
+    let (text, _) = bash(
+        &mut c,
+        &format!(
+            "id -u; echo x > inside; echo x >> .git/config; echo x > .git/new; \
+             echo x > {o}/escaped; git status --short; echo END"
+        ),
+        &p.ws(),
+        json!({}),
+    );
+    assert!(text.contains("END"), "{text}");
+    assert!(text.starts_with(&format!("{nobody}\n")), "{text}");
+    assert!(p.ws().join("inside").exists(), "{text}");
+    assert!(!p.ws().join(".git/new").exists(), "{text}");
+    assert!(text.contains("Read-only file system"), "{text}");
+    assert!(!p.out().join("escaped").exists(), "{text}");
+    let config = std::fs::read_to_string(p.ws().join(".git/config")).unwrap_or_default();
+    assert!(!config.ends_with("x\n"), "{config}");
+    assert!(text.contains("?? inside"), "git works in it: {text}");
+    assert_no_panic(&d);
+}

@@ -46,7 +46,7 @@
 //!   bases it opens beneath are duplicates, the seccomp programs are shared by `Arc`).
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -152,22 +152,39 @@ fn cap_last() -> u32 {
         .unwrap_or(40)
 }
 
-/// Whether a mount namespace can be made and entered: root (`CAP_SYS_ADMIN`), and the
-/// kernel and any seccomp filter the daemon runs under let `unshare(CLONE_NEWNS)` pass.
+/// Whether a mount namespace can be made and entered: as root (`CAP_SYS_ADMIN`) one of
+/// its own; otherwise inside a user namespace of the daemon's own (which the kernel may
+/// forbid: `user.max_user_namespaces` 0, an AppArmor or seccomp rule); and the kernel and
+/// any seccomp filter the daemon runs under let `unshare` pass.
 fn probe_namespace() -> Result<(), String> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("execd is not root (a user namespace of its own is not used)".into());
-    }
     make_namespace(&[], &[])
         .map(drop)
         .map_err(|e| format!("one cannot be made here ({e})"))
 }
 
-/// Makes a mount namespace (on a thread of its own, which ends at once: the daemon's
-/// own threads stay where they are) in which every path of `protect` is a read-only bind
-/// of itself and every directory of `hide` an empty read-only directory; returns it.
-fn make_namespace(protect: &[PathBuf], hide: &[PathBuf]) -> io::Result<OwnedFd> {
+/// A mount namespace made for `protect`, and the user namespace that owns it when the
+/// daemon is not root (entered first).
+#[derive(Debug)]
+pub struct Made {
+    pub mnt: OwnedFd,
+    pub user: Option<OwnedFd>,
+}
+
+impl Made {
+    fn dup(&self) -> io::Result<Made> {
+        Ok(Made {
+            mnt: self.mnt.try_clone()?,
+            user: self.user.as_ref().map(OwnedFd::try_clone).transpose()?,
+        })
+    }
+}
+
+/// Makes a mount namespace in which every path of `protect` is a read-only bind of
+/// itself and every directory of `hide` an empty read-only directory; returns it. As
+/// root, on a thread of its own (which ends at once: the daemon's own threads stay where
+/// they are); otherwise in a helper process that makes a user namespace first
+/// (`make_user_namespace`).
+fn make_namespace(protect: &[PathBuf], hide: &[PathBuf]) -> io::Result<Made> {
     let protect: Vec<CString> = protect
         .iter()
         .map(|p| super::path_cstring(p))
@@ -176,9 +193,15 @@ fn make_namespace(protect: &[PathBuf], hide: &[PathBuf]) -> io::Result<OwnedFd> 
         .iter()
         .map(|p| super::path_cstring(p))
         .collect::<io::Result<_>>()?;
+    // The flags each protected mount is kept with (a user namespace may not drop them).
+    let kept: Vec<libc::c_ulong> = protect.iter().map(|p| locked_flags(p)).collect();
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return make_user_namespace(&protect, &kept, &hide);
+    }
     let made = std::thread::Builder::new()
         .name("execd-mntns".into())
-        .spawn(move || -> io::Result<OwnedFd> {
+        .spawn(move || -> io::Result<Made> {
             let check = |rc: libc::c_int, what: &str| {
                 if rc < 0 {
                     let e = io::Error::last_os_error();
@@ -191,59 +214,281 @@ fn make_namespace(protect: &[PathBuf], hide: &[PathBuf]) -> io::Result<OwnedFd> 
             // this thread's mount namespace only (CLONE_NEWNS implies CLONE_FS).
             unsafe {
                 check(libc::unshare(libc::CLONE_NEWNS), "unshare")?;
-                // Mounts made outside still appear inside; none made here leaks out.
-                check(
-                    libc::mount(
-                        std::ptr::null(),
-                        c"/".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC | libc::MS_SLAVE,
-                        std::ptr::null(),
-                    ),
-                    "making / a slave",
-                )?;
-                for p in &protect {
-                    check(
-                        libc::mount(
-                            p.as_ptr(),
-                            p.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_BIND | libc::MS_REC,
-                            std::ptr::null(),
-                        ),
-                        "bind",
-                    )?;
-                    check(
-                        libc::mount(
-                            std::ptr::null(),
-                            p.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
-                            std::ptr::null(),
-                        ),
-                        "read-only remount",
-                    )?;
-                }
-                for h in &hide {
-                    // Best effort: a directory that went away has nothing to hide.
-                    libc::mount(
-                        c"tmpfs".as_ptr(),
-                        h.as_ptr(),
-                        c"tmpfs".as_ptr(),
-                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        c"size=4k,mode=0755".as_ptr().cast(),
-                    );
+                if let Err((step, errno)) = mount_protected(&protect, &kept, &hide) {
+                    let e = io::Error::from_raw_os_error(errno);
+                    return Err(io::Error::new(e.kind(), format!("{step}: {e}")));
                 }
                 let fd = libc::open(
                     c"/proc/thread-self/ns/mnt".as_ptr(),
                     libc::O_RDONLY | libc::O_CLOEXEC,
                 );
                 check(fd, "opening the namespace")?;
-                Ok(OwnedFd::from_raw_fd(fd))
+                Ok(Made {
+                    mnt: OwnedFd::from_raw_fd(fd),
+                    user: None,
+                })
             }
         })?;
     made.join()
         .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// The mount flags of the mount `path` lies on that a read-only remount of a bind of it
+/// must keep: in a user namespace the kernel refuses to drop them (they are locked).
+fn locked_flags(path: &CStr) -> libc::c_ulong {
+    // SAFETY: statvfs fills a struct we own from a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ]
+    .into_iter()
+    .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+    .fold(0, |acc, (_, ms)| acc | ms)
+}
+
+/// In a new mount namespace (already entered): `/` made a slave (mounts made outside
+/// still appear inside; none made here leaks out), each path of `protect` bound over
+/// itself read-only (keeping `kept`, its mount's locked flags), each of `hide` covered by
+/// an empty read-only tmpfs (best effort: a directory that went away has nothing to
+/// hide). The step that failed and its errno.
+///
+/// # Safety
+/// System calls on NUL-terminated strings; no allocation, so a forked helper may run it.
+unsafe fn mount_protected(
+    protect: &[CString],
+    kept: &[libc::c_ulong],
+    hide: &[CString],
+) -> Result<(), (&'static str, i32)> {
+    let check = |rc: libc::c_int, step: &'static str| {
+        if rc < 0 {
+            Err((step, io::Error::last_os_error().raw_os_error().unwrap_or(0)))
+        } else {
+            Ok(())
+        }
+    };
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: mount with NUL-terminated strings and null pointers where allowed.
+    unsafe {
+        check(
+            libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ),
+            "making / a slave",
+        )?;
+        for (p, &kept) in protect.iter().zip(kept) {
+            let bind = libc::MS_BIND | libc::MS_REC;
+            check(
+                libc::mount(p.as_ptr(), p.as_ptr(), none, bind, std::ptr::null()),
+                "bind",
+            )?;
+            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | kept;
+            check(
+                libc::mount(none, p.as_ptr(), none, ro, std::ptr::null()),
+                "read-only remount",
+            )?;
+        }
+        for h in hide {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                h.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=0755".as_ptr().cast(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A daemon that is not root makes its mount namespace inside a user namespace of its
+/// own, mapping only its own uid and gid (so a command in it is who it was, and files of
+/// other owners show as the overflow id): a helper process (a user namespace cannot be
+/// made by a process with threads, nor entered by one) `unshare`s both, writes its maps,
+/// mounts, and says so on a pipe; the daemon opens both namespaces through `/proc/PID/ns`
+/// and lets it go. The helper is forked from the loop's thread and makes only system
+/// calls on memory prepared before the fork; it waits at most `HELPER_WAIT`.
+fn make_user_namespace(
+    protect: &[CString],
+    kept: &[libc::c_ulong],
+    hide: &[CString],
+) -> io::Result<Made> {
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let uid_map = format!("{uid} {uid} 1\n");
+    let gid_map = format!("{gid} {gid} 1\n");
+    let (ready_r, ready_w) = pipe()?;
+    let (go_r, go_w) = pipe()?;
+    // SAFETY: the daemon's loop thread forks; the child runs `helper` only (system calls
+    // on memory prepared above, then `_exit`).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: the forked child, which never returns from here. Its copies of the
+        // daemon's ends go first: the end of `go` it waits on must be the daemon's only.
+        unsafe {
+            libc::close(go_w.as_raw_fd());
+            libc::close(ready_r.as_raw_fd());
+            helper(
+                (protect, kept, hide),
+                (uid_map.as_bytes(), gid_map.as_bytes()),
+                ready_w.as_raw_fd(),
+                go_r.as_raw_fd(),
+            )
+        }
+    }
+    drop((ready_w, go_r));
+    let result = helper_answer(pid, &ready_r);
+    // Lets the helper go (its read of `go` ends), then reaps it; it exits at once.
+    drop(go_w);
+    let mut status = 0;
+    // SAFETY: waits for the child forked above, which is about to exit.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    result
+}
+
+/// How long the daemon waits for the helper's word.
+const HELPER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The helper's word on `ready` (its failed step and errno, or that it is ready), and
+/// then its namespaces.
+fn helper_answer(pid: libc::pid_t, ready: &OwnedFd) -> io::Result<Made> {
+    let mut pfd = libc::pollfd {
+        fd: ready.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one descriptor we own.
+    let n = unsafe { libc::poll(&mut pfd, 1, HELPER_WAIT.as_millis() as libc::c_int) };
+    if n <= 0 {
+        // SAFETY: our own unreaped child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the user namespace helper did not answer",
+        ));
+    }
+    let mut word = [0u8; 5];
+    // SAFETY: reads at most 5 bytes into our buffer.
+    let got = unsafe { libc::read(ready.as_raw_fd(), word.as_mut_ptr().cast(), word.len()) };
+    if got != 5 {
+        return Err(io::Error::other("the user namespace helper died"));
+    }
+    let errno = i32::from_ne_bytes([word[1], word[2], word[3], word[4]]);
+    if word[0] != 0 {
+        let step = HELPER_STEPS
+            .get(usize::from(word[0]))
+            .copied()
+            .unwrap_or("a step");
+        let e = io::Error::from_raw_os_error(errno);
+        return Err(io::Error::new(e.kind(), format!("{step}: {e}")));
+    }
+    let open = |ns: &str| -> io::Result<OwnedFd> {
+        let path = CString::new(format!("/proc/{pid}/ns/{ns}"))
+            .map_err(|_| io::Error::other("a path with a NUL"))?;
+        // SAFETY: a NUL-terminated path; the descriptor is ours.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    Ok(Made {
+        user: Some(open("user")?),
+        mnt: open("mnt")?,
+    })
+}
+
+/// The helper's steps, by the number it reports (0: ready).
+const HELPER_STEPS: [&str; 6] = [
+    "ready",
+    "unshare(CLONE_NEWUSER | CLONE_NEWNS)",
+    "writing setgroups",
+    "writing uid_map",
+    "writing gid_map",
+    "mounting",
+];
+
+/// The helper, in the forked child: never returns.
+///
+/// # Safety
+/// Only in the child of `fork`, with the arguments prepared before it.
+unsafe fn helper(
+    (protect, kept, hide): (&[CString], &[libc::c_ulong], &[CString]),
+    (uid_map, gid_map): (&[u8], &[u8]),
+    ready: RawFd,
+    go: RawFd,
+) -> ! {
+    let say = |step: u8, errno: i32| {
+        let e = errno.to_ne_bytes();
+        let word = [step, e[0], e[1], e[2], e[3]];
+        // SAFETY: writes our 5 bytes to the pipe.
+        unsafe { libc::write(ready, word.as_ptr().cast(), word.len()) };
+    };
+    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    let write_file = |path: &CStr, text: &[u8]| -> bool {
+        // SAFETY: open, write and close on a NUL-terminated path and our bytes.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return false;
+            }
+            let n = libc::write(fd, text.as_ptr().cast(), text.len());
+            libc::close(fd);
+            n == text.len() as isize
+        }
+    };
+    // SAFETY: system calls on prepared memory, then `_exit`.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) < 0 {
+            say(1, errno());
+            libc::_exit(1);
+        }
+        let maps: [(&CStr, &[u8], u8); 3] = [
+            (c"/proc/self/setgroups", b"deny", 2),
+            (c"/proc/self/uid_map", uid_map, 3),
+            (c"/proc/self/gid_map", gid_map, 4),
+        ];
+        for (path, text, step) in maps {
+            if !write_file(path, text) {
+                say(step, errno());
+                libc::_exit(1);
+            }
+        }
+        if let Err((_, e)) = mount_protected(protect, kept, hide) {
+            say(5, e);
+            libc::_exit(1);
+        }
+        say(0, 0);
+        let mut b = 0u8;
+        libc::read(go, (&mut b as *mut u8).cast(), 1);
+        libc::_exit(0);
+    }
+}
+
+/// A pipe, both ends close-on-exec.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into our array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both just made, owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// The seccomp programs, compiled once.
@@ -410,7 +655,7 @@ struct Trusted {
 /// A mount namespace kept for a set of protected entries.
 #[derive(Debug)]
 struct Namespace {
-    fd: OwnedFd,
+    made: Made,
 }
 
 /// What the loop holds for sandboxed spawns.
@@ -457,6 +702,8 @@ pub struct Confined {
     pub ruleset: Option<OwnedFd>,
     /// The mount namespace to enter (a duplicate), for `protect`.
     pub mntns: Option<OwnedFd>,
+    /// The user namespace that owns it, entered first (a daemon that is not root).
+    pub userns: Option<OwnedFd>,
     /// Roots the child opens and adds (pointers into `strings`, bases into `bases`).
     pub rules: Vec<ChildRule>,
     /// Protected names, for the child's check of the roots it opens.
@@ -701,6 +948,7 @@ impl Sandboxer {
         let mut confined = Confined {
             ruleset: None,
             mntns: None,
+            userns: None,
             rules: Vec::new(),
             protect: s
                 .protect
@@ -826,7 +1074,10 @@ impl Sandboxer {
         }
 
         if needs_namespace(g) {
-            confined.mntns = self.namespace_for(g)?;
+            if let Some(made) = self.namespace_for(g)? {
+                confined.mntns = Some(made.mnt);
+                confined.userns = made.user;
+            }
         }
         if let Some(root) = &g.cwd_root {
             if g.verify_cwd {
@@ -861,7 +1112,7 @@ impl Sandboxer {
     /// for exactly these entries (by device and inode) is kept. None when there is
     /// nothing to protect (a name absent at spawn is not protected): the command then
     /// runs in the daemon's own mount namespace, its runtime directories not hidden.
-    fn namespace_for(&mut self, g: &Given) -> Result<Option<OwnedFd>, String> {
+    fn namespace_for(&mut self, g: &Given) -> Result<Option<Made>, String> {
         let Paths::Only(roots) = &g.sandbox.write else {
             return Err("protect with every path writable protects nothing".into());
         };
@@ -911,10 +1162,10 @@ impl Sandboxer {
             return Ok(None);
         }
         if let Some(ns) = self.namespaces.get(&entries) {
-            return ns.fd.try_clone().map(Some).map_err(|e| format!("dup: {e}"));
+            return ns.made.dup().map(Some).map_err(|e| format!("dup: {e}"));
         }
         let paths: Vec<PathBuf> = entries.iter().map(|e| e.0.clone()).collect();
-        let fd = make_namespace(&paths, &self.hide)
+        let made = make_namespace(&paths, &self.hide)
             .map_err(|e| format!("making a mount namespace: {e}"))?;
         if self.namespaces.len() >= NAMESPACES {
             // Any one goes: those still wanted are made again.
@@ -922,8 +1173,8 @@ impl Sandboxer {
                 self.namespaces.remove(&k);
             }
         }
-        let dup = fd.try_clone().map_err(|e| format!("dup: {e}"))?;
-        self.namespaces.insert(entries, Namespace { fd });
+        let dup = made.dup().map_err(|e| format!("dup: {e}"))?;
+        self.namespaces.insert(entries, Namespace { made });
         Ok(Some(dup))
     }
 }

@@ -552,6 +552,8 @@ struct SandboxPlan {
     ruleset: RawFd,
     /// A mount namespace to enter, or -1.
     mntns: RawFd,
+    /// The user namespace that owns it, entered first, or -1.
+    userns: RawFd,
     rules: *const ChildRule,
     nrules: usize,
     /// Protected names a root opened here must not hold.
@@ -570,6 +572,7 @@ impl SandboxPlan {
         on: false,
         ruleset: -1,
         mntns: -1,
+        userns: -1,
         rules: std::ptr::null(),
         nrules: 0,
         protect: std::ptr::null(),
@@ -586,6 +589,7 @@ impl SandboxPlan {
             on: true,
             ruleset: c.ruleset.as_ref().map_or(-1, |f| f.as_raw_fd()),
             mntns: c.mntns.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            userns: c.userns.as_ref().map_or(-1, |f| f.as_raw_fd()),
             rules: c.rules.as_ptr(),
             nrules: c.rules.len(),
             protect: c.protect_ptrs.as_ptr(),
@@ -765,7 +769,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         // Every other descriptor goes now rather than at exec (all are close-on-exec):
         // nothing of the daemon's stays open here while a slow step runs.
-        close_all_but(3, [plan.cgroup_procs, plan.report, sb.ruleset, sb.mntns]);
+        close_all_but(
+            3,
+            [
+                plan.cgroup_procs,
+                plan.report,
+                sb.ruleset,
+                sb.mntns,
+                sb.userns,
+            ],
+        );
         // Into the command's cgroup before anything else, and before the user switch:
         // writing "0" moves the writer, checked against who opened the file (the daemon).
         if plan.cgroup_procs >= 0 {
@@ -985,6 +998,15 @@ unsafe fn sandbox_rules(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
 /// Raw system calls only; for the child between clone and exec.
 unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
     let ok = |r: isize| if r < 0 { Err(r) } else { Ok(()) };
+    if sb.userns >= 0 {
+        // The user namespace first: it owns the mount namespace (a daemon not root makes
+        // both). The command is who it was in it; files of other owners show as the
+        // overflow id.
+        // SAFETY: setns with a namespace descriptor the plan holds.
+        ok(unsafe { sys!(libc::SYS_setns, sb.userns, libc::CLONE_NEWUSER) })?;
+        // SAFETY: it is ours, and done with.
+        unsafe { sys!(libc::SYS_close, sb.userns) };
+    }
     if sb.mntns >= 0 {
         // SAFETY: setns with a namespace descriptor the plan holds.
         ok(unsafe { sys!(libc::SYS_setns, sb.mntns, libc::CLONE_NEWNS) })?;
@@ -1249,7 +1271,7 @@ unsafe fn check_binary(path: *const libc::c_char, trusted: u32) -> Result<(), (U
 ///
 /// # Safety
 /// Raw system calls only, allocation-free; for the child between clone and exec.
-unsafe fn close_all_but(first: RawFd, mut keep: [RawFd; 4]) {
+unsafe fn close_all_but<const N: usize>(first: RawFd, mut keep: [RawFd; N]) {
     let close_range = |lo: RawFd, hi: RawFd| {
         if lo <= hi {
             // SAFETY: close_range takes plain integers; closing descriptors nobody here uses.
