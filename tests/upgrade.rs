@@ -1214,18 +1214,23 @@ fn a_shell_sessions_channel_and_terminal_carry_over() {
     );
 }
 
-/// The nice value of process `pid` (field 19 of `/proc/PID/stat`).
-fn nice_of(pid: i32) -> Option<i64> {
+/// Field `n` of `/proc/PID/stat` (1-based, as proc(5) counts).
+fn stat_field(pid: i32, n: usize) -> Option<i64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 2..];
-    after.split(' ').nth(16)?.parse().ok()
+    after.split(' ').nth(n - 3)?.parse().ok()
 }
 
-/// Where the daemon may (root here), it runs the swap at a raised priority, so the new
-/// image does not queue for a CPU behind the clients it serves: raised while the new
-/// image is paused before it rebuilds, back to what it was once it serves, and no command
-/// started after the upgrade (nor the new reader) inherits it. A refused upgrade puts it
-/// back too.
+/// The scheduling policy (0 normal, 2 `SCHED_RR`) and nice value of process `pid`.
+fn sched_of(pid: i32) -> Option<(i64, i64)> {
+    Some((stat_field(pid, 41)?, stat_field(pid, 19)?))
+}
+
+/// Where the daemon may (root here), it runs the swap in real time (`SCHED_RR`), so the
+/// new image does not queue for a CPU behind the clients it serves: raised while the new
+/// image is paused before it rebuilds, back to the normal policy and its nice once it
+/// serves, and no command started after the upgrade inherits it. A refused upgrade puts
+/// it back too.
 #[test]
 fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     if !running_as_root() {
@@ -1235,21 +1240,25 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     let (d, _audit) = daemon_with_env(&[], &[("EXECD_TEST_SWAP_PAUSE_MS", "1500")]);
     let pid = d.pid();
     let mut c = d.client();
-    let before = nice_of(pid).expect("the daemon's nice");
+    let before = sched_of(pid).expect("the daemon's policy and nice");
+    assert_eq!(before.0, 0, "it runs under the normal policy");
     unsafe_kill(pid, libc::SIGUSR2);
-    wait_until("the swap runs raised", || nice_of(pid) == Some(-10));
+    // Real time (SCHED_RR) for the swap, as root may.
+    wait_until("the swap runs raised", || {
+        sched_of(pid).is_some_and(|(policy, _)| policy == 2)
+    });
     wait_until("the new image serves", || {
         meta(&mut c)["upgrades"].as_u64() == Some(1)
     });
-    assert_eq!(nice_of(pid), Some(before));
+    assert_eq!(sched_of(pid), Some(before));
     let r = ok(
         &mut c,
         "bash/exec",
-        json!({"command": "cut -d' ' -f19 /proc/self/stat"}),
+        json!({"command": "cut -d' ' -f19,41 /proc/self/stat"}),
     );
     assert_eq!(
         r["stdout"].as_str().map(str::trim),
-        Some(before.to_string().as_str())
+        Some(format!("{} 0", before.1).as_str())
     );
     assert_no_panic(&d);
     // A new image that refuses the state hands it back: the old image puts its priority
@@ -1266,6 +1275,6 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
         d.log().contains("the new image refused the state")
     });
     meta(&mut c);
-    assert_eq!(nice_of(d.pid()), Some(before));
+    assert_eq!(sched_of(d.pid()), Some(before));
     assert_no_panic(&d);
 }

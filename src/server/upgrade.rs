@@ -168,9 +168,6 @@ enum UpgradeStage {
         to: String,
         /// When serving stopped (CLOCK_MONOTONIC, ns): where the pause starts.
         stopped: i64,
-        /// The nice value before the priority was raised for the swap (`os::
-        /// raise_for_swap`), put back when the upgrade is refused or done.
-        nice: Option<i32>,
     },
 }
 
@@ -459,7 +456,6 @@ impl Server {
                     up.stage = UpgradeStage::Draining {
                         to,
                         stopped: os::monotonic_ns(),
-                        nice: os::raise_for_swap(),
                     };
                 }
                 let timer = self
@@ -559,12 +555,6 @@ impl Server {
         if let Some(t) = up.timer {
             self.timers.cancel(t);
         }
-        if let UpgradeStage::Draining {
-            nice: Some(nice), ..
-        } = up.stage
-        {
-            os::set_nice(nice);
-        }
         self.upgrade_failed(up.asked_by, up.asker, &refused);
         if was_draining {
             for t in self.listeners.tokens() {
@@ -605,13 +595,17 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped, nice },
+            stage: UpgradeStage::Draining { to, stopped },
             timer,
         }) = self.upgrade.take()
         else {
             return;
         };
         self.close_websockets();
+        // From here to the first turn of the image that serves next, at a raised priority
+        // where the daemon may: nothing is spawned meanwhile (the drain is over), and
+        // that image puts it back before it spawns anything.
+        let nice = os::raise_for_swap();
         let pausing = os::monotonic_ns();
         if let Some(n) = &self.notifier {
             n.send(&format!(
@@ -662,6 +656,9 @@ impl Server {
             }
             Err(e) => format!("writing the state: {e}"),
         };
+        if let Some(nice) = nice {
+            os::lower_after_swap(nice);
+        }
         if let Some(n) = &self.notifier {
             n.send("READY=1");
         }
@@ -669,7 +666,7 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped, nice },
+            stage: UpgradeStage::Draining { to, stopped },
             timer,
         });
         self.refuse_upgrade(&failure);
@@ -743,7 +740,7 @@ impl Server {
         // The swap is over: the priority it was given goes back (before anything is
         // spawned, so no command inherits it).
         if let Some(nice) = r.nice {
-            os::set_nice(nice);
+            os::lower_after_swap(nice);
         }
         let pause_ms = (os::monotonic_ns() - r.stopped).max(0) as f64 / 1e6;
         let to = env!("CARGO_PKG_VERSION");

@@ -31,18 +31,25 @@ pub const TEST_REFUSE_VAR: &str = "EXECD_TEST_REFUSE_STATE";
 /// for the new image).
 pub const TEST_PAUSE_VAR: &str = "EXECD_TEST_SWAP_PAUSE_MS";
 
-/// The nice value the daemon takes for an upgrade's swap, where it may (root, or
-/// `CAP_SYS_NICE`): the new image needs a CPU for a few tens of milliseconds while the
-/// clients it serves (a build, streamers) keep both cores busy, and at the default
-/// weight it queued behind them for hundreds (issue 33).
+/// The nice value the daemon takes for an upgrade's swap where it may not run it in real
+/// time (`raise_for_swap`).
 pub const SWAP_NICE: i32 = -10;
 
-/// Raises the calling thread's priority to `SWAP_NICE` for a swap: the nice value it
-/// had, to put back once the image that goes on serves (`set_nice`); none when it was
-/// already as high or may not be raised (a daemon not root, without `CAP_SYS_NICE`).
-/// The value crosses the `execve` (nice is kept by it), as the loop's thread is the
-/// process's only one.
+/// Raises the calling thread's priority for an upgrade's swap, where the daemon may (root,
+/// or `CAP_SYS_NICE`): the new image needs a CPU for a few tens of milliseconds while the
+/// clients it serves (a build, streamers) keep both cores busy, and at the default weight
+/// it queued behind them for hundreds (issue 33); a nice of -10 still left it waiting
+/// behind a hundred busy threads. So `SCHED_RR` at the lowest real-time priority, with
+/// `SCHED_RESET_ON_FORK` (nothing it starts inherits it), else nice `SWAP_NICE`. Returns
+/// the nice value it had, to put back once the image that goes on serves (`lower_after_swap`);
+/// none when nothing was raised (a daemon not root, or one the operator runs under a
+/// policy of their own). Both cross the `execve`, as the loop's thread is the process's
+/// only one.
 pub fn raise_for_swap() -> Option<i32> {
+    // SAFETY: plain integers; 0 is the calling thread.
+    if unsafe { libc::sched_getscheduler(0) } != libc::SCHED_OTHER {
+        return None;
+    }
     // getpriority answers -1 for a nice of -1 too: errno tells the two apart.
     // SAFETY: __errno_location points at this thread's errno.
     unsafe { *libc::__errno_location() = 0 };
@@ -52,6 +59,12 @@ pub fn raise_for_swap() -> Option<i32> {
     if before == -1 && unsafe { *libc::__errno_location() } != 0 {
         return None;
     }
+    let rt = libc::sched_param { sched_priority: 1 };
+    // SAFETY: a sched_param we own; 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &rt) } == 0
+    {
+        return Some(before);
+    }
     if before <= SWAP_NICE {
         return None;
     }
@@ -59,11 +72,18 @@ pub fn raise_for_swap() -> Option<i32> {
     (unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, SWAP_NICE) } == 0).then_some(before)
 }
 
-/// Puts the calling thread's nice value back to `nice` (what `raise_for_swap` found).
-pub fn set_nice(nice: i32) {
-    // SAFETY: plain integers; 0 is the calling thread. Lowering one's own priority is
-    // always allowed.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+/// Puts the calling thread back as it was before `raise_for_swap`: the normal policy and
+/// the nice value `nice` it had.
+pub fn lower_after_swap(nice: i32) {
+    let normal = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a sched_param we own, plain integers; 0 is the calling thread. Lowering
+    // one's own priority is always allowed.
+    unsafe {
+        if libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK != libc::SCHED_OTHER {
+            libc::sched_setscheduler(0, libc::SCHED_OTHER, &normal);
+        }
+        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+    }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock both images read, where `Instant` cannot
