@@ -355,14 +355,10 @@ impl Contain {
         if h.leader_alive {
             return;
         }
-        // A cgroup says whether anything is left; only without one is the group probed
-        // (a `kill(-pgid, 0)` per reap, which fails ESRCH for every command that ended).
+        h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
         let alive = match &h.cgroup {
             Some(cg) => cg.populated().unwrap_or(false),
-            None => {
-                h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
-                h.group_alive
-            }
+            None => h.group_alive,
         };
         if alive {
             return;
