@@ -1574,6 +1574,18 @@ fn a_daemon_that_is_not_root_protects_git_in_a_user_namespace() {
         skip("needs Landlock, and root to start a daemon as another uid");
         return;
     }
+    let setting = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+    };
+    if setting("/proc/sys/user/max_user_namespaces") == Some(0)
+        || setting("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1)
+        || setting("/proc/sys/kernel/unprivileged_userns_clone") == Some(0)
+    {
+        skip("this kernel forbids unprivileged user namespaces");
+        return;
+    }
     let p = Place::new(true);
     let nobody = 65534;
     let chown_all = Command::new("chown")
@@ -1606,7 +1618,8 @@ fn a_daemon_that_is_not_root_protects_git_in_a_user_namespace() {
         &mut c,
         &format!(
             "id -u; echo x > inside; echo x >> .git/config; echo x > .git/new; \
-             echo x > {o}/escaped; git status --short; echo END"
+             echo x > {o}/escaped; git status --short; grep CapBnd /proc/self/status; \
+             echo END"
         ),
         &p.ws(),
         json!({}),
@@ -1620,5 +1633,37 @@ fn a_daemon_that_is_not_root_protects_git_in_a_user_namespace() {
     let config = std::fs::read_to_string(p.ws().join(".git/config")).unwrap_or_default();
     assert!(!config.ends_with("x\n"), "{config}");
     assert!(text.contains("?? inside"), "git works in it: {text}");
+    // Entering the user namespace gave every capability in it; none is left to gain.
+    assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
+    assert_no_panic(&d);
+}
+
+/// The tag beside a command's cookie is what ties a process to it, so no sandboxed
+/// command may read it from another command's environment: each sandboxed spawn is a
+/// Landlock domain of its own, and `ptrace` access (which `/proc/PID/environ` needs) does
+/// not cross out of one. An unsandboxed command of the same uid can read it (the control).
+#[test]
+fn a_sandboxed_command_cannot_read_another_commands_cookie_tag() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let d = p.daemon("off", &[]);
+    let mut c = d.client();
+    ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "echo $$ > pid; exec sleep 60", "async_mode": true,
+               "exec_dir": s(&p.ws())}),
+    );
+    wait_until("the command wrote its pid", || {
+        std::fs::read_to_string(p.ws().join("pid")).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let read = "tr '\\0' '\\n' < /proc/$(cat pid)/environ | grep -c EXECD_TREE_TAG=";
+    let (text, _) = bash(&mut c, read, &p.ws(), json!({}));
+    assert!(text.starts_with("1\n"), "the control reads it: {text}");
+    let (text, _) = bash(&mut c, read, &p.ws(), json!({"sandbox": "workspace"}));
+    assert!(!text.starts_with("1\n"), "{text}");
+    assert!(text.contains("Permission denied"), "{text}");
     assert_no_panic(&d);
 }

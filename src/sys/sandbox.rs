@@ -241,6 +241,8 @@ fn locked_flags(path: &CStr) -> libc::c_ulong {
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
         return 0;
     }
+    // Neither relatime nor noatime: the mount is strictatime, which is locked too.
+    let strict = st.f_flag & (libc::ST_RELATIME | libc::ST_NOATIME) == 0;
     [
         (libc::ST_NOSUID, libc::MS_NOSUID),
         (libc::ST_NODEV, libc::MS_NODEV),
@@ -251,7 +253,10 @@ fn locked_flags(path: &CStr) -> libc::c_ulong {
     ]
     .into_iter()
     .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
-    .fold(0, |acc, (_, ms)| acc | ms)
+    .fold(
+        if strict { libc::MS_STRICTATIME } else { 0 },
+        |acc, (_, ms)| acc | ms,
+    )
 }
 
 /// In a new mount namespace (already entered): `/` made a slave (mounts made outside
@@ -355,8 +360,11 @@ fn make_user_namespace(
     // Lets the helper go (its read of `go` ends), then reaps it; it exits at once.
     drop(go_w);
     let mut status = 0;
-    // SAFETY: waits for the child forked above, which is about to exit.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    // SAFETY: waits for the child forked above, which is about to exit. One killed
+    // while stuck in a mount on a hung file system is left to the loop's reaping rather
+    // than waited for here.
+    let flags = if result.is_ok() { 0 } else { libc::WNOHANG };
+    unsafe { libc::waitpid(pid, &mut status, flags) };
     result
 }
 
@@ -371,9 +379,18 @@ fn helper_answer(pid: libc::pid_t, ready: &OwnedFd) -> io::Result<Made> {
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: poll on one descriptor we own.
-    let n = unsafe { libc::poll(&mut pfd, 1, HELPER_WAIT.as_millis() as libc::c_int) };
-    if n <= 0 {
+    let until = std::time::Instant::now() + HELPER_WAIT;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: poll on one descriptor we own.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as libc::c_int) };
+        // A signal (a command's SIGCHLD) is no answer: wait for the rest of the time.
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n > 0 {
+            break;
+        }
         // SAFETY: our own unreaped child.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         return Err(io::Error::new(
@@ -967,7 +984,14 @@ impl Sandboxer {
         };
         confined.protect_ptrs = confined.protect.iter().map(|c| c.as_ptr()).collect();
 
-        if !handled.is_empty() || net || scoped {
+        // A sandbox that mediates no file access, TCP or scope still gets a Landlock
+        // domain of its own, by a ruleset that only refuses making block devices (which
+        // no process without capabilities may do anyway): ptrace, and with it reading
+        // another command's environment (its cookie tag), stays within a domain.
+        if handled.is_empty() && !net && !scoped {
+            handled = AccessFs::MakeBlock.into();
+        }
+        {
             let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
             if !handled.is_empty() {
                 rs = rs.handle_access(handled).map_err(fail)?;
@@ -1076,6 +1100,10 @@ impl Sandboxer {
         if needs_namespace(g) {
             if let Some(made) = self.namespace_for(g)? {
                 confined.mntns = Some(made.mnt);
+                // Entering a user namespace gives every capability in it, the bounding
+                // set included: the child, which then holds `CAP_SETPCAP` there, empties
+                // it, so a program with file capabilities gains none at exec.
+                confined.drop_bounding |= made.user.is_some();
                 confined.userns = made.user;
             }
         }
