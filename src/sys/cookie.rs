@@ -143,9 +143,10 @@ pub fn tag_hex(secret: &[u8; 32], id: &str) -> String {
 
 /// The tag of command `id`'s cookie: SipHash-2-4 of a domain prefix and `id`, keyed by
 /// the second half of the daemon's random secret. Command ids are sequential, so anyone
-/// can name one; only a process that inherited a command's environment (or may read it,
-/// which a sandboxed command may not: Landlock keeps its `ptrace` checks within its own
-/// domain) knows its tag. It survives an upgrade in place with the secret.
+/// can name one; only a process that inherited a command's environment, may read it (a
+/// process of the same uid outside any Landlock domain: every sandboxed spawn is a domain
+/// of its own, and `ptrace` access does not cross out of one), or saw it printed, knows
+/// its tag. It survives an upgrade in place with the secret.
 pub fn tag(secret: &[u8; 32], id: &str) -> u64 {
     let half = |at: usize| {
         let mut k = [0u8; 8];
