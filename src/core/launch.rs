@@ -94,10 +94,7 @@ impl LaunchRequest {
             + self.args.iter().map(String::len).sum::<usize>()
             + self.cwd.as_os_str().len()
             + self.family.session_id().len()
-            + self
-                .sandbox
-                .as_ref()
-                .map_or(0, |g| g.to_json().to_string().len())
+            + self.sandbox.as_ref().map_or(0, Given::json_len_bound)
     }
 
     /// The session a session approval is remembered for: the ACP session or the bash

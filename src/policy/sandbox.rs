@@ -538,6 +538,16 @@ fn shape_json<R>(s: &Sandbox<R>, text: impl Fn(&R) -> String) -> Value {
     })
 }
 
+/// The most bytes a character takes in a JSON string: `\uXXXX` for a control character,
+/// two for a quote or a backslash, its UTF-8 otherwise (U+FFFD for a path's bad bytes).
+fn json_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
 /// A shape error: the key (or `""` for the whole value) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapeError {
@@ -761,6 +771,27 @@ impl Given {
             v["escalated"] = true.into();
         }
         v
+    }
+
+    /// At least the length of `to_json` as text, counted without building it: what a
+    /// command's record holds for its sandbox (counted per spawn, so no allocation).
+    pub fn json_len_bound(&self) -> usize {
+        /// Keys, punctuation, `network`, `escalated`, `null`.
+        const FIXED: usize = 128;
+        let text = |s: &str| 3 + s.chars().map(json_char_len).sum::<usize>();
+        let path = |p: &Path| text(&p.to_string_lossy());
+        let paths = |p: &Paths<PathBuf>| match p {
+            Paths::All => 5,
+            Paths::Only(v) => 2 + v.iter().map(|p| path(p)).sum::<usize>(),
+        };
+        let s = &self.sandbox;
+        FIXED
+            + text(&self.name)
+            + self.cwd_root.as_deref().map_or(0, path)
+            + paths(&s.write)
+            + paths(&s.read)
+            + paths(&s.exec)
+            + s.protect.iter().map(|p| text(p)).sum::<usize>()
     }
 
     /// Reads back what `to_json` wrote (an upgrade carries it).
@@ -1094,5 +1125,35 @@ mod tests {
             "{}",
             g.brief()
         );
+    }
+
+    #[test]
+    fn the_counted_json_length_bounds_the_json() {
+        let odd = p("/w/\"quoted\\\u{1}\u{7f}é\u{200b}");
+        let (sandbox, _) = Template::workspace().resolve(&names(Some(&odd)));
+        let mut gs = vec![Given::off()];
+        for escalated in [false, true] {
+            gs.push(Given {
+                name: "custom \"x\"".into(),
+                sandbox: sandbox.clone(),
+                cwd_root: Some(odd.clone()),
+                verify_cwd: false,
+                escalated,
+            });
+        }
+        let mut many = gs[1].clone();
+        many.sandbox.read = only(&["/a", "/b\n", "/c"]);
+        many.sandbox.protect = vec![".git".into(), "\t".into()];
+        gs.push(many);
+        for g in gs {
+            let len = g.to_json().to_string().len();
+            assert!(
+                len <= g.json_len_bound(),
+                "{len} > {}: {g:?}",
+                g.json_len_bound()
+            );
+            // And not wildly more.
+            assert!(g.json_len_bound() <= len + 256, "{len}: {g:?}");
+        }
     }
 }

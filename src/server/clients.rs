@@ -60,6 +60,10 @@ pub enum Admission {
     Failed,
 }
 
+/// What finds a Unix peer's tie at accept: from its socket and pid, the tie and the
+/// peer's start time as read (`Children::tie_of`).
+pub type TieOf<'a> = dyn FnMut(&Core, RawFd, i32) -> (Tie, Option<u64>) + 'a;
+
 /// The connections, by token.
 #[derive(Default)]
 pub struct Clients {
@@ -166,7 +170,7 @@ impl Clients {
         core: &mut Core,
         registry: &Registry,
         next_token: &mut usize,
-        tie_of: &mut dyn FnMut(&Core, RawFd, i32) -> (Tie, Option<u64>),
+        tie_of: &mut TieOf,
     ) -> Admission {
         let now = core.now;
         let bounds = Bounds {
