@@ -168,6 +168,9 @@ enum UpgradeStage {
         to: String,
         /// When serving stopped (CLOCK_MONOTONIC, ns): where the pause starts.
         stopped: i64,
+        /// The nice value before the drain raised the priority to real time (`os::
+        /// raise_for_swap`), put back when the upgrade is refused.
+        nice: Option<i32>,
     },
 }
 
@@ -456,6 +459,9 @@ impl Server {
                     up.stage = UpgradeStage::Draining {
                         to,
                         stopped: os::monotonic_ns(),
+                        // The drain is part of the pause: in real time where the daemon
+                        // may (what it starts meanwhile does not inherit it).
+                        nice: os::raise_for_swap(false),
                     };
                 }
                 let timer = self
@@ -555,6 +561,12 @@ impl Server {
         if let Some(t) = up.timer {
             self.timers.cancel(t);
         }
+        if let UpgradeStage::Draining {
+            nice: Some(nice), ..
+        } = up.stage
+        {
+            os::lower_after_swap(nice);
+        }
         self.upgrade_failed(up.asked_by, up.asker, &refused);
         if was_draining {
             for t in self.listeners.tokens() {
@@ -595,7 +607,7 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped, nice },
             timer,
         }) = self.upgrade.take()
         else {
@@ -605,7 +617,7 @@ impl Server {
         // From here to the first turn of the image that serves next, at a raised priority
         // where the daemon may: nothing is spawned meanwhile (the drain is over), and
         // that image puts it back before it spawns anything.
-        let nice = os::raise_for_swap();
+        let nice = nice.or_else(|| os::raise_for_swap(true));
         let pausing = os::monotonic_ns();
         if let Some(n) = &self.notifier {
             n.send(&format!(
@@ -666,7 +678,7 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped },
+            stage: UpgradeStage::Draining { to, stopped, nice },
             timer,
         });
         self.refuse_upgrade(&failure);

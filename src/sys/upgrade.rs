@@ -44,8 +44,9 @@ pub const SWAP_NICE: i32 = -10;
 /// the nice value it had, to put back once the image that goes on serves (`lower_after_swap`);
 /// none when nothing was raised (a daemon not root, or one the operator runs under a
 /// policy of their own). Both cross the `execve`, as the loop's thread is the process's
-/// only one.
-pub fn raise_for_swap() -> Option<i32> {
+/// only one. `nice_too`: whether nice may stand in for real time (not while commands may
+/// still be started, as they would inherit it; real time they do not).
+pub fn raise_for_swap(nice_too: bool) -> Option<i32> {
     // SAFETY: plain integers; 0 is the calling thread.
     if unsafe { libc::sched_getscheduler(0) } != libc::SCHED_OTHER {
         return None;
@@ -65,7 +66,7 @@ pub fn raise_for_swap() -> Option<i32> {
     {
         return Some(before);
     }
-    if before <= SWAP_NICE {
+    if !nice_too || before <= SWAP_NICE {
         return None;
     }
     // SAFETY: plain integers; 0 is the calling thread.
