@@ -171,6 +171,9 @@ enum UpgradeStage {
         /// The nice value before the drain raised the priority to real time (`os::
         /// raise_for_swap`), put back when the upgrade is refused.
         nice: Option<i32>,
+        /// The new image puts a raised priority back (its pre-flight said so); none is
+        /// raised for one that does not.
+        restores: bool,
     },
 }
 
@@ -448,7 +451,10 @@ impl Server {
         };
         let binary = up.binary.display().to_string();
         match state::read_check(line) {
-            Ok(to) => {
+            Ok(state::Check {
+                version: to,
+                restores_priority: restores,
+            }) => {
                 self.close_probe();
                 self.core.log.line(format_args!(
                     "upgrade: {binary} is execd {to} and takes state version {}; no longer \
@@ -461,7 +467,8 @@ impl Server {
                         stopped: os::monotonic_ns(),
                         // The drain is part of the pause: in real time where the daemon
                         // may (what it starts meanwhile does not inherit it).
-                        nice: os::raise_for_swap(false),
+                        nice: restores.then(|| os::raise_for_swap(false)).flatten(),
+                        restores,
                     };
                 }
                 let timer = self
@@ -607,7 +614,13 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped, nice },
+            stage:
+                UpgradeStage::Draining {
+                    to,
+                    stopped,
+                    nice,
+                    restores,
+                },
             timer,
         }) = self.upgrade.take()
         else {
@@ -617,7 +630,7 @@ impl Server {
         // From here to the first turn of the image that serves next, at a raised priority
         // where the daemon may: nothing is spawned meanwhile (the drain is over), and
         // that image puts it back before it spawns anything.
-        let nice = nice.or_else(|| os::raise_for_swap(true));
+        let nice = nice.or_else(|| restores.then(|| os::raise_for_swap(true)).flatten());
         let pausing = os::monotonic_ns();
         if let Some(n) = &self.notifier {
             n.send(&format!(
@@ -678,7 +691,12 @@ impl Server {
             binary,
             asked_by,
             asker,
-            stage: UpgradeStage::Draining { to, stopped, nice },
+            stage: UpgradeStage::Draining {
+                to,
+                stopped,
+                nice,
+                restores,
+            },
             timer,
         });
         self.refuse_upgrade(&failure);
@@ -749,11 +767,6 @@ impl Server {
         let Some(r) = self.resumed.take() else {
             return;
         };
-        // The swap is over: the priority it was given goes back (before anything is
-        // spawned, so no command inherits it).
-        if let Some(nice) = r.nice {
-            os::lower_after_swap(nice);
-        }
         let pause_ms = (os::monotonic_ns() - r.stopped).max(0) as f64 / 1e6;
         let to = env!("CARGO_PKG_VERSION");
         match &r.refused {
@@ -828,6 +841,12 @@ impl Server {
                 crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
                 if let Some(r) = server.resumed.as_mut() {
                     r.state_bytes = bytes.len();
+                    // The swap is over: the priority it was given goes back before
+                    // anything is spawned (a shell restarted as its exit is reaped
+                    // next), so no command inherits it.
+                    if let Some(nice) = r.nice {
+                        os::lower_after_swap(nice);
+                    }
                 }
                 server.reap_all();
                 server.arm_after_resume();

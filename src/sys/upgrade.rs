@@ -42,22 +42,23 @@ pub const SWAP_NICE: i32 = -10;
 /// behind a hundred busy threads. So `SCHED_RR` at the lowest real-time priority, with
 /// `SCHED_RESET_ON_FORK` (nothing it starts inherits it), else nice `SWAP_NICE`. Returns
 /// the nice value it had, to put back once the image that goes on serves (`lower_after_swap`);
-/// none when nothing was raised (a daemon not root, or one the operator runs under a
-/// policy of their own). Both cross the `execve`, as the loop's thread is the process's
+/// none when nothing was raised: a daemon without `CAP_SYS_NICE`, one the operator runs
+/// at a nice other than 0 or under a policy of their own. Both cross the `execve`, as the loop's thread is the process's
 /// only one. `nice_too`: whether nice may stand in for real time (not while commands may
 /// still be started, as they would inherit it; real time they do not).
 pub fn raise_for_swap(nice_too: bool) -> Option<i32> {
+    // Only with CAP_SYS_NICE: a daemon that may enter real time by its RLIMIT_RTPRIO alone
+    // may not clear SCHED_RESET_ON_FORK again, and would stay there.
     // SAFETY: plain integers; 0 is the calling thread.
-    if unsafe { libc::sched_getscheduler(0) } != libc::SCHED_OTHER {
+    if !has_sys_nice() || unsafe { libc::sched_getscheduler(0) } != libc::SCHED_OTHER {
         return None;
     }
-    // getpriority answers -1 for a nice of -1 too: errno tells the two apart.
-    // SAFETY: __errno_location points at this thread's errno.
-    unsafe { *libc::__errno_location() = 0 };
-    // SAFETY: plain integers; 0 is the calling thread.
+    // SAFETY: plain integers; 0 is the calling thread. (An error answers -1: not 0.)
     let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    // SAFETY: as above.
-    if before == -1 && unsafe { *libc::__errno_location() } != 0 {
+    // Only from the default nice: a process started by a real-time one gets nice 0 (the
+    // kernel's reset on fork), which for a daemon run at a positive nice would raise what
+    // the drain starts.
+    if before != 0 {
         return None;
     }
     let rt = libc::sched_param { sched_priority: 1 };
@@ -66,11 +67,24 @@ pub fn raise_for_swap(nice_too: bool) -> Option<i32> {
     {
         return Some(before);
     }
-    if !nice_too || before <= SWAP_NICE {
+    if !nice_too {
         return None;
     }
     // SAFETY: plain integers; 0 is the calling thread.
     (unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, SWAP_NICE) } == 0).then_some(before)
+}
+
+/// Whether the daemon holds `CAP_SYS_NICE` in its effective set (`CapEff` of
+/// `/proc/self/status`).
+fn has_sys_nice() -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|eff| eff & (1 << CAP_SYS_NICE) != 0)
 }
 
 /// Puts the calling thread back as it was before `raise_for_swap`: the normal policy and

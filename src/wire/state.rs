@@ -1399,18 +1399,34 @@ pub fn decode(bytes: &[u8]) -> Result<(State, BlobsIn<'_>), StateError> {
     Ok((state, BlobsIn(&bytes[end..])))
 }
 
-/// What `execd --upgrade-check` prints: this build's release and the states it reads.
+/// What an image that resumes does for the one that wrote the state, named in its
+/// `--upgrade-check` answer: `priority`, it puts back the priority raised for the swap
+/// (`UpgradeImage::nice_before`). A writer raises it only for an image that says so: an
+/// older one would keep the daemon in real time.
+pub const RESTORES: [&str; 1] = ["priority"];
+
+/// What `execd --upgrade-check` prints: this build's release, the states it reads and
+/// what it restores.
 pub fn check_line() -> String {
     serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "states": ACCEPTED,
+        "restores": RESTORES,
     })
     .to_string()
 }
 
-/// Reads the answer of `--upgrade-check` (its first line): the release and whether it
-/// takes `VERSION`. An error says what is wrong with the answer.
-pub fn read_check(line: &str) -> Result<String, String> {
+/// The pre-flight's answer: the new image's release, and whether it puts the priority
+/// back (`RESTORES`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub version: String,
+    pub restores_priority: bool,
+}
+
+/// Reads the answer of `--upgrade-check` (its first line): the release, whether it takes
+/// `VERSION`, and what it restores. An error says what is wrong with the answer.
+pub fn read_check(line: &str) -> Result<Check, String> {
     let v: Value = serde_json::from_str(line.trim())
         .map_err(|e| format!("its --upgrade-check answer is not JSON ({e}): {line:?}"))?;
     let version = v["version"]
@@ -1427,7 +1443,13 @@ pub fn read_check(line: &str) -> Result<String, String> {
             "it reads states {states:?}, not version {VERSION}, which this daemon writes"
         ));
     }
-    Ok(version.to_string())
+    let restores_priority = v["restores"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|r| r == "priority"));
+    Ok(Check {
+        version: version.to_string(),
+        restores_priority,
+    })
 }
 
 #[cfg(test)]
@@ -1607,8 +1629,14 @@ mod tests {
     fn the_upgrade_check_answer_names_the_states_read() {
         assert_eq!(
             read_check(&check_line()).unwrap(),
-            env!("CARGO_PKG_VERSION")
+            Check {
+                version: env!("CARGO_PKG_VERSION").into(),
+                restores_priority: true
+            }
         );
+        // An older image says nothing of it: the priority is not raised for it.
+        let old = read_check(r#"{"version":"0.1.0","states":[1]}"#).unwrap();
+        assert!(!old.restores_priority);
         let e = read_check(r#"{"version":"9.0.0","states":[7]}"#).unwrap_err();
         assert!(e.contains("not version 1"), "{e}");
         assert!(read_check("hello").unwrap_err().contains("not JSON"));
