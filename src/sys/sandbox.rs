@@ -1,5 +1,5 @@
 //! The sandbox on the kernel's side (PROTOCOL 16): what the kernel offers (probed once at
-//! start), what is the same for every sandboxed spawn (seccomp programs, the descriptors
+//! start), what is the same for every sandboxed spawn (its seccomp program, the descriptors
 //! of the roots the operator named, a mount namespace per set of protected entries), and
 //! what one spawn needs (`Confined`: its own Landlock ruleset and the rest, handed to
 //! the child, which only applies them with raw system calls: `sys::spawn`).
@@ -43,7 +43,7 @@
 //!   run weaker: no Landlock, or an ABI below 3 for a sandbox that restricts writes;
 //!   `protect` where no mount namespace can be made.
 //! - Descriptors a child reads stay open until it exec'd: `Confined` owns them (the
-//!   bases it opens beneath are duplicates, the seccomp programs are shared by `Arc`).
+//!   bases it opens beneath are duplicates, the seccomp program is shared by `Arc`).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -508,18 +508,50 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// The seccomp programs, compiled once.
+/// The seccomp program of every kind of sandbox, compiled once. A spawn loads one
+/// program, never several: the kernel JIT-compiles each program it is given and, for
+/// each, tries every call number to see which ones it may let through without running
+/// filters at all, so four programs cost a spawn about four times what one does.
+///
+/// The parts, chained in this order (the first that does not allow decides; they name
+/// disjoint calls, after the guard, so the order changes no answer):
+/// - the guard: kills a foreign architecture's calls (i386 `int 0x80`, x32);
+/// - `socket()` of any family but `AF_UNIX`: `EACCES`; `io_uring_setup`: `ENOSYS`
+///   (io_uring's operations never pass seccomp): both for `network: none`;
+/// - signals and pidfds aimed at the daemon, its group or every process: `EPERM`,
+///   where Landlock cannot scope signals.
 #[derive(Debug)]
 pub struct Filters {
-    /// Kills a foreign architecture's calls (i386 `int 0x80`, x32).
-    guard: Vec<libc::sock_filter>,
-    /// `socket()` of any family but `AF_UNIX`: `EACCES`.
-    socket: Vec<libc::sock_filter>,
-    /// `io_uring_setup`: `ENOSYS` (io_uring's operations never pass seccomp).
-    uring: Vec<libc::sock_filter>,
-    /// Signals and pidfds aimed at the daemon, its group or every process: `EPERM`
-    /// (where Landlock cannot scope signals).
-    signals: Vec<libc::sock_filter>,
+    /// Indexed by `network: none` (1) + 2 * (signals need the filter).
+    programs: [Vec<libc::sock_filter>; 4],
+}
+
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+
+/// One program that runs `parts` one after another: every "allow" of a part but the
+/// last becomes a jump to the next part's first instruction. Every other return stays,
+/// so the first part that does not allow a call decides, as the kernel decides among
+/// separately loaded programs when only one of them does not allow it.
+fn chain(parts: &[&[libc::sock_filter]]) -> Vec<libc::sock_filter> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for (n, part) in parts.iter().enumerate() {
+        let last = n + 1 == parts.len();
+        for (i, f) in part.iter().enumerate() {
+            if !last && f.code == RET_K && f.k == libc::SECCOMP_RET_ALLOW {
+                let k = (part.len() - i - 1) as u32;
+                out.push(libc::sock_filter {
+                    code: JA,
+                    jt: 0,
+                    jf: 0,
+                    k,
+                });
+            } else {
+                out.push(*f);
+            }
+        }
+    }
+    out
 }
 
 fn bpf(p: seccompiler::BpfProgram) -> Vec<libc::sock_filter> {
@@ -573,9 +605,17 @@ const F_SETOWN_EX: i32 = 15;
 const FIOSETOWN: i32 = 0x8901;
 const SIOCSPGRP: i32 = 0x8902;
 
-impl Filters {
-    /// Compiles every program; `pid` and `pgrp` are the daemon's.
-    pub fn compile(pid: i32, pgrp: i32) -> Result<Filters, String> {
+/// The parts `Filters` chains (see there).
+struct Parts {
+    guard: Vec<libc::sock_filter>,
+    socket: Vec<libc::sock_filter>,
+    uring: Vec<libc::sock_filter>,
+    signals: Vec<libc::sock_filter>,
+}
+
+impl Parts {
+    /// Compiles every part; `pid` and `pgrp` are the daemon's.
+    fn compile(pid: i32, pgrp: i32) -> Result<Parts, String> {
         let eq = |arg: u8, v: i32| cond(arg, v as u32 as u64, SeccompCmpOp::Eq);
         let socket = compile(
             vec![(
@@ -623,12 +663,44 @@ impl Filters {
             ],
             SeccompAction::Errno(libc::EPERM as u32),
         )?;
-        Ok(Filters {
+        Ok(Parts {
             guard: guard(),
             socket,
             uring,
             signals,
         })
+    }
+
+    /// The parts of the program for a sandbox, in order.
+    fn of(&self, network_none: bool, signals_too: bool) -> Vec<&[libc::sock_filter]> {
+        let mut parts: Vec<&[libc::sock_filter]> = vec![&self.guard];
+        if network_none {
+            parts.extend([self.socket.as_slice(), self.uring.as_slice()]);
+        }
+        if signals_too {
+            parts.push(&self.signals);
+        }
+        parts
+    }
+}
+
+impl Filters {
+    /// Compiles every program; `pid` and `pgrp` are the daemon's.
+    pub fn compile(pid: i32, pgrp: i32) -> Result<Filters, String> {
+        let parts = Parts::compile(pid, pgrp)?;
+        let programs = [(false, false), (true, false), (false, true), (true, true)]
+            .map(|(network_none, signals_too)| chain(&parts.of(network_none, signals_too)));
+        // The kernel's limit on one program (BPF_MAXINSNS).
+        if programs.iter().any(|p| p.len() > 4096) {
+            return Err("seccomp: the program is longer than the kernel takes".into());
+        }
+        Ok(Filters { programs })
+    }
+
+    /// The program for a sandbox: with or without `network: none`'s part, with or
+    /// without the signals' part.
+    fn program(&self, network_none: bool, signals_too: bool) -> &[libc::sock_filter] {
+        &self.programs[usize::from(network_none) + 2 * usize::from(signals_too)]
     }
 }
 
@@ -639,7 +711,6 @@ fn guard() -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
-    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
     #[cfg(target_arch = "x86_64")]
     let arch = 0xc000_003e_u32; // AUDIT_ARCH_X86_64
@@ -728,8 +799,8 @@ pub struct Confined {
     pub protect_ptrs: Vec<*const libc::c_char>,
     /// The workspace root's device and inode the directory must lie under.
     pub verify: Option<(u64, u64)>,
-    /// The seccomp programs to load, in order.
-    pub programs: Vec<libc::sock_fprog>,
+    /// The seccomp program to load (`Filters`: one for the whole sandbox).
+    pub program: libc::sock_fprog,
     /// Empty the bounding set and lock `SECBIT_NOROOT` (the daemon holds `CAP_SETPCAP`).
     pub drop_bounding: bool,
     pub cap_last: u32,
@@ -737,7 +808,7 @@ pub struct Confined {
     pub tmpdir: Option<PathBuf>,
     strings: Vec<CString>,
     bases: Vec<OwnedFd>,
-    /// What `programs` point into, kept alive with them.
+    /// What `program` points into, kept alive with it.
     _filters: Arc<Filters>,
 }
 
@@ -935,7 +1006,7 @@ impl Sandboxer {
     }
 
     /// Prepares one spawn in sandbox `g`: its ruleset (built here, its own), its mount
-    /// namespace, what its child opens, and the seccomp programs it loads. The error is
+    /// namespace, what its child opens, and the seccomp program it loads. The error is
     /// the reason the sandbox cannot be given (`sandbox unavailable: ...`).
     pub fn confine(&mut self, g: &Given) -> Result<Confined, String> {
         if let Some(why) = self.kernel.unavailable(g) {
@@ -974,7 +1045,10 @@ impl Sandboxer {
                 .collect::<Result<_, _>>()?,
             protect_ptrs: Vec::new(),
             verify: None,
-            programs: Vec::new(),
+            program: libc::sock_fprog {
+                len: 0,
+                filter: std::ptr::null_mut(),
+            },
             drop_bounding: self.kernel.setpcap,
             cap_last: self.cap_last,
             tmpdir: self.tmpdir.clone(),
@@ -1115,22 +1189,13 @@ impl Sandboxer {
                 }
             }
         }
-        let f = &self.filters;
-        let mut programs: Vec<&Vec<libc::sock_filter>> = vec![&f.guard];
-        if s.network == Network::None {
-            programs.push(&f.socket);
-            programs.push(&f.uring);
-        }
-        if !self.kernel.signals_scoped() {
-            programs.push(&f.signals);
-        }
-        confined.programs = programs
-            .into_iter()
-            .map(|p| libc::sock_fprog {
-                len: p.len() as u16,
-                filter: p.as_ptr() as *mut libc::sock_filter,
-            })
-            .collect();
+        let p = self
+            .filters
+            .program(s.network == Network::None, !self.kernel.signals_scoped());
+        confined.program = libc::sock_fprog {
+            len: p.len() as u16,
+            filter: p.as_ptr() as *mut libc::sock_filter,
+        };
         Ok(confined)
     }
 
@@ -1204,5 +1269,123 @@ impl Sandboxer {
         let dup = made.dup().map_err(|e| format!("dup: {e}"))?;
         self.namespaces.insert(entries, Namespace { made });
         Ok(Some(dup))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a classic BPF program over `seccomp_data` words (nr, arch, ip, args) as the
+    /// kernel does, for the instructions seccompiler and `guard` emit.
+    fn run(p: &[libc::sock_filter], data: &[u32; 16]) -> u32 {
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let f = p[pc];
+            pc += 1;
+            let class = u32::from(f.code) & 0x07;
+            match class {
+                c if c == libc::BPF_LD => a = data[f.k as usize / 4],
+                c if c == libc::BPF_ALU => {
+                    assert_eq!(u32::from(f.code), libc::BPF_ALU | libc::BPF_AND | libc::BPF_K);
+                    a &= f.k;
+                }
+                c if c == libc::BPF_RET => return f.k,
+                c if c == libc::BPF_JMP => {
+                    let op = u32::from(f.code) & 0xf0;
+                    if op == libc::BPF_JA {
+                        pc += f.k as usize;
+                        continue;
+                    }
+                    let hit = match op {
+                        o if o == libc::BPF_JEQ => a == f.k,
+                        o if o == libc::BPF_JGT => a > f.k,
+                        o if o == libc::BPF_JGE => a >= f.k,
+                        o if o == libc::BPF_JSET => a & f.k != 0,
+                        o => panic!("jump op {o:#x}"),
+                    };
+                    pc += usize::from(if hit { f.jt } else { f.jf });
+                }
+                c => panic!("class {c:#x}"),
+            }
+        }
+    }
+
+    /// What the kernel answers for separately loaded programs: the most restrictive
+    /// action (a lower action value; KILL_PROCESS is the lowest as a signed number).
+    fn strictest(parts: &[&[libc::sock_filter]], data: &[u32; 16]) -> u32 {
+        parts
+            .iter()
+            .map(|p| run(p, data))
+            .min_by_key(|&k| (k & libc::SECCOMP_RET_ACTION_FULL) as i32)
+            .unwrap_or(libc::SECCOMP_RET_ALLOW)
+    }
+
+    #[test]
+    fn the_chained_program_answers_every_call_as_the_separate_programs_do() {
+        let (pid, pgrp) = (4242, 4240);
+        let f = Filters::compile(pid, pgrp).expect("compile");
+        let parts = Parts::compile(pid, pgrp).expect("compile");
+        #[cfg(target_arch = "x86_64")]
+        let native = 0xc000_003e_u32;
+        #[cfg(target_arch = "aarch64")]
+        let native = 0xc000_00b7_u32;
+        let nrs = [
+            libc::SYS_read,
+            libc::SYS_socket,
+            libc::SYS_io_uring_setup,
+            libc::SYS_kill,
+            libc::SYS_tkill,
+            libc::SYS_fcntl,
+            libc::SYS_ioctl,
+            libc::SYS_pidfd_send_signal,
+            libc::SYS_execve,
+        ];
+        let args = [
+            0u32,
+            libc::AF_UNIX as u32,
+            libc::AF_INET as u32,
+            libc::AF_NETLINK as u32,
+            libc::F_SETOWN as u32,
+            pid as u32,
+            (-pgrp) as u32,
+            u32::MAX,
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (network_none, signals_too) in [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let chained = f.program(network_none, signals_too);
+            let parts = parts.of(network_none, signals_too);
+            for arch in [native, 0x4000_0003] {
+                for nr in nrs.iter().map(|&n| n as u32).chain([n_x32()]) {
+                    for &a0 in &args {
+                        for &a1 in &args {
+                            // seccomp_data: nr, arch, ip (2 words), args (2 words each)
+                            let mut d = [0u32; 16];
+                            (d[0], d[1], d[4], d[6], d[8]) = (nr, arch, a0, a1, a1);
+                            let want = strictest(&parts, &d);
+                            assert_eq!(run(chained, &d), want, "nr {nr} arch {arch:#x} {a0} {a1}");
+                            seen.insert(want);
+                        }
+                    }
+                }
+            }
+            assert_eq!(chained.len(), parts.iter().map(|p| p.len()).sum::<usize>());
+        }
+        // Every kind of answer was met, so the comparison above could fail.
+        for k in [
+            libc::SECCOMP_RET_ALLOW,
+            libc::SECCOMP_RET_KILL_PROCESS,
+            libc::SECCOMP_RET_ERRNO | libc::EACCES as u32,
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ] {
+            assert!(seen.contains(&k), "{k:#x} never answered");
+        }
+    }
+
+    /// An x32 call number (bit 30 set): killed by the guard on x86_64.
+    fn n_x32() -> u32 {
+        0x4000_0000 | libc::SYS_read as u32
     }
 }

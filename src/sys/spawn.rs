@@ -561,8 +561,8 @@ struct SandboxPlan {
     nprotect: usize,
     /// The workspace root (device, inode) its directory must lie under.
     verify: Option<(u64, u64)>,
-    programs: *const libc::sock_fprog,
-    nprograms: usize,
+    /// The seccomp program, or null.
+    program: *const libc::sock_fprog,
     drop_bounding: bool,
     cap_last: u32,
 }
@@ -578,8 +578,7 @@ impl SandboxPlan {
         protect: std::ptr::null(),
         nprotect: 0,
         verify: None,
-        programs: std::ptr::null(),
-        nprograms: 0,
+        program: std::ptr::null(),
         drop_bounding: false,
         cap_last: 0,
     };
@@ -595,8 +594,7 @@ impl SandboxPlan {
             protect: c.protect_ptrs.as_ptr(),
             nprotect: c.protect_ptrs.len(),
             verify: c.verify,
-            programs: c.programs.as_ptr(),
-            nprograms: c.programs.len(),
+            program: &c.program,
             drop_bounding: c.drop_bounding,
             cap_last: c.cap_last,
         }
@@ -1044,7 +1042,7 @@ unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
 
 /// After the user switch and `chdir`, last before exec: checks the directory lies under
 /// its workspace's root, clears inheritable and ambient capabilities, sets
-/// `no_new_privs`, restricts itself with its ruleset and loads the seccomp programs.
+/// `no_new_privs`, restricts itself with its ruleset and loads the seccomp program.
 ///
 /// # Safety
 /// Raw system calls on the plan's memory; for the child between clone and exec.
@@ -1082,14 +1080,9 @@ unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
             ok(sys!(libc::SYS_landlock_restrict_self, sb.ruleset, 0))?;
             sys!(libc::SYS_close, sb.ruleset);
         }
-        for prog in std::slice::from_raw_parts(sb.programs, sb.nprograms) {
-            // seccomp(SECCOMP_SET_MODE_FILTER, 0, prog)
-            ok(sys!(
-                libc::SYS_seccomp,
-                1,
-                0,
-                prog as *const libc::sock_fprog
-            ))?;
+        if !sb.program.is_null() {
+            // seccomp(SECCOMP_SET_MODE_FILTER, 0, program)
+            ok(sys!(libc::SYS_seccomp, 1, 0, sb.program))?;
         }
     }
     Ok(())
