@@ -900,13 +900,6 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// `struct landlock_path_beneath_attr`.
-#[repr(C, packed)]
-struct PathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
-
 /// Opens each root a request named (beneath the trusted root it lies in) and adds it to
 /// the command's ruleset; a write root must not hold a protected name (no namespace is
 /// made per spawn to keep it read-only). Returns the failed step and `-errno`.
@@ -965,7 +958,7 @@ unsafe fn sandbox_rules(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
                 }
             }
         }
-        let attr = PathBeneathAttr {
+        let attr = super::sandbox::PathBeneathAttr {
             allowed_access: if dir { rule.access } else { rule.file_access },
             parent_fd: fd as i32,
         };
@@ -975,7 +968,7 @@ unsafe fn sandbox_rules(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
                 libc::SYS_landlock_add_rule,
                 sb.ruleset,
                 1,
-                &attr as *const PathBeneathAttr,
+                &attr as *const super::sandbox::PathBeneathAttr,
                 0
             )
         };
