@@ -573,7 +573,7 @@ impl Children {
         if let Err(e) = added {
             // Cannot watch its output: do not leave it running unobserved. Its hold is let
             // go when the leader is reaped.
-            self.contain.end(key, &s.id, Stage::Kill);
+            self.contain.end(key, &s.id, Stage::Kill, true);
             crate::sys::reap::signal_group(pid, libc::SIGKILL);
             if s.exit.is_some() {
                 self.contain.leader_exited(key); // already reaped: only its hold is left
@@ -997,6 +997,40 @@ impl Children {
         self.inputs.remove(&key);
         self.pipes.close_stdin(registry, key);
         self.pipes.close_commands(registry, key);
+    }
+
+    /// Ends `key`'s tree (command `id`), one stage (`Contain::end`). The final SIGKILL
+    /// asks for a cookie sweep only when something of the tree may be alive out of its
+    /// group's and cgroup's reach (`tree_may_remain`).
+    pub fn end(&mut self, core: &Core, key: Key, id: &str, stage: Stage) {
+        let sweep = stage == Stage::Kill && self.tree_may_remain(core, key);
+        self.contain.end(key, id, stage, sweep);
+    }
+
+    /// Whether anything of command `key`'s tree may be alive where only its cookie finds
+    /// it: while its leader is not reaped, its descendants may be anywhere below it; once
+    /// it is, each of them that lives is below a child of the daemon it did not start
+    /// (the daemon is the subreaper every orphan of the tree goes to: the ones that
+    /// left the group with `setsid` or a double fork, and their parents'). So with no such
+    /// child there is nothing to find, and the sweep, which reads every process on the
+    /// host, is left out. Any child not known as a command's leader, a spawn under way,
+    /// the reader or the upgrade's pre-flight counts as such, and so does a kernel that
+    /// does not list children.
+    fn tree_may_remain(&self, core: &Core, key: Key) -> bool {
+        if self.contain.leader_alive(key) {
+            return true;
+        }
+        let Some(children) = crate::sys::reap::own_children() else {
+            return true;
+        };
+        children.into_iter().any(|pid| {
+            core.table.by_pid(pid).is_none()
+                && !self.starting.contains_key(&pid)
+                && !self.failed.contains_key(&pid)
+                && !self.abandoned.contains_key(&pid)
+                && self.probe != Some(pid)
+                && self.reader.pid() != Some(pid)
+        })
     }
 
     // ---- reaping -----------------------------------------------------------------------

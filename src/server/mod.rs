@@ -819,7 +819,9 @@ impl Server {
                     Effect::Answer { conn, req, wait } => {
                         self.answer_parked(token_of(conn), req, wait)
                     }
-                    Effect::End { key, id, stage } => self.children.contain.end(key, &id, stage),
+                    Effect::End { key, id, stage } => {
+                        self.children.end(&self.core, key, &id, stage)
+                    }
                     Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
                     Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),
                     Effect::FlushStdin(key) => {

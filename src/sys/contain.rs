@@ -20,8 +20,11 @@
 //! - The final SIGKILL of a command (the end of a kill's grace, `bash/kill` SIGKILL, the
 //!   end of a release) also asks for a cookie sweep of that command, whether or not its
 //!   group or cgroup is still held: what left both is found by its cookie alone. With
-//!   cgroups the sweep runs too (a cheap second net: a root command may move itself out
-//!   of its cgroup). Shutdown sweeps every command of this instance once; start sweeps
+//!   cgroups the sweep runs too (a second net: a root command may move itself out of its
+//!   cgroup). The caller leaves the sweep out when nothing of the tree can be alive
+//!   (`server::children`: its leader was reaped and the daemon, the subreaper every
+//!   orphan of the tree goes to, has no child it did not start): a sweep reads every
+//!   process on the host, and most commands leave nothing. Shutdown sweeps every command of this instance once; start sweeps
 //!   what earlier instances on the same socket left. Sweeps are only asked for here: the
 //!   off-loop reader runs them (`server::reader`), and the loop hands this module what
 //!   it said (`sweep_next`, `sweep_killed`, `sweep_done`, ...).
@@ -378,16 +381,23 @@ impl Contain {
     }
 
     /// Ends `key`'s tree (command `id`), one stage: SIGTERM to its group, or SIGKILL to
-    /// all that is left of it (its cgroup, else its group, and at the next sweep whatever
-    /// carries its cookie, held or not).
-    pub fn end(&mut self, key: Key, id: &str, stage: Stage) {
+    /// all that is left of it (its cgroup, else its group, and, when `sweep`, at the next
+    /// sweep whatever carries its cookie, held or not).
+    pub fn end(&mut self, key: Key, id: &str, stage: Stage, sweep: bool) {
         match stage {
             Stage::Term => self.signal(key, libc::SIGTERM),
             Stage::Kill => {
                 self.kill_held(key);
-                self.cookies.ask(id);
+                if sweep {
+                    self.cookies.ask(id);
+                }
             }
         }
+    }
+
+    /// Whether `key`'s leader has not been reaped yet.
+    pub fn leader_alive(&self, key: Key) -> bool {
+        self.holds.get(&key).is_some_and(|h| h.leader_alive)
     }
 
     /// Sends `sig` to `key`'s process group (a `bash/kill`, or the polite SIGTERM).

@@ -21,6 +21,27 @@ pub fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
+/// The daemon's children, as the kernel lists them for each of its threads
+/// (`/proc/self/task/TID/children`): what it started and what was re-parented to it.
+/// None when the kernel does not list them (no `CONFIG_PROC_CHILDREN`) or a list could
+/// not be read.
+pub fn own_children() -> Option<Vec<i32>> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let tid = task.ok()?.file_name();
+        let list = std::fs::read_to_string(
+            std::path::Path::new("/proc/self/task")
+                .join(tid)
+                .join("children"),
+        )
+        .ok()?;
+        for pid in list.split_ascii_whitespace() {
+            pids.push(pid.parse().ok()?);
+        }
+    }
+    Some(pids)
+}
+
 /// One reaped child.
 #[derive(Debug, Clone, Copy)]
 pub struct ChildExit {
