@@ -112,6 +112,10 @@ pub struct Children {
     probe: Option<i32>,
     probe_ended: Option<Ended>,
     scratch: Vec<u8>,
+    /// The loop thread's `/proc/thread-self/children`, kept open, and the buffer it is
+    /// read into (`tree_may_remain`).
+    children_list: Option<std::fs::File>,
+    scratch_list: Vec<u8>,
     /// Processes found not to descend from the daemon (PROTOCOL 7.3): a later peer's walk
     /// up its parents stops at one of them.
     outsiders: crate::core::tie::Outsiders,
@@ -190,6 +194,8 @@ impl Children {
             probe: None,
             probe_ended: None,
             scratch: vec![0; SCRATCH],
+            children_list: None,
+            scratch_list: Vec::new(),
             outsiders: Default::default(),
         })
     }
@@ -1016,11 +1022,12 @@ impl Children {
     /// host, is left out. Any child not known as a command's leader, a spawn under way,
     /// the reader or the upgrade's pre-flight counts as such, and so does a kernel that
     /// does not list children.
-    fn tree_may_remain(&self, core: &Core, key: Key) -> bool {
+    fn tree_may_remain(&mut self, core: &Core, key: Key) -> bool {
         if self.contain.leader_alive(key) {
             return true;
         }
-        let Some(children) = crate::sys::reap::own_children() else {
+        let list = crate::sys::reap::own_children(&mut self.children_list, &mut self.scratch_list);
+        let Some(children) = list else {
             return true;
         };
         children.into_iter().any(|pid| {

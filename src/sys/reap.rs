@@ -21,25 +21,35 @@ pub fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
-/// The daemon's children, as the kernel lists them for each of its threads
-/// (`/proc/self/task/TID/children`): what it started and what was re-parented to it.
-/// None when the kernel does not list them (no `CONFIG_PROC_CHILDREN`) or a list could
-/// not be read.
-pub fn own_children() -> Option<Vec<i32>> {
-    let mut pids = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let tid = task.ok()?.file_name();
-        let list = std::fs::read_to_string(
-            std::path::Path::new("/proc/self/task")
-                .join(tid)
-                .join("children"),
-        )
-        .ok()?;
-        for pid in list.split_ascii_whitespace() {
-            pids.push(pid.parse().ok()?);
+/// The calling thread's children, as the kernel lists them
+/// (`/proc/thread-self/children`): what it started and, when it is the daemon's main
+/// thread, what was re-parented to the daemon (orphans go to a subreaper's thread-group
+/// leader while it lives). `file` keeps the list open between calls (one `pread` each);
+/// `buf` is reused. None when the kernel does not list children (no
+/// `CONFIG_PROC_CHILDREN`) or the list cannot be read.
+pub fn own_children(file: &mut Option<std::fs::File>, buf: &mut Vec<u8>) -> Option<Vec<i32>> {
+    use std::os::unix::fs::FileExt;
+    if file.is_none() {
+        *file = std::fs::File::open("/proc/thread-self/children").ok();
+    }
+    let f = file.as_ref()?;
+    buf.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match f.read_at(&mut chunk, buf.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                *file = None;
+                return None;
+            }
         }
     }
-    Some(pids)
+    let text = std::str::from_utf8(buf).ok()?;
+    text.split_ascii_whitespace()
+        .map(|pid| pid.parse().ok())
+        .collect()
 }
 
 /// One reaped child.
