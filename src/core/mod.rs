@@ -431,7 +431,7 @@ impl Core {
 
     /// A cookie sweep ended (PROTOCOL 14). What it killed is logged and audited: at start
     /// as `leftovers {count, mode: "cookie"}`, after a kill or at shutdown as `swept {ids,
-    /// count}`. A sweep that found nothing says nothing.
+    /// count}`. A sweep that found nothing says so only at `--log-level debug`.
     pub fn swept(&mut self, s: &Swept) {
         let named = if s.sample.is_empty() {
             String::new()
@@ -469,6 +469,16 @@ impl Core {
             );
         }
         if s.killed == 0 {
+            let of = match &s.scope {
+                SweepScope::Commands(ids) => format!("{} command(s)", ids.len()),
+                SweepScope::Every => "every command".to_string(),
+                SweepScope::Earlier => "earlier instances".to_string(),
+            };
+            self.log.debug(format_args!(
+                "a cookie sweep of {of} killed nothing ({} environments read in {:.1} ms)",
+                s.read,
+                s.elapsed.as_secs_f64() * 1e3
+            ));
             return;
         }
         let read = format!(

@@ -1019,9 +1019,11 @@ impl Children {
     /// (the daemon is the subreaper every orphan of the tree goes to: the ones that
     /// left the group with `setsid` or a double fork, and their parents'). So with no such
     /// child there is nothing to find, and the sweep, which reads every process on the
-    /// host, is left out. Any child not known as a command's leader, a spawn under way,
-    /// the reader or the upgrade's pre-flight counts as such, and so does a kernel that
-    /// does not list children.
+    /// host, is left out. Any child not known as a command's leader, a spawn under way
+    /// (not yet reaped), the reader or the upgrade's pre-flight counts as such, and so
+    /// does a kernel that does not list children. A process that carries the cookie but
+    /// never descended from the daemon (a server that started it with a copy of a
+    /// command's environment) is found only by the sweeps that still run.
     fn tree_may_remain(&mut self, core: &Core, key: Key) -> bool {
         if self.contain.leader_alive(key) {
             return true;
@@ -1032,7 +1034,7 @@ impl Children {
         };
         children.into_iter().any(|pid| {
             core.table.by_pid(pid).is_none()
-                && !self.starting.contains_key(&pid)
+                && !self.starting.get(&pid).is_some_and(|s| s.exit.is_none())
                 && !self.failed.contains_key(&pid)
                 && !self.abandoned.contains_key(&pid)
                 && self.probe != Some(pid)
