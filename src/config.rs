@@ -258,7 +258,8 @@ options:
                            SIGHUP reloads it
   --log-level LEVEL        error, warn, info (the default) or debug: how much the
                            daemon writes to stderr (refusals are warn, each command's
-                           start and exit info, releases and signals sent debug)
+                           start and exit info, releases, signals sent and cookie
+                           sweeps that killed nothing debug)
   --audit FILE|-           append one JSON record per decision, start and end
                            (file mode 0640; - is stderr); SIGHUP reopens it
   --approval-timeout DURATION
