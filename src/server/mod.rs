@@ -406,23 +406,24 @@ impl Server {
 
     /// What `STATUS=` says: clients and running commands.
     fn status_text(&self) -> String {
-        format!(
-            "{} client(s), {} running command(s), containment: {}",
-            self.clients.count(),
-            self.core.table.running(),
-            self.children.contain.kind()
-        )
+        let counts = (self.clients.count(), self.core.table.running());
+        Server::status_line(counts, self.children.contain.kind())
+    }
+
+    fn status_line((clients, running): (usize, usize), containment: &str) -> String {
+        format!("{clients} client(s), {running} running command(s), containment: {containment}")
     }
 
     /// Tells systemd the counts when they changed, at most once a second.
     fn notify_status(&mut self) {
-        if self.status_pending {
+        if self.status_pending || self.notifier.is_none() {
             return;
         }
         let counts = (self.clients.count(), self.core.table.running());
-        let text = self.status_text();
+        let kind = self.children.contain.kind();
+        let text = || Server::status_line(counts, kind);
         if let Some(n) = self.notifier.as_mut() {
-            if let systemd::Status::Later(at) = n.status(counts, &text, Instant::now()) {
+            if let systemd::Status::Later(at) = n.status(counts, text, Instant::now()) {
                 self.status_pending = true;
                 self.timers.add(at, LoopTimer::Status);
             }

@@ -111,13 +111,18 @@ impl Notifier {
     }
 
     /// Sends `STATUS=` with `text` when the `counts` it describes changed, at most once
-    /// per `STATUS_EVERY`.
-    pub fn status(&mut self, counts: (usize, usize), text: &str, now: Instant) -> Status {
+    /// per `STATUS_EVERY` (the text is made only then: this is asked every turn).
+    pub fn status(
+        &mut self,
+        counts: (usize, usize),
+        text: impl FnOnce() -> String,
+        now: Instant,
+    ) -> Status {
         match self.status_sent {
             Some((last, _)) if last == counts => Status::Done,
             Some((_, at)) if now < at + STATUS_EVERY => Status::Later(at + STATUS_EVERY),
             _ => {
-                self.send(&format!("STATUS={text}"));
+                self.send(&format!("STATUS={}", text()));
                 self.status_sent = Some((counts, now));
                 Status::Done
             }
@@ -192,9 +197,13 @@ mod tests {
             .unwrap();
         let t0 = Instant::now();
         n.ready((0, 0), "0 client(s)", t0);
-        assert_eq!(n.status((0, 0), "0 client(s)", t0), Status::Done);
+        assert_eq!(n.status((0, 0), || "0 client(s)".into(), t0), Status::Done);
         assert_eq!(
-            n.status((1, 0), "1 client(s)", t0 + Duration::from_millis(10)),
+            n.status(
+                (1, 0),
+                || "1 client(s)".into(),
+                t0 + Duration::from_millis(10)
+            ),
             Status::Later(t0 + STATUS_EVERY)
         );
         let mut buf = [0u8; 128];
@@ -202,7 +211,7 @@ mod tests {
         assert_eq!(&buf[..len], b"READY=1\nSTATUS=0 client(s)");
         assert!(rx.recv(&mut buf).is_err(), "nothing else was sent");
         assert_eq!(
-            n.status((1, 0), "1 client(s)", t0 + STATUS_EVERY),
+            n.status((1, 0), || "1 client(s)".into(), t0 + STATUS_EVERY),
             Status::Done
         );
         let len = rx.recv(&mut buf).unwrap();
