@@ -1034,7 +1034,7 @@ impl Children {
         };
         children.into_iter().any(|pid| {
             core.table.by_pid(pid).is_none()
-                && !self.starting.get(&pid).is_some_and(|s| s.exit.is_none())
+                && self.starting.get(&pid).is_none_or(|s| s.exit.is_some())
                 && !self.failed.contains_key(&pid)
                 && !self.abandoned.contains_key(&pid)
                 && self.probe != Some(pid)
