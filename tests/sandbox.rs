@@ -703,6 +703,65 @@ fn sandboxes_come_from_the_policy_the_rules_and_the_request() {
     }
 }
 
+/// A sandbox loads one seccomp program when it needs one (`network: none`; signals below
+/// Landlock 6) and none otherwise: the kernel's `Seccomp:` line of the command's status
+/// says `2` (filtered) or `0`, and `Seccomp_filters:` counts the programs.
+#[test]
+fn a_sandbox_loads_one_seccomp_program_and_only_when_it_needs_one() {
+    if !landlock() {
+        return;
+    }
+    let p = Place::new(false);
+    let policy = p.dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"sandbox": {"write": ["$CWD", "$TMPDIR"], "read": "all", "exec": "all",
+                        "network": "all", "protect": []}}"#,
+    )
+    .expect("policy");
+    let d = p.daemon("workspace", &[]);
+    let open = Daemon::start(&[
+        "--policy",
+        &s(&policy),
+        "--workspace",
+        &s(&p.ws()),
+        "--tmpdir",
+        &s(&p.tmp()),
+    ]);
+    let line = "grep -E '^Seccomp(_filters)?:' /proc/self/status | tr -s '\\t ' ' '";
+    let signals_scoped = {
+        let mut c = d.client();
+        let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+        init["_meta"]["execd"]["sandbox"]["signals"] == json!(true)
+    };
+    let (none, code) = bash(&mut d.client(), line, &p.ws(), json!({}));
+    assert_eq!(code, 0, "{none}");
+    assert!(
+        none.contains("Seccomp: 2") && none.contains("Seccomp_filters: 1"),
+        "network none: one program: {none}"
+    );
+    let (all, code) = bash(&mut open.client(), line, &p.ws(), json!({}));
+    assert_eq!(code, 0, "{all}");
+    if signals_scoped {
+        assert!(all.contains("Seccomp: 0"), "network all: no program: {all}");
+    } else {
+        assert!(
+            all.contains("Seccomp_filters: 1"),
+            "network all below Landlock 6: the signals' program: {all}"
+        );
+    }
+    // It is sandboxed all the same: a write outside its roots fails.
+    let (text, _) = bash(
+        &mut open.client(),
+        &format!("echo x > {}/x", s(&p.out())),
+        &p.ws(),
+        json!({}),
+    );
+    assert!(text.contains("Permission denied"), "{text}");
+    assert_no_panic(&d);
+    assert_no_panic(&open);
+}
+
 #[test]
 fn a_wider_request_asks_an_approver_or_is_denied() {
     if !landlock() {
