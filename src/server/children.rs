@@ -496,10 +496,15 @@ impl Children {
         starting
             .into_iter()
             .map(|(pid, s)| {
-                let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
                 self.forget_report(registry, &s);
                 self.contain.abandon(s.place);
-                self.failed.insert(pid, s.memory);
+                // One already reaped is gone, its memory free, and its pid may be
+                // someone else's by now: only a child not yet reaped is killed and
+                // waited for.
+                if s.exit.is_none() {
+                    let _ = crate::sys::reap::signal_pid(pid as u32, libc::SIGKILL);
+                    self.failed.insert(pid, s.memory);
+                }
                 (s.token, s.req)
             })
             .collect()
