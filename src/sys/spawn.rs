@@ -594,10 +594,7 @@ impl SandboxPlan {
             protect: c.protect_ptrs.as_ptr(),
             nprotect: c.protect_ptrs.len(),
             verify: c.verify,
-            program: c
-                .program
-                .as_ref()
-                .map_or(std::ptr::null(), |p| p as *const _),
+            program: &c.program,
             drop_bounding: c.drop_bounding,
             cap_last: c.cap_last,
         }
