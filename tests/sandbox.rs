@@ -90,6 +90,24 @@ impl Place {
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
         Daemon::start(&refs)
     }
+
+    /// A daemon with `policy` (its JSON, written here) and no `--sandbox`: the policy's
+    /// top-level sandbox is in force; the workspace and `$TMPDIR` are this place's.
+    fn policy_daemon(&self, policy: &str, extra: &[&str]) -> Daemon {
+        let path = self.dir.path().join("policy.json");
+        std::fs::write(&path, policy).expect("policy");
+        let mut flags = vec![
+            "--policy".to_string(),
+            s(&path),
+            "--workspace".into(),
+            s(&self.ws()),
+            "--tmpdir".into(),
+            s(&self.tmp()),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Daemon::start(&refs)
+    }
 }
 
 fn s(p: &Path) -> String {
@@ -609,27 +627,14 @@ fn sandboxes_come_from_the_policy_the_rules_and_the_request() {
         return;
     }
     let p = Place::new(false);
-    let policy = p.dir.path().join("policy.json");
-    std::fs::write(
-        &policy,
+    let audit = p.dir.path().join("audit.log");
+    // No --sandbox: the policy's top-level one is in force.
+    let d = p.policy_daemon(
         r#"{"sandbox": "workspace",
             "rules": [{"name": "touchy", "pattern": ["touch"], "decision": "allow",
                        "sandbox": "read-only"}]}"#,
-    )
-    .expect("policy");
-    let audit = p.dir.path().join("audit.log");
-    // No --sandbox: the policy's top-level one is in force.
-    let flags = [
-        "--policy",
-        &s(&policy),
-        "--workspace",
-        &s(&p.ws()),
-        "--tmpdir",
-        &s(&p.tmp()),
-        "--audit",
-        &s(&audit),
-    ];
-    let d = Daemon::start(&flags);
+        &["--audit", &s(&audit)],
+    );
     let mut c = d.client();
     let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
     let sb = &init["_meta"]["execd"]["sandbox"];
@@ -730,22 +735,12 @@ fn a_sandboxed_command_runs_under_one_seccomp_program() {
         return skip("this kernel says nothing of seccomp filters in /proc/PID/status");
     };
     let p = Place::new(false);
-    let policy = p.dir.path().join("policy.json");
-    std::fs::write(
-        &policy,
+    let none = p.daemon("workspace", &[]);
+    let all = p.policy_daemon(
         r#"{"sandbox": {"write": ["$CWD", "$TMPDIR"], "read": "all", "exec": "all",
                         "network": "all", "protect": []}}"#,
-    )
-    .expect("policy");
-    let none = p.daemon("workspace", &[]);
-    let all = Daemon::start(&[
-        "--policy",
-        &s(&policy),
-        "--workspace",
-        &s(&p.ws()),
-        "--tmpdir",
-        &s(&p.tmp()),
-    ]);
+        &[],
+    );
     for (what, d) in [("network none", &none), ("network all", &all)] {
         let (status, code) = bash(&mut d.client(), "cat /proc/self/status", &p.ws(), json!({}));
         assert_eq!(code, 0, "{status}");
