@@ -443,9 +443,9 @@ fn an_escapee_that_clears_its_environment_is_the_documented_exception() {
 
 /// A sweep reads every process on the host: it runs for a command that left something
 /// (here an escapee, re-parented to the daemon), and not for commands whose whole tree
-/// ended with them (PROTOCOL 14: paid when a command is killed, never per spawn). At
-/// `--log-level debug` the daemon logs every sweep of commands, also one that killed
-/// nothing.
+/// ended with them (PROTOCOL 14: paid when a command is killed, never per spawn), nor
+/// for them while another command's escapee lives. At `--log-level debug` the daemon
+/// logs every sweep of commands, also one that killed nothing.
 #[test]
 fn a_release_sweeps_only_when_the_command_left_something() {
     let d = Daemon::start(&[
@@ -489,18 +489,51 @@ fn a_release_sweeps_only_when_the_command_left_something() {
         d.log()
     );
 
+    // An escapee of a command whose terminal is kept: a child of the daemon it did not
+    // start. The first kill that meets it sweeps (whose it is is not known yet) and has
+    // the reader read its cookie; after that, releases of other commands sweep nothing
+    // for it, and the release of its own command sweeps and kills it.
     let mut marks = Marks::default();
     let m = marks.next();
     let id = create(&mut c, "sh", &["-c", &format!("setsid sleep {m} &")]);
     wait_exit(&mut c, &id);
     wait_until("the escapee runs", || sleeps(&m).len() == 1);
-    ok(
-        &mut c,
-        "terminal/release",
-        json!({"sessionId": "s", "terminalId": id}),
+    let release = |c: &mut Client, id: &str| {
+        ok(
+            c,
+            "terminal/release",
+            json!({"sessionId": "s", "terminalId": id}),
+        );
+    };
+    let clean = create(&mut c, "sh", &["-c", "true"]);
+    wait_exit(&mut c, &clean);
+    release(&mut c, &clean);
+    wait_until("the first kill that meets the escapee sweeps", || {
+        sweeps(&d) == 1
+    });
+    for _ in 0..10 {
+        let clean = create(&mut c, "sh", &["-c", "true"]);
+        wait_exit(&mut c, &clean);
+        release(&mut c, &clean);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline && sweeps(&d) == 1 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        sweeps(&d),
+        1,
+        "another command's escapee made ten clean releases sweep:\n{}",
+        d.log()
     );
+    assert_eq!(
+        sleeps(&m).len(),
+        1,
+        "the escapee lives while its terminal does"
+    );
+    release(&mut c, &id);
     all_gone(&m, "the escapee");
-    wait_until("its sweep is logged", || sweeps(&d) == 1);
+    wait_until("its sweep is logged", || sweeps(&d) == 2);
     assert_no_panic(&d);
 }
 

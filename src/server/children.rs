@@ -33,7 +33,7 @@ use crate::server::clients::{token_of, Clients};
 use crate::server::pipes::{Flushed, Got, Pipes, Source};
 use crate::server::reader::{Asker, Heard, Reader};
 use crate::sys::contain::{Contain, Place, PrepareError, Unavailable};
-use crate::sys::cookie::Instance;
+use crate::sys::cookie::{CookieRead, Instance};
 use crate::sys::ids::Identity;
 use crate::sys::spawn::{FailedAt, InFlight, ParentEnds, Report, SandboxStep, Spawned};
 use crate::sys::systemd;
@@ -116,6 +116,11 @@ pub struct Children {
     /// read into (`tree_may_remain`).
     children_list: Option<std::fs::File>,
     scratch_list: Vec<u8>,
+    /// Orphans (children of the daemon it did not start), by pid and start time: the
+    /// command their cookie names (None: no command of this instance), once the reader
+    /// said; and those it is asked about.
+    orphans_of: HashMap<(i32, u64), Option<String>>,
+    orphans_asked: HashSet<(i32, u64)>,
     /// Processes found not to descend from the daemon (PROTOCOL 7.3): a later peer's walk
     /// up its parents stops at one of them.
     outsiders: crate::core::tie::Outsiders,
@@ -196,6 +201,8 @@ impl Children {
             scratch: vec![0; SCRATCH],
             children_list: None,
             scratch_list: Vec::new(),
+            orphans_of: HashMap::new(),
+            orphans_asked: HashSet::new(),
             outsiders: Default::default(),
         })
     }
@@ -975,6 +982,25 @@ impl Children {
                     start,
                     read,
                 } => self.peer_cookies.push((token, pid, start, read)),
+                Heard::Cookie {
+                    asker: Asker::Orphan,
+                    pid,
+                    start,
+                    read,
+                } => {
+                    let orphan = (pid, start);
+                    if self.orphans_asked.remove(&orphan) {
+                        let named = match &read {
+                            CookieRead::Found(value) => Some(self.contain.command_named(value)),
+                            CookieRead::Absent => Some(None),
+                            // Not known: asked again at the next kill that looks.
+                            CookieRead::Gone | CookieRead::Denied | CookieRead::Hung => None,
+                        };
+                        if let Some(named) = named {
+                            self.orphans_of.insert(orphan, named);
+                        }
+                    }
+                }
                 Heard::Stuck { pid, backoff } => core.log.refusal(
                     "hung processes",
                     core.now,
@@ -1014,22 +1040,25 @@ impl Children {
     /// asks for a cookie sweep only when something of the tree may be alive out of its
     /// group's and cgroup's reach (`tree_may_remain`).
     pub fn end(&mut self, core: &Core, key: Key, id: &str, stage: Stage) {
-        let sweep = stage == Stage::Kill && self.tree_may_remain(core, key);
+        let sweep = stage == Stage::Kill && self.tree_may_remain(core, key, id);
         self.contain.end(key, id, stage, sweep);
     }
 
-    /// Whether anything of command `key`'s tree may be alive where only its cookie finds
-    /// it: while its leader is not reaped, its descendants may be anywhere below it; once
-    /// it is, each of them that lives is below a child of the daemon it did not start
-    /// (the daemon is the subreaper every orphan of the tree goes to: the ones that
-    /// left the group with `setsid` or a double fork, and their parents'). So with no such
-    /// child there is nothing to find, and the sweep, which reads every process on the
-    /// host, is left out. Any child not known as a command's leader, a spawn under way
-    /// (not yet reaped), the reader or the upgrade's pre-flight counts as such, and so
-    /// does a kernel that does not list children. A process that carries the cookie but
-    /// never descended from the daemon (a server that started it with a copy of a
-    /// command's environment) is found only by the sweeps that still run.
-    fn tree_may_remain(&mut self, core: &Core, key: Key) -> bool {
+    /// Whether anything of command `key`'s tree (command `id`) may be alive where only
+    /// its cookie finds it: while its leader is not reaped, its descendants may be
+    /// anywhere below it; once it is, each of them that lives is below a child of the
+    /// daemon it did not start (the daemon is the subreaper every orphan of the tree
+    /// goes to: the ones that left the group with `setsid` or a double fork, and their
+    /// parents'). Such an orphan belongs to the command its own cookie names, which the
+    /// reader is asked once per orphan (by pid and start time); below it live its own
+    /// descendants, with that cookie unless they changed it (and then a sweep for this
+    /// command would not find them either). So the sweep, which reads every process on
+    /// the host, runs only while an orphan's cookie names this command or is not known
+    /// yet (not read, hung, not readable), or the kernel does not list children. A
+    /// process that carries the cookie but never descended from the daemon (a server
+    /// that started it with a copy of a command's environment) is found only by the
+    /// sweeps that still run.
+    fn tree_may_remain(&mut self, core: &Core, key: Key, id: &str) -> bool {
         if self.contain.leader_alive(key) {
             return true;
         }
@@ -1037,14 +1066,37 @@ impl Children {
         let Some(children) = list else {
             return true;
         };
-        children.into_iter().any(|pid| {
-            core.table.by_pid(pid).is_none()
-                && self.starting.get(&pid).is_none_or(|s| s.exit.is_some())
-                && !self.failed.contains_key(&pid)
-                && !self.abandoned.contains_key(&pid)
-                && self.probe != Some(pid)
-                && self.reader.pid() != Some(pid)
-        })
+        let orphans: Vec<(i32, u64)> = children
+            .into_iter()
+            .filter(|&pid| {
+                core.table.by_pid(pid).is_none()
+                    && self.starting.get(&pid).is_none_or(|s| s.exit.is_some())
+                    && !self.failed.contains_key(&pid)
+                    && !self.abandoned.contains_key(&pid)
+                    && self.probe != Some(pid)
+                    && self.reader.pid() != Some(pid)
+            })
+            // Its start time pins it (`/proc/PID/stat`, no memory lock); one gone
+            // meanwhile has nothing left below it that is not re-parented again.
+            .filter_map(|pid| Some((pid, crate::sys::cookie::process_start(pid as u32)?)))
+            .collect();
+        // What is no longer a child is forgotten.
+        self.orphans_of.retain(|k, _| orphans.contains(k));
+        self.orphans_asked.retain(|k| orphans.contains(k));
+        let mut may = false;
+        for orphan in orphans {
+            match self.orphans_of.get(&orphan) {
+                Some(Some(named)) => may |= named == id,
+                Some(None) => {}
+                None => {
+                    may = true;
+                    if self.orphans_asked.insert(orphan) {
+                        self.reader.ask_cookie(orphan.0, orphan.1, Asker::Orphan);
+                    }
+                }
+            }
+        }
+        may
     }
 
     // ---- reaping -----------------------------------------------------------------------

@@ -76,6 +76,9 @@ pub enum Asker {
     /// The connection `Token` waits to know whether its peer's cookie ties it to a
     /// command (PROTOCOL 7.3).
     Peer(mio::Token),
+    /// A child of the daemon it did not start (an orphan): whose command's tree it is
+    /// (`Children::tree_may_remain`).
+    Orphan,
 }
 
 /// What the reader said (or what became of a request), for `Children::hear`.

@@ -189,6 +189,16 @@ impl Contain {
         self.cookies.instance().to_string()
     }
 
+    /// The command of this instance cookie `value` names (any tag or none: what a sweep
+    /// goes by), if it names one.
+    pub fn command_named(&self, value: &[u8]) -> Option<String> {
+        let (instance, id) = crate::sys::cookie::parse_cookie(value)?;
+        if instance != *self.cookies.instance() {
+            return None;
+        }
+        std::str::from_utf8(id).ok().map(str::to_string)
+    }
+
     /// The `EXECD_TREE` value of command `id`.
     pub fn cookie(&self, id: &str) -> String {
         self.cookies.instance().cookie(id)
