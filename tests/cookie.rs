@@ -534,6 +534,25 @@ fn a_release_sweeps_only_when_the_command_left_something() {
     release(&mut c, &id);
     all_gone(&m, "the escapee");
     wait_until("its sweep is logged", || sweeps(&d) == 2);
+
+    // An escapee with children of its own (a server may run another command's
+    // processes, with that command's cookie): every kill sweeps while it lives.
+    let m = marks.next();
+    let id = create(
+        &mut c,
+        "sh",
+        &["-c", &format!("setsid sh -c 'sleep {m} & wait' &")],
+    );
+    wait_exit(&mut c, &id);
+    wait_until("the escapee and its child run", || sleeps(&m).len() == 1);
+    for n in 1..=2 {
+        let clean = create(&mut c, "sh", &["-c", "true"]);
+        wait_exit(&mut c, &clean);
+        release(&mut c, &clean);
+        wait_until("the release sweeps", || sweeps(&d) == 2 + n);
+    }
+    release(&mut c, &id);
+    all_gone(&m, "the escapee's child");
     assert_no_panic(&d);
 }
 

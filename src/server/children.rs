@@ -1049,15 +1049,17 @@ impl Children {
     /// anywhere below it; once it is, each of them that lives is below a child of the
     /// daemon it did not start (the daemon is the subreaper every orphan of the tree
     /// goes to: the ones that left the group with `setsid` or a double fork, and their
-    /// parents'). Such an orphan belongs to the command its own cookie names, which the
-    /// reader is asked once per orphan (by pid and start time); below it live its own
-    /// descendants, with that cookie unless they changed it (and then a sweep for this
-    /// command would not find them either). So the sweep, which reads every process on
-    /// the host, runs only while an orphan's cookie names this command or is not known
-    /// yet (not read, hung, not readable), or the kernel does not list children. A
-    /// process that carries the cookie but never descended from the daemon (a server
-    /// that started it with a copy of a command's environment) is found only by the
-    /// sweeps that still run.
+    /// parents'). An orphan with no children of its own is just itself, and its own
+    /// cookie says whether a sweep for this command would kill it; the reader reads it
+    /// once per orphan (pinned by pid and start time). So the sweep, which reads every
+    /// process on the host, is left out only when every orphan is childless and its
+    /// cookie is known to name another command or none. It runs when an orphan has
+    /// children (a server left by one command may run another command's processes, with
+    /// that command's cookie), when an orphan's cookie is not known yet (not read, hung,
+    /// not readable) or anything about it cannot be read, and when the kernel does not
+    /// list children. A process that carries the cookie but never descended from the
+    /// daemon (a server that started it with a copy of a command's environment) is found
+    /// only by the sweeps that still run.
     fn tree_may_remain(&mut self, core: &Core, key: Key, id: &str) -> bool {
         if self.contain.leader_alive(key) {
             return true;
@@ -1066,36 +1068,44 @@ impl Children {
         let Some(children) = list else {
             return true;
         };
-        let orphans: Vec<(i32, u64)> = children
-            .into_iter()
-            .filter(|&pid| {
-                core.table.by_pid(pid).is_none()
-                    && self.starting.get(&pid).is_none_or(|s| s.exit.is_some())
-                    && !self.failed.contains_key(&pid)
-                    && !self.abandoned.contains_key(&pid)
-                    && self.probe != Some(pid)
-                    && self.reader.pid() != Some(pid)
-            })
-            // Its start time pins it (`/proc/PID/stat`, no memory lock); one gone
-            // meanwhile has nothing left below it that is not re-parented again.
-            .filter_map(|pid| Some((pid, crate::sys::cookie::process_start(pid as u32)?)))
-            .collect();
-        // What is no longer a child is forgotten.
-        self.orphans_of.retain(|k, _| orphans.contains(k));
-        self.orphans_asked.retain(|k| orphans.contains(k));
+        let mut orphans = HashSet::new();
         let mut may = false;
-        for orphan in orphans {
+        for pid in children {
+            let known = core.table.by_pid(pid).is_some()
+                || self.starting.get(&pid).is_some_and(|s| s.exit.is_none())
+                || self.failed.contains_key(&pid)
+                || self.abandoned.contains_key(&pid)
+                || self.probe == Some(pid)
+                || self.reader.pid() == Some(pid);
+            if known {
+                continue;
+            }
+            // Its start time pins it (`/proc/PID/stat`: no memory lock). Only the loop
+            // reaps, so a child's stat is there: one that cannot be read counts.
+            let Some(start) = crate::sys::cookie::process_start(pid as u32) else {
+                may = true;
+                continue;
+            };
+            let orphan = (pid, start);
+            orphans.insert(orphan);
+            if crate::sys::reap::has_children(pid) != Some(false) {
+                may = true;
+                continue;
+            }
             match self.orphans_of.get(&orphan) {
                 Some(Some(named)) => may |= named == id,
                 Some(None) => {}
                 None => {
                     may = true;
                     if self.orphans_asked.insert(orphan) {
-                        self.reader.ask_cookie(orphan.0, orphan.1, Asker::Orphan);
+                        self.reader.ask_cookie(pid, start, Asker::Orphan);
                     }
                 }
             }
         }
+        // What is no longer a child is forgotten.
+        self.orphans_of.retain(|k, _| orphans.contains(k));
+        self.orphans_asked.retain(|k| orphans.contains(k));
         may
     }
 

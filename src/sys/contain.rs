@@ -22,9 +22,10 @@
 //!   group or cgroup is still held: what left both is found by its cookie alone. With
 //!   cgroups the sweep runs too (a second net: a root command may move itself out of its
 //!   cgroup). The caller leaves the sweep out when nothing of the tree can be alive
-//!   (`server::children`: its leader was reaped and the daemon, the subreaper every
-//!   orphan of the tree goes to, has no child it did not start): a sweep reads every
-//!   process on the host, and most commands leave nothing. Shutdown sweeps every command of this instance once; start sweeps
+//!   (`server::children`: its leader was reaped, and every child of the daemon it did
+//!   not start, the orphans every tree's escapees hang below, is childless and carries
+//!   no cookie of this command): a sweep reads every process on the host, and most
+//!   commands leave nothing. Shutdown sweeps every command of this instance once; start sweeps
 //!   what earlier instances on the same socket left. Sweeps are only asked for here: the
 //!   off-loop reader runs them (`server::reader`), and the loop hands this module what
 //!   it said (`sweep_next`, `sweep_killed`, `sweep_done`, ...).

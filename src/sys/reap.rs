@@ -53,6 +53,20 @@ pub fn own_children(file: &mut Option<std::fs::File>, buf: &mut Vec<u8>) -> Opti
         .collect()
 }
 
+/// Whether process `pid` has children of its own, any thread's
+/// (`/proc/PID/task/TID/children`: no memory lock is taken). None when that cannot be
+/// told (the kernel lists no children, or a read failed).
+pub fn has_children(pid: i32) -> Option<bool> {
+    let tasks = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    for task in std::fs::read_dir(&tasks).ok()? {
+        let list = std::fs::read(tasks.join(task.ok()?.file_name()).join("children")).ok()?;
+        if list.iter().any(u8::is_ascii_digit) {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
 /// One reaped child.
 #[derive(Debug, Clone, Copy)]
 pub struct ChildExit {
