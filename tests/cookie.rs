@@ -466,25 +466,34 @@ fn a_release_sweeps_only_when_the_command_left_something() {
             })
             .count()
     };
-    // The sweep below shows such lines are written; the start's own sweep (of earlier
-    // instances) is not one of them.
-    for _ in 0..10 {
-        let id = create(&mut c, "sh", &["-c", "true"]);
-        wait_exit(&mut c, &id);
+    let release = |c: &mut Client, id: &str| {
         ok(
-            &mut c,
+            c,
             "terminal/release",
             json!({"sessionId": "s", "terminalId": id}),
         );
+    };
+    // A command that leaves nothing: created, waited for, released.
+    let clean = |c: &mut Client| {
+        let id = create(c, "sh", &["-c", "true"]);
+        wait_exit(c, &id);
+        release(c, &id);
+    };
+    // Ten graces and more: a sweep asked for would have been logged by then.
+    let still = |d: &Daemon, n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < deadline && sweeps(d) == n {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        sweeps(d) == n
+    };
+    // The sweeps below show such lines are written; the start's own sweep (of earlier
+    // instances) is not one of them.
+    for _ in 0..10 {
+        clean(&mut c);
     }
-    // Ten graces and more: a sweep asked for them would have been logged by now.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while std::time::Instant::now() < deadline && sweeps(&d) == 0 {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(
-        sweeps(&d),
-        0,
+    assert!(
+        still(&d, 0),
         "ten commands that left nothing were swept for:\n{}",
         d.log()
     );
@@ -498,31 +507,15 @@ fn a_release_sweeps_only_when_the_command_left_something() {
     let id = create(&mut c, "sh", &["-c", &format!("setsid sleep {m} &")]);
     wait_exit(&mut c, &id);
     wait_until("the escapee runs", || sleeps(&m).len() == 1);
-    let release = |c: &mut Client, id: &str| {
-        ok(
-            c,
-            "terminal/release",
-            json!({"sessionId": "s", "terminalId": id}),
-        );
-    };
-    let clean = create(&mut c, "sh", &["-c", "true"]);
-    wait_exit(&mut c, &clean);
-    release(&mut c, &clean);
+    clean(&mut c);
     wait_until("the first kill that meets the escapee sweeps", || {
         sweeps(&d) == 1
     });
     for _ in 0..10 {
-        let clean = create(&mut c, "sh", &["-c", "true"]);
-        wait_exit(&mut c, &clean);
-        release(&mut c, &clean);
+        clean(&mut c);
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while std::time::Instant::now() < deadline && sweeps(&d) == 1 {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(
-        sweeps(&d),
-        1,
+    assert!(
+        still(&d, 1),
         "another command's escapee made ten clean releases sweep:\n{}",
         d.log()
     );
@@ -546,9 +539,7 @@ fn a_release_sweeps_only_when_the_command_left_something() {
     wait_exit(&mut c, &id);
     wait_until("the escapee and its child run", || sleeps(&m).len() == 1);
     for n in 1..=2 {
-        let clean = create(&mut c, "sh", &["-c", "true"]);
-        wait_exit(&mut c, &clean);
-        release(&mut c, &clean);
+        clean(&mut c);
         wait_until("the release sweeps", || sweeps(&d) == 2 + n);
     }
     release(&mut c, &id);
