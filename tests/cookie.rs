@@ -479,21 +479,22 @@ fn a_release_sweeps_only_when_the_command_left_something() {
         wait_exit(c, &id);
         release(c, &id);
     };
-    // Ten graces and more: a sweep asked for would have been logged by then.
-    let still = |d: &Daemon, n: usize| {
+    // Ten clean commands, then ten graces and more: whether the count of sweeps is
+    // still `n` (a sweep asked for would have been logged by then).
+    let ten_clean_sweep_nothing = |c: &mut Client, n: usize| {
+        for _ in 0..10 {
+            clean(c);
+        }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-        while std::time::Instant::now() < deadline && sweeps(d) == n {
+        while std::time::Instant::now() < deadline && sweeps(&d) == n {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        sweeps(d) == n
+        sweeps(&d) == n
     };
     // The sweeps below show such lines are written; the start's own sweep (of earlier
     // instances) is not one of them.
-    for _ in 0..10 {
-        clean(&mut c);
-    }
     assert!(
-        still(&d, 0),
+        ten_clean_sweep_nothing(&mut c, 0),
         "ten commands that left nothing were swept for:\n{}",
         d.log()
     );
@@ -511,11 +512,8 @@ fn a_release_sweeps_only_when_the_command_left_something() {
     wait_until("the first kill that meets the escapee sweeps", || {
         sweeps(&d) == 1
     });
-    for _ in 0..10 {
-        clean(&mut c);
-    }
     assert!(
-        still(&d, 1),
+        ten_clean_sweep_nothing(&mut c, 1),
         "another command's escapee made ten clean releases sweep:\n{}",
         d.log()
     );

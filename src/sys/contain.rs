@@ -25,10 +25,10 @@
 //!   (`server::children`: its leader was reaped, and every child of the daemon it did
 //!   not start, the orphans every tree's escapees hang below, is childless and carries
 //!   no cookie of this command): a sweep reads every process on the host, and most
-//!   commands leave nothing. Shutdown sweeps every command of this instance once; start sweeps
-//!   what earlier instances on the same socket left. Sweeps are only asked for here: the
-//!   off-loop reader runs them (`server::reader`), and the loop hands this module what
-//!   it said (`sweep_next`, `sweep_killed`, `sweep_done`, ...).
+//!   commands leave nothing. Shutdown sweeps every command of this instance once;
+//!   start sweeps what earlier instances on the same socket left. Sweeps are only asked
+//!   for here: the off-loop reader runs them (`server::reader`), and the loop hands this
+//!   module what it said (`sweep_next`, `sweep_killed`, `sweep_done`, ...).
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -25,9 +25,8 @@ pub fn signal_group(pgid: i32, sig: i32) {
 /// (`/proc/thread-self/children`): what it started and, when it is the daemon's main
 /// thread, what was re-parented to the daemon (orphans go to a subreaper's thread-group
 /// leader while it lives). `file` keeps the list open between calls (read with `pread`
-/// from offset 0 until the end);
-/// `buf` is reused. None when the kernel does not list children (no
-/// `CONFIG_PROC_CHILDREN`) or the list cannot be read.
+/// from offset 0 to the end); `buf` is reused. None when the kernel does not list
+/// children (no `CONFIG_PROC_CHILDREN`) or the list cannot be read.
 pub fn own_children(file: &mut Option<std::fs::File>, buf: &mut Vec<u8>) -> Option<Vec<i32>> {
     use std::os::unix::fs::FileExt;
     if file.is_none() {

@@ -43,9 +43,10 @@ pub const SWAP_NICE: i32 = -10;
 /// `SCHED_RESET_ON_FORK` (nothing it starts inherits it), else nice `SWAP_NICE`. Returns
 /// the nice value it had, to put back once the image that goes on serves (`lower_after_swap`);
 /// none when nothing was raised: a daemon without `CAP_SYS_NICE`, one the operator runs
-/// at a nice other than 0 or under a policy of their own. Both cross the `execve`, as the loop's thread is the process's
-/// only one. `nice_too`: whether nice may stand in for real time (not while commands may
-/// still be started, as they would inherit it; real time they do not).
+/// at a nice other than 0 or under a policy of their own. Both cross the `execve`, as
+/// the loop's thread is the process's only one. `nice_too`: whether nice may stand in
+/// for real time (not while commands may still be started, as they would inherit it;
+/// real time they do not).
 pub fn raise_for_swap(nice_too: bool) -> Option<i32> {
     // Only with CAP_SYS_NICE: a daemon that may enter real time by its RLIMIT_RTPRIO alone
     // may not clear SCHED_RESET_ON_FORK again, and would stay there.
