@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
@@ -43,7 +43,7 @@ pub fn token_of(conn: ConnId) -> Token {
 }
 
 /// What one accept came to.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Admission {
     /// A connection was taken in (`tcp`: from an HTTP listener); `cookie`: its peer,
     /// a descendant tied to no command, waits for a read of its cookie (`Conn::
@@ -52,8 +52,10 @@ pub enum Admission {
         tcp: bool,
         cookie: Option<(Token, i32, u64)>,
     },
-    /// A peer was turned away (told why in its own protocol) or dropped.
-    Refused,
+    /// A peer was turned away (told why in its own protocol) or dropped. Its socket,
+    /// if there is one, is the caller's to close once the log says why: a client that
+    /// sees the close and reads the log finds the refusal there.
+    Refused(Option<OwnedFd>),
     /// Nothing waits on the listener.
     Nothing,
     /// `accept` failed (out of descriptors or memory): the loop pauses accepting.
@@ -198,12 +200,12 @@ impl Clients {
                     now,
                     format_args!("dropped a connection without peer credentials: {e}"),
                 );
-                return Admission::Refused;
+                return Admission::Refused(None);
             }
             Accepted::Unix(mut stream, peer, groups) => {
                 if !self.peer_allowed(core, &peer, &groups) {
                     refuse(core, peer, "peer not allowed");
-                    return Admission::Refused;
+                    return Admission::Refused(Some(stream.into()));
                 }
                 // A shared uid holds at most half the connections, all shared uids seven
                 // eighths (fair shares).
@@ -227,7 +229,7 @@ impl Clients {
                         .to_string();
                     let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
                     refuse(core, peer, &limit);
-                    return Admission::Refused;
+                    return Admission::Refused(Some(stream.into()));
                 }
                 let token = Token(*next_token);
                 let (tie, start) = tie_of(core, stream.as_raw_fd(), peer.pid);
@@ -260,7 +262,7 @@ impl Clients {
                     );
                     let _ = stream.write(&http::response(status, &body, false, &[]));
                     refuse(core, peer, limit);
-                    return Admission::Refused;
+                    return Admission::Refused(Some(stream.into()));
                 }
                 let token = Token(*next_token);
                 let auth = listeners.http_auth.clone();
@@ -271,7 +273,7 @@ impl Clients {
         };
         *next_token += 1;
         if conn.register(registry).is_err() {
-            return Admission::Refused;
+            return Admission::Refused(None);
         }
         let token = conn.token;
         let tcp = conn.is_tcp();

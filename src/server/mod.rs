@@ -371,6 +371,9 @@ impl Server {
                 let at = Instant::now() + crate::core::input::EVERY;
                 self.timers.add(at, LoopTimer::InputCheck);
             }
+            // What the log and the audit say about this turn is out before its answers:
+            // a client that reads the log after an answer finds what led to it.
+            self.write_log();
             self.flush_dirty();
             // An upgrade whose spawns in flight are done swaps images here, between turns.
             self.upgrade_step();
@@ -516,7 +519,12 @@ impl Server {
                     let until = Instant::now() + COOKIE_WAIT;
                     self.timers.add(until, LoopTimer::CookieWait(token));
                 }
-                Admission::Admitted { .. } | Admission::Refused => {}
+                // Closed once the log says why.
+                Admission::Refused(Some(socket)) => {
+                    self.write_log();
+                    drop(socket);
+                }
+                Admission::Admitted { .. } | Admission::Refused(None) => {}
             }
         }
     }
