@@ -1070,6 +1070,8 @@ fn max_clients_refuses_the_extra_connection() {
     let mut a = connect_served();
     let b = connect_served();
 
+    let refusals = || d.log().matches(": max-clients").count();
+    let before = refusals();
     let mut extra = d.client();
     let m = extra.read_message(Some(WAIT)).expect("an error line");
     assert_eq!(m["id"], Value::Null, "{m}");
@@ -1079,6 +1081,8 @@ fn max_clients_refuses_the_extra_connection() {
         json!({"limit": "max-clients", "value": 2}),
         "{m}"
     );
+    // The log says so before the peer is told.
+    assert_eq!(refusals(), before + 1, "logged first: {}", d.log());
     let closed = extra.read_message(Some(WAIT));
     assert!(
         closed.is_err(),

@@ -368,10 +368,19 @@ fn a_restart_on_another_socket_kills_nothing_of_the_first() {
         .collect();
     assert!(!escaped.is_empty(), "something outlived the first daemon");
 
-    // Another socket: its start-up sweep runs before it listens, and finds nothing.
-    let second = daemon_at(&home.path().join("second.sock"), &["--cgroup", "off"]);
+    // Another socket: its start-up sweep (the off-loop reader's, once it serves) ends
+    // having found nothing.
+    let second = daemon_at(
+        &home.path().join("second.sock"),
+        &["--cgroup", "off", "--log-level", "debug"],
+    );
     let mut c2 = second.client();
     ok(&mut c2, "initialize", json!({}));
+    wait_until("the start-up sweep has ended", || {
+        second
+            .log()
+            .contains("a cookie sweep of earlier instances killed nothing")
+    });
     assert!(
         !second.log().contains("an earlier instance"),
         "{}",

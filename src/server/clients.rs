@@ -52,14 +52,33 @@ pub enum Admission {
         tcp: bool,
         cookie: Option<(Token, i32, u64)>,
     },
-    /// A peer was turned away (told why in its own protocol) or dropped. Its socket,
-    /// if there is one, is the caller's to close once the log says why: a client that
-    /// sees the close and reads the log finds the refusal there.
-    Refused(Option<OwnedFd>),
+    /// A peer was turned away (told why in its own protocol) or dropped. What is left to
+    /// do is the caller's, once the log says why: a client that reads the answer or
+    /// sees the close, then the log, finds the refusal there.
+    Refused(Option<Refusal>),
     /// Nothing waits on the listener.
     Nothing,
     /// `accept` failed (out of descriptors or memory): the loop pauses accepting.
     Failed,
+}
+
+/// A refused connection: its socket, and what it is told before it is closed (nothing,
+/// for a peer that is not let in at all).
+#[derive(Debug)]
+pub struct Refusal {
+    pub socket: OwnedFd,
+    pub answer: Vec<u8>,
+}
+
+impl Refusal {
+    /// Tells the peer (one write, as far as the socket takes it: it is closed next
+    /// whatever happens) and closes the socket.
+    pub fn send(self) {
+        let mut socket = std::fs::File::from(self.socket);
+        if !self.answer.is_empty() {
+            let _ = socket.write(&self.answer);
+        }
+    }
 }
 
 /// What finds a Unix peer's tie at accept: from its socket and pid, the tie and the
@@ -202,10 +221,13 @@ impl Clients {
                 );
                 return Admission::Refused(None);
             }
-            Accepted::Unix(mut stream, peer, groups) => {
+            Accepted::Unix(stream, peer, groups) => {
                 if !self.peer_allowed(core, &peer, &groups) {
                     refuse(core, peer, "peer not allowed");
-                    return Admission::Refused(Some(stream.into()));
+                    return Admission::Refused(Some(Refusal {
+                        socket: stream.into(),
+                        answer: Vec::new(),
+                    }));
                 }
                 // A shared uid holds at most half the connections, all shared uids seven
                 // eighths (fair shares).
@@ -227,9 +249,11 @@ impl Clients {
                         .and_then(|d| d["limit"].as_str())
                         .unwrap_or("max-clients")
                         .to_string();
-                    let _ = stream.write(&rpc::encode_response(&rpc::Id::null(), &Err(e)));
                     refuse(core, peer, &limit);
-                    return Admission::Refused(Some(stream.into()));
+                    return Admission::Refused(Some(Refusal {
+                        socket: stream.into(),
+                        answer: rpc::encode_response(&rpc::Id::null(), &Err(e)),
+                    }));
                 }
                 let token = Token(*next_token);
                 let (tie, start) = tie_of(core, stream.as_raw_fd(), peer.pid);
@@ -241,7 +265,7 @@ impl Clients {
                 }
                 (conn, peer, groups)
             }
-            Accepted::Http(mut stream) => {
+            Accepted::Http(stream) => {
                 let peer = listeners.http_peer;
                 // TCP peers take at most half the connections: the Unix socket, whose
                 // peers say who they are, always keeps the other half.
@@ -260,9 +284,11 @@ impl Clients {
                         &format!("limit reached: {limit}"),
                         Some(&json!({ "limit": limit, "value": value })),
                     );
-                    let _ = stream.write(&http::response(status, &body, false, &[]));
                     refuse(core, peer, limit);
-                    return Admission::Refused(Some(stream.into()));
+                    return Admission::Refused(Some(Refusal {
+                        socket: stream.into(),
+                        answer: http::response(status, &body, false, &[]),
+                    }));
                 }
                 let token = Token(*next_token);
                 let auth = listeners.http_auth.clone();

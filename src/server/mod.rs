@@ -519,10 +519,10 @@ impl Server {
                     let until = Instant::now() + COOKIE_WAIT;
                     self.timers.add(until, LoopTimer::CookieWait(token));
                 }
-                // Closed once the log says why.
-                Admission::Refused(Some(socket)) => {
+                // Told and closed once the log says why.
+                Admission::Refused(Some(refusal)) => {
                     self.write_log();
-                    drop(socket);
+                    refusal.send();
                 }
                 Admission::Admitted { .. } | Admission::Refused(None) => {}
             }
@@ -820,7 +820,15 @@ impl Server {
     /// Carries out the core's effects, then lets it forget what is done with.
     fn apply(&mut self) {
         while !self.core.out.is_empty() {
-            for effect in std::mem::take(&mut self.core.out) {
+            let effects = std::mem::take(&mut self.core.out);
+            // What a signal or kill was recorded as is written before it is sent.
+            if effects
+                .iter()
+                .any(|e| matches!(e, Effect::End { .. } | Effect::Signal { .. }))
+            {
+                self.write_log();
+            }
+            for effect in effects {
                 match effect {
                     Effect::Reply { conn, req, result } => {
                         self.answer(token_of(conn), Some(req), result)
@@ -1172,6 +1180,7 @@ impl Server {
         }
         self.apply();
         self.clients.mark_all();
+        self.write_log();
         self.flush_dirty();
     }
 
