@@ -326,12 +326,18 @@ fn a_sigkilled_execctl_takes_its_foreground_command_along_but_not_a_detached_one
             !pid_alive(pid) && !group_alive(pid)
         });
     }
-    let kills: Vec<Value> = std::fs::read_to_string(&audit)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["event"] == "kill")
-        .collect();
+    // A kill is recorded when it is decided and written by the end of that turn: the
+    // process may be gone a moment before its record is in the file.
+    let kills = || -> Vec<Value> {
+        std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["event"] == "kill")
+            .collect()
+    };
+    wait_until("both kills are audited", || kills().len() >= 2);
+    let kills = kills();
     assert_eq!(kills.len(), 2, "{kills:?}");
     assert!(
         kills.iter().all(|k| k["reason"] == "disconnect"),

@@ -820,15 +820,7 @@ impl Server {
     /// Carries out the core's effects, then lets it forget what is done with.
     fn apply(&mut self) {
         while !self.core.out.is_empty() {
-            let effects = std::mem::take(&mut self.core.out);
-            // What a signal or kill was recorded as is written before it is sent.
-            if effects
-                .iter()
-                .any(|e| matches!(e, Effect::End { .. } | Effect::Signal { .. }))
-            {
-                self.write_log();
-            }
-            for effect in effects {
+            for effect in std::mem::take(&mut self.core.out) {
                 match effect {
                     Effect::Reply { conn, req, result } => {
                         self.answer(token_of(conn), Some(req), result)
