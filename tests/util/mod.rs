@@ -77,6 +77,28 @@ impl Drop for Relayed {
     }
 }
 
+/// Where the benchmarks put the binaries they measure: built as `cargo build --release`
+/// builds them, without the features the tests' dev-dependencies switch on in shared
+/// crates (serde_json's `preserve_order`, for one), which `cargo bench` would otherwise
+/// build into `CARGO_BIN_EXE_*`. Unset for the tests.
+pub const BENCH_BIN_DIR: &str = "EXECD_BENCH_BIN_DIR";
+
+/// The daemon the harness starts.
+pub fn execd_bin() -> PathBuf {
+    match std::env::var_os(BENCH_BIN_DIR) {
+        Some(dir) => PathBuf::from(dir).join("execd"),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_execd")),
+    }
+}
+
+/// The client the harness runs.
+pub fn execctl_bin() -> PathBuf {
+    match std::env::var_os(BENCH_BIN_DIR) {
+        Some(dir) => PathBuf::from(dir).join("execctl"),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_execctl")),
+    }
+}
+
 /// A running daemon on a temporary socket.
 pub struct Daemon {
     pub child: Option<Child>,
@@ -106,7 +128,7 @@ impl Daemon {
     #[track_caller]
     pub fn command(dir: &Path, socket: &Path, extra: &[&str]) -> Command {
         let log = std::fs::File::create(dir.join("execd.log")).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+        let mut cmd = Command::new(execd_bin());
         cmd.arg("--socket").arg(socket).args(["--kill-grace", "1s"]);
         cmd.args(extra)
             .stdin(Stdio::null())
@@ -151,7 +173,7 @@ impl Daemon {
     #[track_caller]
     pub fn client_in_other_process_as(&self, uid: Option<u32>) -> Relayed {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_execctl"));
+        let mut cmd = Command::new(execctl_bin());
         if let Some(uid) = uid {
             use std::os::unix::process::CommandExt;
             // SAFETY: setgroups, setgid and setuid are async-signal-safe and touch nothing
