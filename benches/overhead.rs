@@ -2074,8 +2074,8 @@ fn bench_ws(rows: &mut Vec<Row>) {
     );
 }
 
-/// Builds execd and execctl as `cargo build --release` does, into a target directory of
-/// their own beside this bench's, and has the harness run those. The binaries cargo built
+/// Builds execd and execctl as `cargo build --release` does, into `bench-release` inside
+/// this bench's target directory, and has the harness run those. The binaries cargo built
 /// with the bench carry the features the tests' dev-dependencies switch on in shared
 /// crates (serde_json's `preserve_order` and `float_roundtrip`): a different daemon, about
 /// 2% slower per spawn round trip and 70 KiB larger than the one users build.
@@ -2090,7 +2090,9 @@ fn build_as_released() -> Result<(), String> {
         "bench: building execd and execctl as released, in {}",
         target.display()
     );
-    let status = Command::new(env!("CARGO"))
+    // The cargo running this bench, else the one that built it.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let status = Command::new(cargo)
         .args(["build", "--release", "--bin", "execd", "--bin", "execctl"])
         .arg("--manifest-path")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
@@ -2101,8 +2103,19 @@ fn build_as_released() -> Result<(), String> {
     if !status.success() {
         return Err(format!("cargo build --release failed: {status}"));
     }
+    // Where cargo puts them without a `--target` (a configured build target puts them
+    // under its triple).
+    let bin = target.join("release");
+    for name in ["execd", "execctl"] {
+        if !bin.join(name).is_file() {
+            return Err(format!(
+                "{} was not built (is a build target configured?)",
+                bin.join(name).display()
+            ));
+        }
+    }
     // Before any thread starts: the harness reads it when it starts a daemon.
-    std::env::set_var(common::BENCH_BIN_DIR, target.join("release"));
+    std::env::set_var(common::BENCH_BIN_DIR, &bin);
     Ok(())
 }
 

@@ -13,7 +13,6 @@
 //!   it does not read is closed instead, and never one that reads.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -52,9 +51,9 @@ pub enum Admission {
         tcp: bool,
         cookie: Option<(Token, i32, u64)>,
     },
-    /// A peer was turned away (told why in its own protocol) or dropped. What is left to
-    /// do is the caller's, once the log says why: a client that reads the answer or
-    /// sees the close, then the log, finds the refusal there.
+    /// A peer was turned away: a limit told in its own protocol, or a peer that is not
+    /// let in (or has no credentials) told nothing. The caller sends the refusal once the
+    /// log says why. `None`: a connection that could not be watched (closed at once).
     Refused(Option<Refusal>),
     /// Nothing waits on the listener.
     Nothing,
@@ -71,12 +70,11 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// Tells the peer (one write, as far as the socket takes it: it is closed next
-    /// whatever happens) and closes the socket.
+    /// Tells the peer (one send, as far as the socket takes it, never raising SIGPIPE:
+    /// it is closed next whatever happens) and closes the socket.
     pub fn send(self) {
-        let mut socket = std::fs::File::from(self.socket);
         if !self.answer.is_empty() {
-            let _ = socket.write(&self.answer);
+            let _ = crate::sys::socket::send_nonblocking(self.socket.as_raw_fd(), &self.answer);
         }
     }
 }
@@ -181,7 +179,8 @@ impl Clients {
     // ---- accept ------------------------------------------------------------------------
 
     /// Accepts one connection waiting on listener `lt`: a Unix peer its credentials
-    /// allow, or an HTTP client; none past `--max-clients` (told so in its own protocol).
+    /// allow, or an HTTP client; none past `--max-clients` (the refusal, told in the
+    /// peer's own protocol, is the caller's to send once the log says why).
     /// A Unix peer's tie (7.3) is what `tie_of` finds of its socket and pid (and the
     /// peer's start time, when it was read).
     pub fn accept(
@@ -213,13 +212,16 @@ impl Clients {
                 );
                 return Admission::Failed;
             }
-            Accepted::NoCredentials(e) => {
+            Accepted::NoCredentials(stream, e) => {
                 core.log.refusal(
                     "peer credentials",
                     now,
                     format_args!("dropped a connection without peer credentials: {e}"),
                 );
-                return Admission::Refused(None);
+                return Admission::Refused(Some(Refusal {
+                    socket: stream.into(),
+                    answer: Vec::new(),
+                }));
             }
             Accepted::Unix(stream, peer, groups) => {
                 if !self.peer_allowed(core, &peer, &groups) {

@@ -33,8 +33,8 @@ pub enum Accepted {
     Http(TcpStream),
     /// Nothing waits.
     Nothing,
-    /// A connection without readable credentials (dropped).
-    NoCredentials(io::Error),
+    /// A connection without readable credentials (refused, told nothing).
+    NoCredentials(UnixStream, io::Error),
     /// `accept` failed (out of descriptors or memory): pause before trying again.
     Failed(io::Error),
 }
@@ -141,7 +141,7 @@ impl Listeners {
                                 crate::sys::ids::peer_groups(s.as_raw_fd()).unwrap_or_default();
                             Accepted::Unix(s, peer, groups)
                         }
-                        Err(e) => Accepted::NoCredentials(e),
+                        Err(e) => Accepted::NoCredentials(s, e),
                     }
                 })
             } else {

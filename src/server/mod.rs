@@ -43,7 +43,7 @@ use crate::core::vocab::After;
 use crate::core::{Caller, Containment, Core, Effect, Gated, Step, Wait};
 use crate::methods as dispatch;
 use crate::server::children::{Children, ReapOutcome};
-use crate::server::clients::{conn_id, token_of, Admission, Clients};
+use crate::server::clients::{conn_id, token_of, Admission, Clients, Refusal};
 use crate::server::conn::{Conn, Fill};
 use crate::server::listen::Listeners;
 use crate::server::signals::Signals;
@@ -486,6 +486,11 @@ impl Server {
     /// Accepts what waits on listener `lt`, until nothing does or accepting fails (then
     /// it pauses: the waiting connections stay queued in the kernel).
     fn accept(&mut self, lt: Token) {
+        // Refused peers are told and closed once the log says why: a peer that reads its
+        // answer, or sees the close, and then the log finds its refusal there. A few at a
+        // time, so a flood of them costs a write of the log per batch, not per peer.
+        const REFUSALS: usize = 64;
+        let mut refused: Vec<Refusal> = Vec::new();
         // An upgrade that stopped reading requests takes no connections either: they wait
         // in the kernel's queue for the image that serves next.
         while !self.accept_paused && self.shutdown.is_none() && !self.draining() {
@@ -497,12 +502,12 @@ impl Server {
                 .clients
                 .accept(lt, &self.listeners, core, registry, next, &mut tie_of)
             {
-                Admission::Nothing => return,
+                Admission::Nothing => break,
                 Admission::Failed => {
                     self.accept_paused = true;
                     self.timers
                         .add(Instant::now() + ACCEPT_BACKOFF, LoopTimer::AcceptResume);
-                    return;
+                    break;
                 }
                 Admission::Admitted { tcp: true, .. } if !self.tcp_sweep_armed => {
                     self.tcp_sweep_armed = true;
@@ -519,13 +524,19 @@ impl Server {
                     let until = Instant::now() + COOKIE_WAIT;
                     self.timers.add(until, LoopTimer::CookieWait(token));
                 }
-                // Told and closed once the log says why.
                 Admission::Refused(Some(refusal)) => {
-                    self.write_log();
-                    refusal.send();
+                    refused.push(refusal);
+                    if refused.len() == REFUSALS {
+                        self.write_log();
+                        refused.drain(..).for_each(Refusal::send);
+                    }
                 }
                 Admission::Admitted { .. } | Admission::Refused(None) => {}
             }
+        }
+        if !refused.is_empty() {
+            self.write_log();
+            refused.into_iter().for_each(Refusal::send);
         }
     }
 
@@ -903,6 +914,10 @@ impl Server {
         dirty.dedup();
         for token in dirty {
             for round in 0.. {
+                // What the last round read and answered may have logged: out first.
+                if round > 0 {
+                    self.write_log();
+                }
                 let Some(conn) = self.clients.get_mut(&token) else {
                     break;
                 };
