@@ -710,6 +710,33 @@ fn a_command_that_ignores_sigint_is_ended_with_its_shell() {
     assert_no_panic(&d);
 }
 
+/// A kill that comes as the shell starts the command (the start marker seen, the job not
+/// yet in the terminal's foreground) reaches the command: bash keeps a SIGINT that comes
+/// while it forks, so the daemon looks again and sends the job its own. Before, about one
+/// in two of these left `sleep` running until the grace ended the whole shell.
+#[test]
+fn a_kill_as_the_command_starts_reaches_it_and_the_shell_stays() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client();
+    exec(&mut c, json!({"id": "k", "command": "true"}));
+    let shell =
+        |c: &mut Client| ok(c, "shell/sessions", json!({}))["sessions"]["k"]["process_id"].clone();
+    let first = shell(&mut c);
+    for n in 0..20 {
+        // The last command's prompt first, so the next line is sent at once, not queued.
+        exec(&mut c, json!({"id": "k", "command": "true"}));
+        exec(
+            &mut c,
+            json!({"id": "k", "command": "sleep 60", "async_mode": true}),
+        );
+        ok(&mut c, "shell/kill", json!({"id": "k"}));
+        let r = ok(&mut c, "shell/wait", json!({"id": "k", "seconds": 20}));
+        assert_eq!(r["exit_code"], 130, "round {n}: {r}");
+        assert_eq!(shell(&mut c), first, "round {n}: the same shell");
+    }
+    assert_no_panic(&d);
+}
+
 #[test]
 fn shell_and_bash_sessions_share_max_sessions() {
     let d = Daemon::start(&["--max-sessions", "2"]);

@@ -70,9 +70,8 @@ impl Core {
             .timers
             .live()
             .into_iter()
-            .map(|(at, what)| TimerImage {
-                at: clock.rel(at),
-                what: match what {
+            .filter_map(|(at, what)| {
+                let what = match what {
                     Timer::Escalate(key, id) => TimerKind::Escalate {
                         key: key.0,
                         id: id.clone(),
@@ -103,7 +102,14 @@ impl Core {
                         owner: *owner,
                         session: session.clone(),
                     },
-                },
+                    // A second look for a SIGINT a shell may have held: not carried (the
+                    // grace's end still ends the shell if the command goes on).
+                    Timer::ShellInterrupt(..) => return None,
+                };
+                Some(TimerImage {
+                    at: clock.rel(at),
+                    what,
+                })
             })
             .collect();
         let mut parked: Vec<ParkedImage> = self

@@ -174,8 +174,10 @@ pub enum Effect {
         key: Key,
         logical: Option<std::path::PathBuf>,
     },
-    /// SIGINT to the foreground job of a shell's terminal (`shell/kill`).
-    Interrupt(Key),
+    /// SIGINT to the foreground job of a shell's terminal (`shell/kill`), unless that
+    /// process group is `spared` (it had this kill's SIGINT already). The server tells
+    /// `Core::shell_interrupted` where it went.
+    Interrupt { key: Key, spared: Option<i32> },
     /// Start a command nobody's request waits for (a shell session's shell, restarted).
     Spawn(Box<LaunchRequest>),
     /// Close a command's stdin pipe.
@@ -245,6 +247,9 @@ enum Timer {
     ShellQuiet(SessionKey, u64),
     /// A shell session's command did not stop at SIGINT within the grace.
     ShellKill(SessionKey, u64),
+    /// A shell session's command was sent SIGINT where it may have been held (the shell
+    /// was starting it): look at its terminal's foreground job again.
+    ShellInterrupt(SessionKey, u64),
     /// Check a shell session for idleness.
     ShellIdle(SessionKey),
 }
@@ -582,6 +587,7 @@ impl Core {
                 }
                 Timer::ShellQuiet(session, seq) => self.shell_quiet_check(&session, seq),
                 Timer::ShellKill(session, seq) => self.shell_kill_escalate(&session, seq),
+                Timer::ShellInterrupt(session, seq) => self.shell_interrupt_again(&session, seq),
                 Timer::ShellIdle(session) => self.shell_idle_check(&session),
             }
         }

@@ -812,11 +812,18 @@ impl Children {
         }
     }
 
-    /// SIGINT to the foreground job of a shell's terminal. A terminal already closed (the
-    /// shell ended) has no job to reach.
-    pub fn interrupt(&mut self, key: Key) {
-        if let Some(fd) = self.pipes.terminal_fd(key) {
-            let _ = crate::sys::pty::signal_foreground(fd, libc::SIGINT);
+    /// SIGINT to the foreground job of a shell's terminal unless it is the group
+    /// `spared`; the core is told where it went. A terminal already closed (the shell
+    /// ended) has no job to reach.
+    pub fn interrupt(&mut self, core: &mut Core, key: Key, spared: Option<i32>) {
+        let Some(pid) = core.table.get(key).map(|p| p.pid) else {
+            return;
+        };
+        let Some(fd) = self.pipes.terminal_fd(key) else {
+            return;
+        };
+        if let Ok(s) = crate::sys::pty::interrupt(fd, pid, spared) {
+            core.shell_interrupted(key, s.sent, s.held);
         }
     }
 

@@ -856,7 +856,9 @@ impl Server {
                         let registry = self.poll.registry();
                         self.children.flush_commands(&mut self.core, registry, key);
                     }
-                    Effect::Interrupt(key) => self.children.interrupt(key),
+                    Effect::Interrupt { key, spared } => {
+                        self.children.interrupt(&mut self.core, key, spared)
+                    }
                     Effect::DiscardInput(key) => self.children.discard_input(key),
                     Effect::ShellDir { key, logical } => {
                         self.children.shell_dir(&mut self.core, key, logical)

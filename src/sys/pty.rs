@@ -64,24 +64,65 @@ pub fn resize(fd: RawFd, size: WinSize) -> io::Result<()> {
     Ok(())
 }
 
-/// Sends `sig` to the foreground process group of the terminal `fd` (either end) is: the
-/// job a person at that terminal would reach with Ctrl-C, whatever the terminal's modes
-/// (a program in raw mode reads Ctrl-C as a byte). The group is one of the terminal's
-/// session, which the daemon started: no other group can be the foreground one there.
-pub fn signal_foreground(fd: RawFd, sig: i32) -> io::Result<()> {
-    let mut pgrp: libc::pid_t = 0;
+/// Where a SIGINT for a shell's foreground job went (`interrupt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sigint {
+    /// The process group it was sent to, if it was.
+    pub sent: Option<libc::pid_t>,
+    /// The foreground may hold it without acting on it: the shell itself is in the
+    /// foreground (bash takes a SIGINT that comes while it starts a job as its own, and
+    /// runs the job regardless), or a child of the shell that has not exec'd yet and
+    /// still has the shell's handlers (it is not sent one: it would keep it too).
+    pub held: bool,
+}
+
+/// Sends SIGINT to the foreground process group of the terminal `fd` (either end) is,
+/// the terminal of shell `shell` (a session leader), unless that group is `spared` (it
+/// had one already): the job a person at that terminal would reach with Ctrl-C,
+/// whatever the terminal's modes (a program in raw mode reads Ctrl-C as a byte). The
+/// group is one of the terminal's session, which the daemon started: no other group
+/// can be the foreground one there.
+pub fn interrupt(fd: RawFd, shell: libc::pid_t, spared: Option<libc::pid_t>) -> io::Result<Sigint> {
+    let mut group: libc::pid_t = 0;
     // SAFETY: TIOCGPGRP writes one pid_t we own.
-    if unsafe { libc::ioctl(fd, libc::TIOCGPGRP, &mut pgrp) } < 0 {
+    if unsafe { libc::ioctl(fd, libc::TIOCGPGRP, &mut group) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    if pgrp <= 1 {
+    if group <= 1 {
         return Err(io::Error::from_raw_os_error(libc::ESRCH));
     }
-    // SAFETY: kill with a negative pid signals that process group; no memory involved.
-    if unsafe { libc::kill(-pgrp, sig) } < 0 {
-        return Err(io::Error::last_os_error());
+    if group != shell && has_handlers_of(group, shell) {
+        return Ok(Sigint {
+            sent: None,
+            held: true,
+        });
     }
-    Ok(())
+    let sent = (spared != Some(group)).then_some(group);
+    if sent.is_some() {
+        // SAFETY: kill with a negative pid signals that process group; no memory involved.
+        if unsafe { libc::kill(-group, libc::SIGINT) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(Sigint {
+        sent,
+        held: group == shell,
+    })
+}
+
+/// Whether process `pid` runs the program of process `shell` with the same signal
+/// handlers, SIGINT's among them: a child bash forked and has not exec'd yet.
+fn has_handlers_of(pid: libc::pid_t, shell: libc::pid_t) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let file = |p| std::fs::metadata(format!("/proc/{p}/exe")).map(|m| (m.dev(), m.ino()));
+    let caught = |p| {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+        u64::from_str_radix(mask.trim(), 16).ok()
+    };
+    let sigint = 1u64 << (libc::SIGINT - 1);
+    matches!((caught(pid), caught(shell)), (Some(a), Some(b)) if a == b && a & sigint != 0)
+        && matches!((file(pid), file(shell)), (Ok(a), Ok(b)) if a == b)
 }
 
 /// The path the slave `slave` has in the file system (`/dev/pts/N`), as this process sees

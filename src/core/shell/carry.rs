@@ -193,6 +193,10 @@ fn record_of(r: &RecordImage, clock: &Clock, blobs: &BlobsIn) -> Result<Record, 
         exit_code: r.exit_code,
         kill: r.kill.map(ending_of),
         escalated: r.escalated,
+        // A second look for a SIGINT is not carried (its timer is not): the grace's end
+        // still ends the shell if the command goes on.
+        sigint_to: None,
+        sigint_looks: 0,
         created: clock.at(r.created),
         last_change: clock.at(r.last_change),
         quiet_after: r.quiet_after_ns.map(Duration::from_nanos),

@@ -88,6 +88,9 @@ pub const TRUNCATE_AT: usize = 30_000;
 const PS1_MAX: usize = 256;
 /// Bytes a record's bookkeeping counts besides its command line and prompt.
 const RECORD_BYTES: usize = 256;
+/// How soon a shell's terminal is looked at again after a SIGINT it may have held
+/// (`Core::shell_interrupted`); each later look waits twice as long, up to 64 times this.
+const SIGINT_LOOK: Duration = Duration::from_millis(2);
 /// A shell that dies this many times in a row before its first prompt is not started
 /// again: the session is failed.
 const STARTS_BEFORE_FAILING: u32 = 2;
@@ -174,6 +177,10 @@ pub struct Record {
     pub kill: Option<Ending>,
     /// The kill went past SIGINT: the shell is being ended.
     pub escalated: bool,
+    /// The process group the kill's SIGINT went to last (`Core::shell_interrupted`).
+    pub sigint_to: Option<i32>,
+    /// How many times its terminal's foreground was looked at for the kill.
+    pub sigint_looks: u32,
     pub created: Instant,
     /// When output last arrived while it was current.
     pub last_change: Instant,
@@ -601,6 +608,8 @@ impl Core {
             exit_code: None,
             kill: None,
             escalated: false,
+            sigint_to: None,
+            sigint_looks: 0,
             created: now,
             last_change: now,
             quiet_after: None,
@@ -793,7 +802,10 @@ impl Core {
                         self.set_waiting(shell, false);
                         self.out.push(Effect::FlushStdin(shell));
                         if kill {
-                            self.out.push(Effect::Interrupt(shell));
+                            self.out.push(Effect::Interrupt {
+                                key: shell,
+                                spared: None,
+                            });
                         }
                     }
                 }
@@ -1055,7 +1067,10 @@ impl Core {
             }
             RecordStep::Running => {
                 if let Some(shell) = shell {
-                    self.out.push(Effect::Interrupt(shell));
+                    self.out.push(Effect::Interrupt {
+                        key: shell,
+                        spared: None,
+                    });
                 }
             }
             // Interrupted once the start marker says the shell has read the line.
@@ -1068,6 +1083,57 @@ impl Core {
             r.timers.push(t);
         }
         Some(seq)
+    }
+
+    /// The SIGINT of a kill for shell `shell`'s command went to process group `sent`
+    /// of its terminal (None: it went nowhere, the group had it or could not take it);
+    /// `held`: the foreground may have kept it without acting on it (bash takes a SIGINT
+    /// that comes while it starts a job as its own, and the job runs regardless). The
+    /// terminal's foreground is then looked at again shortly, and a job that has taken
+    /// it since gets a SIGINT too: each group gets one, as from a person who pressed
+    /// Ctrl-C once the job was there. Looks go on, further apart each time, until the
+    /// command ends or the grace ends the shell.
+    pub fn shell_interrupted(&mut self, shell: Key, sent: Option<i32>, held: bool) {
+        let Some(key) = self.table.get(shell).and_then(session_of) else {
+            return;
+        };
+        let now = self.now;
+        let Some(r) = self.shells.map.get_mut(&key).and_then(|s| s.current_mut()) else {
+            return;
+        };
+        if r.done() || r.escalated || r.kill.is_none() {
+            return;
+        }
+        r.sigint_to = sent.or(r.sigint_to);
+        let looks = r.sigint_looks;
+        r.sigint_looks += 1;
+        if held {
+            let t = self.timers.add(
+                now + SIGINT_LOOK * 2u32.pow(looks.min(6)),
+                Timer::ShellInterrupt(key, r.seq),
+            );
+            r.timers.push(t);
+        }
+    }
+
+    /// Timer: command `seq`'s SIGINT may have been held: its terminal's foreground job is
+    /// sent one unless it is the group that had it.
+    pub(super) fn shell_interrupt_again(&mut self, key: &SessionKey, seq: u64) {
+        let Some(s) = self.shells.map.get(key) else {
+            return;
+        };
+        let Some(r) = s.current().filter(|r| r.seq == seq) else {
+            return;
+        };
+        if r.done() || r.escalated {
+            return;
+        }
+        if let Some(shell) = s.shell {
+            self.out.push(Effect::Interrupt {
+                key: shell,
+                spared: r.sigint_to,
+            });
+        }
     }
 
     /// Timer: command `seq` did not stop at SIGINT within the grace: its shell is ended
@@ -1688,7 +1754,7 @@ mod tests {
         assert!(c
             .out
             .iter()
-            .any(|e| matches!(e, Effect::Interrupt(x) if *x == k)));
+            .any(|e| matches!(e, Effect::Interrupt { key: x, spared: None } if *x == k)));
         c.out.clear();
         later(&mut c, Duration::from_secs(2)); // the grace: it did not stop
         let effects = std::mem::take(&mut c.out);
@@ -1711,6 +1777,80 @@ mod tests {
         assert_eq!(c.shells.map[&key].restarts, 1);
         // The old shell is kept while a record's output is in it.
         assert!(c.shells.map[&key].old.contains(&k));
+    }
+
+    /// The interrupts of a kill in `c.out`, as `spared`.
+    fn interrupts(c: &mut Core, k: Key) -> Vec<Option<i32>> {
+        std::mem::take(&mut c.out)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Interrupt { key, spared } if key == k => Some(spared),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sigint_the_starting_shell_may_hold_is_sent_again_to_the_job_that_takes_the_terminal() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "sleep 60");
+        // Killed while the line is being read: interrupted at the start marker.
+        c.out.clear();
+        c.shell_kill(&key, Ending::Terminated);
+        assert_eq!(interrupts(&mut c, k), []);
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        assert_eq!(interrupts(&mut c, k), [None]);
+        // It went to the shell itself (group 100), which may hold it: looked at again.
+        c.shell_interrupted(k, Some(100), true);
+        later(&mut c, Duration::from_millis(1));
+        assert_eq!(interrupts(&mut c, k), [], "not before the first look");
+        later(&mut c, Duration::from_millis(2));
+        assert_eq!(interrupts(&mut c, k), [Some(100)], "the shell is spared");
+        // A forked child with the shell's handlers: nothing sent, looked at again later.
+        c.shell_interrupted(k, None, true);
+        later(&mut c, Duration::from_millis(3));
+        assert_eq!(
+            interrupts(&mut c, k),
+            [],
+            "the second look waits twice as long"
+        );
+        later(&mut c, Duration::from_millis(2));
+        assert_eq!(interrupts(&mut c, k), [Some(100)]);
+        // The job (group 200) has the terminal and got it: no more looks.
+        c.shell_interrupted(k, Some(200), false);
+        assert_eq!(record(&c, &key, seq).sigint_to, Some(200));
+        later(&mut c, Duration::from_millis(500));
+        assert_eq!(interrupts(&mut c, k), []);
+        // It ends of it: the kill is over, the shell stays.
+        say(&mut c, &key, k, "e;130;2f");
+        let r = record(&c, &key, seq);
+        assert_eq!(r.step, RecordStep::Done(Ending::Terminated));
+        assert_eq!(r.exit_code, Some(130));
+        later(&mut c, Duration::from_secs(2));
+        assert!(!c.out.iter().any(|e| matches!(e, Effect::Signal { .. })));
+    }
+
+    #[test]
+    fn a_look_after_the_command_ended_sends_nothing() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        let seq = queue(&mut c, &key, "sleep 60");
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        c.out.clear();
+        c.shell_kill(&key, Ending::Terminated);
+        assert_eq!(interrupts(&mut c, k), [None]);
+        c.shell_interrupted(k, Some(100), true);
+        say(&mut c, &key, k, "e;130;2f"); // bash acted on it: the line was abandoned
+        later(&mut c, Duration::from_millis(200));
+        assert_eq!(interrupts(&mut c, k), []);
+        // And a report that comes after the end arms nothing.
+        c.shell_interrupted(k, Some(100), true);
+        later(&mut c, Duration::from_millis(200));
+        assert_eq!(interrupts(&mut c, k), []);
+        assert_eq!(record(&c, &key, seq).exit_code, Some(130));
     }
 
     #[test]
