@@ -41,11 +41,11 @@ pub fn signalled(exited: bool) -> Value {
 }
 
 /// Descriptors a limit of `nofile` leaves for commands, after what the daemon keeps for
-/// itself (listeners, log and audit files, spawns in flight) and a socket per client. A
-/// terminal holds one in the daemon (its output), a bash command up to three (stdout,
-/// stderr, stdin).
+/// itself (listeners, log and audit files, spawns in flight, the spawns' 64 slots) and a
+/// socket per client. A terminal holds one in the daemon (its output), a bash command up
+/// to three (stdout, stderr, stdin).
 fn command_descriptors(nofile: u64, max_clients: usize) -> u64 {
-    const OWN: u64 = 64;
+    const OWN: u64 = 128;
     nofile.saturating_sub(OWN + max_clients as u64)
 }
 

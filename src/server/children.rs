@@ -540,8 +540,9 @@ impl Children {
         token: Token,
     ) -> Option<Launched> {
         let pid = *self.reports.get(&token)?;
-        let fd = self.starting.get(&pid)?.report.as_raw_fd();
-        let outcome = match crate::sys::spawn::read_report(fd) {
+        let starting = self.starting.get_mut(&pid)?;
+        let fd = starting.report.as_raw_fd();
+        let outcome = match crate::sys::spawn::read_report(fd, Some(&mut starting.memory)) {
             Report::Pending => return None,
             Report::Execd => Ok(()),
             Report::Failed(at, e) => Err((at, e)),
@@ -1151,8 +1152,10 @@ impl Children {
             if let Some(key) = self.abandoned.remove(&r.pid) {
                 self.contain.leader_exited(key); // killed as it started
             } else if let Some(s) = self.starting.get_mut(&r.pid) {
-                // It exec'd and exited before its report was read: kept for it.
+                // It exec'd and exited before its report was read: kept for it. It
+                // shares nothing now, whether it said so or not.
                 s.exit = Some((r.ended, r.usage));
+                s.memory.unshared();
             } else if self.failed.remove(&r.pid).is_none() {
                 self.orphans = true; // a re-parented descendant
             }
@@ -1374,7 +1377,7 @@ impl Children {
             tag: None,
             check_binary: named.then_some(self.uid),
         };
-        let spawned = self.spawner.spawn(&spec, None)?;
+        let spawned = self.spawner.spawn_copying(&spec)?;
         self.probe = Some(spawned.pid);
         self.probe_ended = None;
         Ok(spawned)

@@ -707,7 +707,7 @@ impl Reader {
 
 /// What a reader's spawn report says went wrong before its exec, if anything.
 fn spawn_failure(report: std::os::fd::RawFd) -> Option<String> {
-    match crate::sys::spawn::read_report(report) {
+    match crate::sys::spawn::read_report(report, None) {
         crate::sys::spawn::Report::Failed(_, e) => Some(format!("could not be started: {e}")),
         _ => None,
     }

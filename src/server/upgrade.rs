@@ -343,7 +343,7 @@ impl Server {
         if t != token {
             return self.read_probe();
         }
-        let failed = match crate::sys::spawn::read_report(fd) {
+        let failed = match crate::sys::spawn::read_report(fd, memory.as_mut()) {
             Report::Pending => return,
             Report::Execd => None,
             Report::Failed(at, e) => Some((at, e)),

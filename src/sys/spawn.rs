@@ -9,16 +9,25 @@
 //! what failed. A working directory or `PATH` entry on a hung file system holds only that
 //! child; nothing waits for it.
 //!
+//! The child shares the loop's descriptor table too (`CLONE_FILES`) when the few it needs
+//! fit in low slots reserved for them (`Slots`): its first call gives it a table of its
+//! own holding only the numbers below them, so a spawn costs the same however many
+//! commands run. It says so on the report pipe (one byte), and the loop frees the slots.
+//!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
 //!   it), so a command inherits exactly its three stdio descriptors.
+//! - A child that shares the table touches none of it but its report pipe until its first
+//!   call has unshared it; the loop changes none of the child's slots until the child
+//!   said so or was reaped.
 //! - A spawned command leads its own session and process group (`setsid`), so signalling
 //!   `-pid` reaches it and everything it started that did not leave the group.
 //! - The child never allocates, locks or unwinds: everything it needs is prepared first
 //!   (`InFlight`), and it reads that memory and writes only its own stack. The loop keeps
 //!   the `InFlight` until the child has exec'd (its report pipe reached EOF) or was reaped.
 //! - Only the loop's thread clones, and it closes its copies of a child's ends right after
-//!   the clone: no other command's child ever holds them, so the drain at a command's exit
+//!   the clone (its slots' copies once the child has its own table): another command's
+//!   child holds them at most until its own first calls, so the drain at a command's exit
 //!   sees their EOF. The child closes every other descriptor it copied at once.
 //! - The parent-death signal follows the thread that cloned: the loop's, which lives as
 //!   long as the daemon.
@@ -352,6 +361,9 @@ pub struct InFlight {
     prepared: Box<Prepared>,
     /// Where its child's stack goes back once the child is done with it.
     stacks: Stacks,
+    /// The low descriptor numbers its child's descriptors were put in, while the child
+    /// may still share the loop's table (`Slots`).
+    lease: Option<Lease>,
 }
 
 /// Child stacks no child uses any more, for the next spawns: a spawn then costs no
@@ -364,6 +376,7 @@ const STACKS_KEPT: usize = 16;
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.unshared();
         let stack = std::mem::take(&mut self.prepared.stack);
         let mut kept = self.stacks.borrow_mut();
         if kept.len() < STACKS_KEPT && stack.len() == CHILD_STACK {
@@ -373,6 +386,15 @@ impl Drop for InFlight {
 }
 
 impl InFlight {
+    /// Its child has its own descriptor table now (it said so, or it is gone): the slots
+    /// its descriptors were in get `/dev/null` back, which drops the loop's references
+    /// to the child's ends (its report pipe's EOF waits for that).
+    pub fn unshared(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.slots.borrow_mut().give_back(lease.taken);
+        }
+    }
+
     /// How root number `n` a request named was written (for a failed sandbox's error).
     pub fn sandbox_root(&self, n: usize) -> Option<String> {
         let c = self.prepared.confined.as_ref()?;
@@ -389,22 +411,38 @@ impl std::fmt::Debug for InFlight {
     }
 }
 
-/// Reads a spawn's report pipe.
-pub fn read_report(fd: RawFd) -> Report {
-    let mut msg = [0u8; 8];
-    // SAFETY: reading into a buffer we own from a descriptor we own.
-    let n = unsafe { libc::read(fd, msg.as_mut_ptr().cast(), msg.len()) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Report::Pending,
-            _ => Report::Failed(FailedAt::Setup, e),
-        };
-    }
-    if n == 0 {
-        return Report::Execd;
-    }
-    if n != 8 {
+/// Reads a spawn's report pipe; `memory` is the spawn's, whose slots go back when its
+/// child says it has its own descriptor table.
+pub fn read_report(fd: RawFd, memory: Option<&mut InFlight>) -> Report {
+    let mut memory = memory;
+    let mut buf = [0u8; 9];
+    let msg = loop {
+        // SAFETY: reading into a buffer we own from a descriptor we own.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Report::Pending,
+                _ => Report::Failed(FailedAt::Setup, e),
+            };
+        }
+        if n == 0 {
+            return Report::Execd;
+        }
+        let mut msg = &buf[..n as usize];
+        if msg[0] == UNSHARED {
+            if let Some(m) = memory.as_deref_mut() {
+                m.unshared();
+            }
+            msg = &msg[1..];
+            if msg.is_empty() {
+                // The EOF of its exec may be there already, now that ours is closed.
+                continue;
+            }
+        }
+        break msg;
+    };
+    if msg.len() != 8 {
         return Report::Failed(FailedAt::Setup, io::Error::other("a torn spawn report"));
     }
     let step = i32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
@@ -474,6 +512,146 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
     }
 }
 
+/// What a child writes on its report pipe once it has its own descriptor table (`Slots`):
+/// one byte, which no step's report starts with.
+const UNSHARED: u8 = 0xff;
+
+/// How many low descriptor numbers are kept for children (`Slots`): a spawn takes one
+/// per descriptor its child needs (at most five), so a dozen spawns can be between
+/// clone and unshare at once; more take the copying clone.
+const SLOTS: usize = 64;
+
+/// Slots above this are not worth it (a table that was full at start-up, after an
+/// upgrade with many commands): each child would copy that many entries.
+const SLOTS_BELOW: RawFd = 512;
+
+/// Descriptor numbers near the bottom of the loop's table, reserved at start-up (each
+/// holds `/dev/null` while free), that a spawn duplicates its child's descriptors into.
+/// The child then shares the loop's table (`CLONE_FILES`: nothing is copied at the clone,
+/// however many commands run) and its first system call, `close_range(FIRST, ~0,
+/// CLOSE_RANGE_UNSHARE)`, gives it a table of its own with only the numbers below
+/// `FIRST` (one past its highest slot): a handful, the same however many commands run.
+/// It says so on its report pipe (`UNSHARED`), and the loop puts `/dev/null` back in
+/// those slots. Without this, every clone copied the whole table (one entry per pipe
+/// of every running command) and every child closed each copy again.
+struct Slots {
+    /// The slots' numbers, lowest first.
+    numbers: [RawFd; SLOTS],
+    /// Bit `i`: slot `i` is free.
+    free: u64,
+    /// What a free slot holds.
+    null: OwnedFd,
+}
+
+/// The slots one spawn took.
+struct Lease {
+    slots: std::rc::Rc<std::cell::RefCell<Slots>>,
+    taken: u64,
+}
+
+impl Slots {
+    /// Reserves the slots: the lowest free numbers above 2. None when the kernel has no
+    /// `close_range` (it came with `CLOSE_RANGE_UNSHARE`, Linux 5.9) or the numbers are
+    /// not low.
+    fn reserve() -> Option<Slots> {
+        // close_range(1, 0) is refused with EINVAL by a kernel that has it; anything else
+        // (ENOSYS, or EPERM from a seccomp filter that refuses calls it does not know)
+        // means children could not unshare.
+        // SAFETY: an invalid range closes nothing.
+        let r = unsafe { libc::syscall(libc::SYS_close_range, 1u32, 0u32, 0u32) };
+        if r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return None;
+        }
+        // Out of descriptors (a low limit): the copying clone needs none of these.
+        let null = dev_null().ok()?;
+        let mut numbers = [-1; SLOTS];
+        let mut held = Vec::with_capacity(SLOTS);
+        for n in &mut numbers {
+            // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor or -1.
+            let fd = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+            if fd < 0 {
+                return None; // `held` closes those made
+            }
+            // SAFETY: a descriptor just made, ours alone.
+            held.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            *n = fd;
+        }
+        numbers.sort_unstable();
+        if numbers[SLOTS - 1] >= SLOTS_BELOW {
+            return None;
+        }
+        // From here the slots are closed only by `Drop`.
+        for fd in held {
+            std::mem::forget(fd);
+        }
+        Some(Slots {
+            numbers,
+            free: u64::MAX,
+            null,
+        })
+    }
+
+    /// Puts each of `fds` (at most five) in a free slot, lowest first: their slot numbers
+    /// and the lease, or None when not enough are free.
+    fn take(&mut self, fds: &[RawFd]) -> io::Result<Option<(Vec<RawFd>, u64)>> {
+        if (self.free.count_ones() as usize) < fds.len() {
+            return Ok(None);
+        }
+        let mut taken = 0u64;
+        let mut numbers = Vec::with_capacity(fds.len());
+        for &fd in fds {
+            let i = (self.free & !taken).trailing_zeros() as usize;
+            let slot = self.numbers[i];
+            // SAFETY: dup3 onto a slot we hold replaces its /dev/null atomically.
+            if unsafe { libc::dup3(fd, slot, libc::O_CLOEXEC) } < 0 {
+                let e = io::Error::last_os_error();
+                self.give_back(taken);
+                return Err(e);
+            }
+            taken |= 1 << i;
+            numbers.push(slot);
+        }
+        self.free &= !taken;
+        Ok(Some((numbers, taken)))
+    }
+
+    /// The slots spawns hold now.
+    fn busy(&self) -> Vec<RawFd> {
+        (0..SLOTS)
+            .filter(|i| self.free & (1 << i) == 0 && self.numbers[*i] >= 0)
+            .map(|i| self.numbers[i])
+            .collect()
+    }
+
+    /// Slots `taken` hold `/dev/null` again and are free.
+    fn give_back(&mut self, taken: u64) {
+        for i in 0..SLOTS {
+            if taken & (1 << i) == 0 {
+                continue;
+            }
+            let slot = self.numbers[i];
+            // SAFETY: dup3 onto a slot we hold replaces what it held atomically.
+            if unsafe { libc::dup3(self.null.as_raw_fd(), slot, libc::O_CLOEXEC) } >= 0 {
+                self.free |= 1 << i;
+            } else {
+                // It must not keep the child's end: closed, and never used again.
+                // SAFETY: our slot, closed once; its number is forgotten here.
+                unsafe { libc::close(slot) };
+                self.numbers[i] = -1;
+            }
+        }
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for fd in self.numbers.into_iter().filter(|fd| *fd >= 0) {
+            // SAFETY: the slots are ours, closed once, here.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 /// Size of the child's stack between clone and exec: it only makes system calls.
 const CHILD_STACK: usize = 64 << 10;
 
@@ -509,6 +687,9 @@ struct Prepared {
     /// Check the program first (`SpawnSpec::check_binary`), for this daemon uid.
     check_binary: Option<libc::uid_t>,
     stack: Vec<u8>,
+    /// The slots other spawns hold (`Slots`), for a child that copies the table to close
+    /// first: their children's ends are no business of this one.
+    busy: Vec<RawFd>,
     plan: ChildPlan,
 }
 
@@ -523,6 +704,9 @@ struct ChildPlan {
     cwd: *const libc::c_char,
     /// Descriptors to become 0, 1 and 2.
     stdio: [RawFd; 3],
+    /// Descriptors to close first (`Prepared::busy`).
+    busy: *const RawFd,
+    nbusy: usize,
     limits: *const (libc::__rlimit_resource_t, libc::rlimit),
     nlimits: usize,
     reset: *const libc::c_int,
@@ -539,6 +723,10 @@ struct ChildPlan {
     tty: bool,
     /// The write end of the report pipe: `{step, errno}` when a step fails.
     report: RawFd,
+    /// The child shares the loop's descriptor table, all it needs in slots below this
+    /// (`Slots`): its first call unshares the table, keeping only what is below. -1: it
+    /// has a copy of its own already.
+    unshare_below: RawFd,
     /// Check the program first (`SpawnSpec::check_binary`), for this daemon uid.
     check_binary: Option<libc::uid_t>,
     sandbox: SandboxPlan,
@@ -610,6 +798,8 @@ impl ChildPlan {
         envp: std::ptr::null(),
         cwd: std::ptr::null(),
         stdio: [-1; 3],
+        busy: std::ptr::null(),
+        nbusy: 0,
         limits: std::ptr::null(),
         nlimits: 0,
         reset: std::ptr::null(),
@@ -621,6 +811,7 @@ impl ChildPlan {
         cgroup_procs: -1,
         tty: false,
         report: -1,
+        unshare_below: -1,
         sandbox: SandboxPlan::OFF,
         check_binary: None,
     };
@@ -742,6 +933,23 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             sys!(libc::SYS_exit_group, 127);
             127
         };
+        // A child sharing the loop's table touches nothing of it but its report pipe
+        // before it has its own: the slots below `unshare_below`, nothing above.
+        if plan.unshare_below >= 0 {
+            let r = sys!(
+                libc::SYS_close_range,
+                plan.unshare_below as libc::c_uint,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_UNSHARE
+            );
+            if r < 0 {
+                return fail(FAILED_SETUP, r);
+            }
+            sys!(libc::SYS_write, plan.report, [UNSHARED].as_ptr(), 1);
+        }
+        for &fd in std::slice::from_raw_parts(plan.busy, plan.nbusy) {
+            sys!(libc::SYS_close, fd);
+        }
         // No handler of the daemon may ever run here: every caught signal goes back to
         // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
         // (The kernel's sigaction: handler, flags, [restorer,] mask: all zero is SIG_DFL.)
@@ -1342,6 +1550,8 @@ pub struct Spawner {
     null: OwnedFd,
     shared: Shared,
     stacks: Stacks,
+    /// None: every child gets a copy of the table at its clone (`Slots`).
+    slots: Option<std::rc::Rc<std::cell::RefCell<Slots>>>,
 }
 
 impl Spawner {
@@ -1425,6 +1635,7 @@ impl Spawner {
             null: dev_null()?,
             shared,
             stacks: Stacks::default(),
+            slots: Slots::reserve().map(|s| std::rc::Rc::new(std::cell::RefCell::new(s))),
         })
     }
 
@@ -1433,6 +1644,15 @@ impl Spawner {
     /// of descriptors or processes, a NUL in an argument): nothing is left behind. What the
     /// child meets later (no such program, a bad directory) comes on its report pipe.
     pub fn spawn(&mut self, spec: &SpawnSpec, confined: Option<Confined>) -> io::Result<Spawned> {
+        self.spawn_with(spec, confined, true)
+    }
+
+    fn spawn_with(
+        &mut self,
+        spec: &SpawnSpec,
+        confined: Option<Confined>,
+        share: bool,
+    ) -> io::Result<Spawned> {
         let (program, args): (&OsStr, Vec<&str>) = match spec.program {
             Program::Direct { program, args } => (
                 OsStr::new(program.as_str()),
@@ -1524,9 +1744,22 @@ impl Spawner {
             confined,
             check_binary: spec.check_binary,
             stack: self.stack(),
+            busy: Vec::new(),
             plan: ChildPlan::EMPTY,
         });
-        self.clone_child(prepared, wired, user.map(|u| (u.0, u.1)), spec.cgroup_procs)
+        self.clone_child(
+            prepared,
+            wired,
+            user.map(|u| (u.0, u.1)),
+            spec.cgroup_procs,
+            share,
+        )
+    }
+
+    /// As `spawn`, with the copying clone and no slot (`Slots`): for an upgrade's
+    /// pre-flight, rare, whose end is watched apart from commands'.
+    pub fn spawn_copying(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
+        self.spawn_with(spec, None, false)
     }
 
     /// Starts the off-loop reader (`sys::reader`): this executable, `/proc/self/exe`, with
@@ -1567,9 +1800,11 @@ impl Spawner {
             confined: None,
             check_binary: None,
             stack: self.stack(),
+            busy: Vec::new(),
             plan: ChildPlan::EMPTY,
         });
-        self.clone_child(prepared, wired, None, None)
+        // Its report is read only when it ends: it takes no slot (`Slots`).
+        self.clone_child(prepared, wired, None, None, false)
     }
 
     /// Clones the child that runs `prepared`'s plan with `wired`'s stdio, as `user` (uid,
@@ -1580,6 +1815,7 @@ impl Spawner {
         wired: Wired,
         user: Option<(libc::uid_t, libc::gid_t)>,
         cgroup_procs: Option<RawFd>,
+        share: bool,
     ) -> io::Result<Spawned> {
         let (report, report_w) = pipe()?;
         set_nonblocking(report.as_raw_fd())?;
@@ -1609,6 +1845,42 @@ impl Spawner {
                 wired.child[2].as_ref().map_or(fd(1), |f| f.as_raw_fd()),
             ]
         };
+        let mut report_fd = report_w.as_raw_fd();
+        let mut cgroup_fd = cgroup_procs.unwrap_or(-1);
+        let mut stdio = stdio;
+        let mut unshare_below = -1;
+        // A sandboxed child opens its roots from the sandbox's own descriptors, which are
+        // in no slot: it gets a copy of the table, as the reader does.
+        let lease = match &self.slots {
+            Some(slots) if share && p.confined.is_none() => {
+                let mut fds: Vec<RawFd> = stdio.to_vec();
+                fds.push(report_fd);
+                fds.extend((cgroup_fd >= 0).then_some(cgroup_fd));
+                fds.sort_unstable();
+                fds.dedup();
+                let taken = slots.borrow_mut().take(&fds)?;
+                taken.map(|(numbers, taken)| {
+                    let slot =
+                        |fd: RawFd| fds.iter().position(|f| *f == fd).map_or(-1, |i| numbers[i]);
+                    stdio = stdio.map(slot);
+                    report_fd = slot(report_fd);
+                    if cgroup_fd >= 0 {
+                        cgroup_fd = slot(cgroup_fd);
+                    }
+                    unshare_below = numbers.iter().max().map_or(-1, |n| n + 1);
+                    Lease {
+                        slots: slots.clone(),
+                        taken,
+                    }
+                })
+            }
+            _ => None,
+        };
+        if lease.is_none() {
+            if let Some(slots) = &self.slots {
+                p.busy = slots.borrow().busy();
+            }
+        }
         p.plan = ChildPlan {
             paths: p.candidate_ptrs.as_ptr(),
             npaths: p.candidates.len(),
@@ -1616,6 +1888,8 @@ impl Spawner {
             envp: p.envp_ptrs.as_ptr(),
             cwd: p.cwd.as_ptr(),
             stdio,
+            busy: p.busy.as_ptr(),
+            nbusy: p.busy.len(),
             limits: p.limits.as_ptr(),
             nlimits: p.limits.len(),
             reset: p.reset.as_ptr(),
@@ -1624,9 +1898,10 @@ impl Spawner {
             user,
             groups: p.groups.as_ptr(),
             ngroups: p.groups.len(),
-            cgroup_procs: cgroup_procs.unwrap_or(-1),
+            cgroup_procs: cgroup_fd,
             tty: wired.ctty,
-            report: report_w.as_raw_fd(),
+            report: report_fd,
+            unshare_below,
             sandbox: p
                 .confined
                 .as_ref()
@@ -1645,21 +1920,30 @@ impl Spawner {
             let mut before: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            let files = if unshare_below >= 0 {
+                libc::CLONE_FILES
+            } else {
+                0
+            };
             let pid = libc::clone(
                 child_main,
                 top as *mut libc::c_void,
-                raw::CLONE | libc::SIGCHLD,
+                raw::CLONE | files | libc::SIGCHLD,
                 plan.cast(),
             );
             let clone_err = io::Error::last_os_error();
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             if pid < 0 {
+                if let Some(lease) = lease {
+                    lease.slots.borrow_mut().give_back(lease.taken);
+                }
                 return Err(clone_err);
             }
             pid
         };
-        // The child has its own copies now: ours of its ends and of the report's write
-        // end close here, so its exec (or exit) is the report pipe's EOF.
+        // The child has its own copies now, or uses the slots' until it has: ours of its
+        // ends and of the report's write end close here (the slots' once it says it has
+        // its own table), so its exec (or exit) is the report pipe's EOF.
         drop(wired.child);
         drop(report_w);
         Ok(Spawned {
@@ -1669,6 +1953,7 @@ impl Spawner {
             memory: InFlight {
                 prepared,
                 stacks: self.stacks.clone(),
+                lease,
             },
         })
     }
@@ -1759,6 +2044,106 @@ mod tests {
         assert_eq!(Unsafe::of_step(FAILED_EXEC), None);
     }
 
+    /// Spawns `sh -c script` with merged output and reads it to the end (bounded); the
+    /// spawn's lease is looked at before anything is read.
+    fn spawn_sh(spawner: &mut Spawner, script: &str) -> (Spawned, bool) {
+        let prog = Program::Direct {
+            program: "/bin/sh".to_string(),
+            args: vec!["-c".into(), script.into()],
+        };
+        let spec = SpawnSpec {
+            program: &prog,
+            env: &[],
+            cwd: Path::new("/"),
+            stdio: Stdio3::Merged,
+            user: None,
+            cgroup_procs: None,
+            cookie: "test:slots",
+            tag: None,
+            check_binary: None,
+        };
+        let s = spawner.spawn(&spec, None).unwrap();
+        let leased = s.memory.lease.is_some();
+        (s, leased)
+    }
+
+    /// Waits (bounded) for a spawn's report, then for its output's end and its exit.
+    fn finish(mut s: Spawned) -> (Report, String) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let report = loop {
+            match read_report(s.report.as_raw_fd(), Some(&mut s.memory)) {
+                Report::Pending if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(2))
+                }
+                r => break r,
+            }
+        };
+        let mut out = Vec::new();
+        let mut f = std::fs::File::from(s.ends.out);
+        let mut buf = [0u8; 4096];
+        while std::time::Instant::now() < deadline {
+            use std::io::Read;
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(2))
+                }
+                Err(e) => panic!("reading the output: {e}"),
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, into a local.
+        unsafe { libc::waitpid(s.pid, &mut status, 0) };
+        drop(s.memory);
+        (report, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// A child shares the table until its first call and leaves with only what it needs:
+    /// the two hundred descriptors open here (a daemon's running commands) are neither
+    /// copied nor seen, its output's EOF comes at its exit, and the slots are free again.
+    #[test]
+    fn a_child_takes_its_descriptors_from_slots_and_sees_nothing_else() {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        let Some(slots) = spawner.slots.clone() else {
+            eprintln!("skipped: no slots (no close_range, or this process's table is full)");
+            return;
+        };
+        let held: Vec<OwnedFd> = (0..200).map(|_| dev_null().unwrap()).collect();
+        let (s, leased) = spawn_sh(&mut spawner, "ls /proc/self/fd; echo done");
+        assert!(leased, "the spawn took slots");
+        let (report, out) = finish(s);
+        assert!(matches!(report, Report::Execd), "{report:?}");
+        // ls's own descriptor (3) is the directory it lists.
+        let fds: Vec<&str> = out.lines().collect();
+        assert_eq!(fds, ["0", "1", "2", "3", "done"], "{out}");
+        assert_eq!(slots.borrow().free, u64::MAX, "every slot is free again");
+        drop(held);
+    }
+
+    /// More spawns between clone and unshare than the slots hold: the rest take the
+    /// copying clone, and every one runs.
+    #[test]
+    fn spawns_beyond_the_slots_copy_the_table_and_run() {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        let Some(slots) = spawner.slots.clone() else {
+            eprintln!("skipped: no slots (no close_range, or this process's table is full)");
+            return;
+        };
+        // Each takes three slots (stdin, the merged output, the report) until it is read.
+        let spawned: Vec<(Spawned, bool)> = (0..SLOTS / 3 + 4)
+            .map(|n| spawn_sh(&mut spawner, &format!("echo {n}")))
+            .collect();
+        let leased = spawned.iter().filter(|(_, l)| *l).count();
+        assert_eq!(leased, SLOTS / 3, "as many as the slots hold");
+        for (n, (s, _)) in spawned.into_iter().enumerate() {
+            let (report, out) = finish(s);
+            assert!(matches!(report, Report::Execd), "{n}: {report:?}");
+            assert_eq!(out, format!("{n}\n"));
+        }
+        assert_eq!(slots.borrow().free, u64::MAX);
+    }
+
     /// Spawns `program --upgrade-check` checked as an upgrade's binary and waits (bounded)
     /// for its report.
     fn checked_spawn(program: &Path) -> Report {
@@ -1779,10 +2164,10 @@ mod tests {
             // SAFETY: getuid cannot fail.
             check_binary: Some(unsafe { libc::getuid() }),
         };
-        let s = spawner.spawn(&spec, None).unwrap();
+        let mut s = spawner.spawn(&spec, None).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let report = loop {
-            match read_report(s.report.as_raw_fd()) {
+            match read_report(s.report.as_raw_fd(), Some(&mut s.memory)) {
                 Report::Pending if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(5))
                 }

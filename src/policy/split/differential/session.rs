@@ -297,7 +297,7 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     let mut spawner = Spawner::new(true, &[], &[], None).expect("spawner");
-    let spawned = spawner
+    let mut spawned = spawner
         .spawn(
             &SpawnSpec {
                 program: &program,
@@ -316,7 +316,7 @@ fn run_shell(tools: &Tools, scratch: &Path, trace: &Path, lines: &[Line]) -> Don
     let shell = Shell { pid: spawned.pid };
     let deadline = Instant::now() + LINE;
     loop {
-        match read_report(spawned.report.as_raw_fd()) {
+        match read_report(spawned.report.as_raw_fd(), Some(&mut spawned.memory)) {
             Report::Execd => break,
             Report::Pending if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(1))
