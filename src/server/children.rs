@@ -1226,6 +1226,12 @@ impl Children {
         img.nofile_raised_from = self.nofile.raised_from;
     }
 
+    /// The state this image was carried in is taken and the numbers it came under are
+    /// closed: the spawner's slots move down into them.
+    pub fn carried_in(&mut self) {
+        self.spawner.reserve_slots_again();
+    }
+
     /// The commands' side `carry` described: a new spawner (its threads did not survive
     /// the `execve`), the carried pipes registered under their tokens, containment as it
     /// was.

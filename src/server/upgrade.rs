@@ -838,6 +838,7 @@ impl Server {
                 originals.push(fd);
                 originals.extend(state::hand_back_fd(&bytes));
                 carried.commit(&originals);
+                server.children.carried_in();
                 crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
                 if let Some(r) = server.resumed.as_mut() {
                     r.state_bytes = bytes.len();

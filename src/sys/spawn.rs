@@ -1756,6 +1756,21 @@ impl Spawner {
         )
     }
 
+    /// Reserves the slots (`Slots`) again, as low as the table allows now: an upgrade's
+    /// new image reserved its first while the numbers its state came under were still
+    /// open, below them. Kept as they are while a spawn holds one.
+    pub fn reserve_slots_again(&mut self) {
+        if self
+            .slots
+            .as_ref()
+            .is_some_and(|s| std::rc::Rc::strong_count(s) > 1)
+        {
+            return;
+        }
+        self.slots = None;
+        self.slots = Slots::reserve().map(|s| std::rc::Rc::new(std::cell::RefCell::new(s)));
+    }
+
     /// As `spawn`, with the copying clone and no slot (`Slots`): for an upgrade's
     /// pre-flight, rare, whose end is watched apart from commands'.
     pub fn spawn_copying(&mut self, spec: &SpawnSpec) -> io::Result<Spawned> {
