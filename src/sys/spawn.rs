@@ -2059,12 +2059,17 @@ mod tests {
         assert_eq!(Unsafe::of_step(FAILED_EXEC), None);
     }
 
-    /// Spawns `sh -c script` with merged output and reads it to the end (bounded); the
-    /// spawn's lease is looked at before anything is read.
-    fn spawn_sh(spawner: &mut Spawner, script: &str) -> (Spawned, bool) {
+    /// Spawns `program args` with merged output, its binary checked as an upgrade's when
+    /// `check` names the daemon's uid.
+    fn spawn_merged(
+        spawner: &mut Spawner,
+        program: &str,
+        args: &[&str],
+        check: Option<u32>,
+    ) -> Spawned {
         let prog = Program::Direct {
-            program: "/bin/sh".to_string(),
-            args: vec!["-c".into(), script.into()],
+            program: program.to_string(),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         let spec = SpawnSpec {
             program: &prog,
@@ -2073,26 +2078,38 @@ mod tests {
             stdio: Stdio3::Merged,
             user: None,
             cgroup_procs: None,
-            cookie: "test:slots",
+            cookie: "test:spawn",
             tag: None,
-            check_binary: None,
+            check_binary: check,
         };
-        let s = spawner.spawn(&spec, None).unwrap();
+        spawner.spawn(&spec, None).unwrap()
+    }
+
+    /// Spawns `sh -c script`; whether the spawn took slots, looked at before anything is
+    /// read.
+    fn spawn_sh(spawner: &mut Spawner, script: &str) -> (Spawned, bool) {
+        let s = spawn_merged(spawner, "/bin/sh", &["-c", script], None);
         let leased = s.memory.lease.is_some();
         (s, leased)
     }
 
-    /// Waits (bounded) for a spawn's report, then for its output's end and its exit.
-    fn finish(mut s: Spawned) -> (Report, String) {
+    /// Waits (bounded) for a spawn's report.
+    fn wait_report(s: &mut Spawned) -> Report {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let report = loop {
+        loop {
             match read_report(s.report.as_raw_fd(), Some(&mut s.memory)) {
                 Report::Pending if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(2))
                 }
                 r => break r,
             }
-        };
+        }
+    }
+
+    /// Waits (bounded) for a spawn's report, then for its output's end and its exit.
+    fn finish(mut s: Spawned) -> (Report, String) {
+        let report = wait_report(&mut s);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let mut out = Vec::new();
         let mut f = std::fs::File::from(s.ends.out);
         let mut buf = [0u8; 4096];
@@ -2163,32 +2180,11 @@ mod tests {
     /// for its report.
     fn checked_spawn(program: &Path) -> Report {
         let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
-        let prog = Program::Direct {
-            program: program.to_str().unwrap().to_string(),
-            args: vec!["--upgrade-check".into()],
-        };
-        let spec = SpawnSpec {
-            program: &prog,
-            env: &[],
-            cwd: Path::new("/"),
-            stdio: Stdio3::Merged,
-            user: None,
-            cgroup_procs: None,
-            cookie: "test:upgrade-check",
-            tag: None,
-            // SAFETY: getuid cannot fail.
-            check_binary: Some(unsafe { libc::getuid() }),
-        };
-        let mut s = spawner.spawn(&spec, None).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let report = loop {
-            match read_report(s.report.as_raw_fd(), Some(&mut s.memory)) {
-                Report::Pending if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
-                r => break r,
-            }
-        };
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let program = program.to_str().unwrap();
+        let mut s = spawn_merged(&mut spawner, program, &["--upgrade-check"], Some(uid));
+        let report = wait_report(&mut s);
         let mut status = 0;
         // SAFETY: waitpid on our own child, into a local.
         unsafe { libc::waitpid(s.pid, &mut status, 0) };

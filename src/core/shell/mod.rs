@@ -1742,14 +1742,21 @@ mod tests {
         assert!(piped(&mut c, k2).contains("\\__execd_pre"));
     }
 
+    /// A shell at its prompt that has started `command` (its start marker read), with
+    /// the effects so far cleared: the session, the shell and the command's seq.
+    fn started(c: &mut Core, command: &str) -> (SessionKey, Key, u64) {
+        let (key, k) = with_shell(c);
+        say(c, &key, k, "p");
+        let seq = queue(c, &key, command);
+        say(c, &key, k, &format!("s;{seq}"));
+        c.out.clear();
+        (key, k, seq)
+    }
+
     #[test]
     fn a_kill_interrupts_then_ends_the_shell_which_starts_again() {
         let mut c = testkit::core();
-        let (key, k) = with_shell(&mut c);
-        say(&mut c, &key, k, "p");
-        let seq = queue(&mut c, &key, "trap '' INT; sleep 60");
-        say(&mut c, &key, k, &format!("s;{seq}"));
-        c.out.clear();
+        let (key, k, seq) = started(&mut c, "trap '' INT; sleep 60");
         assert_eq!(c.shell_kill(&key, Ending::Terminated), Some(seq));
         assert!(c
             .out
@@ -1835,11 +1842,7 @@ mod tests {
     #[test]
     fn a_look_after_the_command_ended_sends_nothing() {
         let mut c = testkit::core();
-        let (key, k) = with_shell(&mut c);
-        say(&mut c, &key, k, "p");
-        let seq = queue(&mut c, &key, "sleep 60");
-        say(&mut c, &key, k, &format!("s;{seq}"));
-        c.out.clear();
+        let (key, k, seq) = started(&mut c, "sleep 60");
         c.shell_kill(&key, Ending::Terminated);
         assert_eq!(interrupts(&mut c, k), [None]);
         c.shell_interrupted(k, Some(100), true);
