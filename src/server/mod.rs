@@ -309,6 +309,7 @@ impl Server {
         loop {
             self.notify_status();
             self.write_log();
+            self.children.new_turn();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
             let timeout = if !self.children.busy() && self.clients.dirty.is_empty() {
