@@ -116,10 +116,12 @@ pub struct Children {
     /// read into (`tree_may_remain`).
     children_list: Option<std::fs::File>,
     scratch_list: Vec<u8>,
-    /// That list as read this turn (`new_turn` forgets it), less what was reaped since:
-    /// read once per turn however many kills the turn makes. The kernel walks its list
-    /// of children again for each page of it, so one read costs about a millisecond with
-    /// 10,000 commands running; read per kill, a release of all of them took 45 s.
+    /// That list as read this turn, until a turn, a reap or a signal that reached
+    /// something could have changed it (what exits hands its children to the daemon):
+    /// the final kills of commands already gone, a turn's batch of them, share one read.
+    /// The kernel walks its list of children again for each page of it, so one read
+    /// costs about a millisecond with 10,000 commands running; read per kill, a release
+    /// of all of them took 45 s.
     children_seen: Option<HashSet<i32>>,
     /// Orphans (children of the daemon it did not start), by pid and start time: the
     /// command their cookie names (None: no command of this instance), once the reader
@@ -1055,7 +1057,15 @@ impl Children {
     /// group's and cgroup's reach (`tree_may_remain`).
     pub fn end(&mut self, core: &Core, key: Key, id: &str, stage: Stage) {
         let sweep = stage == Stage::Kill && self.tree_may_remain(core, key, id);
-        self.contain.end(key, id, stage, sweep);
+        if self.contain.end(key, id, stage, sweep) {
+            self.signalled();
+        }
+    }
+
+    /// A signal went to a command's group or cgroup: what it ends hands its children to
+    /// the daemon, so the list read this turn no longer holds.
+    pub fn signalled(&mut self) {
+        self.children_seen = None;
     }
 
     /// A new turn of the loop: the daemon's children are read again when next needed
@@ -1150,9 +1160,8 @@ impl Children {
             }
             return ReapOutcome::Nothing;
         };
-        if let Some(seen) = &mut self.children_seen {
-            seen.remove(&r.pid);
-        }
+        // What it leaves behind is the daemon's now: the list is read again when needed.
+        self.children_seen = None;
         let how = match r.ended {
             Ended::Code(c) => format!("exited with {c}"),
             Ended::Signal(s) => format!("was killed by signal {s}"),

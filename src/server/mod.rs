@@ -843,7 +843,11 @@ impl Server {
                     Effect::End { key, id, stage } => {
                         self.children.end(&self.core, key, &id, stage)
                     }
-                    Effect::Signal { key, sig } => self.children.contain.signal(key, sig),
+                    Effect::Signal { key, sig } => {
+                        if self.children.contain.signal(key, sig) {
+                            self.children.signalled();
+                        }
+                    }
                     Effect::ClosePipes(key) => self.children.close_pipes(self.poll.registry(), key),
                     Effect::FlushStdin(key) => {
                         let registry = self.poll.registry();

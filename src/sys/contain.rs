@@ -393,15 +393,16 @@ impl Contain {
 
     /// Ends `key`'s tree (command `id`), one stage: SIGTERM to its group, or SIGKILL to
     /// all that is left of it (its cgroup, else its group, and, when `sweep`, at the next
-    /// sweep whatever carries its cookie, held or not).
-    pub fn end(&mut self, key: Key, id: &str, stage: Stage, sweep: bool) {
+    /// sweep whatever carries its cookie, held or not). Whether a signal went out now.
+    pub fn end(&mut self, key: Key, id: &str, stage: Stage, sweep: bool) -> bool {
         match stage {
             Stage::Term => self.signal(key, libc::SIGTERM),
             Stage::Kill => {
-                self.kill_held(key);
+                let sent = self.kill_held(key);
                 if sweep {
                     self.cookies.ask(id);
                 }
+                sent
             }
         }
     }
@@ -411,14 +412,17 @@ impl Contain {
         self.holds.get(&key).is_some_and(|h| h.leader_alive)
     }
 
-    /// Sends `sig` to `key`'s process group (a `bash/kill`, or the polite SIGTERM).
-    pub fn signal(&mut self, key: Key, sig: i32) {
+    /// Sends `sig` to `key`'s process group (a `bash/kill`, or the polite SIGTERM), if it
+    /// may have members: whether it was sent.
+    pub fn signal(&mut self, key: Key, sig: i32) -> bool {
         let Some(h) = self.holds.get(&key) else {
-            return;
+            return false;
         };
-        if h.leader_alive || (h.group_alive && crate::sys::reap::group_exists(h.pgid)) {
+        let alive = h.leader_alive || (h.group_alive && crate::sys::reap::group_exists(h.pgid));
+        if alive {
             crate::sys::reap::signal_group(h.pgid, sig);
         }
+        alive
     }
 
     /// Whether any tree still has members (the leader counts until reaped), or a cookie
@@ -439,14 +443,13 @@ impl Contain {
     }
 
     /// The final SIGKILL to what is held of `key`'s tree: its cgroup, else its group.
-    fn kill_held(&mut self, key: Key) {
+    /// Whether it went out.
+    fn kill_held(&mut self, key: Key) -> bool {
         let Some(h) = self.holds.get(&key) else {
-            return;
+            return false;
         };
         match &h.cgroup {
-            Some(cg) => {
-                let _ = cg.kill();
-            }
+            Some(cg) => cg.kill().is_ok(),
             None => self.signal(key, libc::SIGKILL),
         }
     }
