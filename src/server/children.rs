@@ -832,6 +832,9 @@ impl Children {
             return;
         };
         if let Ok(s) = crate::sys::pty::interrupt(fd, pid, spared) {
+            if s.sent.is_some() {
+                self.signalled();
+            }
             core.shell_interrupted(key, s.sent, s.held);
         }
     }
@@ -1062,8 +1065,8 @@ impl Children {
         }
     }
 
-    /// A signal went to a command's group or cgroup: what it ends hands its children to
-    /// the daemon, so the list read this turn no longer holds.
+    /// A signal went to a command's group or cgroup (or a shell's job): what it ends
+    /// hands its children to the daemon, so the list read this turn no longer holds.
     pub fn signalled(&mut self) {
         self.children_seen = None;
     }
