@@ -1105,3 +1105,121 @@ fn a_request_environment_with_many_and_repeated_names() {
         "last /usr/bin:/bin x\n30000\n"
     );
 }
+
+/// KiB of its own code that process `pid` (execd or its reader) has mapped: its
+/// executable's `r-xp` mappings in `/proc/PID/smaps`; `None` once it is gone.
+fn own_code_kb(pid: i32) -> Option<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let exe = exe.to_string_lossy();
+    let mut ours = false;
+    let mut kb = 0;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            let perms = words.next().unwrap_or_default();
+            ours = perms == "r-xp" && line.ends_with(exe.as_ref());
+        } else if ours && first == "Rss:" {
+            kb += words
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Some(kb)
+}
+
+/// Times the threads of process `pid` were switched out, voluntarily or not.
+fn switches(pid: i32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// A daemon that has been quiet for a while unmaps the pages of its own code and gives
+/// back its read buffers, and so does its off-loop reader (execd(8), IDLE); neither wakes
+/// while nothing happens. What comes next maps back what it runs and is served as before:
+/// a command's output, both streams, a new connection (whose peer the reader reads).
+#[test]
+fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
+    let d = Daemon::start(&["--log-level", "debug"]);
+    let mut c = d.client();
+    let given = |d: &Daemon| d.log().matches("idle: giving back").count();
+    // Work that runs much of the daemon, measured before it has been quiet: tried again
+    // in the unlikely case the give-back came between the work and the measure.
+    let (mut busy, mut reader_busy) = (0, 0);
+    for _ in 0..3 {
+        let before = given(&d);
+        let id = create(&mut c, "sh", &["-c", "echo out; echo more"]);
+        wait_exit(&mut c, &id);
+        assert_eq!(output(&mut c, &id)["output"], "out\nmore\n");
+        ok(
+            &mut c,
+            "terminal/release",
+            json!({"sessionId": "s", "terminalId": id}),
+        );
+        let reader = reader_of(d.pid()).expect("the off-loop reader runs once a peer connected");
+        busy = own_code_kb(d.pid()).unwrap_or(0);
+        reader_busy = own_code_kb(reader).unwrap_or(0);
+        if given(&d) == before {
+            break;
+        }
+    }
+    assert!(
+        busy > 0 && reader_busy > 0,
+        "code is mapped while they work"
+    );
+    let before = given(&d);
+    wait_until(
+        "the quiet daemon gives back what idle does not need",
+        || given(&d) > before,
+    );
+    wait_until("most of the daemon's code unmapped", || {
+        own_code_kb(d.pid()).is_some_and(|kb| kb < busy / 2)
+    });
+    // (A reader replaced meanwhile, as one whose read took too long on a loaded host
+    // is, gives back as well once quiet.)
+    wait_until("most of the reader's code unmapped", || {
+        reader_of(d.pid())
+            .and_then(own_code_kb)
+            .is_some_and(|kb| kb < reader_busy / 2)
+    });
+    // Asleep: neither the loop nor the reader (its watchdog included) wakes for a second.
+    let reader = reader_of(d.pid()).expect("the reader");
+    let woke = || switches(d.pid()) + switches(reader);
+    let at = woke();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(woke(), at, "an idle daemon and its reader do not wake");
+
+    let r = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "printf hello; printf oops >&2; exit 3"}),
+    );
+    assert_eq!(
+        (&r["stdout"], &r["stderr"], &r["exit_code"]),
+        (&json!("hello"), &json!("oops"), &json!(3)),
+        "{r}"
+    );
+    let mut other = d.client();
+    let id = create(&mut other, "echo", &["again"]);
+    assert_eq!(wait_exit(&mut other, &id)["exitCode"], 0);
+    assert_eq!(output(&mut other, &id)["output"], "again\n");
+    assert_eq!(
+        reader_of(d.pid()),
+        Some(reader),
+        "the same reader served on"
+    );
+}

@@ -719,6 +719,9 @@ impl Children {
                 SCRATCH
             }
             .min(left);
+            if self.scratch.is_empty() {
+                self.scratch = vec![0; SCRATCH];
+            }
             match self.pipes.read(key, stream, &mut self.scratch[..want]) {
                 Got::Data(n) => {
                     core.output(key, stream, &self.scratch[..n]);
@@ -1069,6 +1072,11 @@ impl Children {
     /// hands its children to the daemon, so the list read this turn no longer holds.
     pub fn signalled(&mut self) {
         self.children_seen = None;
+    }
+
+    /// An idle loop gives back what it reads pipes into (taken again at the next read).
+    pub fn give_back_idle(&mut self) {
+        self.scratch = Vec::new();
     }
 
     /// A new turn of the loop: the daemon's children are read again when next needed

@@ -161,6 +161,10 @@ pub struct Server {
     input_check_armed: bool,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
+    /// When the loop last had something to do; what idle does not need is given back
+    /// `host::IDLE_GIVE_BACK` later, once (`given_back`) until something happens again.
+    quiet_since: Instant,
+    given_back: bool,
     /// systemd's notification socket, when it gave one.
     notifier: Option<systemd::Notifier>,
     /// A status change waits for its turn.
@@ -274,6 +278,8 @@ impl Server {
             input_check_armed: false,
             sinks,
             memory_peak: 0,
+            quiet_since: Instant::now(),
+            given_back: false,
             notifier,
             status_pending: false,
             upgrade: None,
@@ -312,11 +318,16 @@ impl Server {
             self.children.new_turn();
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
+            let mut give_back = false;
             let timeout = if !self.children.busy() && self.clients.dirty.is_empty() {
+                let idle_at = self.quiet_since + crate::sys::host::IDLE_GIVE_BACK;
+                give_back = !self.given_back && Instant::now() >= idle_at;
+                self.given_back |= give_back;
                 let next = [
                     self.core.next_deadline(),
                     self.timers.next_deadline(),
                     self.children.reader_due(Instant::now()),
+                    (!self.given_back).then_some(idle_at),
                 ]
                 .into_iter()
                 .flatten()
@@ -325,10 +336,21 @@ impl Server {
             } else {
                 Some(Duration::ZERO)
             };
+            // Long enough quiet: what idle does not need goes last thing before the
+            // sleep, so that little more than the way into `epoll_wait` is mapped back.
+            if give_back {
+                self.give_back_idle();
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(e);
                 }
+            }
+            // A timer that fires (the watchdog's, the input check's) is not activity: it
+            // maps back the little it runs.
+            if !events.is_empty() || timeout == Some(Duration::ZERO) {
+                self.quiet_since = Instant::now();
+                self.given_back = false;
             }
             self.core.tick(Instant::now(), SystemTime::now());
             for ev in events.iter() {
@@ -386,6 +408,20 @@ impl Server {
         self.core.log.line(format_args!("stopped"));
         self.write_log();
         Ok(())
+    }
+
+    /// Frees the read buffers, trims the heap and unmaps the daemon's code pages, once
+    /// until the loop has something to do again. Said first: the log is not written
+    /// again before the sleep.
+    fn give_back_idle(&mut self) {
+        self.core.log.debug(format_args!(
+            "idle: giving back read buffers, free heap and code pages"
+        ));
+        self.write_log();
+        self.scratch = Vec::new();
+        self.children.give_back_idle();
+        crate::sys::host::trim_heap();
+        crate::sys::host::unmap_own_code();
     }
 
     /// The start-up line: where the daemon listens and how it contains commands, short;
@@ -582,6 +618,9 @@ impl Server {
             return; // what it sends waits in its socket for the image that serves next
         }
         let mut scratch = std::mem::take(&mut self.scratch);
+        if scratch.is_empty() {
+            scratch = vec![0; CONN_READ]; // given back when idle
+        }
         while let Some(conn) = self.clients.get_mut(&token) {
             // After EOF, requests already buffered are still handled.
             let fill = conn.fill(&mut scratch);

@@ -1019,6 +1019,8 @@ impl Server {
             tcp_sweep_armed: false,
             input_check_armed: false,
             memory_peak: img.memory_peak,
+            quiet_since: Instant::now(),
+            given_back: false,
             notifier,
             status_pending: false,
             sinks,

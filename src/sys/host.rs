@@ -1,6 +1,7 @@
 //! The daemon's own process: inherited descriptors, its descriptor limit, its signal mask,
-//! the allocator, the subreaper role, and a few file-system questions about paths it
-//! owns. For execctl: the terminal's width, and children that outlive a Ctrl-C.
+//! the allocator, the pages of its own code, the subreaper role, and a few file-system
+//! questions about paths it owns. For execctl: the terminal's width, and children that
+//! outlive a Ctrl-C.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -103,6 +104,95 @@ pub fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// How long the loop, and the off-loop reader, wait with nothing to do before they give
+/// back what an idle process does not need: the next request maps the code it runs
+/// again, a hundred or so minor faults, so a client that calls every few seconds pays
+/// that once per call at most.
+pub const IDLE_GIVE_BACK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Unmaps the pages of execd's own code and read-only data from the daemon, and returns
+/// how many bytes that covered. Start-up and the last requests touched most of the
+/// binary, and the kernel maps a faulted page's cached neighbours with it, so an idle
+/// daemon would keep some 2 MiB of code it is not running mapped. What the next request
+/// runs is mapped again from the page cache (minor faults); meanwhile the pages are clean
+/// and mapped by nobody, the first the kernel takes back when memory runs short.
+///
+/// Only segments the loader never writes are advised: a writable one, and any that
+/// overlaps the part made read-only after relocation (RELRO), hold relocated pointers
+/// that `MADV_DONTNEED` would put back to the file's bytes.
+pub fn unmap_own_code() -> usize {
+    let mut found = Own {
+        at: unmap_own_code as fn() -> usize as usize,
+        ranges: Vec::new(),
+    };
+    // SAFETY: the callback only reads the loader's program headers for the duration of
+    // the call, and writes into `found`, which outlives it.
+    unsafe { libc::dl_iterate_phdr(Some(own_segments), (&mut found as *mut Own).cast()) };
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let mut unmapped = 0;
+    for (start, end) in found.ranges {
+        // Inward to whole pages: a partial page at either end may be another mapping's.
+        let (start, end) = (start.next_multiple_of(page), end / page * page);
+        if end <= start {
+            continue;
+        }
+        // SAFETY: the range is whole pages of a read-only, never-written file mapping of
+        // this executable: dropping them only makes the next access fault them in again
+        // from the file, with the same bytes.
+        if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) }
+            == 0
+        {
+            unmapped += end - start;
+        }
+    }
+    unmapped
+}
+
+/// What `dl_iterate_phdr` is asked for: the read-only segments of the object that holds
+/// `at`.
+struct Own {
+    at: usize,
+    ranges: Vec<(usize, usize)>,
+}
+
+/// The `dl_iterate_phdr` callback: collects the never-written segments of the object
+/// that holds `Own::at` and stops there.
+unsafe extern "C" fn own_segments(
+    info: *mut libc::dl_phdr_info,
+    _size: libc::size_t,
+    data: *mut libc::c_void,
+) -> libc::c_int {
+    // SAFETY: the loader passes a valid `dl_phdr_info` and our own `Own` back.
+    let (info, own) = unsafe { (&*info, &mut *data.cast::<Own>()) };
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers for this call.
+    let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let base = info.dlpi_addr as usize;
+    let span = |p: &libc::Elf64_Phdr| {
+        let start = base + p.p_vaddr as usize;
+        (start, start + p.p_memsz as usize)
+    };
+    let loads = || phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
+    if !loads().any(|p| (span(p).0..span(p).1).contains(&own.at)) {
+        return 0;
+    }
+    let relro = phdrs
+        .iter()
+        .find(|p| p.p_type == libc::PT_GNU_RELRO)
+        .map(span);
+    for p in loads().filter(|p| p.p_flags & libc::PF_W == 0) {
+        let (start, end) = span(p);
+        if relro.is_some_and(|(rs, re)| rs < end && start < re) {
+            continue;
+        }
+        own.ranges.push((start, end));
+    }
+    1
 }
 
 /// Makes the daemon the reaper of orphaned descendants, so they are reaped here too.

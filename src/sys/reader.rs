@@ -508,6 +508,8 @@ struct Guard {
     told: AtomicBool,
     /// The reader is done: the watchdog ends.
     done: AtomicBool,
+    /// The watchdog, which sleeps while nothing is read (woken by `at`).
+    watchdog: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Guard {
@@ -519,6 +521,7 @@ impl Guard {
             since: AtomicU64::new(0),
             told: AtomicBool::new(false),
             done: AtomicBool::new(false),
+            watchdog: std::sync::OnceLock::new(),
         }
     }
 
@@ -535,6 +538,10 @@ impl Guard {
         self.since.store(self.ms(), Ordering::Relaxed);
         self.told.store(false, Ordering::Relaxed);
         self.pid.store(pid, Ordering::Release);
+        // An atomic swap; a system call only when the watchdog sleeps.
+        if let Some(watchdog) = self.watchdog.get() {
+            watchdog.unpark();
+        }
     }
 
     /// Nothing is being read.
@@ -578,7 +585,34 @@ fn write_out((buf, sink): &mut (Vec<u8>, Box<dyn Write + Send>)) -> io::Result<(
 /// Returns the exit code.
 pub fn serve() -> i32 {
     name_self();
-    serve_on(io::stdin().lock(), Box::new(io::stdout()))
+    serve_on(Requests, Box::new(io::stdout()))
+}
+
+/// The reader's stdin, read straight from descriptor 0. A read that finds nothing there
+/// for `host::IDLE_GIVE_BACK` first gives back what an idle reader does not need (its
+/// code pages, its free heap), as the loop does.
+struct Requests;
+
+impl Read for Requests {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut stdin = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let quiet = super::host::IDLE_GIVE_BACK.as_millis() as libc::c_int;
+        // SAFETY: one pollfd that lives across the call.
+        if unsafe { libc::poll(&mut stdin, 1, quiet) } == 0 {
+            super::host::trim_heap();
+            super::host::unmap_own_code();
+        }
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
 }
 
 /// Serves the requests read from `input` until it ends, answering on `output`.
@@ -589,6 +623,9 @@ fn serve_on(input: impl Read, output: Box<dyn Write + Send>) -> i32 {
     let guard = Arc::new(Guard::new());
     let code = serve_with(input, &out, &guard);
     guard.done.store(true, Ordering::Relaxed);
+    if let Some(watchdog) = guard.watchdog.get() {
+        watchdog.unpark();
+    }
     code
 }
 
@@ -706,7 +743,15 @@ fn serve_one(req: Request, skip: &mut HashSet<i32>, guard: &Guard, out: &Out) {
 /// The watchdog: a read that has lasted `DEADLINE` is reported once. Should the loop's
 /// end of the pipe be gone, the reader ends.
 fn watch(guard: &Guard, out: &Out) {
+    let _ = guard.watchdog.set(std::thread::current());
     while !guard.done.load(Ordering::Relaxed) {
+        // Between reads the watchdog sleeps until the next one begins: an idle reader
+        // wakes nobody (a wake-up that `at` gave before this looked is not lost: `park`
+        // returns at once then).
+        if guard.pid.load(Ordering::Acquire) == 0 {
+            std::thread::park();
+            continue;
+        }
         std::thread::sleep(TICK);
         let pid = guard.pid.load(Ordering::Acquire);
         if pid == 0 || guard.told.load(Ordering::Relaxed) {
