@@ -119,9 +119,10 @@ pub const IDLE_GIVE_BACK: std::time::Duration = std::time::Duration::from_secs(2
 /// runs is mapped again from the page cache (minor faults); meanwhile the pages are clean
 /// and mapped by nobody, the first the kernel takes back when memory runs short.
 ///
-/// Only segments the loader never writes are advised: a writable one, and any that
-/// overlaps the part made read-only after relocation (RELRO), hold relocated pointers
-/// that `MADV_DONTNEED` would put back to the file's bytes.
+/// Only segments the loader never writes are advised: a writable one, any that overlaps
+/// the part made read-only after relocation (RELRO), and all of them in an object with
+/// text relocations hold relocated pointers that `MADV_DONTNEED` would put back to the
+/// file's bytes.
 pub fn unmap_own_code() -> usize {
     let mut found = Own {
         at: unmap_own_code as fn() -> usize as usize,
@@ -180,6 +181,28 @@ unsafe extern "C" fn own_segments(
     let loads = || phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
     if !loads().any(|p| (span(p).0..span(p).1).contains(&own.at)) {
         return 0;
+    }
+    // Text relocations (never made for execd, but a build could ask for them) would have
+    // the loader write read-only segments: then none is touched.
+    if let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) {
+        const DT_TEXTREL: u64 = 22;
+        const DT_FLAGS: u64 = 30;
+        const DF_TEXTREL: u64 = 0x4;
+        // `Elf64_Dyn`: a tag and a value, 8 bytes each.
+        let mut entry = span(dynamic).0 as *const [u64; 2];
+        loop {
+            // SAFETY: the dynamic section is mapped for the object's life, aligned, and
+            // ends with a `DT_NULL` entry.
+            let [tag, value] = unsafe { *entry };
+            match tag {
+                0 => break,
+                DT_TEXTREL => return 1,
+                DT_FLAGS if value & DF_TEXTREL != 0 => return 1,
+                _ => {}
+            }
+            // SAFETY: not past the `DT_NULL` entry, which is not reached yet.
+            entry = unsafe { entry.add(1) };
+        }
     }
     let relro = phdrs
         .iter()
@@ -272,4 +295,38 @@ pub fn random_secret() -> io::Result<[u8; 32]> {
         got += n as usize;
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pointers the loader relocated: a table of `&'static str` and trait objects (their
+    /// vtables live in RELRO).
+    static NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
+
+    fn shown(items: &[&dyn std::fmt::Display]) -> String {
+        items
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    #[test]
+    fn unmapping_the_code_keeps_everything_running_and_every_relocated_pointer() {
+        let before = (NAMES.join(" "), shown(&[&1u8, &"two", &3.5f64]));
+        let unmapped = unmap_own_code();
+        assert!(unmapped > 0, "the test binary's code segments were advised");
+        // SAFETY: sysconf has no memory effects.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        assert_eq!(unmapped % page, 0, "whole pages only");
+        // The code runs on (faulted back from the file), and what the loader wrote is
+        // as it wrote it.
+        let after = (NAMES.join(" "), shown(&[&1u8, &"two", &3.5f64]));
+        assert_eq!(before, after);
+        assert_eq!(after.0, "alpha beta gamma");
+        // A second time is as harmless.
+        assert_eq!(unmap_own_code(), unmapped);
+    }
 }
