@@ -1149,17 +1149,27 @@ fn switches(pid: i32) -> u64 {
 }
 
 /// A daemon that has been quiet for a while unmaps the pages of its own code and gives
-/// back its read buffers, and so does its off-loop reader (execd(8), IDLE); neither wakes
-/// while nothing happens. What comes next maps back what it runs and is served as before:
-/// a command's output, both streams, a new connection (whose peer the reader reads).
+/// back its read buffers, and its off-loop reader gives back its code too (execd(8),
+/// IDLE): also while a command with its stdin open is looked at every 700 ms, which is
+/// not activity. Once nothing runs, neither process wakes. What comes next maps back
+/// what it runs and is served as before: a command's output, both streams, a new
+/// connection (whose peer the reader reads).
 #[test]
 fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
     let d = Daemon::start(&["--log-level", "debug"]);
-    let mut c = d.client();
     let given = |d: &Daemon| d.log().matches("idle: giving back").count();
+    // The reader starts for the first connection's peer; measured at once, it has not
+    // been there long enough to give anything back. A reader that is not root's cannot
+    // be looked at (it is undumpable) by a test that is not root.
+    let mut c = d.client();
+    ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    let reader_busy = reader_of(d.pid()).and_then(own_code_kb);
+    if reader_busy.is_none() {
+        eprintln!("skipped the reader's part: its /proc files are root's to read");
+    }
     // Work that runs much of the daemon, measured before it has been quiet: tried again
     // in the unlikely case the give-back came between the work and the measure.
-    let (mut busy, mut reader_busy) = (0, 0);
+    let mut busy = 0;
     for _ in 0..3 {
         let before = given(&d);
         let id = create(&mut c, "sh", &["-c", "echo out; echo more"]);
@@ -1170,38 +1180,59 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
             "terminal/release",
             json!({"sessionId": "s", "terminalId": id}),
         );
-        let reader = reader_of(d.pid()).expect("the off-loop reader runs once a peer connected");
         busy = own_code_kb(d.pid()).unwrap_or(0);
-        reader_busy = own_code_kb(reader).unwrap_or(0);
         if given(&d) == before {
             break;
         }
     }
-    assert!(
-        busy > 0 && reader_busy > 0,
-        "code is mapped while they work"
+    assert!(busy > 0, "the daemon's code is mapped while it works");
+
+    // A command that waits on its open stdin: looked at every 700 ms, through the reader
+    // where it may.
+    let r = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "cat", "async_mode": true}),
+    );
+    let cat = r["session_id"].as_str().expect("session_id").to_string();
+    let before = given(&d);
+    wait_until(
+        "the quiet daemon gives back while a command is looked at",
+        || given(&d) > before,
+    );
+
+    // Once nothing runs, the code stays given back and neither the loop nor the reader
+    // (its watchdog included) wakes for a second (one of three, should a page fault or
+    // the last look still be on its way at the first).
+    ok(
+        &mut c,
+        "bash/kill",
+        json!({"session_id": cat, "signal": "SIGKILL"}),
     );
     let before = given(&d);
     wait_until(
-        "the quiet daemon gives back what idle does not need",
+        "the daemon gives back again after the command ended",
         || given(&d) > before,
     );
     wait_until("most of the daemon's code unmapped", || {
         own_code_kb(d.pid()).is_some_and(|kb| kb < busy / 2)
     });
-    // (A reader replaced meanwhile, as one whose read took too long on a loaded host
-    // is, gives back as well once quiet.)
-    wait_until("most of the reader's code unmapped", || {
-        reader_of(d.pid())
-            .and_then(own_code_kb)
-            .is_some_and(|kb| kb < reader_busy / 2)
+    if let Some(reader_busy) = reader_busy {
+        // (A reader replaced meanwhile, as one whose read took too long on a loaded host
+        // is, gives back as well.)
+        wait_until("most of the reader's code unmapped", || {
+            reader_of(d.pid())
+                .and_then(own_code_kb)
+                .is_some_and(|kb| kb < reader_busy / 2)
+        });
+    }
+    let asleep = (0..3).any(|_| {
+        let woke = || switches(d.pid()) + reader_of(d.pid()).map_or(0, switches);
+        let at = woke();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        woke() == at
     });
-    // Asleep: neither the loop nor the reader (its watchdog included) wakes for a second.
-    let reader = reader_of(d.pid()).expect("the reader");
-    let woke = || switches(d.pid()) + switches(reader);
-    let at = woke();
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    assert_eq!(woke(), at, "an idle daemon and its reader do not wake");
+    assert!(asleep, "an idle daemon and its reader do not wake");
 
     let r = ok(
         &mut c,
@@ -1217,9 +1248,4 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
     let id = create(&mut other, "echo", &["again"]);
     assert_eq!(wait_exit(&mut other, &id)["exitCode"], 0);
     assert_eq!(output(&mut other, &id)["output"], "again\n");
-    assert_eq!(
-        reader_of(d.pid()),
-        Some(reader),
-        "the same reader served on"
-    );
 }

@@ -161,9 +161,11 @@ pub struct Server {
     input_check_armed: bool,
     /// The most output memory held since the heap was last trimmed.
     memory_peak: usize,
-    /// When the loop last had something to do; what idle does not need is given back
-    /// `host::IDLE_GIVE_BACK` later, once (`given_back`) until something happens again.
+    /// When the loop last ended a turn that had something to do (`active`); what idle
+    /// does not need is given back `host::IDLE_GIVE_BACK` later, once (`given_back`)
+    /// until something happens again.
     quiet_since: Instant,
+    active: bool,
     given_back: bool,
     /// systemd's notification socket, when it gave one.
     notifier: Option<systemd::Notifier>,
@@ -279,6 +281,7 @@ impl Server {
             sinks,
             memory_peak: 0,
             quiet_since: Instant::now(),
+            active: false,
             given_back: false,
             notifier,
             status_pending: false,
@@ -316,6 +319,11 @@ impl Server {
             self.notify_status();
             self.write_log();
             self.children.new_turn();
+            // Quiet is counted from the end of the last turn that had something to do.
+            if std::mem::take(&mut self.active) {
+                self.quiet_since = Instant::now();
+                self.given_back = false;
+            }
             // Work left from this turn (pipes still readable, answers queued while
             // flushing) means polling without sleeping.
             let mut give_back = false;
@@ -346,12 +354,14 @@ impl Server {
                     return Err(e);
                 }
             }
-            // A timer that fires (the watchdog's, the input check's) is not activity: it
-            // maps back the little it runs.
-            if !events.is_empty() || timeout == Some(Duration::ZERO) {
-                self.quiet_since = Instant::now();
-                self.given_back = false;
-            }
+            // Activity is what connections, commands and signals bring, and work left
+            // over. What runs on its own while nothing else happens (a timer: the input
+            // checks, the systemd watchdog; the reader's answers to the input checks) is
+            // not: it maps back the little it runs.
+            self.active = timeout == Some(Duration::ZERO)
+                || events
+                    .iter()
+                    .any(|ev| !self.children.reader_owns(ev.token()));
             self.core.tick(Instant::now(), SystemTime::now());
             for ev in events.iter() {
                 match ev.token() {

@@ -1020,6 +1020,7 @@ impl Server {
             input_check_armed: false,
             memory_peak: img.memory_peak,
             quiet_since: Instant::now(),
+            active: false,
             given_back: false,
             notifier,
             status_pending: false,

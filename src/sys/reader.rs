@@ -585,31 +585,49 @@ fn write_out((buf, sink): &mut (Vec<u8>, Box<dyn Write + Send>)) -> io::Result<(
 /// Returns the exit code.
 pub fn serve() -> i32 {
     name_self();
-    serve_on(Requests, Box::new(io::stdout()))
+    serve_on(
+        Requests {
+            mapped_since: Some(Instant::now()),
+        },
+        Box::new(io::stdout()),
+    )
 }
 
-/// The reader's stdin, read straight from descriptor 0. A read that finds nothing there
-/// for `host::IDLE_GIVE_BACK` first gives back what an idle reader does not need (its
-/// code pages, its free heap), as the loop does.
-struct Requests;
+/// The reader's stdin, read straight from descriptor 0. Once `host::IDLE_GIVE_BACK`
+/// has passed since the first request after the last give-back (or the start), the
+/// reader gives back what it does not need while it waits (its code pages, its free heap)
+/// as soon as nothing is left to read: at most once in that time, so the input checks
+/// the loop asks for every 700 ms while a command has its stdin open cannot keep it from
+/// it.
+struct Requests {
+    /// When the reader last began to need its pages again; `None` once given back.
+    mapped_since: Option<Instant>,
+}
 
 impl Read for Requests {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut stdin = libc::pollfd {
-            fd: 0,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let quiet = super::host::IDLE_GIVE_BACK.as_millis() as libc::c_int;
-        // SAFETY: one pollfd that lives across the call.
-        if unsafe { libc::poll(&mut stdin, 1, quiet) } == 0 {
-            super::host::trim_heap();
-            super::host::unmap_own_code();
+        if let Some(since) = self.mapped_since {
+            let left =
+                (since + super::host::IDLE_GIVE_BACK).saturating_duration_since(Instant::now());
+            let mut stdin = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd that lives across the call.
+            if unsafe { libc::poll(&mut stdin, 1, left.as_millis() as libc::c_int) } == 0 {
+                super::host::trim_heap();
+                super::host::unmap_own_code();
+                self.mapped_since = None;
+            }
         }
         // SAFETY: `buf` is writable for its length.
         let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
+        }
+        if n > 0 && self.mapped_since.is_none() {
+            self.mapped_since = Some(Instant::now());
         }
         Ok(n as usize)
     }
@@ -636,9 +654,11 @@ fn serve_with(mut input: impl Read, out: &Arc<Out>, guard: &Arc<Guard>) -> i32 {
             .name("watchdog".into())
             .spawn(move || watch(&guard, &out))
     };
-    if watchdog.is_err() {
+    let Ok(watchdog) = watchdog else {
         return 1;
-    }
+    };
+    // Known before the first read begins, so that its `at` wakes the watchdog.
+    let _ = guard.watchdog.set(watchdog.thread().clone());
     out.send(&Answer::Hello {
         pid: std::process::id(),
         version: VERSION,
@@ -743,7 +763,6 @@ fn serve_one(req: Request, skip: &mut HashSet<i32>, guard: &Guard, out: &Out) {
 /// The watchdog: a read that has lasted `DEADLINE` is reported once. Should the loop's
 /// end of the pipe be gone, the reader ends.
 fn watch(guard: &Guard, out: &Out) {
-    let _ = guard.watchdog.set(std::thread::current());
     while !guard.done.load(Ordering::Relaxed) {
         // Between reads the watchdog sleeps until the next one begins: an idle reader
         // wakes nobody (a wake-up that `at` gave before this looked is not lost: `park`
