@@ -1151,7 +1151,8 @@ fn switches(pid: i32) -> u64 {
 /// A daemon that has been quiet for a while unmaps the pages of its own code and gives
 /// back its read buffers, and its off-loop reader gives back its code too (execd(8),
 /// IDLE): also while a command with its stdin open is looked at every 700 ms, which is
-/// not activity. Once nothing runs, neither process wakes. What comes next maps back
+/// not activity. Once nothing runs but a shell session at its prompt, neither process
+/// wakes. What comes next maps back
 /// what it runs and is served as before: a command's output, both streams, a new
 /// connection (whose peer the reader reads).
 #[test]
@@ -1209,6 +1210,13 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
         "bash/kill",
         json!({"session_id": cat, "signal": "SIGKILL"}),
     );
+    // A shell session left open at its prompt is not looked at: it keeps nobody awake.
+    let r = ok(
+        &mut c,
+        "shell/exec",
+        json!({"id": "w", "command": "echo hi"}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
     let before = given(&d);
     wait_until(
         "the daemon gives back again after the command ended",

@@ -5,7 +5,8 @@
 //!
 //! Invariants:
 //! - Only running commands with their stdin open and no output for `QUIET` are looked at:
-//!   a command producing output costs nothing.
+//!   a command producing output costs nothing, and so does a session's shell at its
+//!   prompt.
 //! - `waiting_for_input` clears as soon as input is written or output arrives, and at the
 //!   next look once the reader stops reading.
 //! - A change is told to the command's subscribers (`Input` event) and wakes its parked
@@ -32,7 +33,7 @@ impl Core {
         self.table
             .procs
             .values()
-            .filter(|p| p.running() && p.stdin.as_ref().is_some_and(|s| s.open))
+            .filter(|p| self.worth_looking_at(p))
             .filter(|p| {
                 p.waiting_for_input || self.now.saturating_duration_since(p.quiet_since) >= QUIET
             })
@@ -45,13 +46,20 @@ impl Core {
     /// (one pass a look, never one per event).
     pub fn input_watch(&mut self) -> bool {
         if self.input_watch {
-            self.input_watch = self
-                .table
-                .procs
-                .values()
-                .any(|p| p.running() && p.stdin.as_ref().is_some_and(|s| s.open));
+            self.input_watch = self.table.procs.values().any(|p| self.worth_looking_at(p));
         }
         self.input_watch
+    }
+
+    /// A running command with its stdin open; a session's shell only while a line of it
+    /// runs (at its prompt the shell reads its command channel, never its terminal, so a
+    /// look would find nothing, and an idle session would wake the loop and the reader
+    /// every `EVERY` for ever), or while it is still marked waiting (the look clears it).
+    fn worth_looking_at(&self, p: &super::table::Proc) -> bool {
+        let open = p.running() && p.stdin.as_ref().is_some_and(|s| s.open);
+        open && (p.waiting_for_input
+            || super::shell::session_of(p)
+                .is_none_or(|sk| self.shells.map.get(&sk).is_some_and(|s| s.busy())))
     }
 
     /// What the loop found for `key`: whether a process of its tree is blocked reading its

@@ -789,6 +789,8 @@ impl Core {
                     if r.step == RecordStep::Sent {
                         r.step = RecordStep::Running;
                         r.from = Some(end);
+                        // A running line may wait for input: looked at again.
+                        self.input_watch = true;
                         // Input written while the line was being read goes now; a kill
                         // asked for meanwhile is carried out now.
                         let kill = r.kill.is_some();
@@ -1784,6 +1786,38 @@ mod tests {
         assert_eq!(c.shells.map[&key].restarts, 1);
         // The old shell is kept while a record's output is in it.
         assert!(c.shells.map[&key].old.contains(&k));
+    }
+
+    #[test]
+    fn a_shell_at_its_prompt_is_not_looked_at_for_input_a_running_line_is() {
+        let mut c = testkit::core();
+        let (key, k) = with_shell(&mut c);
+        say(&mut c, &key, k, "p");
+        later(&mut c, crate::core::input::QUIET);
+        let looked = |c: &Core| c.input_candidates().iter().any(|(x, _)| *x == k);
+        assert!(!looked(&c), "a shell at its prompt is not looked at");
+        assert!(
+            !c.input_watch(),
+            "nothing to look at: the loop stops looking"
+        );
+        let seq = queue(&mut c, &key, "read x");
+        say(&mut c, &key, k, &format!("s;{seq}"));
+        assert!(c.input_watch(), "a line that runs is looked at again");
+        later(&mut c, crate::core::input::QUIET);
+        assert!(looked(&c));
+        // Found waiting, then the line ends: its markers (output) clear the mark, and
+        // the shell at its prompt is not looked at again.
+        c.input_seen(k, true);
+        say(&mut c, &key, k, "e;0;2f");
+        say(&mut c, &key, k, "p");
+        later(&mut c, crate::core::input::QUIET);
+        assert!(!c.table.get(k).unwrap().waiting_for_input);
+        assert!(!looked(&c));
+        // A mark still set is looked at once more, for the look to clear it.
+        c.table.get_mut(k).unwrap().waiting_for_input = true;
+        assert!(looked(&c), "still marked waiting: looked at");
+        c.input_seen(k, false);
+        assert!(!looked(&c));
     }
 
     /// The interrupts of a kill in `c.out`, as `spared`.
