@@ -156,7 +156,15 @@ impl Core {
             policy: self.policy.source().map(str::to_string),
             approvals: self.approvals.carry(),
             shells: self.shells.carry(clock, blobs),
-            input_watch: self.input_watch,
+            // As images before shells at their prompt were left out read it: any running
+            // command with its stdin open (an older image taking this state would
+            // otherwise not look at a session's next line). This one recomputes it.
+            input_watch: self.input_watch
+                || self
+                    .table
+                    .procs
+                    .values()
+                    .any(|p| p.running() && p.stdin.as_ref().is_some_and(|s| s.open)),
             closed: self.closed.carry(),
         }
     }

@@ -27,8 +27,9 @@ pub const QUIET: Duration = Duration::from_millis(250);
 pub const EVERY: Duration = Duration::from_millis(700);
 
 impl Core {
-    /// Running commands with their stdin open, quiet for `QUIET` (or already waiting):
-    /// their keys and leaders' pids, for the loop to look at.
+    /// Running commands with their stdin open (a session's shell only while a line of it
+    /// runs), quiet for `QUIET` (or already waiting): their keys and leaders' pids, for
+    /// the loop to look at.
     pub fn input_candidates(&self) -> Vec<(Key, i32)> {
         self.table
             .procs
@@ -41,9 +42,10 @@ impl Core {
             .collect()
     }
 
-    /// Whether the loop should keep looking every `EVERY`: some running command has its
-    /// stdin open. Set when such a command starts; the loop recomputes it at each look
-    /// (one pass a look, never one per event).
+    /// Whether the loop should keep looking every `EVERY`: something is worth looking at
+    /// (`worth_looking_at`). Set when a command with its stdin starts, when a shell's
+    /// line starts and when a mark is set; the loop recomputes it at each look (one pass
+    /// a look, never one per event).
     pub fn input_watch(&mut self) -> bool {
         if self.input_watch {
             self.input_watch = self.table.procs.values().any(|p| self.worth_looking_at(p));
@@ -78,6 +80,9 @@ impl Core {
             return;
         }
         p.waiting_for_input = waiting;
+        // A mark is cleared by a later look: one that came late, for a shell already
+        // back at its prompt, must find the looks still going.
+        self.input_watch |= waiting;
         if p.family.is_shell() {
             // A shell session's command waits for input: its synchronous `exec` answers.
             self.input_wanted(key, waiting);

@@ -1813,11 +1813,15 @@ mod tests {
         later(&mut c, crate::core::input::QUIET);
         assert!(!c.table.get(k).unwrap().waiting_for_input);
         assert!(!looked(&c));
-        // A mark still set is looked at once more, for the look to clear it.
-        c.table.get_mut(k).unwrap().waiting_for_input = true;
+        assert!(!c.input_watch());
+        // A look's late answer marks the shell at its prompt: the looks go on until a
+        // look clears it.
+        c.input_seen(k, true);
+        assert!(c.input_watch(), "a mark re-arms the looks");
         assert!(looked(&c), "still marked waiting: looked at");
         c.input_seen(k, false);
         assert!(!looked(&c));
+        assert!(!c.input_watch());
     }
 
     /// The interrupts of a kill in `c.out`, as `spared`.
