@@ -1170,7 +1170,7 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
     }
     // Work that runs much of the daemon, measured before it has been quiet: tried again
     // in the unlikely case the give-back came between the work and the measure.
-    let mut busy = 0;
+    let (mut busy, mut spares) = (0, Vec::new());
     for _ in 0..3 {
         let before = given(&d);
         let id = create(&mut c, "sh", &["-c", "echo out; echo more"]);
@@ -1182,11 +1182,23 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
             json!({"sessionId": "s", "terminalId": id}),
         );
         busy = own_code_kb(d.pid()).unwrap_or(0);
+        // (Named by its first step: given a moment.)
+        let named = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        spares = spares_of(d.pid());
+        while spares.is_empty() && std::time::Instant::now() < named {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            spares = spares_of(d.pid());
+        }
         if given(&d) == before {
             break;
         }
     }
     assert!(busy > 0, "the daemon's code is mapped while it works");
+    assert_eq!(
+        spares.len(),
+        1,
+        "a spare waits for the next spawn: {spares:?}"
+    );
 
     // A command that waits on its open stdin: looked at every 700 ms, through the reader
     // where it may.
@@ -1241,6 +1253,11 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
         woke() == at
     });
     assert!(asleep, "an idle daemon and its reader do not wake");
+    assert_eq!(
+        spares_of(d.pid()),
+        Vec::<i32>::new(),
+        "an idle daemon keeps no spare"
+    );
 
     let r = ok(
         &mut c,

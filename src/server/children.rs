@@ -173,7 +173,7 @@ impl Children {
             Some(user) => Some(Identity::of_user(user)?),
             None => None,
         };
-        let spawner = crate::sys::spawn::Spawner::new(
+        let mut spawner = crate::sys::spawn::Spawner::new(
             cfg.clean_env,
             &systemd::PRIVATE_VARS,
             &cfg.rlimits,
@@ -181,6 +181,12 @@ impl Children {
         )?;
         let sandbox =
             crate::sys::sandbox::Sandboxer::new(cfg.landlock_abi_max).map_err(io::Error::other)?;
+        // A spare waits in a process group of its own, which a sandboxed command under
+        // the seccomp fallback for signals (aimed only at the daemon's pid and group)
+        // could stop, holding up the next spawn: no spares there. Without Landlock no
+        // command is sandboxed, and unsandboxed ones may signal the daemon itself.
+        let k = &sandbox.kernel;
+        spawner.allow_spares(k.abi == 0 || k.signals_scoped());
         Ok(Children {
             nofile,
             pipes: Pipes::default(),
@@ -499,7 +505,18 @@ impl Children {
 
     /// Spawns handed out and not finished yet (shutdown waits for them).
     pub fn spawning(&self) -> usize {
-        self.starting.len()
+        self.starting.len() + self.spawner.spares_quitting()
+    }
+
+    /// The end of a turn: the spares spawns asked for are made (`wanted`) once no spawn is
+    /// between clone and exec (a spare's early steps would take a CPU from it), or, for a
+    /// daemon that stops or upgrades, every spare is killed.
+    pub fn spares(&mut self, wanted: bool) {
+        if !wanted {
+            self.spawner.quit_spares();
+        } else if self.starting.is_empty() {
+            self.spawner.replenish();
+        }
     }
 
     /// Gives up on the spawns still in flight (the daemon is stopping and one hangs, on a
@@ -1074,9 +1091,11 @@ impl Children {
         self.children_seen = None;
     }
 
-    /// An idle loop gives back what it reads pipes into (taken again at the next read).
+    /// An idle loop gives back what it reads pipes into (taken again at the next read),
+    /// and its spares: an idle daemon keeps no process it does not need.
     pub fn give_back_idle(&mut self) {
         self.scratch = Vec::new();
+        self.spawner.quit_spares();
     }
 
     /// A new turn of the loop: the daemon's children are read again when next needed
@@ -1121,7 +1140,8 @@ impl Children {
                 || self.failed.contains_key(&pid)
                 || self.abandoned.contains_key(&pid)
                 || self.probe == Some(pid)
-                || self.reader.pid() == Some(pid);
+                || self.reader.pid() == Some(pid)
+                || self.spawner.is_spare(pid);
             if known {
                 continue;
             }
@@ -1173,6 +1193,9 @@ impl Children {
         };
         // What it leaves behind is the daemon's now: the list is read again when needed.
         self.children_seen = None;
+        if self.spawner.reaped(r.pid) {
+            return ReapOutcome::Other;
+        }
         let how = match r.ended {
             Ended::Code(c) => format!("exited with {c}"),
             Ended::Signal(s) => format!("was killed by signal {s}"),

@@ -408,6 +408,9 @@ impl Server {
             // a client that reads the log after an answer finds what led to it.
             self.write_log();
             self.flush_dirty();
+            // Spares for the next spawns are cloned after the answers are out.
+            let stopping = self.shutdown.is_some() || self.draining();
+            self.children.spares(!stopping);
             // An upgrade whose spawns in flight are done swaps images here, between turns.
             self.upgrade_step();
             if self.shutdown_done() {

@@ -311,13 +311,23 @@ pub fn choose_root(
 }
 
 /// A live process in `dir/daemon` other than this one is another execd using `dir` as its
-/// ROOT (a daemon moves itself there, and nothing else goes there). No leaf yet, or an
-/// empty one (its daemon is gone), is free.
+/// ROOT (a daemon moves itself there, and nothing else goes there but what it clones).
+/// No leaf yet, or an empty one (its daemon is gone), is free. A daemon's spare children
+/// (`sys::spawn`, named `execd-spare`) sit there too and do not count: one left alone is
+/// dying of its daemon's death (its parent-death signal), and a live daemon is there
+/// beside its own.
 fn check_not_taken(dir: &Path, self_pid: u32) -> Result<(), Fallback> {
     let Ok(procs) = fs::read_to_string(dir.join(DAEMON).join("cgroup.procs")) else {
         return Ok(());
     };
-    match parse_procs(&procs).into_iter().find(|&p| p != self_pid) {
+    let spare = |pid: u32| {
+        fs::read(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.strip_suffix(b"\n") == Some(super::spawn::SPARE_NAME.to_bytes()))
+    };
+    match parse_procs(&procs)
+        .into_iter()
+        .find(|&p| p != self_pid && !spare(p))
+    {
         Some(pid) => Err(Fallback::Taken { pid }),
         None => Ok(()),
     }
@@ -1347,6 +1357,27 @@ mod tests {
                 Ok(session.clone())
             );
         }
+        // So is one holding a dead daemon's spare, which its death is killing (a live
+        // process named so: `sleep` run through a link of that name).
+        let link = t.path.join("execd-spare");
+        std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
+        let mut spare = std::process::Command::new(&link).arg("30").spawn().unwrap();
+        let pid = spare.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "execd-spare\n"
+        {
+            assert!(std::time::Instant::now() < deadline, "the spare runs");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        fs::write(
+            session.join(DAEMON).join("cgroup.procs"),
+            format!("{pid}\n"),
+        )
+        .unwrap();
+        let free = choose_root(&path, Some(&t.path), None, 4242);
+        let _ = spare.kill();
+        let _ = spare.wait();
+        assert_eq!(free, Ok(session.clone()));
     }
 
     #[test]

@@ -836,6 +836,62 @@ pub struct Confined {
     _filters: Arc<Filters>,
 }
 
+/// The part of a sandbox that is the same for every command of its kind, which a spare
+/// child applies before it knows its command (`sys::spawn`): the bounding set emptied and
+/// `SECBIT_NOROOT` locked (where the daemon holds `CAP_SETPCAP`), `no_new_privs`, the
+/// seccomp program.
+#[derive(Clone)]
+pub struct Common {
+    pub program: libc::sock_fprog,
+    pub drop_bounding: bool,
+    pub cap_last: u32,
+    /// What `program` points into, kept alive with it.
+    _filters: Arc<Filters>,
+}
+
+impl Common {
+    /// Whether a spare that applied `self` may run a command whose sandbox has `other`.
+    pub fn same(&self, other: &Common) -> bool {
+        std::ptr::eq(self.program.filter, other.program.filter)
+            && self.program.len == other.program.len
+            && self.drop_bounding == other.drop_bounding
+            && self.cap_last == other.cap_last
+    }
+}
+
+#[cfg(test)]
+impl Common {
+    /// A common part whose program the kernel refuses (no instruction): a spare that
+    /// applies it fails its early steps.
+    pub fn refused() -> Common {
+        Common {
+            program: libc::sock_fprog {
+                len: 0,
+                filter: std::ptr::null_mut(),
+            },
+            drop_bounding: false,
+            cap_last: 0,
+            _filters: Arc::new(Filters::compile(0, 0).expect("filters")),
+        }
+    }
+}
+
+impl Confined {
+    /// The part a spare may apply ahead. None for a sandbox entered through a user
+    /// namespace: entering one fills the bounding set again, so it is emptied after.
+    pub fn common(&self) -> Option<Common> {
+        if self.userns.is_some() {
+            return None;
+        }
+        Some(Common {
+            program: self.program,
+            drop_bounding: self.drop_bounding,
+            cap_last: self.cap_last,
+            _filters: self._filters.clone(),
+        })
+    }
+}
+
 /// The Landlock ABI enum of a version number.
 fn abi_of(n: u8) -> ABI {
     match n {

@@ -14,6 +14,16 @@
 //! own holding only the numbers below them, so a spawn costs the same however many
 //! commands run. It says so on the report pipe (one byte), and the loop frees the slots.
 //!
+//! The clone and the steps that are the same for every command are done ahead, by a
+//! spare (`Spare`): a child cloned at the end of a turn (`Spawner::replenish`), once no
+//! spawn is between clone and exec (its steps would take a CPU from one), that resets
+//! signals, takes a session, the limits and its parent-death signal and, for sandboxed
+//! commands of one kind, the sandbox's common part (`sandbox::Common`: bounding set,
+//! `SECBIT_NOROOT`, `no_new_privs`, the seccomp program), then waits on a futex. The next
+//! spawn of its kind puts its plan where the spare reads it and opens the gate; the spare
+//! goes on from there as a child cloned then would (`run_plan`, told what is `Done`).
+//! At most one spare per kind; none while the daemon idles, stops or upgrades.
+//!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
 //!   it), so a command inherits exactly its three stdio descriptors.
@@ -31,6 +41,11 @@
 //!   sees their EOF. The child closes every other descriptor it copied at once.
 //! - The parent-death signal follows the thread that cloned: the loop's, which lives as
 //!   long as the daemon.
+//! - A spare touches nothing of the loop's memory but its `Early` (its stack, its gate)
+//!   and nothing of its table until it has its plan, whose first step gives it a table
+//!   of its own. The
+//!   loop keeps a spare's `Early` (its stack) until it has exec'd a command or been
+//!   reaped, even after killing it.
 //! - A command's environment ends with its `EXECD_TREE_TAG` and `EXECD_TREE` cookie
 //!   (`sys::cookie`), after the base environment and the request's variables: it holds
 //!   exactly one of each, its own.
@@ -364,6 +379,8 @@ pub struct InFlight {
     /// The low descriptor numbers its child's descriptors were put in, while the child
     /// may still share the loop's table (`Slots`).
     lease: Option<Lease>,
+    /// The spare that runs it, when one does: its stack and its gate.
+    spare: Option<Box<Early>>,
 }
 
 /// Child stacks no child uses any more, for the next spawns: a spawn then costs no
@@ -378,10 +395,18 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.unshared();
         let stack = std::mem::take(&mut self.prepared.stack);
-        let mut kept = self.stacks.borrow_mut();
-        if kept.len() < STACKS_KEPT && stack.len() == CHILD_STACK {
-            kept.push(stack);
+        give_stack(&self.stacks, stack);
+        if let Some(early) = self.spare.take() {
+            give_stack(&self.stacks, early.stack);
         }
+    }
+}
+
+/// Keeps `stack`, which no child uses any more, for the next spawns (`Stacks`).
+fn give_stack(stacks: &Stacks, stack: Vec<u8>) {
+    let mut kept = stacks.borrow_mut();
+    if kept.len() < STACKS_KEPT && stack.len() == CHILD_STACK {
+        kept.push(stack);
     }
 }
 
@@ -517,7 +542,8 @@ fn rlimit_resource(r: Rlimit) -> libc::__rlimit_resource_t {
 const UNSHARED: u8 = 0xff;
 
 /// How many low descriptor numbers are kept for children (`Slots`): a spawn takes one
-/// per descriptor its child needs (at most five), so a dozen spawns can be between
+/// per descriptor its child needs (five at most without a sandbox; a sandbox adds its
+/// ruleset, its namespace and the bases of its roots), so a dozen spawns can be between
 /// clone and unshare at once; more take the copying clone.
 const SLOTS: usize = 64;
 
@@ -591,7 +617,7 @@ impl Slots {
         })
     }
 
-    /// Puts each of `fds` (at most five) in a free slot, lowest first: their slot numbers
+    /// Puts each of `fds` in a free slot, lowest first: their slot numbers
     /// and the lease, or None when not enough are free.
     fn take(&mut self, fds: &[RawFd]) -> io::Result<Option<(Vec<RawFd>, u64)>> {
         if (self.free.count_ones() as usize) < fds.len() {
@@ -921,6 +947,163 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildPlan` of a `Prepared` the loop keeps, unmoved and
     // untouched, until this child has exec'd or been reaped.
     let plan = unsafe { &*arg.cast::<ChildPlan>() };
+    // SAFETY: as `run_plan` asks: the plan and its memory stay put, this is the child.
+    unsafe { run_plan(plan, Done::NOTHING) }
+}
+
+/// A spare's gate (`Early::gate`): it is doing its early steps; they are done and it
+/// waits; the loop handed it a plan; an early step failed before any plan came.
+const STARTING: u32 = 0;
+const READY: u32 = 1;
+const GO: u32 = 2;
+const FAILED: u32 = 3;
+
+/// What a spare child reads: the loop clones it ahead of the spawn that takes it, and it
+/// does what is the same for every command it could be (`early_steps`), then waits on
+/// `gate` until the loop has put a plan in `plan` and opened the gate.
+struct Early {
+    gate: std::sync::atomic::AtomicU32,
+    plan: std::sync::atomic::AtomicPtr<ChildPlan>,
+    /// As `Prepared::reset` and `Prepared::limits`, the same for every command.
+    reset: Vec<libc::c_int>,
+    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    parent: libc::pid_t,
+    /// The sandbox's common part, for a spare of sandboxed commands.
+    confine: Option<super::sandbox::Common>,
+    stack: Vec<u8>,
+}
+
+/// Runs in a spare child: the early steps, then the plan the loop hands it. Shares the
+/// loop's memory and descriptor table (`CLONE_FILES`) and touches neither until it has
+/// its plan, whose first step gives it a table of its own.
+extern "C" fn spare_main(arg: *mut libc::c_void) -> libc::c_int {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    // SAFETY: `arg` is the `Early` of a spare the loop keeps, unmoved, until this child
+    // has exec'd or been reaped.
+    let early = unsafe { &*arg.cast::<Early>() };
+    // SAFETY: raw system calls on memory prepared before the clone and this stack.
+    unsafe {
+        let failed = early_steps(early).err();
+        let parked = if failed.is_some() { FAILED } else { READY };
+        if early
+            .gate
+            .compare_exchange(STARTING, parked, AcqRel, Acquire)
+            .is_ok()
+            && failed.is_some()
+        {
+            // No plan yet, so no report pipe: the loop sees the gate, or the reap.
+            sys!(libc::SYS_exit_group, 126);
+        }
+        while early.gate.load(Acquire) != GO {
+            sys!(
+                libc::SYS_futex,
+                early.gate.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                READY,
+                0
+            );
+        }
+        let done = Done {
+            common: true,
+            confined: early.confine.is_some(),
+            failed,
+        };
+        run_plan(&*early.plan.load(Acquire), done)
+    }
+}
+
+/// What every spare does first, and a spare of sandboxed commands then applies the
+/// sandbox's common part (`Done`). Returns the failed step and `-errno`.
+///
+/// # Safety
+/// Raw system calls on `early`'s memory; for the spare child before it has its plan.
+unsafe fn early_steps(early: &Early) -> Result<(), (libc::c_int, isize)> {
+    // SAFETY: raw system calls on memory the loop keeps and this stack.
+    unsafe {
+        sys!(
+            libc::SYS_prctl,
+            libc::PR_SET_NAME,
+            SPARE_NAME.as_ptr(),
+            0,
+            0,
+            0
+        );
+        reset_signals(early.reset.as_ptr(), early.reset.len());
+        let r = sys!(libc::SYS_setsid);
+        if r < 0 {
+            return Err((FAILED_SETUP, r));
+        }
+        set_limits(early.limits.as_ptr(), early.limits.len()).map_err(|r| (FAILED_SETUP, r))?;
+        // Cleared again by the user switch, and set again after it (`run_plan`).
+        let r = sys!(
+            libc::SYS_prctl,
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL,
+            0,
+            0,
+            0
+        );
+        if r < 0 {
+            return Err((FAILED_SETUP, r));
+        }
+        if sys!(libc::SYS_getppid) != early.parent as isize {
+            sys!(libc::SYS_exit_group, 137);
+        }
+        if let Some(c) = &early.confine {
+            if c.drop_bounding {
+                drop_privileges(c.cap_last).map_err(|r| (FAILED_SANDBOX, r))?;
+            }
+            // Before the program: without `CAP_SYS_ADMIN` it loads only with this set.
+            let r = sys!(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+            if r < 0 {
+                return Err((FAILED_SANDBOX, r));
+            }
+            // seccomp(SECCOMP_SET_MODE_FILTER, 0, program): every later step is a call
+            // it allows.
+            let r = sys!(
+                libc::SYS_seccomp,
+                1,
+                0,
+                &c.program as *const libc::sock_fprog
+            );
+            if r < 0 {
+                return Err((FAILED_SANDBOX, r));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What `ps` shows for a spare until it execs its command.
+pub const SPARE_NAME: &std::ffi::CStr = c"execd-spare";
+
+/// What a spare child did before it was handed its plan (`Early`): the steps that are the
+/// same for every command it could be.
+#[derive(Clone, Copy)]
+struct Done {
+    /// Signals reset, its own session, the resource limits, the parent-death signal.
+    common: bool,
+    /// The sandbox's part that is the same for every command of its kind: the bounding
+    /// set emptied, `SECBIT_NOROOT` locked, `no_new_privs`, the seccomp program loaded.
+    confined: bool,
+    /// A step of those that failed (step, `-errno`): reported as the plan's first thing.
+    failed: Option<(libc::c_int, isize)>,
+}
+
+impl Done {
+    const NOTHING: Done = Done {
+        common: false,
+        confined: false,
+        failed: None,
+    };
+}
+
+/// The child's steps from `plan` to exec, less what `done` says is done.
+///
+/// # Safety
+/// For the child between clone and exec, on its own stack: `plan` and everything it points
+/// into stay put and untouched by the loop until the child has exec'd or been reaped.
+unsafe fn run_plan(plan: &ChildPlan, done: Done) -> libc::c_int {
     // SAFETY: raw system calls on memory prepared before the clone and this stack.
     unsafe {
         let fail = |step: libc::c_int, ret: isize| -> libc::c_int {
@@ -947,15 +1130,14 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             }
             sys!(libc::SYS_write, plan.report, [UNSHARED].as_ptr(), 1);
         }
+        if let Some((step, r)) = done.failed {
+            return fail(step, r);
+        }
         for &fd in std::slice::from_raw_parts(plan.busy, plan.nbusy) {
             sys!(libc::SYS_close, fd);
         }
-        // No handler of the daemon may ever run here: every caught signal goes back to
-        // its default before signals are unblocked. SIGPIPE, which Rust ignores, too.
-        // (The kernel's sigaction: handler, flags, [restorer,] mask: all zero is SIG_DFL.)
-        let dfl = [0usize; 4];
-        for &sig in std::slice::from_raw_parts(plan.reset, plan.nreset) {
-            sys!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0, 8);
+        if !done.common {
+            reset_signals(plan.reset, plan.nreset);
         }
         for (target, &fd) in plan.stdio.iter().enumerate() {
             // dup3 clears close-on-exec on the copy. The daemon keeps 0, 1 and 2 open, so
@@ -994,9 +1176,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             }
             sys!(libc::SYS_close, plan.cgroup_procs);
         }
-        let r = sys!(libc::SYS_setsid);
-        if r < 0 {
-            return fail(FAILED_SETUP, r);
+        if !done.common {
+            let r = sys!(libc::SYS_setsid);
+            if r < 0 {
+                return fail(FAILED_SETUP, r);
+            }
         }
         // A new session has no controlling terminal: its PTY becomes it (descriptor 1
         // is the slave for a PTY command and for a shell, whose stdin is a socket).
@@ -1006,16 +1190,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(FAILED_SETUP, r);
             }
         }
-        for (res, lim) in std::slice::from_raw_parts(plan.limits, plan.nlimits) {
-            let r = sys!(libc::SYS_prlimit64, 0, *res, lim as *const libc::rlimit, 0);
-            if r < 0 {
+        if !done.common {
+            if let Err(r) = set_limits(plan.limits, plan.nlimits) {
                 return fail(FAILED_SETUP, r);
             }
         }
         // The sandbox's mount namespace and the bounding set need privileges the user
         // switch gives up.
         if sb.on {
-            if let Err(r) = sandbox_enter(sb) {
+            if let Err(r) = sandbox_enter(sb, done.confined) {
                 return fail(FAILED_SANDBOX, r);
             }
         }
@@ -1053,7 +1236,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         // Last before exec: nothing after this may need what the sandbox takes away.
         if sb.on {
-            if let Err((step, r)) = sandbox_apply(sb) {
+            if let Err((step, r)) = sandbox_apply(sb, done.confined) {
                 return fail(step, r);
             }
         }
@@ -1195,7 +1378,7 @@ unsafe fn sandbox_rules(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
 ///
 /// # Safety
 /// Raw system calls only; for the child between clone and exec.
-unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
+unsafe fn sandbox_enter(sb: &SandboxPlan, done: bool) -> Result<(), isize> {
     let ok = |r: isize| if r < 0 { Err(r) } else { Ok(()) };
     if sb.userns >= 0 {
         // The user namespace first: it owns the mount namespace (a daemon not root makes
@@ -1212,31 +1395,76 @@ unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
         // SAFETY: it is ours, and done with.
         unsafe { sys!(libc::SYS_close, sb.mntns) };
     }
-    if sb.drop_bounding {
-        for cap in 0..=sb.cap_last {
-            // SAFETY: prctl with integer arguments.
-            let r = unsafe { sys!(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
-            // A capability this kernel does not know is not in the set.
-            if r < 0 && r != -(libc::EINVAL as isize) {
-                return Err(r);
-            }
+    if sb.drop_bounding && !done {
+        // SAFETY: raw system calls only, as this function's.
+        unsafe { drop_privileges(sb.cap_last) }?;
+    }
+    Ok(())
+}
+
+/// Empties the bounding set and locks `SECBIT_NOROOT` (with `CAP_SETPCAP`).
+///
+/// # Safety
+/// Raw system calls only; for the child between clone and exec.
+unsafe fn drop_privileges(cap_last: u32) -> Result<(), isize> {
+    let ok = |r: isize| if r < 0 { Err(r) } else { Ok(()) };
+    for cap in 0..=cap_last {
+        // SAFETY: prctl with integer arguments.
+        let r = unsafe { sys!(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        // A capability this kernel does not know is not in the set.
+        if r < 0 && r != -(libc::EINVAL as isize) {
+            return Err(r);
         }
-        // SECBIT_NOROOT, _LOCKED, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, _LOCKED, on top
-        // of whatever is set already.
-        // SAFETY: prctl with integer arguments.
-        let cur = unsafe { sys!(libc::SYS_prctl, libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
-        ok(cur)?;
-        // SAFETY: prctl with integer arguments.
-        ok(unsafe {
-            sys!(
-                libc::SYS_prctl,
-                libc::PR_SET_SECUREBITS,
-                cur | 0xe3,
-                0,
-                0,
-                0
-            )
-        })?;
+    }
+    // SECBIT_NOROOT, _LOCKED, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, _LOCKED, on top of
+    // whatever is set already.
+    // SAFETY: prctl with integer arguments.
+    let cur = unsafe { sys!(libc::SYS_prctl, libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+    ok(cur)?;
+    // SAFETY: prctl with integer arguments.
+    ok(unsafe {
+        sys!(
+            libc::SYS_prctl,
+            libc::PR_SET_SECUREBITS,
+            cur | 0xe3,
+            0,
+            0,
+            0
+        )
+    })
+}
+
+/// Puts every signal of `reset` back to its default: no handler of the daemon may ever
+/// run in a child, and signals are unblocked only after this. SIGPIPE, which Rust
+/// ignores, too. (The kernel's sigaction: handler, flags, [restorer,] mask: all zero is
+/// SIG_DFL.)
+///
+/// # Safety
+/// `reset` points to `n` signal numbers; for the child between clone and exec.
+unsafe fn reset_signals(reset: *const libc::c_int, n: usize) {
+    let dfl = [0usize; 4];
+    // SAFETY: as the caller vouches.
+    for &sig in unsafe { std::slice::from_raw_parts(reset, n) } {
+        // SAFETY: rt_sigaction with a zeroed action on this stack.
+        unsafe { sys!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0, 8) };
+    }
+}
+
+/// Sets the `n` resource limits at `limits` on this process.
+///
+/// # Safety
+/// `limits` points to `n` pairs; for the child between clone and exec.
+unsafe fn set_limits(
+    limits: *const (libc::__rlimit_resource_t, libc::rlimit),
+    n: usize,
+) -> Result<(), isize> {
+    // SAFETY: as the caller vouches.
+    for (res, lim) in unsafe { std::slice::from_raw_parts(limits, n) } {
+        // SAFETY: prlimit64 on ourselves with a limit the caller's memory holds.
+        let r = unsafe { sys!(libc::SYS_prlimit64, 0, *res, lim as *const libc::rlimit, 0) };
+        if r < 0 {
+            return Err(r);
+        }
     }
     Ok(())
 }
@@ -1247,7 +1475,7 @@ unsafe fn sandbox_enter(sb: &SandboxPlan) -> Result<(), isize> {
 ///
 /// # Safety
 /// Raw system calls on the plan's memory; for the child between clone and exec.
-unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
+unsafe fn sandbox_apply(sb: &SandboxPlan, done: bool) -> Result<(), (libc::c_int, isize)> {
     let ok = |r: isize| {
         if r < 0 {
             Err((FAILED_SANDBOX, r))
@@ -1281,7 +1509,7 @@ unsafe fn sandbox_apply(sb: &SandboxPlan) -> Result<(), (libc::c_int, isize)> {
             ok(sys!(libc::SYS_landlock_restrict_self, sb.ruleset, 0))?;
             sys!(libc::SYS_close, sb.ruleset);
         }
-        if !sb.program.is_null() {
+        if !sb.program.is_null() && !done {
             // seccomp(SECCOMP_SET_MODE_FILTER, 0, program)
             ok(sys!(libc::SYS_seccomp, 1, 0, sb.program))?;
         }
@@ -1552,6 +1780,28 @@ pub struct Spawner {
     stacks: Stacks,
     /// None: every child gets a copy of the table at its clone (`Slots`).
     slots: Option<std::rc::Rc<std::cell::RefCell<Slots>>>,
+    spares: Spares,
+}
+
+/// A child cloned ahead of the spawn that takes it (`spare_main`).
+struct Spare {
+    pid: i32,
+    early: Box<Early>,
+}
+
+/// The spares: at most one for commands without a sandbox and one for sandboxed commands
+/// of one kind (`sandbox::Common`), made at the end of a turn in which a spawn of that
+/// kind asked for one (`Spawner::replenish`), killed when the loop goes idle, stops or
+/// upgrades (`Spawner::quit_spares`).
+struct Spares {
+    allowed: bool,
+    plain: Option<Spare>,
+    confined: Option<Spare>,
+    /// Kinds spawns asked for since the last `replenish`.
+    want_plain: bool,
+    want_confined: Option<super::sandbox::Common>,
+    /// Spares sent SIGKILL: their memory stays until they are reaped.
+    quitting: Vec<Spare>,
 }
 
 impl Spawner {
@@ -1636,6 +1886,14 @@ impl Spawner {
             shared,
             stacks: Stacks::default(),
             slots: Slots::reserve().map(|s| std::rc::Rc::new(std::cell::RefCell::new(s))),
+            spares: Spares {
+                allowed: true,
+                plain: None,
+                confined: None,
+                want_plain: false,
+                want_confined: None,
+                quitting: Vec::new(),
+            },
         })
     }
 
@@ -1864,23 +2122,38 @@ impl Spawner {
         let mut cgroup_fd = cgroup_procs.unwrap_or(-1);
         let mut stdio = stdio;
         let mut unshare_below = -1;
-        // A sandboxed child opens its roots from the sandbox's own descriptors, which are
-        // in no slot: it gets a copy of the table, as the reader does.
+        let mut sandbox = p
+            .confined
+            .as_ref()
+            .map_or(SandboxPlan::OFF, SandboxPlan::of);
         let lease = match &self.slots {
-            Some(slots) if share && p.confined.is_none() => {
+            Some(slots) if share => {
                 let mut fds: Vec<RawFd> = stdio.to_vec();
                 fds.push(report_fd);
                 fds.extend((cgroup_fd >= 0).then_some(cgroup_fd));
+                // A sandboxed child also needs its ruleset, its namespaces and the bases it
+                // opens its roots from.
+                fds.extend([sandbox.ruleset, sandbox.mntns, sandbox.userns]);
+                if let Some(c) = &p.confined {
+                    fds.extend(c.rules.iter().map(|r| r.base));
+                }
+                fds.retain(|fd| *fd >= 0);
                 fds.sort_unstable();
                 fds.dedup();
                 let taken = slots.borrow_mut().take(&fds)?;
                 taken.map(|(numbers, taken)| {
                     let slot =
-                        |fd: RawFd| fds.iter().position(|f| *f == fd).map_or(-1, |i| numbers[i]);
+                        |fd: RawFd| fds.iter().position(|f| *f == fd).map_or(fd, |i| numbers[i]);
                     stdio = stdio.map(slot);
                     report_fd = slot(report_fd);
-                    if cgroup_fd >= 0 {
-                        cgroup_fd = slot(cgroup_fd);
+                    cgroup_fd = slot(cgroup_fd);
+                    sandbox.ruleset = slot(sandbox.ruleset);
+                    sandbox.mntns = slot(sandbox.mntns);
+                    sandbox.userns = slot(sandbox.userns);
+                    if let Some(c) = &mut p.confined {
+                        for rule in &mut c.rules {
+                            rule.base = slot(rule.base);
+                        }
                     }
                     unshare_below = numbers.iter().max().map_or(-1, |n| n + 1);
                     Lease {
@@ -1917,44 +2190,37 @@ impl Spawner {
             tty: wired.ctty,
             report: report_fd,
             unshare_below,
-            sandbox: p
-                .confined
-                .as_ref()
-                .map_or(SandboxPlan::OFF, SandboxPlan::of),
+            sandbox,
             check_binary: p.check_binary,
         };
-        // The stack grows down: hand clone its 16-byte-aligned top.
-        let top = (p.stack.as_mut_ptr() as usize + p.stack.len()) & !15;
         let plan: *mut ChildPlan = &mut p.plan;
-        // SAFETY: signals are blocked around the clone so no handler runs in the child
-        // before it resets them. The child runs `child_main` on its own stack with `plan`;
-        // both live in `prepared`, a heap allocation that does not move, which the caller
-        // keeps (`InFlight`) until the child has exec'd or been reaped.
-        let pid = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut before: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
-            let files = if unshare_below >= 0 {
-                libc::CLONE_FILES
-            } else {
-                0
-            };
-            let pid = libc::clone(
-                child_main,
-                top as *mut libc::c_void,
-                raw::CLONE | files | libc::SIGCHLD,
-                plan.cast(),
-            );
-            let clone_err = io::Error::last_os_error();
-            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-            if pid < 0 {
-                if let Some(lease) = lease {
-                    lease.slots.borrow_mut().give_back(lease.taken);
-                }
-                return Err(clone_err);
+        // A spare of its kind, cloned ahead, runs the plan when the child would share the
+        // table anyway; else a child is cloned for it.
+        let spare = match lease.is_some() {
+            true => self.take_spare(p.confined.as_ref()),
+            false => None,
+        };
+        let handed = spare.and_then(|spare| self.hand(spare, plan));
+        let pid = match &handed {
+            Some(early) => {
+                // Its own stack goes unused.
+                give_stack(&self.stacks, std::mem::take(&mut p.stack));
+                early.pid
             }
-            pid
+            // SAFETY: the child runs `child_main` on its own stack with `plan`; both live
+            // in `prepared`, a heap allocation that does not move, which the caller keeps
+            // (`InFlight`) until the child has exec'd or been reaped.
+            None => match unsafe {
+                clone_child_of(child_main, &mut p.stack, unshare_below >= 0, plan.cast())
+            } {
+                Ok(pid) => pid,
+                Err(e) => {
+                    if let Some(lease) = lease {
+                        lease.slots.borrow_mut().give_back(lease.taken);
+                    }
+                    return Err(e);
+                }
+            },
         };
         // The child has its own copies now, or uses the slots' until it has: ours of its
         // ends and of the report's write end close here (the slots' once it says it has
@@ -1969,8 +2235,230 @@ impl Spawner {
                 prepared,
                 stacks: self.stacks.clone(),
                 lease,
+                spare: handed.map(|spare| spare.early),
             },
         })
+    }
+
+    /// Whether spares can be made here: allowed (`allow_spares`), children share the
+    /// loop's table (`Slots`) and the loop does not wait for them (`raw::CLONE`).
+    fn spares_possible(&self) -> bool {
+        self.spares.allowed && self.slots.is_some() && raw::CLONE & libc::CLONE_VFORK == 0
+    }
+
+    /// Whether spares may be made (they are by default); killed when not.
+    pub fn allow_spares(&mut self, allowed: bool) {
+        if !allowed {
+            self.quit_spares();
+        }
+        self.spares.allowed = allowed;
+    }
+
+    /// Takes the spare of the kind a spawn needs (`confined`'s common part, or none), if
+    /// one is made, and asks for one at the end of the turn (`replenish`). None for a
+    /// sandbox no spare can serve.
+    fn take_spare(&mut self, confined: Option<&Confined>) -> Option<Spare> {
+        if !self.spares_possible() {
+            return None;
+        }
+        let spares = &mut self.spares;
+        match confined {
+            None => {
+                spares.want_plain = true;
+                spares.plain.take()
+            }
+            Some(c) => {
+                let kind = c.common()?;
+                let fits = spares
+                    .confined
+                    .as_ref()
+                    .and_then(|s| s.early.confine.as_ref())
+                    .is_some_and(|k| k.same(&kind));
+                spares.want_confined = Some(kind);
+                if fits {
+                    spares.confined.take()
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Hands `plan` to `spare` and opens its gate. None (the spare killed) when its early
+    /// steps failed: the spawn then clones a child of its own.
+    fn hand(&mut self, spare: Spare, plan: *mut ChildPlan) -> Option<Spare> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+        spare.early.plan.store(plan, Release);
+        let mut seen = spare.early.gate.load(Acquire);
+        loop {
+            if seen == FAILED {
+                self.quit(spare);
+                return None;
+            }
+            match spare.early.gate.compare_exchange(seen, GO, AcqRel, Acquire) {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
+        // SAFETY: a futex wake on the gate, which the spare may be waiting on.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                spare.early.gate.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+        Some(spare)
+    }
+
+    /// Makes the spares spawns asked for since the last call, one per kind, and kills a
+    /// sandboxed spare of another kind than the last asked for. For the end of a turn:
+    /// the clone then costs no spawn its wait.
+    pub fn replenish(&mut self) {
+        if !self.spares_possible() {
+            return;
+        }
+        if std::mem::take(&mut self.spares.want_plain) && self.spares.plain.is_none() {
+            self.spares.plain = self.make_spare(None);
+        }
+        if let Some(kind) = self.spares.want_confined.take() {
+            let fits = |s: &Spare| s.early.confine.as_ref().is_some_and(|k| k.same(&kind));
+            if !self.spares.confined.as_ref().is_some_and(fits) {
+                if let Some(old) = self.spares.confined.take() {
+                    self.quit(old);
+                }
+                self.spares.confined = self.make_spare(Some(kind));
+            }
+        }
+    }
+
+    /// Clones a spare (`spare_main`). None when it cannot be made now (out of processes
+    /// or memory): spawns clone their own children meanwhile.
+    fn make_spare(&mut self, confine: Option<super::sandbox::Common>) -> Option<Spare> {
+        let mut early = Box::new(Early {
+            gate: std::sync::atomic::AtomicU32::new(STARTING),
+            plan: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            reset: self.shared.reset.clone(),
+            limits: self.shared.limits.clone(),
+            parent: self.shared.parent,
+            confine,
+            stack: self.stack(),
+        });
+        let arg: *mut Early = &mut *early;
+        // SAFETY: the spare runs `spare_main` on the stack in `early`, a heap allocation
+        // that does not move, kept until the spare has exec'd a command or been reaped.
+        let stack = unsafe { &mut (*arg).stack };
+        // SAFETY: as above.
+        match unsafe { clone_child_of(spare_main, stack, true, arg.cast()) } {
+            Ok(pid) => Some(Spare { pid, early }),
+            Err(_) => {
+                give_stack(&self.stacks, std::mem::take(&mut early.stack));
+                None
+            }
+        }
+    }
+
+    /// Kills `spare`; its memory stays until it is reaped (`reaped`).
+    fn quit(&mut self, spare: Spare) {
+        // SAFETY: kill with our child's pid, not reaped yet, so still its.
+        unsafe { libc::kill(spare.pid, libc::SIGKILL) };
+        self.spares.quitting.push(spare);
+    }
+
+    /// Kills every spare and asks for none: for a loop that goes idle, stops or upgrades.
+    pub fn quit_spares(&mut self) {
+        self.spares.want_plain = false;
+        self.spares.want_confined = None;
+        for spare in [self.spares.plain.take(), self.spares.confined.take()]
+            .into_iter()
+            .flatten()
+        {
+            self.quit(spare);
+        }
+    }
+
+    /// A child was reaped: whether it was a spare (made, or quitting), now forgotten.
+    pub fn reaped(&mut self, pid: i32) -> bool {
+        let spares = &mut self.spares;
+        let gone = if spares.plain.as_ref().is_some_and(|s| s.pid == pid) {
+            spares.plain.take()
+        } else if spares.confined.as_ref().is_some_and(|s| s.pid == pid) {
+            spares.confined.take()
+        } else {
+            let i = spares.quitting.iter().position(|s| s.pid == pid);
+            i.map(|i| spares.quitting.swap_remove(i))
+        };
+        match gone {
+            Some(spare) => {
+                give_stack(&self.stacks, spare.early.stack);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `pid` is a spare not yet reaped.
+    pub fn is_spare(&self, pid: i32) -> bool {
+        let s = &self.spares;
+        [&s.plain, &s.confined]
+            .into_iter()
+            .flatten()
+            .chain(&s.quitting)
+            .any(|s| s.pid == pid)
+    }
+
+    /// Spares killed and not yet reaped (an upgrade and a shutdown wait for them).
+    pub fn spares_quitting(&self) -> usize {
+        self.spares.quitting.len()
+    }
+}
+
+impl Drop for Spawner {
+    /// Spares die with the spawner; their memory goes with the process, or stays with the
+    /// spare until it is dead (`Spares::quitting` is forgotten, not freed).
+    fn drop(&mut self) {
+        self.quit_spares();
+        for spare in std::mem::take(&mut self.spares.quitting) {
+            std::mem::forget(spare.early);
+        }
+    }
+}
+
+/// Clones a child that runs `entry(arg)` on `stack` (sharing the loop's descriptor table
+/// when `share_files`), with every signal blocked around the clone so that no handler
+/// runs in the child before it resets them.
+///
+/// # Safety
+/// `stack` and whatever `arg` points to must stay put and alive until the child has
+/// exec'd or been reaped.
+unsafe fn clone_child_of(
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    stack: &mut [u8],
+    share_files: bool,
+    arg: *mut libc::c_void,
+) -> io::Result<i32> {
+    // The stack grows down: hand clone its 16-byte-aligned top.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    let files = if share_files { libc::CLONE_FILES } else { 0 };
+    // SAFETY: sigsets are plain data; clone as the caller vouches.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        let pid = libc::clone(
+            entry,
+            top as *mut libc::c_void,
+            raw::CLONE | files | libc::SIGCHLD,
+            arg,
+        );
+        let clone_err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_err);
+        }
+        Ok(pid)
     }
 }
 
@@ -2235,5 +2723,124 @@ mod tests {
         std::fs::set_permissions(safe.join("x"), std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(matches!(checked_spawn(&safe.join("x")), Report::Execd));
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Waits (bounded) until `pid`, our child, has exited, and reaps it.
+    fn reap(pid: i32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            let mut status = 0;
+            // SAFETY: waitpid on our own child, into a local.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        panic!("{pid} did not exit");
+    }
+
+    /// Waits (bounded) until `f` holds.
+    fn wait_for(what: &str, f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// A spawn asks for a spare; made at the turn's end, it waits as `execd-spare` in a
+    /// session of its own, and the next spawn runs in it as in a child of its own: its
+    /// pid, its own table with only its stdio, its output, its exit; then the next spare.
+    #[test]
+    fn a_spare_made_ahead_runs_the_next_spawn() {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        if !spawner.spares_possible() {
+            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+            return;
+        }
+        let (s, _) = spawn_sh(&mut spawner, "true");
+        assert!(s.memory.spare.is_none(), "no spare was made yet");
+        assert!(matches!(finish(s).0, Report::Execd));
+        spawner.replenish();
+        let spare = spawner.spares.plain.as_ref().expect("a spare").pid;
+        assert!(spawner.is_spare(spare));
+        wait_for("the spare's early steps", || {
+            std::fs::read_to_string(format!("/proc/{spare}/comm"))
+                .is_ok_and(|c| c.trim_end() == "execd-spare")
+        });
+        // SAFETY: getsid with a pid.
+        assert_eq!(unsafe { libc::getsid(spare) }, spare, "its own session");
+        let (s, leased) = spawn_sh(&mut spawner, "echo $$; ls /proc/self/fd; echo done");
+        assert!(leased && s.memory.spare.is_some(), "the spare ran it");
+        assert_eq!(s.pid, spare);
+        assert!(!spawner.is_spare(spare), "handed out, no spare any more");
+        let (report, out) = finish(s);
+        assert!(matches!(report, Report::Execd), "{report:?}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [&*spare.to_string(), "0", "1", "2", "3", "done"],
+            "{out}"
+        );
+        spawner.replenish();
+        let next = spawner.spares.plain.as_ref().expect("the next spare").pid;
+        assert_ne!(next, spare);
+        spawner.quit_spares();
+        assert_eq!(spawner.spares_quitting(), 1);
+        reap(next);
+        assert!(
+            spawner.reaped(next),
+            "a quitting spare is known when reaped"
+        );
+        assert_eq!(spawner.spares_quitting(), 0);
+        let slots = spawner.slots.clone().expect("slots");
+        assert_eq!(slots.borrow().free, u64::MAX, "every slot is free again");
+    }
+
+    /// A spare killed while it waits is forgotten at its reap, and the spawn after it
+    /// clones a child of its own.
+    #[test]
+    fn a_spare_that_died_is_forgotten_and_spawns_go_on() {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        if !spawner.spares_possible() {
+            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+            return;
+        }
+        spawner.spares.want_plain = true;
+        spawner.replenish();
+        let spare = spawner.spares.plain.as_ref().expect("a spare").pid;
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(spare, libc::SIGKILL) };
+        reap(spare);
+        assert!(spawner.reaped(spare));
+        assert!(!spawner.is_spare(spare));
+        let (s, _) = spawn_sh(&mut spawner, "echo ran");
+        assert!(s.memory.spare.is_none());
+        assert_ne!(s.pid, spare);
+        assert_eq!(finish(s).1, "ran\n");
+    }
+
+    /// A spare whose early steps fail (a seccomp program the kernel refuses) says so on
+    /// its gate and exits; it is never handed a plan, and is reaped as a spare.
+    #[test]
+    fn a_spare_whose_early_steps_failed_is_never_handed_a_plan() {
+        use std::sync::atomic::Ordering::Acquire;
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        if !spawner.spares_possible() {
+            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+            return;
+        }
+        let spare = spawner
+            .make_spare(Some(super::super::sandbox::Common::refused()))
+            .expect("a spare");
+        let pid = spare.pid;
+        wait_for("the gate says failed", || {
+            spare.early.gate.load(Acquire) == FAILED
+        });
+        let mut plan = ChildPlan::EMPTY;
+        assert!(spawner.hand(spare, &mut plan).is_none(), "not handed");
+        assert_eq!(spawner.spares_quitting(), 1);
+        reap(pid);
+        assert!(spawner.reaped(pid));
     }
 }

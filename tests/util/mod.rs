@@ -365,6 +365,23 @@ pub fn reader_of(daemon: i32) -> Option<i32> {
     })
 }
 
+/// The daemon's spare children (named `execd-spare`), alive.
+pub fn spares_of(daemon: i32) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                return false;
+            };
+            let (name, rest) = stat.rsplit_once(')').unwrap_or_default();
+            let f: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+            name.ends_with("(execd-spare")
+                && is_live(&f)
+                && f.get(1).and_then(|pp| pp.parse().ok()) == Some(daemon)
+        })
+        .collect()
+}
+
 /// Children of `pid` that are zombies.
 pub fn zombie_children(pid: i32) -> Vec<i32> {
     all_pids()
