@@ -1163,7 +1163,7 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
     // been there long enough to give anything back. A reader that is not root's cannot
     // be looked at (it is undumpable) by a test that is not root.
     let mut c = d.client();
-    ok(&mut c, "initialize", json!({"protocolVersion": 1}));
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
     let reader_busy = reader_of(d.pid()).and_then(own_code_kb);
     if reader_busy.is_none() {
         eprintln!("skipped the reader's part: its /proc files are root's to read");
@@ -1185,7 +1185,7 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
         // (Named by its first step: given a moment.)
         let named = std::time::Instant::now() + std::time::Duration::from_millis(500);
         spares = spares_of(d.pid());
-        while spares.is_empty() && std::time::Instant::now() < named {
+        while spares.is_empty() && spares_expected(&init) && std::time::Instant::now() < named {
             std::thread::sleep(std::time::Duration::from_millis(5));
             spares = spares_of(d.pid());
         }
@@ -1194,11 +1194,15 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
         }
     }
     assert!(busy > 0, "the daemon's code is mapped while it works");
-    assert_eq!(
-        spares.len(),
-        1,
-        "a spare waits for the next spawn: {spares:?}"
-    );
+    if spares_expected(&init) {
+        assert_eq!(
+            spares.len(),
+            1,
+            "a spare waits for the next spawn: {spares:?}"
+        );
+    } else {
+        eprintln!("no spares here (Landlock cannot scope signals): {init}");
+    }
 
     // A command that waits on its open stdin: looked at every 700 ms, through the reader
     // where it may.
@@ -1246,17 +1250,24 @@ fn a_quiet_daemon_gives_its_code_pages_back_sleeps_and_serves_on() {
                 .is_some_and(|kb| kb < reader_busy / 2)
         });
     }
+    // The spare made for the next spawn stays, and sleeps too.
+    let spare = spares_of(d.pid());
+    if spares_expected(&init) {
+        assert_eq!(spare.len(), 1, "the spare stays: {spare:?}");
+    }
     let asleep = (0..3).any(|_| {
-        let woke = || switches(d.pid()) + reader_of(d.pid()).map_or(0, switches);
+        let woke = || {
+            switches(d.pid())
+                + reader_of(d.pid()).map_or(0, switches)
+                + spare.iter().map(|&p| switches(p)).sum::<u64>()
+        };
         let at = woke();
         std::thread::sleep(std::time::Duration::from_secs(1));
         woke() == at
     });
-    assert!(asleep, "an idle daemon and its reader do not wake");
-    assert_eq!(
-        spares_of(d.pid()),
-        Vec::<i32>::new(),
-        "an idle daemon keeps no spare"
+    assert!(
+        asleep,
+        "an idle daemon, its reader and its spare do not wake"
     );
 
     let r = ok(

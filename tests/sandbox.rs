@@ -417,20 +417,33 @@ print("io_uring", r, errno.errorcode.get(ctypes.get_errno()))
     );
     // Twice: the first command is cloned for it, the second runs in a spare cloned ahead
     // that applied the sandbox's common part before it knew its command.
+    let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
     for run in ["cloned", "spare"] {
-        if run == "spare" {
+        let mut spare = None;
+        if run == "spare" && spares_expected(&init) {
             wait_until("a spare waits", || !spares_of(daemon).is_empty());
+            spare = spares_of(daemon).first().copied();
         }
-        network_and_signals_fail_in(&mut c, &line, &p, daemon, run);
+        let ran_in = network_and_signals_fail_in(&mut c, &line, &p, daemon, run);
+        if let Some(spare) = spare {
+            assert_eq!(ran_in, spare, "the command ran in the spare");
+        }
     }
     assert!(tcp.accept().is_err(), "a TCP connection came through");
     let mut buf = [0u8; 8];
     assert!(udp.recv_from(&mut buf).is_err(), "a datagram came through");
 }
 
+/// Runs `line` (run `run`) and checks what it printed; returns the pid it ran as.
 #[track_caller]
-fn network_and_signals_fail_in(c: &mut Client, line: &str, p: &Place, daemon: i32, run: &str) {
-    let (text, _) = bash(c, line, &p.ws(), json!({}));
+fn network_and_signals_fail_in(
+    c: &mut Client,
+    line: &str,
+    p: &Place,
+    daemon: i32,
+    run: &str,
+) -> i32 {
+    let (text, _) = bash(c, &format!("echo pid=$$; {line}"), &p.ws(), json!({}));
     for want in [
         "tcp EACCES",
         "udp EACCES",
@@ -449,6 +462,9 @@ fn network_and_signals_fail_in(c: &mut Client, line: &str, p: &Place, daemon: i3
     }
     assert!(!text.contains("kill=0"), "{run}: {text}");
     assert!(pid_alive(daemon), "{run}: the daemon was killed");
+    text.lines()
+        .find_map(|l| l.strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("{run}: no pid in:\n{text}"))
 }
 
 #[test]
@@ -983,6 +999,7 @@ fn below_landlock_6_a_seccomp_rule_keeps_signals_off_the_daemon() {
     let init = ok(&mut c, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(init["_meta"]["execd"]["sandbox"]["signals"], false);
     assert_eq!(init["_meta"]["execd"]["sandbox"]["landlockAbi"], 5);
+    assert!(!spares_expected(&init));
     let daemon = d.pid();
     let line = format!(
         "kill -TERM {daemon}; echo pid=$?; kill -TERM -{daemon}; echo group=$?; \
@@ -995,6 +1012,11 @@ fn below_landlock_6_a_seccomp_rule_keeps_signals_off_the_daemon() {
     }
     assert!(pid_alive(daemon));
     assert!(!p.out().join("f").exists());
+    assert_eq!(
+        spares_of(daemon),
+        Vec::<i32>::new(),
+        "no spare a command could stop"
+    );
     // The ways round kill: a pidfd of /proc/PID, and the daemon as the owner of a
     // descriptor's I/O signals (SIGIO's default ends a process).
     if have(&["python3"]) {

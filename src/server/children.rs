@@ -503,7 +503,8 @@ impl Children {
         Ok(())
     }
 
-    /// Spawns handed out and not finished yet (shutdown waits for them).
+    /// Spawns handed out and not finished yet, and spares killed and not yet reaped
+    /// (shutdown and an upgrade's drain wait for both).
     pub fn spawning(&self) -> usize {
         self.starting.len() + self.spawner.spares_quitting()
     }
@@ -1091,11 +1092,11 @@ impl Children {
         self.children_seen = None;
     }
 
-    /// An idle loop gives back what it reads pipes into (taken again at the next read),
-    /// and its spares: an idle daemon keeps no process it does not need.
+    /// An idle loop gives back what it reads pipes into (taken again at the next read).
+    /// Its spares stay, asleep: killing them would wake the loop for their reap, and a
+    /// client that starts a command every few seconds would pay a spare it never used.
     pub fn give_back_idle(&mut self) {
         self.scratch = Vec::new();
-        self.spawner.quit_spares();
     }
 
     /// A new turn of the loop: the daemon's children are read again when next needed
@@ -1193,13 +1194,19 @@ impl Children {
         };
         // What it leaves behind is the daemon's now: the list is read again when needed.
         self.children_seen = None;
-        if self.spawner.reaped(r.pid) {
-            return ReapOutcome::Other;
-        }
         let how = match r.ended {
             Ended::Code(c) => format!("exited with {c}"),
             Ended::Signal(s) => format!("was killed by signal {s}"),
         };
+        if let Some(killed) = self.spawner.reaped(r.pid) {
+            if !killed {
+                core.log.line(format_args!(
+                    "a spare child {} before it was used; the next start clones its own",
+                    how
+                ));
+            }
+            return ReapOutcome::Other;
+        }
         if self.reader.reaped(r.pid, &how, registry, Instant::now()) {
             self.hear(core);
             return ReapOutcome::Other;

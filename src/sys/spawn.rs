@@ -22,7 +22,7 @@
 //! `SECBIT_NOROOT`, `no_new_privs`, the seccomp program), then waits on a futex. The next
 //! spawn of its kind puts its plan where the spare reads it and opens the gate; the spare
 //! goes on from there as a child cloned then would (`run_plan`, told what is `Done`).
-//! At most one spare per kind; none while the daemon idles, stops or upgrades.
+//! At most one spare per kind; none once the daemon stops or upgrades.
 //!
 //! Invariants:
 //! - Every descriptor execd opens is close-on-exec (std, mio and `pipe2(O_CLOEXEC)` ensure
@@ -543,8 +543,8 @@ const UNSHARED: u8 = 0xff;
 
 /// How many low descriptor numbers are kept for children (`Slots`): a spawn takes one
 /// per descriptor its child needs (five at most without a sandbox; a sandbox adds its
-/// ruleset, its namespace and the bases of its roots), so a dozen spawns can be between
-/// clone and unshare at once; more take the copying clone.
+/// ruleset, its namespace and the bases of its roots), so a dozen plain spawns (fewer
+/// sandboxed ones) can be between clone and unshare at once; more take the copying clone.
 const SLOTS: usize = 64;
 
 /// Slots above this are not worth it (a table that was full at start-up, after an
@@ -674,6 +674,25 @@ impl Drop for Slots {
         for fd in self.numbers.into_iter().filter(|fd| *fd >= 0) {
             // SAFETY: the slots are ours, closed once, here.
             unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// How many descriptor numbers the loop's table is grown to at start (`grow_table`).
+const TABLE_AT_START: libc::c_int = 1024;
+
+/// Grows the loop's descriptor table to `TABLE_AT_START` numbers now, while no child
+/// shares it: the kernel grows a shared table only after an RCU grace period (it cannot
+/// free the old one under a sharer), a stall of the loop, and a spare shares it nearly
+/// always (`Spare`). Tables never shrink; this costs the kernel 8 KiB. Past it, growth
+/// waits as it would.
+fn grow_table() {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the copy is closed at once. Fails
+    // harmlessly under a lower descriptor limit.
+    unsafe {
+        let fd = libc::fcntl(0, libc::F_DUPFD_CLOEXEC, TABLE_AT_START - 1);
+        if fd >= 0 {
+            libc::close(fd);
         }
     }
 }
@@ -964,9 +983,8 @@ const FAILED: u32 = 3;
 struct Early {
     gate: std::sync::atomic::AtomicU32,
     plan: std::sync::atomic::AtomicPtr<ChildPlan>,
-    /// As `Prepared::reset` and `Prepared::limits`, the same for every command.
+    /// As `Prepared::reset`, the same for every command.
     reset: Vec<libc::c_int>,
-    limits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     parent: libc::pid_t,
     /// The sandbox's common part, for a spare of sandboxed commands.
     confine: Option<super::sandbox::Common>,
@@ -1033,7 +1051,6 @@ unsafe fn early_steps(early: &Early) -> Result<(), (libc::c_int, isize)> {
         if r < 0 {
             return Err((FAILED_SETUP, r));
         }
-        set_limits(early.limits.as_ptr(), early.limits.len()).map_err(|r| (FAILED_SETUP, r))?;
         // Cleared again by the user switch, and set again after it (`run_plan`).
         let r = sys!(
             libc::SYS_prctl,
@@ -1081,7 +1098,7 @@ pub const SPARE_NAME: &std::ffi::CStr = c"execd-spare";
 /// same for every command it could be.
 #[derive(Clone, Copy)]
 struct Done {
-    /// Signals reset, its own session, the resource limits, the parent-death signal.
+    /// Signals reset, its own session, the parent-death signal.
     common: bool,
     /// The sandbox's part that is the same for every command of its kind: the bounding
     /// set emptied, `SECBIT_NOROOT` locked, `no_new_privs`, the seccomp program loaded.
@@ -1132,6 +1149,12 @@ unsafe fn run_plan(plan: &ChildPlan, done: Done) -> libc::c_int {
         }
         if let Some((step, r)) = done.failed {
             return fail(step, r);
+        }
+        if done.common {
+            // What was sent to the spare while it waited (blocked: all of it stays pending,
+            // `systemctl kill` reaches every process of the unit) was not sent to this
+            // command: dropped, each signal's disposition as it was.
+            discard_pending_signals();
         }
         for &fd in std::slice::from_raw_parts(plan.busy, plan.nbusy) {
             sys!(libc::SYS_close, fd);
@@ -1190,10 +1213,10 @@ unsafe fn run_plan(plan: &ChildPlan, done: Done) -> libc::c_int {
                 return fail(FAILED_SETUP, r);
             }
         }
-        if !done.common {
-            if let Err(r) = set_limits(plan.limits, plan.nlimits) {
-                return fail(FAILED_SETUP, r);
-            }
+        // Never early: a low descriptor limit must not be in force while the roots above
+        // are opened (the lowest free numbers here are above the slots).
+        if let Err(r) = set_limits(plan.limits, plan.nlimits) {
+            return fail(FAILED_SETUP, r);
         }
         // The sandbox's mount namespace and the bounding set need privileges the user
         // switch gives up.
@@ -1447,6 +1470,38 @@ unsafe fn reset_signals(reset: *const libc::c_int, n: usize) {
     for &sig in unsafe { std::slice::from_raw_parts(reset, n) } {
         // SAFETY: rt_sigaction with a zeroed action on this stack.
         unsafe { sys!(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0, 8) };
+    }
+}
+
+/// Drops every signal pending on this process: setting a signal ignored discards it, and
+/// its disposition is then put back as it was.
+///
+/// # Safety
+/// Raw system calls only; for the child between clone and exec.
+unsafe fn discard_pending_signals() {
+    let mut pending = 0u64;
+    // SAFETY: rt_sigpending into a local of the kernel's sigset size.
+    if unsafe { sys!(libc::SYS_rt_sigpending, &mut pending as *mut u64, 8) } < 0 {
+        return;
+    }
+    // The kernel's sigaction (see `reset_signals`): SIG_IGN is handler 1.
+    let ignore = [1usize, 0, 0, 0];
+    for sig in 1..=64usize {
+        if pending & (1 << (sig - 1)) == 0 {
+            continue;
+        }
+        let mut old = [0usize; 4];
+        // SAFETY: rt_sigaction with actions on this stack.
+        unsafe {
+            sys!(
+                libc::SYS_rt_sigaction,
+                sig,
+                ignore.as_ptr(),
+                old.as_mut_ptr(),
+                8
+            );
+            sys!(libc::SYS_rt_sigaction, sig, old.as_ptr(), 0, 8);
+        }
     }
 }
 
@@ -1791,8 +1846,8 @@ struct Spare {
 
 /// The spares: at most one for commands without a sandbox and one for sandboxed commands
 /// of one kind (`sandbox::Common`), made at the end of a turn in which a spawn of that
-/// kind asked for one (`Spawner::replenish`), killed when the loop goes idle, stops or
-/// upgrades (`Spawner::quit_spares`).
+/// kind asked for one (`Spawner::replenish`), killed when the daemon stops or upgrades
+/// (`Spawner::quit_spares`). An idle daemon keeps them, asleep.
 struct Spares {
     allowed: bool,
     plain: Option<Spare>,
@@ -1885,7 +1940,10 @@ impl Spawner {
             null: dev_null()?,
             shared,
             stacks: Stacks::default(),
-            slots: Slots::reserve().map(|s| std::rc::Rc::new(std::cell::RefCell::new(s))),
+            slots: Slots::reserve().map(|s| {
+                grow_table();
+                std::rc::Rc::new(std::cell::RefCell::new(s))
+            }),
             spares: Spares {
                 allowed: true,
                 plain: None,
@@ -2340,7 +2398,6 @@ impl Spawner {
             gate: std::sync::atomic::AtomicU32::new(STARTING),
             plan: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
             reset: self.shared.reset.clone(),
-            limits: self.shared.limits.clone(),
             parent: self.shared.parent,
             confine,
             stack: self.stack(),
@@ -2366,7 +2423,7 @@ impl Spawner {
         self.spares.quitting.push(spare);
     }
 
-    /// Kills every spare and asks for none: for a loop that goes idle, stops or upgrades.
+    /// Kills every spare and asks for none: for a daemon that stops or upgrades.
     pub fn quit_spares(&mut self) {
         self.spares.want_plain = false;
         self.spares.want_confined = None;
@@ -2378,24 +2435,22 @@ impl Spawner {
         }
     }
 
-    /// A child was reaped: whether it was a spare (made, or quitting), now forgotten.
-    pub fn reaped(&mut self, pid: i32) -> bool {
+    /// A child was reaped. A spare is forgotten: `Some(true)` for one that was killed,
+    /// `Some(false)` for one that ended unused on its own (its early steps failed, or
+    /// something killed it); None for any other child.
+    pub fn reaped(&mut self, pid: i32) -> Option<bool> {
         let spares = &mut self.spares;
-        let gone = if spares.plain.as_ref().is_some_and(|s| s.pid == pid) {
-            spares.plain.take()
+        let (spare, killed) = if spares.plain.as_ref().is_some_and(|s| s.pid == pid) {
+            (spares.plain.take(), false)
         } else if spares.confined.as_ref().is_some_and(|s| s.pid == pid) {
-            spares.confined.take()
+            (spares.confined.take(), false)
         } else {
             let i = spares.quitting.iter().position(|s| s.pid == pid);
-            i.map(|i| spares.quitting.swap_remove(i))
+            (i.map(|i| spares.quitting.swap_remove(i)), true)
         };
-        match gone {
-            Some(spare) => {
-                give_stack(&self.stacks, spare.early.stack);
-                true
-            }
-            None => false,
-        }
+        let spare = spare?;
+        give_stack(&self.stacks, spare.early.stack);
+        Some(killed)
     }
 
     /// Whether `pid` is a spare not yet reaped.
@@ -2764,10 +2819,12 @@ mod tests {
         spawner.replenish();
         let spare = spawner.spares.plain.as_ref().expect("a spare").pid;
         assert!(spawner.is_spare(spare));
+        let gate = &spawner.spares.plain.as_ref().expect("a spare").early.gate;
         wait_for("the spare's early steps", || {
-            std::fs::read_to_string(format!("/proc/{spare}/comm"))
-                .is_ok_and(|c| c.trim_end() == "execd-spare")
+            gate.load(std::sync::atomic::Ordering::Acquire) == READY
         });
+        let comm = std::fs::read_to_string(format!("/proc/{spare}/comm")).unwrap_or_default();
+        assert_eq!(comm, "execd-spare\n");
         // SAFETY: getsid with a pid.
         assert_eq!(unsafe { libc::getsid(spare) }, spare, "its own session");
         let (s, leased) = spawn_sh(&mut spawner, "echo $$; ls /proc/self/fd; echo done");
@@ -2788,13 +2845,49 @@ mod tests {
         spawner.quit_spares();
         assert_eq!(spawner.spares_quitting(), 1);
         reap(next);
-        assert!(
+        assert_eq!(
             spawner.reaped(next),
-            "a quitting spare is known when reaped"
+            Some(true),
+            "a killed spare, known when reaped"
         );
         assert_eq!(spawner.spares_quitting(), 0);
         let slots = spawner.slots.clone().expect("slots");
         assert_eq!(slots.borrow().free, u64::MAX, "every slot is free again");
+    }
+
+    /// A signal sent to a spare while it waits (`systemctl kill` signals every process
+    /// of the unit) is not the next command's: it runs and exits as it would.
+    #[test]
+    fn a_signal_sent_to_a_waiting_spare_does_not_reach_its_command() {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        if !spawner.spares_possible() {
+            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+            return;
+        }
+        spawner.spares.want_plain = true;
+        spawner.replenish();
+        let spare = spawner.spares.plain.as_ref().expect("a spare");
+        let (pid, gate) = (spare.pid, &spare.early.gate);
+        wait_for("the spare waits", || {
+            gate.load(std::sync::atomic::Ordering::Acquire) == READY
+        });
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(pid, libc::SIGHUP) };
+        let pending = || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let shdpnd = status
+                .lines()
+                .find_map(|l| l.strip_prefix("ShdPnd:\t"))
+                .unwrap();
+            u64::from_str_radix(shdpnd.trim(), 16).unwrap() & (1 << (libc::SIGHUP - 1)) != 0
+        };
+        wait_for("SIGHUP pending on the spare", pending);
+        let (s, _) = spawn_sh(&mut spawner, "echo alive");
+        assert_eq!(s.pid, pid, "the spare ran it");
+        // Delivered, SIGHUP would have ended it as signals were unblocked, before exec.
+        let (report, out) = finish(s);
+        assert!(matches!(report, Report::Execd), "{report:?}");
+        assert_eq!(out, "alive\n");
     }
 
     /// A spare killed while it waits is forgotten at its reap, and the spawn after it
@@ -2812,7 +2905,7 @@ mod tests {
         // SAFETY: kill with our child's pid.
         unsafe { libc::kill(spare, libc::SIGKILL) };
         reap(spare);
-        assert!(spawner.reaped(spare));
+        assert_eq!(spawner.reaped(spare), Some(false), "it ended on its own");
         assert!(!spawner.is_spare(spare));
         let (s, _) = spawn_sh(&mut spawner, "echo ran");
         assert!(s.memory.spare.is_none());
@@ -2841,6 +2934,6 @@ mod tests {
         assert!(spawner.hand(spare, &mut plan).is_none(), "not handed");
         assert_eq!(spawner.spares_quitting(), 1);
         reap(pid);
-        assert!(spawner.reaped(pid));
+        assert_eq!(spawner.reaped(pid), Some(true));
     }
 }

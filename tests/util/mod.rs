@@ -365,6 +365,13 @@ pub fn reader_of(daemon: i32) -> Option<i32> {
     })
 }
 
+/// Whether a daemon that answered `initialize` with `init` makes spares: everywhere but
+/// where Landlock cannot scope signals (execd(8), SECURITY).
+pub fn spares_expected(init: &serde_json::Value) -> bool {
+    let sb = &init["_meta"]["execd"]["sandbox"];
+    sb["landlockAbi"] == 0 || sb["signals"] == true
+}
+
 /// The daemon's spare children (named `execd-spare`), alive.
 pub fn spares_of(daemon: i32) -> Vec<i32> {
     all_pids()
