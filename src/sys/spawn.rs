@@ -2855,17 +2855,25 @@ mod tests {
         assert_eq!(slots.borrow().free, u64::MAX, "every slot is free again");
     }
 
+    /// A spawner with a spare for plain commands made, or None (said) where none can be.
+    fn with_spare() -> Option<Spawner> {
+        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
+        if !spawner.spares_possible() {
+            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+            return None;
+        }
+        spawner.spares.want_plain = true;
+        spawner.replenish();
+        Some(spawner)
+    }
+
     /// A signal sent to a spare while it waits (`systemctl kill` signals every process
     /// of the unit) is not the next command's: it runs and exits as it would.
     #[test]
     fn a_signal_sent_to_a_waiting_spare_does_not_reach_its_command() {
-        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
-        if !spawner.spares_possible() {
-            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+        let Some(mut spawner) = with_spare() else {
             return;
-        }
-        spawner.spares.want_plain = true;
-        spawner.replenish();
+        };
         let spare = spawner.spares.plain.as_ref().expect("a spare");
         let (pid, gate) = (spare.pid, &spare.early.gate);
         wait_for("the spare waits", || {
@@ -2894,13 +2902,9 @@ mod tests {
     /// clones a child of its own.
     #[test]
     fn a_spare_that_died_is_forgotten_and_spawns_go_on() {
-        let mut spawner = Spawner::new(false, &[], &[], None).unwrap();
-        if !spawner.spares_possible() {
-            eprintln!("skipped: no spares here (no slots, or the loop waits for children)");
+        let Some(mut spawner) = with_spare() else {
             return;
-        }
-        spawner.spares.want_plain = true;
-        spawner.replenish();
+        };
         let spare = spawner.spares.plain.as_ref().expect("a spare").pid;
         // SAFETY: kill with our child's pid.
         unsafe { libc::kill(spare, libc::SIGKILL) };
