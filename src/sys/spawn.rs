@@ -17,7 +17,7 @@
 //! The clone and the steps that are the same for every command are done ahead, by a
 //! spare (`Spare`): a child cloned at the end of a turn (`Spawner::replenish`), once no
 //! spawn is between clone and exec (its steps would take a CPU from one), that resets
-//! signals, takes a session, the limits and its parent-death signal and, for sandboxed
+//! signals, takes a session and its parent-death signal and, for sandboxed
 //! commands of one kind, the sandbox's common part (`sandbox::Common`: bounding set,
 //! `SECBIT_NOROOT`, `no_new_privs`, the seccomp program), then waits on a futex. The next
 //! spawn of its kind puts its plan where the spare reads it and opens the gate; the spare
@@ -43,8 +43,7 @@
 //!   long as the daemon.
 //! - A spare touches nothing of the loop's memory but its `Early` (its stack, its gate)
 //!   and nothing of its table until it has its plan, whose first step gives it a table
-//!   of its own. The
-//!   loop keeps a spare's `Early` (its stack) until it has exec'd a command or been
+//!   of its own. The loop keeps a spare's `Early` until it has exec'd a command or been
 //!   reaped, even after killing it.
 //! - A command's environment ends with its `EXECD_TREE_TAG` and `EXECD_TREE` cookie
 //!   (`sys::cookie`), after the base environment and the request's variables: it holds
