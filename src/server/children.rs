@@ -510,13 +510,15 @@ impl Children {
     }
 
     /// The end of a turn: the spares spawns asked for are made (`wanted`) once no spawn is
-    /// between clone and exec (a spare's early steps would take a CPU from it), or, for a
-    /// daemon that stops or upgrades, every spare is killed.
+    /// between clone and exec (a spare's early steps would take a CPU from it), and the
+    /// ruleset for the next spawn in the last one's sandbox is built; or, for a daemon
+    /// that stops or upgrades, every spare is killed.
     pub fn spares(&mut self, wanted: bool) {
         if !wanted {
             self.spawner.quit_spares();
         } else if self.starting.is_empty() {
             self.spawner.replenish();
+            self.sandbox.prepare();
         }
     }
 

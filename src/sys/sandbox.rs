@@ -19,7 +19,10 @@
 //!   fails the start otherwise.
 //! - A ruleset is never changed once built and never shared: each spawn gets its own,
 //!   built here from the trusted descriptors (a handful of system calls), plus whatever
-//!   the child adds to it for roots a request named, before it restricts itself.
+//!   the child adds to it for roots a request named, before it restricts itself. The
+//!   loop builds the next one ahead, once no spawn is in flight, from what the last
+//!   sandboxed spawn's was built from (`prepare`); a spawn whose sandbox gives the same
+//!   rules takes it, any other closes it unused.
 //! - `protect`: the entries named directly in a write root, looked up on the loop by
 //!   `fstatat` on the trusted root's descriptor (a root the operator named; a name in it
 //!   that a hung mount covered would hold the loop, which only a privileged process
@@ -786,6 +789,22 @@ pub struct Sandboxer {
     tmpdir: Option<PathBuf>,
     /// Roots to trust, opened at the first sandboxed spawn (`trust`).
     pending: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
+    /// What the last sandboxed spawn's ruleset was built from, and a ruleset built from
+    /// it ahead (`prepare`), unused, for the next spawn of the same sandbox.
+    last: Option<RulesetKey>,
+    ahead: Option<(RulesetKey, OwnedFd)>,
+}
+
+/// What the loop builds a spawn's Landlock ruleset from: the rights it handles and the
+/// rules on trusted roots (by path: `trusted` is only replaced by `trust`, which forgets
+/// every key). Two spawns with equal keys get rulesets with the same rules before
+/// their children add the roots their requests named.
+#[derive(Debug, Clone, PartialEq)]
+struct RulesetKey {
+    handled: BitFlags<AccessFs>,
+    net: bool,
+    scoped: bool,
+    rules: Vec<(PathBuf, u64)>,
 }
 
 /// A `Confined` child rule: a root the child opens and adds to its ruleset.
@@ -1021,6 +1040,8 @@ impl Sandboxer {
             hide,
             tmpdir: None,
             pending: None,
+            last: None,
+            ahead: None,
         })
     }
 
@@ -1036,6 +1057,55 @@ impl Sandboxer {
         self.pending = Some((all, workspaces.to_vec()));
         self.trusted.clear();
         self.roots.clear();
+        self.last = None;
+        self.ahead = None;
+    }
+
+    /// Builds, off any spawn's path, the ruleset the next spawn in the last one's sandbox
+    /// will take: the loop calls it once no spawn is in flight. A new ruleset for one
+    /// spawn, as `confine` would build it then; a spawn in another sandbox closes it
+    /// unused and builds its own.
+    pub fn prepare(&mut self) {
+        if self.ahead.is_some() {
+            return;
+        }
+        let Some(key) = self.last.take() else {
+            return;
+        };
+        if let Ok(fd) = self.build(&key) {
+            self.ahead = Some((key.clone(), fd));
+        }
+        self.last = Some(key);
+    }
+
+    /// A new ruleset from `key`.
+    fn build(&self, key: &RulesetKey) -> Result<OwnedFd, String> {
+        let fail = |e: landlock::RulesetError| format!("Landlock: {e}");
+        let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+        if !key.handled.is_empty() {
+            rs = rs.handle_access(key.handled).map_err(fail)?;
+        }
+        if key.net {
+            rs = rs
+                .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+                .map_err(fail)?;
+        }
+        if key.scoped {
+            rs = rs
+                .scope(Scope::AbstractUnixSocket | Scope::Signal)
+                .map_err(fail)?;
+        }
+        let ruleset: OwnedFd = Option::from(rs.create().map_err(fail)?)
+            .ok_or_else(|| "Landlock: no ruleset was made".to_string())?;
+        for (path, rights) in &key.rules {
+            let t = self
+                .trusted
+                .get(path)
+                .ok_or_else(|| format!("Landlock: {} is no longer open", path.display()))?;
+            add_rule(&ruleset, &t.fd, *rights)
+                .map_err(|e| format!("Landlock: {}: {e}", path.display()))?;
+        }
+        Ok(ruleset)
     }
 
     /// Opens what `trust` named, once.
@@ -1111,7 +1181,6 @@ impl Sandboxer {
         let net = s.network == Network::None && self.kernel.abi >= 4;
         let scoped = self.kernel.abi >= 6;
         let file_rights = AccessFs::from_file(abi);
-        let fail = |e: landlock::RulesetError| format!("Landlock: {e}");
 
         let mut confined = Confined {
             ruleset: None,
@@ -1146,22 +1215,12 @@ impl Sandboxer {
             handled = AccessFs::MakeBlock.into();
         }
         {
-            let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
-            if !handled.is_empty() {
-                rs = rs.handle_access(handled).map_err(fail)?;
-            }
-            if net {
-                rs = rs
-                    .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-                    .map_err(fail)?;
-            }
-            if scoped {
-                rs = rs
-                    .scope(Scope::AbstractUnixSocket | Scope::Signal)
-                    .map_err(fail)?;
-            }
-            let ruleset: OwnedFd = Option::from(rs.create().map_err(fail)?)
-                .ok_or_else(|| "Landlock: no ruleset was made".to_string())?;
+            let mut key = RulesetKey {
+                handled,
+                net,
+                scoped,
+                rules: Vec::new(),
+            };
             // Every root of every list, with its rights; devices; /dev/shm.
             let mut wanted: Vec<(PathBuf, BitFlags<AccessFs>, bool)> = Vec::new();
             for (paths, rights, write) in [
@@ -1201,8 +1260,7 @@ impl Sandboxer {
                 match self.trusted.get(&path) {
                     Some(t) => {
                         let r = if t.dir { rights } else { rights & file_rights };
-                        add_rule(&ruleset, &t.fd, r.bits())
-                            .map_err(|e| format!("Landlock: {}: {e}", path.display()))?;
+                        key.rules.push((path, r.bits()));
                     }
                     // A device or /dev/shm this machine lacks grants nothing.
                     None if DEVICES.contains(&path.to_str().unwrap_or(""))
@@ -1247,6 +1305,12 @@ impl Sandboxer {
                     }
                 }
             }
+            // The one built ahead for exactly this base, else one built now.
+            let ruleset = match self.ahead.take() {
+                Some((k, fd)) if k == key => fd,
+                _ => self.build(&key)?,
+            };
+            self.last = Some(key);
             confined.ruleset = Some(ruleset);
         }
 
@@ -1483,5 +1547,89 @@ mod tests {
         assert_eq!(call(libc::SYS_kill, -pgrp), errno(libc::EPERM));
         assert_eq!(call(libc::SYS_kill, -1), errno(libc::EPERM));
         assert_eq!(call(libc::SYS_kill, pid + 1), libc::SECCOMP_RET_ALLOW);
+    }
+
+    /// A directory removed when the test ends, however it ends.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_ruleset_built_ahead_goes_to_the_next_spawn_in_the_same_sandbox_only() {
+        use crate::policy::sandbox::{Given, Names, Template};
+        let mut sb = Sandboxer::new(None).expect("sandboxer");
+        if sb.kernel.abi < 3 {
+            eprintln!(
+                "skipped: this kernel's Landlock (ABI {}) mediates no writes",
+                sb.kernel.abi
+            );
+            return;
+        }
+        let dir = Scratch(std::env::temp_dir().join(format!("execd-ahead-{}", std::process::id())));
+        let (ws, other, tmp) = (dir.0.join("ws"), dir.0.join("other"), dir.0.join("tmp"));
+        for d in [&ws, &other, &tmp] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let given = |cwd: &Path| {
+            let names = Names {
+                cwd: Some(cwd),
+                home: None,
+                tmpdir: Some(&tmp),
+                real: None,
+            };
+            let (sandbox, _) = Template::workspace().resolve(&names);
+            Given {
+                name: "workspace".into(),
+                sandbox,
+                cwd_root: Some(cwd.to_path_buf()),
+                verify_cwd: false,
+                escalated: false,
+            }
+        };
+        let ruleset = |c: &Confined| c.ruleset.as_ref().expect("a ruleset").as_raw_fd();
+        let ahead = |sb: &Sandboxer| sb.ahead.as_ref().map(|(_, fd)| fd.as_raw_fd());
+        sb.trust(&[], &[ws.clone(), other.clone()], &tmp);
+
+        sb.prepare();
+        assert_eq!(
+            ahead(&sb),
+            None,
+            "nothing is built before a sandboxed spawn"
+        );
+        let first = sb.confine(&given(&ws)).expect("confine");
+        sb.prepare();
+        let built = ahead(&sb).expect("built ahead for the next spawn like the last");
+        assert_ne!(built, ruleset(&first));
+        let second = sb.confine(&given(&ws)).expect("confine");
+        assert_eq!(
+            ruleset(&second),
+            built,
+            "the next spawn in that sandbox takes it"
+        );
+        assert_eq!(ahead(&sb), None, "once");
+
+        // Another workspace is another ruleset: the one built ahead is not taken.
+        sb.prepare();
+        let unused = ahead(&sb).expect("built ahead");
+        let third = sb.confine(&given(&other)).expect("confine");
+        assert_ne!(ruleset(&third), unused);
+        assert_eq!(ahead(&sb), None, "closed unused");
+        sb.prepare();
+        assert_eq!(
+            sb.ahead.as_ref().map(|(k, _)| k.clone()),
+            sb.last.clone(),
+            "the next is built for the last sandbox"
+        );
+
+        // New trusted roots forget what was built from the old ones.
+        sb.trust(&[], std::slice::from_ref(&ws), &tmp);
+        assert_eq!(ahead(&sb), None);
+        sb.prepare();
+        assert_eq!(ahead(&sb), None);
+        drop((first, second, third));
     }
 }
