@@ -789,17 +789,20 @@ pub struct Sandboxer {
     tmpdir: Option<PathBuf>,
     /// Roots to trust, opened at the first sandboxed spawn (`trust`).
     pending: Option<(Vec<PathBuf>, Vec<PathBuf>)>,
-    /// What the last sandboxed spawn's ruleset was built from, and a ruleset built from
-    /// it ahead (`prepare`), unused, for the next spawn of the same sandbox.
+    /// What the last sandboxed spawn's ruleset was built from.
     last: Option<RulesetKey>,
-    ahead: Option<(RulesetKey, OwnedFd)>,
+    /// A ruleset built from `last` ahead of the next spawn (`prepare`), unused.
+    ahead: Option<OwnedFd>,
+    /// How many rulesets were built, for the tests.
+    #[cfg(test)]
+    builds: std::cell::Cell<u32>,
 }
 
 /// What the loop builds a spawn's Landlock ruleset from: the rights it handles and the
 /// rules on trusted roots (by path: `trusted` is only replaced by `trust`, which forgets
 /// every key). Two spawns with equal keys get rulesets with the same rules before
 /// their children add the roots their requests named.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct RulesetKey {
     handled: BitFlags<AccessFs>,
     net: bool,
@@ -1042,6 +1045,8 @@ impl Sandboxer {
             pending: None,
             last: None,
             ahead: None,
+            #[cfg(test)]
+            builds: std::cell::Cell::new(0),
         })
     }
 
@@ -1064,22 +1069,26 @@ impl Sandboxer {
     /// Builds, off any spawn's path, the ruleset the next spawn in the last one's sandbox
     /// will take: the loop calls it once no spawn is in flight. A new ruleset for one
     /// spawn, as `confine` would build it then; a spawn in another sandbox closes it
-    /// unused and builds its own.
+    /// unused and builds its own. One that cannot be built (no descriptor free, say) is
+    /// not tried again before the next sandboxed spawn, which builds its own and says
+    /// why it could not.
     pub fn prepare(&mut self) {
         if self.ahead.is_some() {
             return;
         }
-        let Some(key) = self.last.take() else {
+        let Some(key) = &self.last else {
             return;
         };
-        if let Ok(fd) = self.build(&key) {
-            self.ahead = Some((key.clone(), fd));
+        match self.build(key) {
+            Ok(fd) => self.ahead = Some(fd),
+            Err(_) => self.last = None,
         }
-        self.last = Some(key);
     }
 
     /// A new ruleset from `key`.
     fn build(&self, key: &RulesetKey) -> Result<OwnedFd, String> {
+        #[cfg(test)]
+        self.builds.set(self.builds.get() + 1);
         let fail = |e: landlock::RulesetError| format!("Landlock: {e}");
         let mut rs = Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
         if !key.handled.is_empty() {
@@ -1155,9 +1164,10 @@ impl Sandboxer {
             })
     }
 
-    /// Prepares one spawn in sandbox `g`: its ruleset (built here, its own), its mount
-    /// namespace, what its child opens, and the seccomp program it loads. The error is
-    /// the reason the sandbox cannot be given (`sandbox unavailable: ...`).
+    /// Prepares one spawn in sandbox `g`: its ruleset (its own: the one built ahead when
+    /// it has the same rules, else built here), its mount namespace, what its child
+    /// opens, and the seccomp program it loads. The error is the reason the sandbox cannot
+    /// be given (`sandbox unavailable: ...`).
     pub fn confine(&mut self, g: &Given) -> Result<Confined, String> {
         if let Some(why) = self.kernel.unavailable(g) {
             return Err(why);
@@ -1306,8 +1316,10 @@ impl Sandboxer {
                 }
             }
             // The one built ahead for exactly this base, else one built now.
-            let ruleset = match self.ahead.take() {
-                Some((k, fd)) if k == key => fd,
+            let ahead = self.ahead.take();
+            let ruleset = match ahead {
+                Some(fd) if self.last.as_ref() == Some(&key) => fd,
+                // Closed unused.
                 _ => self.build(&key)?,
             };
             self.last = Some(key);
@@ -1558,9 +1570,58 @@ mod tests {
         }
     }
 
+    /// Forks a child that restricts itself with `ruleset` (and `no_new_privs`) and
+    /// creates each file: the errno of each creation, 0 where it was made.
+    fn creations_under(ruleset: &OwnedFd, files: &[&Path]) -> Vec<i32> {
+        let files: Vec<CString> = files
+            .iter()
+            .map(|f| CString::new(f.as_os_str().as_bytes()).expect("no NUL"))
+            .collect();
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the array we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child makes only raw system calls on memory prepared before the
+        // fork, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: as above; nothing here allocates or takes a lock.
+            unsafe {
+                libc::close(fds[0]);
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                let r = libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0);
+                for f in &files {
+                    let e: i32 = if r < 0 {
+                        -1
+                    } else {
+                        let fd = libc::open(f.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o600);
+                        if fd < 0 {
+                            *libc::__errno_location()
+                        } else {
+                            0
+                        }
+                    };
+                    libc::write(fds[1], (&e as *const i32).cast(), 4);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: closing our copy of the write end, once.
+        unsafe { libc::close(fds[1]) };
+        // SAFETY: fds[0] is ours alone from here.
+        let mut read = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut read, &mut out).expect("read");
+        // SAFETY: reaping the child we forked.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        out.chunks(4)
+            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
     #[test]
     fn a_ruleset_built_ahead_goes_to_the_next_spawn_in_the_same_sandbox_only() {
-        use crate::policy::sandbox::{Given, Names, Template};
+        use crate::policy::sandbox::{Names, Template};
         let mut sb = Sandboxer::new(None).expect("sandboxer");
         if sb.kernel.abi < 3 {
             eprintln!(
@@ -1574,62 +1635,90 @@ mod tests {
         for d in [&ws, &other, &tmp] {
             std::fs::create_dir_all(d).expect("mkdir");
         }
-        let given = |cwd: &Path| {
+        let given = |preset: &str, cwd: &Path| {
             let names = Names {
                 cwd: Some(cwd),
                 home: None,
                 tmpdir: Some(&tmp),
                 real: None,
             };
-            let (sandbox, _) = Template::workspace().resolve(&names);
+            let (sandbox, _) = Template::preset(preset).expect("preset").resolve(&names);
             Given {
-                name: "workspace".into(),
+                name: preset.into(),
                 sandbox,
                 cwd_root: Some(cwd.to_path_buf()),
                 verify_cwd: false,
                 escalated: false,
             }
         };
-        let ruleset = |c: &Confined| c.ruleset.as_ref().expect("a ruleset").as_raw_fd();
-        let ahead = |sb: &Sandboxer| sb.ahead.as_ref().map(|(_, fd)| fd.as_raw_fd());
+        let workspace = given("workspace", &ws);
+        let builds = |sb: &Sandboxer| sb.builds.get();
         sb.trust(&[], &[ws.clone(), other.clone()], &tmp);
 
         sb.prepare();
-        assert_eq!(
-            ahead(&sb),
-            None,
-            "nothing is built before a sandboxed spawn"
-        );
-        let first = sb.confine(&given(&ws)).expect("confine");
+        assert_eq!(builds(&sb), 0, "nothing is built before a sandboxed spawn");
+        let first = sb.confine(&workspace).expect("confine");
+        assert_eq!(builds(&sb), 1);
         sb.prepare();
-        let built = ahead(&sb).expect("built ahead for the next spawn like the last");
-        assert_ne!(built, ruleset(&first));
-        let second = sb.confine(&given(&ws)).expect("confine");
         assert_eq!(
-            ruleset(&second),
-            built,
-            "the next spawn in that sandbox takes it"
+            builds(&sb),
+            2,
+            "built ahead for the next spawn like the last"
         );
-        assert_eq!(ahead(&sb), None, "once");
+        sb.prepare();
+        assert_eq!(builds(&sb), 2, "once");
+        let second = sb.confine(&workspace).expect("confine");
+        assert_eq!(builds(&sb), 2, "the next spawn in that sandbox takes it");
+        assert!(sb.ahead.is_none());
+        // What it takes is the sandbox's ruleset: writes in its workspace and its
+        // temporary directory, none in another workspace.
+        let taken = second.ruleset.as_ref().expect("a ruleset");
+        assert_eq!(
+            creations_under(taken, &[&ws.join("a"), &tmp.join("b"), &other.join("c")]),
+            [0, 0, libc::EACCES]
+        );
 
-        // Another workspace is another ruleset: the one built ahead is not taken.
-        sb.prepare();
-        let unused = ahead(&sb).expect("built ahead");
-        let third = sb.confine(&given(&other)).expect("confine");
-        assert_ne!(ruleset(&third), unused);
-        assert_eq!(ahead(&sb), None, "closed unused");
-        sb.prepare();
-        assert_eq!(
-            sb.ahead.as_ref().map(|(k, _)| k.clone()),
-            sb.last.clone(),
-            "the next is built for the last sandbox"
-        );
+        // A sandbox that differs in any input of its ruleset builds its own, and the one
+        // built ahead is closed unused: another workspace, another preset (other rights
+        // handled), the network allowed (TCP not handled), the temporary directory not
+        // writable (no /dev/shm rule).
+        let mut network = workspace.clone();
+        network.sandbox.network = Network::All;
+        let mut no_tmp = workspace.clone();
+        no_tmp.sandbox.write = Paths::Only(vec![ws.clone()]);
+        for (n, g) in [
+            given("workspace", &other),
+            given("read-only", &ws),
+            network,
+            no_tmp,
+        ]
+        .iter()
+        .enumerate()
+        {
+            sb.confine(&workspace).expect("confine");
+            sb.prepare();
+            let before = builds(&sb);
+            let c = sb.confine(g).expect("confine");
+            assert_eq!(builds(&sb), before + 1, "sandbox {n}: built its own");
+            assert!(sb.ahead.is_none(), "sandbox {n}");
+            if n == 0 {
+                let own = c.ruleset.as_ref().expect("a ruleset");
+                assert_eq!(
+                    creations_under(own, &[&ws.join("d"), &other.join("e")]),
+                    [libc::EACCES, 0]
+                );
+            }
+        }
 
         // New trusted roots forget what was built from the old ones.
-        sb.trust(&[], std::slice::from_ref(&ws), &tmp);
-        assert_eq!(ahead(&sb), None);
+        sb.confine(&workspace).expect("confine");
         sb.prepare();
-        assert_eq!(ahead(&sb), None);
-        drop((first, second, third));
+        assert!(sb.ahead.is_some());
+        sb.trust(&[], std::slice::from_ref(&ws), &tmp);
+        assert!(sb.ahead.is_none());
+        let before = builds(&sb);
+        sb.prepare();
+        assert_eq!(builds(&sb), before, "nothing to build from");
+        drop((first, second));
     }
 }
