@@ -750,6 +750,7 @@ fn a_binary_that_does_not_answer_the_pre_flight_is_refused_after_five_seconds() 
     std::fs::write(&script, "#!/bin/sh\nexec sleep 10\n").expect("write");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
+    let before = sched_of(d.pid()).expect("the daemon's policy and nice");
     let started = Instant::now();
     // The daemon serves while it waits for the pre-flight.
     let mut asked = d.client();
@@ -757,6 +758,22 @@ fn a_binary_that_does_not_answer_the_pre_flight_is_refused_after_five_seconds() 
         .send("daemon/upgrade", json!({"binary": script}))
         .expect("send");
     let mut other = d.client();
+    if running_as_root() {
+        // Where the daemon may, the pre-flight and the daemon waiting for it run in real
+        // time (SCHED_RR), and a command started meanwhile does not.
+        wait_until("the pre-flight runs", || {
+            child_running(d.pid(), "sleep 10").is_some()
+        });
+        let probe = child_running(d.pid(), "sleep 10").expect("the pre-flight");
+        assert_eq!(sched_of(probe).map(|s| s.0), Some(2), "the pre-flight");
+        assert_eq!(sched_of(d.pid()).map(|s| s.0), Some(2), "the daemon");
+        let r = ok(
+            &mut other,
+            "bash/exec",
+            json!({"command": "cut -d' ' -f41 /proc/self/stat"}),
+        );
+        assert_eq!(r["stdout"].as_str().map(str::trim), Some("0"), "{r}");
+    }
     for _ in 0..5 {
         meta(&mut other);
         std::thread::sleep(Duration::from_millis(100));
@@ -778,17 +795,21 @@ fn a_binary_that_does_not_answer_the_pre_flight_is_refused_after_five_seconds() 
         zombie_children(d.pid()).is_empty() && !any_child_runs(d.pid(), "sleep 10")
     });
     refused(&d, &script, "did not answer --upgrade-check");
+    assert_eq!(sched_of(d.pid()), Some(before), "the priority is put back");
     serving.goes_on(&d);
 }
 
 /// Whether a child of `pid` runs a command line starting with `cmdline` (words apart).
 fn any_child_runs(pid: i32, cmdline: &str) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
+    child_running(pid, cmdline).is_some()
+}
+
+/// A child of `pid` that runs a command line starting with `cmdline` (words apart).
+fn child_running(pid: i32, cmdline: &str) -> Option<i32> {
+    let dir = std::fs::read_dir("/proc").ok()?;
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .any(|p| {
+        .find(|&p| {
             let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
             let ppid = stat
                 .rsplit(')')

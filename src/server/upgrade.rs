@@ -162,14 +162,18 @@ enum UpgradeStage {
         out: Option<(Receiver, Token)>,
         /// What it printed so far.
         got: Vec<u8>,
+        /// The nice value before the daemon raised its priority for the upgrade
+        /// (`os::raise_for_swap`), put back when the upgrade is refused, or at the answer
+        /// of a new image that would not put it back.
+        nice: Option<i32>,
     },
     /// It answered: the daemon no longer reads requests and waits for spawns in flight.
     Draining {
         to: String,
         /// When serving stopped (CLOCK_MONOTONIC, ns): where the pause starts.
         stopped: i64,
-        /// The nice value before the drain raised the priority to real time (`os::
-        /// raise_for_swap`), put back when the upgrade is refused.
+        /// The nice value before the pre-flight or the drain raised the priority to real
+        /// time (`os::raise_for_swap`), put back when the upgrade is refused.
         nice: Option<i32>,
         /// The new image puts a raised priority back (its pre-flight said so); none is
         /// raised for one that does not.
@@ -222,6 +226,10 @@ impl Server {
         let Some(text) = binary.to_str() else {
             return refuse(self, format!("{} is not a UTF-8 path", binary.display()));
         };
+        // From the pre-flight on, in real time where the daemon may: the new binary's
+        // check, and the daemon reading its answer, would otherwise queue for a CPU behind
+        // the clients it serves (issue 33). Nothing the daemon starts inherits it.
+        let nice = os::raise_for_swap(false);
         let Spawned {
             pid,
             ends,
@@ -230,12 +238,18 @@ impl Server {
         } = match self.children.probe(text, named) {
             Ok(spawned) => spawned,
             Err(e) => {
+                if let Some(nice) = nice {
+                    os::lower_after_swap(nice);
+                }
                 return refuse(
                     self,
                     format!("cannot run {} --upgrade-check: {e}", binary.display()),
-                )
+                );
             }
         };
+        if nice.is_some() {
+            os::raise_pre_flight(pid);
+        }
         let (report_token, out_token) = (Token(self.next_token), Token(self.next_token + 1));
         self.next_token += 2;
         let mut rx = Receiver::from(ends.out);
@@ -258,6 +272,7 @@ impl Server {
                 memory: Some(memory),
                 out: Some((rx, out_token)),
                 got: Vec::new(),
+                nice,
             },
         });
         if let Err(e) = watched {
@@ -455,6 +470,19 @@ impl Server {
                 version: to,
                 restores_priority: restores,
             }) => {
+                let raised = match &up.stage {
+                    UpgradeStage::Probing { nice, .. } => *nice,
+                    _ => None,
+                };
+                // A new image that would not put a raised priority back runs the swap at
+                // the daemon's own; one that would keeps what the pre-flight raised.
+                let nice = match raised {
+                    Some(nice) if !restores => {
+                        os::lower_after_swap(nice);
+                        None
+                    }
+                    raised => raised,
+                };
                 self.close_probe();
                 self.core.log.line(format_args!(
                     "upgrade: {binary} is execd {to} and takes state version {}; no longer \
@@ -467,7 +495,8 @@ impl Server {
                         stopped: os::monotonic_ns(),
                         // The drain is part of the pause: in real time where the daemon
                         // may (what it starts meanwhile does not inherit it).
-                        nice: restores.then(|| os::raise_for_swap(false)).flatten(),
+                        nice: nice
+                            .or_else(|| restores.then(|| os::raise_for_swap(false)).flatten()),
                         restores,
                     };
                 }
@@ -569,6 +598,9 @@ impl Server {
             self.timers.cancel(t);
         }
         if let UpgradeStage::Draining {
+            nice: Some(nice), ..
+        }
+        | UpgradeStage::Probing {
             nice: Some(nice), ..
         } = up.stage
         {

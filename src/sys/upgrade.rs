@@ -75,6 +75,16 @@ pub fn raise_for_swap(nice_too: bool) -> Option<i32> {
     (unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, SWAP_NICE) } == 0).then_some(before)
 }
 
+/// Runs the upgrade's pre-flight `pid` (the new binary with `--upgrade-check`) as the
+/// daemon runs once `raise_for_swap` raised it: `SCHED_RR` at the lowest real-time
+/// priority, with `SCHED_RESET_ON_FORK`. A child that already ended is left alone; where
+/// the kernel refuses, it runs at the normal priority, as before.
+pub fn raise_pre_flight(pid: libc::pid_t) {
+    let rt = libc::sched_param { sched_priority: 1 };
+    // SAFETY: a sched_param we own; pid is the daemon's own child, not yet reaped.
+    unsafe { libc::sched_setscheduler(pid, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &rt) };
+}
+
 /// Whether the daemon holds `CAP_SYS_NICE` in its effective set (`CapEff` of
 /// `/proc/self/status`).
 fn has_sys_nice() -> bool {
