@@ -2158,9 +2158,16 @@ fn main() {
         ("upgrade", bench_upgrade),
         ("ws", bench_ws),
     ];
-    if let Err(e) = build_as_released() {
-        eprintln!("bench: {e}");
-        std::process::exit(1);
+    // Binaries named by EXECD_BENCH_BIN_DIR (another commit's, for an A/B run) are
+    // measured as they are; otherwise this tree's, built as released.
+    match std::env::var_os(common::BENCH_BIN_DIR) {
+        Some(dir) => eprintln!("bench: measuring the binaries in {}", dir.to_string_lossy()),
+        None => {
+            if let Err(e) = build_as_released() {
+                eprintln!("bench: {e}");
+                std::process::exit(1);
+            }
+        }
     }
     let mut rows = Vec::new();
     let start = Instant::now();

@@ -1249,9 +1249,10 @@ fn sched_of(pid: i32) -> Option<(i64, i64)> {
 
 /// Where the daemon may (root here), it runs the swap in real time (`SCHED_RR`), so the
 /// new image does not queue for a CPU behind the clients it serves: raised while the new
-/// image is paused before it rebuilds, back to the normal policy and its nice once it
-/// serves, and no command started after the upgrade inherits it. A refused upgrade puts
-/// it back too.
+/// image is paused before it rebuilds, kept while it catches up with what queued during
+/// the pause, back to the normal policy and its nice once it has; and no command it
+/// starts inherits it, not even one asked for during the pause and started as the new
+/// image catches up. A refused upgrade puts it back too.
 #[test]
 fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     if !running_as_root() {
@@ -1263,20 +1264,30 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     let mut c = d.client();
     let before = sched_of(pid).expect("the daemon's policy and nice");
     assert_eq!(before.0, 0, "it runs under the normal policy");
+    let policy_and_nice = json!({"command": "cut -d' ' -f19,41 /proc/self/stat"});
     unsafe_kill(pid, libc::SIGUSR2);
     // Real time (SCHED_RR) for the swap, as root may.
     wait_until("the swap runs raised", || {
         sched_of(pid).is_some_and(|(policy, _)| policy == 2)
     });
-    wait_until("the new image serves", || {
-        meta(&mut c)["upgrades"].as_u64() == Some(1)
+    // Once the old image has handed over, the new one is paused before it rebuilds: this
+    // waits in the socket, and is started in the new image's first turn, while it still
+    // runs in real time.
+    wait_until("the old image hands over", || {
+        d.log().contains("upgrade: handing")
     });
-    assert_eq!(sched_of(pid), Some(before));
-    let r = ok(
-        &mut c,
-        "bash/exec",
-        json!({"command": "cut -d' ' -f19,41 /proc/self/stat"}),
+    c.send("bash/exec", policy_and_nice.clone()).expect("send");
+    let queued = read_response(&mut c);
+    assert_eq!(
+        queued["result"]["stdout"].as_str().map(str::trim),
+        Some(format!("{} 0", before.1).as_str()),
+        "a command started as the new image catches up: {queued}"
     );
+    assert_eq!(meta(&mut c)["upgrades"], 1, "the new image serves");
+    wait_until("the priority is put back once the new image caught up", || {
+        sched_of(pid) == Some(before)
+    });
+    let r = ok(&mut c, "bash/exec", policy_and_nice);
     assert_eq!(
         r["stdout"].as_str().map(str::trim),
         Some(format!("{} 0", before.1).as_str())

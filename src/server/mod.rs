@@ -179,6 +179,9 @@ pub struct Server {
     final_sweep_until: Option<Instant>,
     /// What this image, resumed from an upgrade, tells once it serves.
     resumed: Option<upgrade::Resumed>,
+    /// The real time an upgrade's swap ran in, kept until this image caught up with what
+    /// queued during the pause: the nice value to put back, and the latest it stays.
+    swap_raised: Option<(i32, Instant)>,
     /// WebSockets owed a screen frame (`ws`).
     frames_due: Vec<Token>,
     ws_frames_armed: bool,
@@ -287,6 +290,7 @@ impl Server {
             status_pending: false,
             upgrade: None,
             resumed: None,
+            swap_raised: None,
             final_sweep_until: None,
             frames_due: Vec::new(),
             ws_frames_armed: false,
@@ -408,6 +412,13 @@ impl Server {
             // a client that reads the log after an answer finds what led to it.
             self.write_log();
             self.flush_dirty();
+            // A turn that took in all there was and left nothing over: an image resumed
+            // from an upgrade has caught up, and the swap's real time goes.
+            self.settle_after_swap(
+                events.iter().count() < events.capacity()
+                    && !self.children.busy()
+                    && self.clients.dirty.is_empty(),
+            );
             // Spares for the next spawns are cloned after the answers are out.
             let stopping = self.shutdown.is_some() || self.draining();
             self.children.spares(!stopping);

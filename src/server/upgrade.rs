@@ -63,6 +63,8 @@ use crate::wire::state::{
 const PROBE_TIME: Duration = Duration::from_secs(5);
 /// How long the daemon waits for spawns in flight before it gives up on an upgrade.
 const DRAIN_TIME: Duration = Duration::from_secs(5);
+/// The longest the image that resumed keeps the swap's real time while it catches up.
+const CATCH_UP_TIME: Duration = Duration::from_millis(100);
 /// The most of the pre-flight's output kept, for its answer or for saying why it failed.
 const PROBE_OUTPUT: usize = 4096;
 
@@ -229,7 +231,11 @@ impl Server {
         // From the pre-flight on, in real time where the daemon may: the new binary's
         // check, and the daemon reading its answer, would otherwise queue for a CPU behind
         // the clients it serves (issue 33). Nothing the daemon starts inherits it.
-        let nice = os::raise_for_swap(false);
+        let nice = self
+            .swap_raised
+            .take()
+            .map(|(nice, _)| nice)
+            .or_else(|| os::raise_for_swap(false));
         let Spawned {
             pid,
             ends,
@@ -874,11 +880,17 @@ impl Server {
                 crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
                 if let Some(r) = server.resumed.as_mut() {
                     r.state_bytes = bytes.len();
-                    // The swap is over: the priority it was given goes back before
-                    // anything is spawned (a shell restarted as its exit is reaped
-                    // next), so no command inherits it.
-                    if let Some(nice) = r.nice {
-                        os::lower_after_swap(nice);
+                    // The swap is over. Real time, which nothing spawned inherits, stays
+                    // while this image catches up with what queued during the pause (the
+                    // clients it serves would otherwise get a CPU first); a raised nice
+                    // goes back before anything is spawned (a shell restarted as its
+                    // exit is reaped next), so no command inherits it.
+                    match r.nice {
+                        Some(nice) if os::real_time() => {
+                            server.swap_raised = Some((nice, Instant::now() + CATCH_UP_TIME));
+                        }
+                        Some(nice) => os::lower_after_swap(nice),
+                        None => {}
                     }
                 }
                 server.reap_all();
@@ -1059,6 +1071,7 @@ impl Server {
             sinks,
             upgrade: None,
             resumed: Some(resumed),
+            swap_raised: None,
             final_sweep_until: None,
             frames_due: Vec::new(),
             ws_frames_armed: false,
@@ -1080,6 +1093,18 @@ impl Server {
         }
         server.core.out.extend(flush);
         Ok(server)
+    }
+
+    /// At the end of a turn: once this image has caught up with what queued during the
+    /// swap (`caught_up`: the turn took in every event there was and left nothing over),
+    /// or at the latest `CATCH_UP_TIME` after it resumed, the swap's real time goes.
+    pub(super) fn settle_after_swap(&mut self, caught_up: bool) {
+        if let Some((nice, until)) = self.swap_raised {
+            if caught_up || Instant::now() >= until {
+                self.swap_raised = None;
+                os::lower_after_swap(nice);
+            }
+        }
     }
 
     /// After a resume: the loop's own timers that the carried state calls for.

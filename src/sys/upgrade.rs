@@ -112,6 +112,14 @@ pub fn lower_after_swap(nice: i32) {
     }
 }
 
+/// Whether the calling thread runs in real time (what `raise_for_swap` gives where the
+/// kernel lets it; nice alone, the fallback, is not): its children do not inherit it.
+pub fn real_time() -> bool {
+    // SAFETY: plain integers; 0 is the calling thread.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    policy >= 0 && policy & !libc::SCHED_RESET_ON_FORK == libc::SCHED_RR
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock both images read, where `Instant` cannot
 /// travel.
 pub fn monotonic_ns() -> i64 {
