@@ -1307,6 +1307,8 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
         d.log().contains("the new image refused the state")
     });
     meta(&mut c);
-    assert_eq!(sched_of(d.pid()), Some(before));
+    wait_until("the old image puts its priority back once it caught up", || {
+        sched_of(d.pid()) == Some(before)
+    });
     assert_no_panic(&d);
 }
