@@ -2161,7 +2161,16 @@ fn main() {
     // Binaries named by EXECD_BENCH_BIN_DIR (another commit's, for an A/B run) are
     // measured as they are; otherwise this tree's, built as released.
     match std::env::var_os(common::BENCH_BIN_DIR) {
-        Some(dir) => eprintln!("bench: measuring the binaries in {}", dir.to_string_lossy()),
+        Some(dir) => {
+            let dir = std::path::PathBuf::from(dir);
+            for name in ["execd", "execctl"] {
+                if !dir.join(name).is_file() {
+                    eprintln!("bench: {} is not there", dir.join(name).display());
+                    std::process::exit(1);
+                }
+            }
+            eprintln!("bench: measuring the binaries in {}", dir.display());
+        }
         None => {
             if let Err(e) = build_as_released() {
                 eprintln!("bench: {e}");

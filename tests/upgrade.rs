@@ -1284,9 +1284,20 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
         "a command started as the new image catches up: {queued}"
     );
     assert_eq!(meta(&mut c)["upgrades"], 1, "the new image serves");
-    wait_until("the priority is put back once the new image caught up", || {
-        sched_of(pid) == Some(before)
+    wait_until(
+        "the priority is put back once the new image caught up",
+        || sched_of(pid) == Some(before),
+    );
+    // It was kept into the new image's loop, and given back as it caught up.
+    wait_until("the new image says when it gave real time back", || {
+        d.log().contains("upgrade: real time given back after")
     });
+    let log = d.log();
+    let given = log
+        .lines()
+        .find(|l| l.contains("upgrade: real time given back after"))
+        .unwrap_or_default();
+    assert!(given.ends_with("(caught up)"), "{given}");
     let r = ok(&mut c, "bash/exec", policy_and_nice);
     assert_eq!(
         r["stdout"].as_str().map(str::trim),
@@ -1307,8 +1318,9 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
         d.log().contains("the new image refused the state")
     });
     meta(&mut c);
-    wait_until("the old image puts its priority back once it caught up", || {
-        sched_of(d.pid()) == Some(before)
-    });
+    wait_until(
+        "the old image puts its priority back once it caught up",
+        || sched_of(d.pid()) == Some(before),
+    );
     assert_no_panic(&d);
 }

@@ -180,8 +180,8 @@ pub struct Server {
     /// What this image, resumed from an upgrade, tells once it serves.
     resumed: Option<upgrade::Resumed>,
     /// The real time an upgrade's swap ran in, kept until this image caught up with what
-    /// queued during the pause: the nice value to put back, and the latest it stays.
-    swap_raised: Option<(i32, Instant)>,
+    /// queued during the pause.
+    swap_raised: Option<upgrade::SwapRaised>,
     /// WebSockets owed a screen frame (`ws`).
     frames_due: Vec<Token>,
     ws_frames_armed: bool,
@@ -340,6 +340,7 @@ impl Server {
                     self.timers.next_deadline(),
                     self.children.reader_due(Instant::now()),
                     (!self.given_back).then_some(idle_at),
+                    self.swap_raised.as_ref().map(|r| r.until),
                 ]
                 .into_iter()
                 .flatten()
@@ -367,9 +368,13 @@ impl Server {
                     .iter()
                     .any(|ev| !self.children.reader_owns(ev.token()));
             self.core.tick(Instant::now(), SystemTime::now());
+            let mut accepted = false;
             for ev in events.iter() {
                 match ev.token() {
-                    t if self.listeners.owns(t) => self.accept(t),
+                    t if self.listeners.owns(t) => {
+                        self.accept(t);
+                        accepted = true;
+                    }
                     SIGNALS => self.on_signals(),
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
@@ -413,9 +418,11 @@ impl Server {
             self.write_log();
             self.flush_dirty();
             // A turn that took in all there was and left nothing over: an image resumed
-            // from an upgrade has caught up, and the swap's real time goes.
+            // from an upgrade has caught up, and the swap's real time goes. (Connections
+            // accepted in this turn are read in the next: not caught up yet.)
             self.settle_after_swap(
-                events.iter().count() < events.capacity()
+                !accepted
+                    && events.iter().count() < events.capacity()
                     && !self.children.busy()
                     && self.clients.dirty.is_empty(),
             );

@@ -183,6 +183,18 @@ enum UpgradeStage {
     },
 }
 
+/// The real time of an upgrade's swap, kept by the image that resumed while it catches
+/// up with what queued during the pause (`Server::settle_after_swap`).
+pub(super) struct SwapRaised {
+    /// The nice value to put back.
+    pub(super) nice: i32,
+    /// When the image resumed, and the latest it keeps real time.
+    since: Instant,
+    pub(super) until: Instant,
+    /// Turns of the loop since.
+    turns: u32,
+}
+
 /// What an image resumed from an upgrade (or handed back one) tells once it serves.
 pub(super) struct Resumed {
     from: String,
@@ -234,7 +246,7 @@ impl Server {
         let nice = self
             .swap_raised
             .take()
-            .map(|(nice, _)| nice)
+            .map(|r| r.nice)
             .or_else(|| os::raise_for_swap(false));
         let Spawned {
             pid,
@@ -665,9 +677,10 @@ impl Server {
             return;
         };
         self.close_websockets();
-        // From here to the first turn of the image that serves next, at a raised priority
-        // where the daemon may: nothing is spawned meanwhile (the drain is over), and
-        // that image puts it back before it spawns anything.
+        // From here to the image that serves next, at a raised priority where the daemon
+        // may: nothing is spawned meanwhile (the drain is over). That image keeps real
+        // time (which nothing it spawns inherits) while it catches up, and puts a raised
+        // nice back before it spawns anything.
         let nice = nice.or_else(|| restores.then(|| os::raise_for_swap(true)).flatten());
         let pausing = os::monotonic_ns();
         if let Some(n) = &self.notifier {
@@ -887,7 +900,13 @@ impl Server {
                     // exit is reaped next), so no command inherits it.
                     match r.nice {
                         Some(nice) if os::real_time() => {
-                            server.swap_raised = Some((nice, Instant::now() + CATCH_UP_TIME));
+                            let since = Instant::now();
+                            server.swap_raised = Some(SwapRaised {
+                                nice,
+                                since,
+                                until: since + CATCH_UP_TIME,
+                                turns: 0,
+                            });
                         }
                         Some(nice) => os::lower_after_swap(nice),
                         None => {}
@@ -1099,12 +1118,25 @@ impl Server {
     /// swap (`caught_up`: the turn took in every event there was and left nothing over),
     /// or at the latest `CATCH_UP_TIME` after it resumed, the swap's real time goes.
     pub(super) fn settle_after_swap(&mut self, caught_up: bool) {
-        if let Some((nice, until)) = self.swap_raised {
-            if caught_up || Instant::now() >= until {
-                self.swap_raised = None;
-                os::lower_after_swap(nice);
-            }
+        let Some(r) = self.swap_raised.as_mut() else {
+            return;
+        };
+        r.turns += 1;
+        let now = Instant::now();
+        if !caught_up && now < r.until {
+            return;
         }
+        let (nice, turns, ms) = (r.nice, r.turns, (now - r.since).as_secs_f64() * 1e3);
+        self.swap_raised = None;
+        os::lower_after_swap(nice);
+        self.core.log.line(format_args!(
+            "upgrade: real time given back after {turns} turn(s) and {ms:.1} ms ({})",
+            if caught_up {
+                "caught up"
+            } else {
+                "at its bound"
+            }
+        ));
     }
 
     /// After a resume: the loop's own timers that the carried state calls for.

@@ -102,11 +102,16 @@ fn has_sys_nice() -> bool {
 /// the nice value `nice` it had.
 pub fn lower_after_swap(nice: i32) {
     let normal = libc::sched_param { sched_priority: 0 };
-    // SAFETY: a sched_param we own, plain integers; 0 is the calling thread. Lowering
-    // one's own priority is always allowed.
+    // SAFETY: a sched_param we own, plain integers; 0 is the calling thread. Leaving real
+    // time and raising one's nice value are always allowed; clearing
+    // SCHED_RESET_ON_FORK is not (an image that lost CAP_SYS_NICE, say one installed
+    // without the file capability the old one had), and then the normal policy with
+    // the flag kept is what is left to ask for, rather than staying in real time.
     unsafe {
-        if libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK != libc::SCHED_OTHER {
-            libc::sched_setscheduler(0, libc::SCHED_OTHER, &normal);
+        if libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK != libc::SCHED_OTHER
+            && libc::sched_setscheduler(0, libc::SCHED_OTHER, &normal) != 0
+        {
+            libc::sched_setscheduler(0, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &normal);
         }
         libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
