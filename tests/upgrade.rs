@@ -1265,6 +1265,8 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     let before = sched_of(pid).expect("the daemon's policy and nice");
     assert_eq!(before.0, 0, "it runs under the normal policy");
     let policy_and_nice = json!({"command": "cut -d' ' -f19,41 /proc/self/stat"});
+    // Connected and served before the upgrade: carried, not accepted by the new image.
+    meta(&mut c);
     unsafe_kill(pid, libc::SIGUSR2);
     // Real time (SCHED_RR) for the swap, as root may.
     wait_until("the swap runs raised", || {

@@ -908,7 +908,9 @@ impl Server {
                                 turns: 0,
                             });
                         }
-                        Some(nice) => os::lower_after_swap(nice),
+                        Some(nice) => {
+                            os::lower_after_swap(nice);
+                        }
                         None => {}
                     }
                 }
@@ -1115,8 +1117,9 @@ impl Server {
     }
 
     /// At the end of a turn: once this image has caught up with what queued during the
-    /// swap (`caught_up`: the turn took in every event there was and left nothing over),
-    /// or at the latest `CATCH_UP_TIME` after it resumed, the swap's real time goes.
+    /// swap (`caught_up`: the turn took in every event there was, accepted no connection
+    /// and left nothing over), or at the latest `CATCH_UP_TIME` after it rebuilt, the
+    /// swap's real time goes. (A new upgrade begun meanwhile takes it over instead.)
     pub(super) fn settle_after_swap(&mut self, caught_up: bool) {
         let Some(r) = self.swap_raised.as_mut() else {
             return;
@@ -1128,7 +1131,13 @@ impl Server {
         }
         let (nice, turns, ms) = (r.nice, r.turns, (now - r.since).as_secs_f64() * 1e3);
         self.swap_raised = None;
-        os::lower_after_swap(nice);
+        if !os::lower_after_swap(nice) {
+            self.core.log.warn(format_args!(
+                "upgrade: the kernel refused to put the normal scheduling policy back; \
+                 the daemon stays in real time"
+            ));
+            return;
+        }
         self.core.log.line(format_args!(
             "upgrade: real time given back after {turns} turn(s) and {ms:.1} ms ({})",
             if caught_up {

@@ -99,8 +99,9 @@ fn has_sys_nice() -> bool {
 }
 
 /// Puts the calling thread back as it was before `raise_for_swap`: the normal policy and
-/// the nice value `nice` it had.
-pub fn lower_after_swap(nice: i32) {
+/// the nice value `nice` it had. Whether it is out of real time now (a seccomp filter or
+/// a security module could refuse even that).
+pub fn lower_after_swap(nice: i32) -> bool {
     let normal = libc::sched_param { sched_priority: 0 };
     // SAFETY: a sched_param we own, plain integers; 0 is the calling thread. Leaving real
     // time and raising one's nice value are always allowed; clearing
@@ -115,6 +116,7 @@ pub fn lower_after_swap(nice: i32) {
         }
         libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
+    !real_time()
 }
 
 /// Whether the calling thread runs in real time (what `raise_for_swap` gives where the
