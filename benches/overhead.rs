@@ -14,6 +14,12 @@
 #[path = "../tests/util/mod.rs"]
 mod common;
 
+#[path = "overhead/floor.rs"]
+mod floor;
+
+/// The argument that makes this binary the floor server (`floor`) instead.
+const FLOOR_FLAG: &str = "--floor-server";
+
 use std::io::{BufRead, Read};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -147,15 +153,32 @@ fn direct_true() {
     assert!(st.success());
 }
 
+/// The floor server (`floor`), started from this binary, on a temporary socket.
+fn floor_server() -> Daemon {
+    let dir = common::TempDir::new();
+    let socket = dir.path().join("floor.sock");
+    let child = Command::new(std::env::current_exe().expect("the bench's own binary"))
+        .arg(FLOOR_FLAG)
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the floor server");
+    Daemon::adopt(Some(child), socket, dir)
+}
+
 // 1. ---------------------------------------------------------------------------------------
 fn bench_spawn(rows: &mut Vec<Row>) {
     let d = Daemon::start(&[]);
+    let f = floor_server();
     let mut c = client(&d);
+    let mut fc = client(&f);
     for _ in 0..20 {
         direct_true();
         execd_run(&mut c, "/bin/true", &[]);
+        execd_run(&mut fc, "/bin/true", &[]);
     }
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a, mut b, mut fl) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..300 {
         let t = Instant::now();
         direct_true();
@@ -163,8 +186,11 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         let t = Instant::now();
         execd_run(&mut c, "/bin/true", &[]);
         b.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        execd_run(&mut fc, "/bin/true", &[]);
+        fl.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let (ma, mb) = (median(&mut a), median(&mut b));
+    let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut fl));
     report(
         rows,
         "1 spawn round trip (median)".into(),
@@ -172,6 +198,14 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         format!("{mb:.0} us"),
         format!("{:.2}", mb / ma),
         "<= 1.10".into(),
+    );
+    report(
+        rows,
+        "1 ... the floor server (benches/overhead/floor.rs) in execd's place".into(),
+        format!("{ma:.0} us"),
+        format!("floor {mf:.0} us"),
+        format!("{:.2}", mf / ma),
+        "-".into(),
     );
 }
 
@@ -681,56 +715,61 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     const THREADS: usize = 16;
     const EACH: usize = 40;
     let d = Daemon::start(&[]);
-    let socket = d.socket.clone();
-    // Commands per second of one round; with `ping`, also the latencies of a ping on its
-    // own connection to that socket meanwhile.
-    let run_round = |via_execd: bool, ping: Option<&std::path::Path>| -> (f64, Vec<f64>) {
-        let barrier = Arc::new(Barrier::new(THREADS + 1));
-        let handles: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let barrier = Arc::clone(&barrier);
-                let socket = socket.clone();
-                std::thread::spawn(move || {
-                    let mut c = via_execd.then(|| {
-                        let mut c = Client::connect(&socket).expect("connect");
-                        c.timeout = Some(Duration::from_secs(300));
-                        c
-                    });
-                    barrier.wait();
-                    for _ in 0..EACH {
-                        match c.as_mut() {
-                            Some(c) => {
-                                execd_run(c, "/bin/true", &[]);
+    let f = floor_server();
+    // Commands per second of one round, made directly or through the server on `via`;
+    // with `ping`, also the latencies of a ping on its own connection to that socket
+    // meanwhile.
+    let run_round =
+        |via: Option<&std::path::Path>, ping: Option<&std::path::Path>| -> (f64, Vec<f64>) {
+            let barrier = Arc::new(Barrier::new(THREADS + 1));
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let barrier = Arc::clone(&barrier);
+                    let via = via.map(std::path::Path::to_path_buf);
+                    std::thread::spawn(move || {
+                        let mut c = via.map(|socket| {
+                            let mut c = Client::connect(&socket).expect("connect");
+                            c.timeout = Some(Duration::from_secs(300));
+                            c
+                        });
+                        barrier.wait();
+                        for _ in 0..EACH {
+                            match c.as_mut() {
+                                Some(c) => {
+                                    execd_run(c, "/bin/true", &[]);
+                                }
+                                None => direct_true(),
                             }
-                            None => direct_true(),
                         }
-                    }
+                    })
                 })
-            })
-            .collect();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let pings = ping.map(|socket| {
-            let (socket, stop) = (socket.to_path_buf(), Arc::clone(&stop));
-            std::thread::spawn(move || pinger(socket, stop))
-        });
-        barrier.wait();
-        let t = Instant::now();
-        for h in handles {
-            h.join().expect("bench thread");
-        }
-        let rate = (THREADS * EACH) as f64 / t.elapsed().as_secs_f64();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let lat = pings.map_or(Vec::new(), |p| p.join().expect("pinger"));
-        (rate, lat)
-    };
-    run_round(false, None);
-    run_round(true, None);
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+                .collect();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let pings = ping.map(|socket| {
+                let (socket, stop) = (socket.to_path_buf(), Arc::clone(&stop));
+                std::thread::spawn(move || pinger(socket, stop))
+            });
+            barrier.wait();
+            let t = Instant::now();
+            for h in handles {
+                h.join().expect("bench thread");
+            }
+            let rate = (THREADS * EACH) as f64 / t.elapsed().as_secs_f64();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let lat = pings.map_or(Vec::new(), |p| p.join().expect("pinger"));
+            (rate, lat)
+        };
+    let (execd, floor) = (Some(d.socket.as_path()), Some(f.socket.as_path()));
+    run_round(None, None);
+    run_round(execd, None);
+    run_round(floor, None);
+    let (mut a, mut b, mut fl) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..5 {
-        a.push(run_round(false, None).0);
-        b.push(run_round(true, None).0);
+        a.push(run_round(None, None).0);
+        b.push(run_round(execd, None).0);
+        fl.push(run_round(floor, None).0);
     }
-    let (ma, mb) = (median(&mut a), median(&mut b));
+    let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut fl));
     report(
         rows,
         "2 parallel x16 (cmds/s)".into(),
@@ -739,21 +778,31 @@ fn bench_parallel(rows: &mut Vec<Row>) {
         format!("{:.2}", mb / ma),
         ">= 0.95".into(),
     );
+    report(
+        rows,
+        "2 ... the floor server in execd's place".into(),
+        format!("{ma:.0}/s"),
+        format!("floor {mf:.0}/s"),
+        format!("{:.2}", mf / ma),
+        "-".into(),
+    );
     // The same load through execd while another client pings it: the loop never waits
     // for a spawn, so the ping waits at most for a turn, and for a CPU. Beside it, what
     // the load alone costs a ping: the same spawns made directly while a daemon with
     // nothing else to do is pinged (on two CPUs, 16 spawning threads and their children
-    // keep the pinging thread and the daemon waiting for a CPU either way).
+    // keep the pinging thread and the daemon waiting for a CPU either way); and the floor
+    // server pinged while the same spawns go through it.
     let quiet = Daemon::start(&[]);
-    let (mut lat, mut load) = (Vec::new(), Vec::new());
+    let (mut lat, mut load, mut flat) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
-        lat.extend(run_round(true, Some(&socket)).1);
-        load.extend(run_round(false, Some(&quiet.socket)).1);
+        lat.extend(run_round(execd, execd).1);
+        load.extend(run_round(None, Some(&quiet.socket)).1);
+        flat.extend(run_round(floor, floor).1);
     }
     let mut idle = Vec::new();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let idle_pings = {
-        let (socket, stop) = (socket.clone(), Arc::clone(&stop));
+        let (socket, stop) = (d.socket.clone(), Arc::clone(&stop));
         std::thread::spawn(move || pinger(socket, stop))
     };
     std::thread::sleep(Duration::from_secs(1));
@@ -762,6 +811,7 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     let (i50, i99) = (percentile(&mut idle, 0.5), percentile(&mut idle, 0.99));
     let (l50, l99) = (percentile(&mut load, 0.5), percentile(&mut load, 0.99));
     let (p50, p99) = (percentile(&mut lat, 0.5), percentile(&mut lat, 0.99));
+    let (f50, f99) = (percentile(&mut flat, 0.5), percentile(&mut flat, 0.99));
     report(
         rows,
         "2b ping while 16 clients spawn".into(),
@@ -776,6 +826,17 @@ fn bench_parallel(rows: &mut Vec<Row>) {
         format!("p50 {l50:.2} ms, p99 {l99:.2} ms ({} pings)", load.len()),
         format!("p50 {p50:.2} ms, p99 {p99:.2} ms"),
         format!("{:.2} (p99)", p99 / l99),
+        "-".into(),
+    );
+    report(
+        rows,
+        "2b ... the floor server pinged while the spawns go through it".into(),
+        format!("p50 {l50:.2} ms, p99 {l99:.2} ms"),
+        format!(
+            "floor p50 {f50:.2} ms, p99 {f99:.2} ms ({} pings)",
+            flat.len()
+        ),
+        format!("{:.2} (p99)", f99 / l99),
         "-".into(),
     );
 }
@@ -2132,6 +2193,16 @@ fn build_as_released() -> Result<(), String> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == FLOOR_FLAG) {
+        match args.get(i + 1) {
+            Some(socket) => floor::serve(std::path::Path::new(socket)),
+            None => {
+                eprintln!("bench: {FLOOR_FLAG} SOCKET");
+                std::process::exit(2);
+            }
+        }
+    }
     // `cargo bench` passes `--bench`; anything else not starting with '-' selects benches.
     let filters: Vec<String> = std::env::args()
         .skip(1)
