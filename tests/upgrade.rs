@@ -758,7 +758,7 @@ fn a_binary_that_does_not_answer_the_pre_flight_is_refused_after_five_seconds() 
         .send("daemon/upgrade", json!({"binary": script}))
         .expect("send");
     let mut other = d.client();
-    if running_as_root() {
+    if may_raise_priority() {
         // Where the daemon may, the pre-flight and the daemon waiting for it run in real
         // time (SCHED_RR), and a command started meanwhile does not.
         wait_until("the pre-flight runs", || {
@@ -1255,8 +1255,8 @@ fn sched_of(pid: i32) -> Option<(i64, i64)> {
 /// image catches up. A refused upgrade puts it back too.
 #[test]
 fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
-    if !running_as_root() {
-        skip("raising a priority needs root or CAP_SYS_NICE");
+    if !may_raise_priority() {
+        skip("raising a priority needs CAP_SYS_NICE");
         return;
     }
     let (d, _audit) = daemon_with_env(&[], &[("EXECD_TEST_SWAP_PAUSE_MS", "1500")]);

@@ -502,6 +502,20 @@ pub fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether this process may raise a priority (real time, a lower nice), as a daemon it
+/// starts then may: `CAP_SYS_NICE` in its effective set, which root in a container can
+/// lack (being root is not enough).
+pub fn may_raise_priority() -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(caps.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+}
+
 /// Has `cmd` run as uid and gid 65534 (nobody), with no other group; the test process
 /// must be root (`running_as_root`).
 pub fn as_nobody(cmd: &mut Command) {
