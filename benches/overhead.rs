@@ -204,7 +204,7 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         "1 ... the floor server (benches/overhead/floor.rs) in execd's place".into(),
         format!("{ma:.0} us"),
         format!("floor {mf:.0} us"),
-        format!("{:.2}", mf / ma),
+        format!("{:.2} (execd / floor {:.2})", mf / ma, mb / mf),
         "-".into(),
     );
 }
@@ -783,7 +783,7 @@ fn bench_parallel(rows: &mut Vec<Row>) {
         "2 ... the floor server in execd's place".into(),
         format!("{ma:.0}/s"),
         format!("floor {mf:.0}/s"),
-        format!("{:.2}", mf / ma),
+        format!("{:.2} (execd / floor {:.2})", mf / ma, mb / mf),
         "-".into(),
     );
     // The same load through execd while another client pings it: the loop never waits
