@@ -3,7 +3,9 @@
 //! Each bench starts the release `execd` on a temporary socket and interleaves the two
 //! sides (direct, execd, direct, execd, ...) in one run, so both see the same machine
 //! load. It prints medians and the ratio per bench, then a summary table. No thresholds:
-//! the targets are printed beside the figures.
+//! the targets are printed beside the figures. Rows 1 and 2 run a third side, the floor
+//! server (`floor`, this binary run with `--floor-server SOCKET`): a minimal server for
+//! the same methods, whose lines give floor / direct and execd / floor.
 //!
 //! Run: `cargo bench` (all), or `cargo bench -- spawn stream` (by name: spawn, cgroup,
 //! kill, policy, http, shell, mcp, parallel, ingest, stream, memory, scale, hold, pty,
@@ -17,15 +19,15 @@ mod common;
 #[path = "overhead/floor.rs"]
 mod floor;
 
-/// The argument that makes this binary the floor server (`floor`) instead.
-const FLOOR_FLAG: &str = "--floor-server";
-
 use std::io::{BufRead, Read};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::{json, Client, Daemon, Value};
+
+/// The argument that makes this binary the floor server (`floor`) instead.
+const FLOOR_FLAG: &str = "--floor-server";
 
 /// A bench adds its rows to the summary.
 type Bench = fn(&mut Vec<Row>);
@@ -164,6 +166,15 @@ fn floor_server() -> Daemon {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn the floor server");
+    // It listens, or it exits having said why on stderr.
+    let mut child = child;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() && Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the floor server exited before it listened: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     Daemon::adopt(Some(child), socket, dir)
 }
 
@@ -179,16 +190,26 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         execd_run(&mut fc, "/bin/true", &[]);
     }
     let (mut a, mut b, mut fl) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..300 {
-        let t = Instant::now();
-        direct_true();
-        a.push(t.elapsed().as_secs_f64() * 1e6);
-        let t = Instant::now();
-        execd_run(&mut c, "/bin/true", &[]);
-        b.push(t.elapsed().as_secs_f64() * 1e6);
-        let t = Instant::now();
-        execd_run(&mut fc, "/bin/true", &[]);
-        fl.push(t.elapsed().as_secs_f64() * 1e6);
+    // Each side goes first in turn, so none always follows the same one (what a daemon
+    // does after its last answer would otherwise land in the next side's time).
+    for i in 0..300 {
+        for side in 0..3 {
+            let t = Instant::now();
+            match (i + side) % 3 {
+                0 => {
+                    direct_true();
+                    a.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                1 => {
+                    execd_run(&mut c, "/bin/true", &[]);
+                    b.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                _ => {
+                    execd_run(&mut fc, "/bin/true", &[]);
+                    fl.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
     }
     let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut fl));
     report(
@@ -204,7 +225,7 @@ fn bench_spawn(rows: &mut Vec<Row>) {
         "1 ... the floor server (benches/overhead/floor.rs) in execd's place".into(),
         format!("{ma:.0} us"),
         format!("floor {mf:.0} us"),
-        format!("{:.2} (execd / floor {:.2})", mf / ma, mb / mf),
+        format!("floor/direct {:.2}, execd/floor {:.2}", mf / ma, mb / mf),
         "-".into(),
     );
 }
@@ -764,10 +785,14 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     run_round(execd, None);
     run_round(floor, None);
     let (mut a, mut b, mut fl) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..5 {
-        a.push(run_round(None, None).0);
-        b.push(run_round(execd, None).0);
-        fl.push(run_round(floor, None).0);
+    for i in 0..6 {
+        for side in 0..3 {
+            match (i + side) % 3 {
+                0 => a.push(run_round(None, None).0),
+                1 => b.push(run_round(execd, None).0),
+                _ => fl.push(run_round(floor, None).0),
+            }
+        }
     }
     let (ma, mb, mf) = (median(&mut a), median(&mut b), median(&mut fl));
     report(
@@ -783,7 +808,7 @@ fn bench_parallel(rows: &mut Vec<Row>) {
         "2 ... the floor server in execd's place".into(),
         format!("{ma:.0}/s"),
         format!("floor {mf:.0}/s"),
-        format!("{:.2} (execd / floor {:.2})", mf / ma, mb / mf),
+        format!("floor/direct {:.2}, execd/floor {:.2}", mf / ma, mb / mf),
         "-".into(),
     );
     // The same load through execd while another client pings it: the loop never waits
@@ -794,10 +819,14 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     // server pinged while the same spawns go through it.
     let quiet = Daemon::start(&[]);
     let (mut lat, mut load, mut flat) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..3 {
-        lat.extend(run_round(execd, execd).1);
-        load.extend(run_round(None, Some(&quiet.socket)).1);
-        flat.extend(run_round(floor, floor).1);
+    for i in 0..3 {
+        for side in 0..3 {
+            match (i + side) % 3 {
+                0 => lat.extend(run_round(execd, execd).1),
+                1 => load.extend(run_round(None, Some(&quiet.socket)).1),
+                _ => flat.extend(run_round(floor, floor).1),
+            }
+        }
     }
     let mut idle = Vec::new();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
