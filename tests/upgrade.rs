@@ -1247,16 +1247,16 @@ fn sched_of(pid: i32) -> Option<(i64, i64)> {
     Some((stat_field(pid, 41)?, stat_field(pid, 19)?))
 }
 
-/// Where the daemon may (root here), it runs the swap in real time (`SCHED_RR`), so the
-/// new image does not queue for a CPU behind the clients it serves: raised while the new
-/// image is paused before it rebuilds, kept while it catches up with what queued during
-/// the pause, back to the normal policy and its nice once it has; and no command it
-/// starts inherits it, not even one asked for during the pause and started as the new
-/// image catches up. A refused upgrade puts it back too.
+/// Where the daemon may (`may_raise_priority`), it runs the swap in real time (`SCHED_RR`),
+/// so the new image does not queue for a CPU behind the clients it serves: raised while the
+/// new image is paused before it rebuilds, kept while it catches up with what queued during
+/// the pause, back to the normal policy and its nice once it has; and no command it starts
+/// inherits it, not even one asked for during the pause and started as the new image
+/// catches up. A refused upgrade puts it back too.
 #[test]
 fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     if !may_raise_priority() {
-        skip("raising a priority needs CAP_SYS_NICE");
+        skip("real time for the swap needs root with CAP_SYS_NICE, nice 0 and SCHED_RR granted");
         return;
     }
     let (d, _audit) = daemon_with_env(&[], &[("EXECD_TEST_SWAP_PAUSE_MS", "1500")]);
@@ -1268,7 +1268,7 @@ fn the_swap_runs_at_a_raised_priority_and_puts_it_back() {
     // Connected and served before the upgrade: carried, not accepted by the new image.
     meta(&mut c);
     unsafe_kill(pid, libc::SIGUSR2);
-    // Real time (SCHED_RR) for the swap, as root may.
+    // Real time (SCHED_RR) for the swap, as the daemon may here.
     wait_until("the swap runs raised", || {
         sched_of(pid).is_some_and(|(policy, _)| policy == 2)
     });

@@ -502,18 +502,58 @@ pub fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Whether this process may raise a priority (real time, a lower nice), as a daemon it
-/// starts then may: `CAP_SYS_NICE` in its effective set, which root in a container can
-/// lack (being root is not enough).
+/// Whether a daemon this process starts may run its upgrade in real time, as the daemon
+/// decides (`sys::upgrade::raise_for_swap`): it runs as root (a non-root process's
+/// capabilities do not survive the daemon's exec) with `CAP_SYS_NICE` in its effective set
+/// (root in a container can lack it), under the normal policy at nice 0, and the kernel
+/// grants `SCHED_RR` (a cgroup without real-time runtime refuses it even so), which a
+/// child started the same way tries first.
 pub fn may_raise_priority() -> bool {
+    use std::os::unix::process::CommandExt;
     const CAP_SYS_NICE: u32 = 23;
-    std::fs::read_to_string("/proc/self/status")
+    let capable = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
             let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
             u64::from_str_radix(caps.trim(), 16).ok()
         })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0);
+    let Some((policy, nice)) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let after = s.get(s.rfind(')')? + 2..)?.to_string();
+            let fields: Vec<&str> = after.split(' ').collect();
+            // Fields 19 (nice) and 41 (policy), counted from 1; `after` starts at field 3.
+            Some((
+                fields.get(38)?.parse::<i64>().ok()?,
+                fields.get(16)?.parse::<i64>().ok()?,
+            ))
+        })
+    else {
+        return false;
+    };
+    if !running_as_root() || !capable || policy != 0 || nice != 0 {
+        return false;
+    }
+    let mut probe = Command::new("true");
+    // SAFETY: sched_setscheduler is a system call on plain data, safe between fork and
+    // exec; the child is ours alone.
+    unsafe {
+        probe.pre_exec(|| {
+            let param = libc::sched_param { sched_priority: 1 };
+            if libc::sched_setscheduler(0, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &param) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    probe
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Has `cmd` run as uid and gid 65534 (nobody), with no other group; the test process
