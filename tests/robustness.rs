@@ -885,12 +885,19 @@ fn a_daemon_started_with_signals_blocked_still_works_and_unblocks_commands() {
         "a bash command's SigBlk: {r}"
     );
 
-    // The daemon itself no longer blocks what it handles.
+    // The daemon itself no longer blocks what it handles by a handler; SIGCHLD it keeps
+    // blocked, on purpose: it reads it from a signalfd.
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).expect("status");
+    let blocked = status_mask(&status, "SigBlk");
     assert_eq!(
-        status_mask(&status, "SigBlk") & handled,
+        blocked & (handled & !sig_bit(libc::SIGCHLD)),
         0,
-        "execd still blocks SIGCHLD, SIGTERM or SIGHUP"
+        "execd still blocks SIGTERM or SIGHUP"
+    );
+    assert_ne!(
+        blocked & sig_bit(libc::SIGCHLD),
+        0,
+        "SIGCHLD is read, not handled"
     );
 
     // It reaps: exit codes come back (a blocked SIGCHLD would leave this parked).
@@ -912,6 +919,49 @@ fn a_daemon_started_with_signals_blocked_still_works_and_unblocks_commands() {
     // SIGTERM stops it cleanly, taking the running command along.
     assert_eq!(d.terminate(), Some(0), "{}", d.log());
     assert!(!pid_alive(sleeper_pid), "the command outlived the daemon");
+    assert_no_panic(&d);
+}
+
+/// A daemon started with SIGCHLD ignored (which makes the kernel reap children itself,
+/// leaving `wait4` nothing) puts the default back: it learns its commands' exit codes,
+/// and a command's own children are waited for as usual.
+#[test]
+fn a_daemon_started_with_sigchld_ignored_still_reaps_its_commands() {
+    let dir = TempDir::new();
+    let socket = dir.path().join("execd.sock");
+    let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
+    cmd.arg("--socket")
+        .arg(&socket)
+        .args(["--kill-grace", "1s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log));
+    // SAFETY: signal() is async-signal-safe and touches only the child's dispositions.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::signal(libc::SIGCHLD, libc::SIG_IGN) == libc::SIG_ERR {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn execd");
+    let d = Daemon::adopt(Some(child), socket, dir);
+    let mut c = d.client();
+    let id = create(&mut c, "sh", &["-c", "exit 3"]);
+    assert_eq!(
+        wait_exit(&mut c, &id),
+        json!({"exitCode": 3, "signal": null})
+    );
+    // A command's children still see SIGCHLD as the default: `wait` gets their status.
+    let r = ok(
+        &mut c,
+        "bash/exec",
+        json!({"command": "sh -c 'exit 7' & wait $!; echo $?"}),
+    );
+    assert_eq!(r["stdout"].as_str().map(str::trim), Some("7"), "{r}");
+    assert!(zombie_children(d.pid()).is_empty(), "zombies left");
     assert_no_panic(&d);
 }
 

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use serde_json::{Map, Value};
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use signal_hook::iterator::exfiltrator::origin::Origin;
 
 use crate::config::Config;
@@ -70,7 +70,7 @@ pub fn upgrade_check_line() -> String {
 }
 
 /// Signals the loop handles; every other one keeps its default.
-const HANDLED_SIGNALS: [i32; 5] = [SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR2];
+const HANDLED_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGUSR2];
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -81,6 +81,9 @@ const FIRST_DYNAMIC: usize = 5;
 /// Who a launch nobody asked for answers (a shell session's shell, restarted): no
 /// connection ever has this token, so its answer goes nowhere.
 const NOBODY: Token = Token(usize::MAX);
+/// SIGCHLD's signalfd (`sys::reap::ExitSignals`): above every token handed out, so no
+/// image's state can hold it.
+const EXITS: Token = Token(usize::MAX - 1);
 
 /// Bytes read from a connection per read.
 const CONN_READ: usize = 64 << 10;
@@ -147,6 +150,7 @@ pub struct Server {
     poll: Poll,
     listeners: Listeners,
     signals: Signals,
+    exits: crate::sys::reap::ExitSignals,
     clients: Clients,
     children: Children,
     timers: Timers<LoopTimer>,
@@ -200,6 +204,9 @@ impl Server {
         crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let exits = crate::sys::reap::ExitSignals::new()?;
+        poll.registry()
+            .register(&mut SourceFd(&exits.fd()), EXITS, Interest::READABLE)?;
         crate::sys::host::become_subreaper()?;
         let mut children = Children::new(&cfg)?;
         let policy = match &cfg.policy {
@@ -272,6 +279,7 @@ impl Server {
             poll,
             listeners,
             signals,
+            exits,
             clients: Clients::new(crate::sys::ids::current_uid()),
             children,
             timers: Timers::default(),
@@ -376,6 +384,11 @@ impl Server {
                         accepted = true;
                     }
                     SIGNALS => self.on_signals(),
+                    EXITS => {
+                        if self.exits.take() {
+                            self.reap_all();
+                        }
+                    }
                     LOG | AUDIT => self.sinks.writable(ev.token()),
                     CGROUPS => self.children.contain.on_cgroup_events(),
                     t if self.children.reader_owns(t) => {
@@ -1063,12 +1076,10 @@ impl Server {
     // ---- processes and signals -----------------------------------------------------------
 
     fn on_signals(&mut self) {
-        let mut chld = false;
         let mut term = false;
         let pending: Vec<Origin> = self.signals.pending().collect();
         for origin in pending {
             match origin.signal {
-                SIGCHLD => chld = true,
                 SIGTERM | SIGINT => term = true,
                 // Reopens the audit file and reloads the policy; a closing terminal's HUP
                 // never kills the daemon (and with it every command).
@@ -1080,9 +1091,6 @@ impl Server {
                 }
                 _ => {}
             }
-        }
-        if chld {
-            self.reap_all();
         }
         if term {
             self.begin_shutdown();

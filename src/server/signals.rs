@@ -1,4 +1,6 @@
-//! The signals the loop handles, as a pollable source that says who sent each one:
+//! The signals the loop handles but SIGCHLD (a signalfd, `sys::reap::ExitSignals`: it
+//! needs no sender, and comes with every exit), as a pollable source that says who sent
+//! each one:
 //! signal-hook's self-pipe (a Unix socket pair, its read end registered with the loop)
 //! with its `WithOrigin` exfiltrator, so SIGHUP and SIGUSR2 from a process execd runs can
 //! be told apart and ignored (PROTOCOL 7.3). signal-hook-mio offers this pipe as a mio

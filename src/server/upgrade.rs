@@ -43,7 +43,7 @@ use super::clients::Clients;
 use super::conn::Bounds;
 use super::listen::Listeners;
 use super::{
-    LoopTimer, Server, Signals, AUDIT, CGROUPS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS,
+    LoopTimer, Server, Signals, AUDIT, CGROUPS, EXITS, FIRST_DYNAMIC, HANDLED_SIGNALS, LOG, SIGNALS,
 };
 use crate::config::Config;
 use crate::core::table::Peer;
@@ -980,6 +980,14 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(failed("signals"))?;
+        let exits = crate::sys::reap::ExitSignals::new().map_err(failed("SIGCHLD"))?;
+        poll.registry()
+            .register(
+                &mut mio::unix::SourceFd(&exits.fd()),
+                EXITS,
+                Interest::READABLE,
+            )
+            .map_err(failed("SIGCHLD"))?;
         crate::sys::host::become_subreaper().map_err(failed("subreaper"))?;
         let mut children = Children::resume(&cfg, img, poll.registry(), &mut take)?;
         if let Some(fd) = children.contain.events_fd() {
@@ -1074,6 +1082,7 @@ impl Server {
             poll,
             listeners,
             signals,
+            exits,
             clients,
             children,
             timers: crate::core::timers::Timers::default(),

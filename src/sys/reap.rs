@@ -1,11 +1,13 @@
 //! Signals to commands and their reaping: a process group, a single pid, and
-//! `wait4(-1, WNOHANG)` with rusage, driven by SIGCHLD. Nothing here ever waits.
+//! `wait4(-1, WNOHANG)` with rusage, driven by SIGCHLD read from a signalfd
+//! (`ExitSignals`). Nothing here ever waits.
 //!
 //! A signal never goes to a pid that is not a single positive process id: `kill(0)`,
 //! `kill(-1)` and negative numbers address groups or everything, never what a
 //! `cgroup.procs` line meant.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::types::{Ended, Usage};
@@ -103,6 +105,69 @@ pub fn reap_one() -> Option<ChildExit> {
             continue;
         }
         return None; // 0: children remain but none has exited; ECHILD: no children
+    }
+}
+
+/// Children's exits as a descriptor the loop polls: a `signalfd` for SIGCHLD, which the
+/// daemon keeps blocked from here on (a pending SIGCHLD is what makes it readable), so no
+/// handler runs, nothing is written to a pipe for the loop, and no system call of the
+/// loop's is interrupted. Commands start with no signal blocked (`sys::spawn`). SIGCHLD
+/// stays blocked across an upgrade's `execve`, so one that arrives meanwhile waits for
+/// the next image, pending.
+pub struct ExitSignals(OwnedFd);
+
+impl ExitSignals {
+    /// Puts SIGCHLD's disposition back to the default (a daemon started with it ignored
+    /// would have its children reaped by the kernel), blocks it, and opens the signalfd.
+    pub fn new() -> io::Result<ExitSignals> {
+        // SAFETY: sigaction and sigset_t are plain old data, initialised before use; the
+        // mask is the calling thread's, the loop's and the process's only one.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigemptyset(&mut dfl.sa_mask);
+            if libc::sigaction(libc::SIGCHLD, &dfl, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(ExitSignals(OwnedFd::from_raw_fd(fd)))
+        }
+    }
+
+    /// The descriptor to poll: readable while a SIGCHLD is pending.
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Takes what is pending: whether a SIGCHLD was (one stands for any number of exits,
+    /// as the kernel merges them; `reap_one` until it finds none).
+    pub fn take(&self) -> bool {
+        // SAFETY: signalfd_siginfo is plain old data; zeroed is valid for read to fill.
+        let mut info: [libc::signalfd_siginfo; 4] = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of_val(&info);
+        let mut any = false;
+        loop {
+            // SAFETY: a read into our buffer of `size` bytes.
+            let n = unsafe { libc::read(self.fd(), info.as_mut_ptr().cast(), size) };
+            if n > 0 {
+                any = true;
+                if (n as usize) < size {
+                    return any; // a short read took all there was
+                }
+                continue;
+            }
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return any;
+        }
     }
 }
 
