@@ -720,6 +720,10 @@ struct Prepared {
     candidate_ptrs: Vec<*const libc::c_char>,
     argv: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
+    /// The base environment's entries this spawn keeps (pointers into `_base_env`, which
+    /// this holds for them), then its own variables (the request's, the cookie's).
+    base_ptrs: Vec<*const libc::c_char>,
+    _base_env: Option<std::rc::Rc<[(OsString, CString)]>>,
     envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
@@ -1826,8 +1830,9 @@ fn signals_to_reset() -> Vec<libc::c_int> {
 /// Starts commands. Holds what is the same for every spawn (the base environment, the
 /// signals a child resets, the resource limits).
 pub struct Spawner {
-    /// The base environment: names, and `NAME=value` ready for `execve`.
-    base_env: Vec<(OsString, CString)>,
+    /// The base environment: names, and `NAME=value` ready for `execve`. Shared with each
+    /// spawn in flight, whose `envp` points into it rather than copying it.
+    base_env: std::rc::Rc<[(OsString, CString)]>,
     /// `/dev/null`, the stdin of every terminal.
     null: OwnedFd,
     shared: Shared,
@@ -1895,7 +1900,8 @@ impl Spawner {
         let base_env = vars
             .into_iter()
             .map(|(k, v)| Ok((k.clone(), env_entry(k.as_bytes(), v.as_bytes())?)))
-            .collect::<io::Result<_>>()?;
+            .collect::<io::Result<Vec<_>>>()?
+            .into();
         let as_rlim = |v: u64| {
             if v == u64::MAX {
                 libc::RLIM_INFINITY
@@ -2016,12 +2022,12 @@ impl Spawner {
             .collect::<io::Result<_>>()?;
         let overridden =
             |name: &OsStr| last.contains_key(name.as_bytes()) || withheld(name.as_bytes());
-        let envp: Vec<CString> = self
-            .base_env
+        // The base entries are pointed at, not copied: `Prepared` holds `base_env`.
+        let base_env = std::rc::Rc::clone(&self.base_env);
+        let base_ptrs: Vec<*const libc::c_char> = base_env
             .iter()
             .filter(|(name, _)| !overridden(name))
-            .map(|(_, entry)| entry.clone())
-            .chain(extra)
+            .map(|(_, entry)| entry.as_ptr())
             .collect();
         let path = spec
             .env
@@ -2050,8 +2056,10 @@ impl Spawner {
             candidates,
             argv_ptrs: Vec::new(),
             argv,
+            base_ptrs,
+            _base_env: Some(base_env),
+            envp: extra,
             envp_ptrs: Vec::new(),
-            envp,
             cwd: cstring(spec.cwd.as_os_str().as_bytes())?,
             groups: user.as_ref().map(|u| u.2.clone()).unwrap_or_default(),
             limits: self.shared.limits.clone(),
@@ -2121,8 +2129,10 @@ impl Spawner {
             candidates: vec![cstring("/proc/self/exe")?],
             argv_ptrs: Vec::new(),
             argv: vec![cstring("execd")?, cstring(super::reader::FLAG)?],
-            envp_ptrs: Vec::new(),
+            base_ptrs: Vec::new(),
+            _base_env: None,
             envp: Vec::new(),
+            envp_ptrs: Vec::new(),
             cwd: cstring("/")?,
             groups: Vec::new(),
             limits: Vec::new(),
@@ -2159,7 +2169,12 @@ impl Spawner {
         };
         p.candidate_ptrs = nul_ended(&p.candidates);
         p.argv_ptrs = nul_ended(&p.argv);
-        p.envp_ptrs = nul_ended(&p.envp);
+        p.envp_ptrs = p
+            .base_ptrs
+            .iter()
+            .copied()
+            .chain(nul_ended(&p.envp))
+            .collect();
         let fd = |i: usize| {
             wired.child[i]
                 .as_ref()
