@@ -200,7 +200,8 @@ impl Server {
         let poll = Poll::new()?;
         // Signals first: from the moment a client can connect, SIGTERM means a clean stop.
         let mut signals = Signals::new(&HANDLED_SIGNALS)?;
-        // A daemon started with these blocked would never hear of its children or a stop.
+        // A daemon started with these blocked would never hear of a stop. (SIGCHLD it blocks
+        // itself, and reads from a signalfd: `ExitSignals`.)
         crate::sys::host::unblock_signals(&HANDLED_SIGNALS);
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;

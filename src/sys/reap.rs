@@ -112,27 +112,35 @@ pub fn reap_one() -> Option<ChildExit> {
 /// daemon keeps blocked from here on (a pending SIGCHLD is what makes it readable), so no
 /// handler runs, nothing is written to a pipe for the loop, and no system call of the
 /// loop's is interrupted. Commands start with no signal blocked (`sys::spawn`). SIGCHLD
-/// stays blocked across an upgrade's `execve`, so one that arrives meanwhile waits for
-/// the next image, pending.
+/// stays blocked across an upgrade's `execve`; what exits meanwhile the image that goes
+/// on finds with the `reap_all` it makes once it resumes.
 pub struct ExitSignals(OwnedFd);
 
 impl ExitSignals {
-    /// Puts SIGCHLD's disposition back to the default (a daemon started with it ignored
-    /// would have its children reaped by the kernel), blocks it, and opens the signalfd.
+    /// Blocks SIGCHLD and opens the signalfd. A daemon started with SIGCHLD ignored (or
+    /// `SA_NOCLDWAIT`) would have its children reaped by the kernel, leaving `wait4`
+    /// nothing: that disposition goes back to the default. Any other is left alone, since
+    /// setting one discards a pending SIGCHLD (one that came during an upgrade's `execve`).
     pub fn new() -> io::Result<ExitSignals> {
         // SAFETY: sigaction and sigset_t are plain old data, initialised before use; the
         // mask is the calling thread's, the loop's and the process's only one.
         unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut dfl.sa_mask);
-            if libc::sigaction(libc::SIGCHLD, &dfl, std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGCHLD);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            let mut now: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut now) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if now.sa_sigaction == libc::SIG_IGN || now.sa_flags & libc::SA_NOCLDWAIT != 0 {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigemptyset(&mut dfl.sa_mask);
+                if libc::sigaction(libc::SIGCHLD, &dfl, std::ptr::null_mut()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
             if fd < 0 {
                 return Err(io::Error::last_os_error());
@@ -146,8 +154,9 @@ impl ExitSignals {
         self.0.as_raw_fd()
     }
 
-    /// Takes what is pending: whether a SIGCHLD was (one stands for any number of exits,
-    /// as the kernel merges them; `reap_one` until it finds none).
+    /// Takes what is pending: whether to reap (one SIGCHLD stands for any number of
+    /// exits, as the kernel merges them; `reap_one` until it finds none). A read that fails
+    /// otherwise than by finding nothing says to reap too: reaping finds out.
     pub fn take(&self) -> bool {
         // SAFETY: signalfd_siginfo is plain old data; zeroed is valid for read to fill.
         let mut info: [libc::signalfd_siginfo; 4] = unsafe { std::mem::zeroed() };
@@ -163,8 +172,12 @@ impl ExitSignals {
                 }
                 continue;
             }
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
+            if n < 0 {
+                match io::Error::last_os_error().kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return any,
+                    _ => return true,
+                }
             }
             return any;
         }

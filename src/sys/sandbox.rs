@@ -386,7 +386,7 @@ fn helper_answer(pid: libc::pid_t, ready: &OwnedFd) -> io::Result<Made> {
         let left = until.saturating_duration_since(std::time::Instant::now());
         // SAFETY: poll on one descriptor we own.
         let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as libc::c_int) };
-        // A signal (a command's SIGCHLD) is no answer: wait for the rest of the time.
+        // A signal is no answer: wait for the rest of the time.
         if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }

@@ -1813,7 +1813,8 @@ fn dev_null() -> io::Result<OwnedFd> {
 
 /// Signals a child must reset before it runs anything: those the daemon catches, and
 /// SIGPIPE, which the Rust runtime ignores. Signals ignored by whoever started the daemon
-/// (`nohup`'s SIGHUP) stay ignored, as exec keeps them.
+/// (`nohup`'s SIGHUP) stay ignored, as exec keeps them; but for SIGCHLD, which the daemon
+/// itself puts back to the default (`reap::ExitSignals`).
 fn signals_to_reset() -> Vec<libc::c_int> {
     (1..libc::SIGRTMAX())
         .filter(|&sig| {
