@@ -26,7 +26,9 @@
 //!   only. This is done when the write fails rather than by remembering an offset after
 //!   each line: a partial line never outlives one `drain` (a regular file either takes
 //!   more at once or fails at once), so the file's size then is the only offset needed.
-//!   It assumes nobody else appends to the audit file between those two writes.
+//!   It assumes nobody else appends to the audit file between those two writes. A reader
+//!   of the file at that moment (between the write and the `ftruncate`, microseconds) can
+//!   see the part before it is taken back: what stays in the file is whole.
 //! - Every loss is counted in lines. A write error (`ENOSPC`, `EIO`, `EPIPE`) loses what is
 //!   queued, counted line by line by the queue, which reports the count (a `dropped`
 //!   record for the audit, a plain line for the log) once a later write gets everything
