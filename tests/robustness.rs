@@ -929,14 +929,7 @@ fn a_daemon_started_with_signals_blocked_still_works_and_unblocks_commands() {
 fn a_daemon_started_with_sigchld_ignored_still_reaps_its_commands() {
     let dir = TempDir::new();
     let socket = dir.path().join("execd.sock");
-    let log = std::fs::File::create(dir.path().join("execd.log")).expect("log file");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_execd"));
-    cmd.arg("--socket")
-        .arg(&socket)
-        .args(["--kill-grace", "1s"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log));
+    let mut cmd = Daemon::command(dir.path(), &socket, &[]);
     // SAFETY: signal() is async-signal-safe and touches only the child's dispositions.
     unsafe {
         cmd.pre_exec(|| {
