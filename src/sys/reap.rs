@@ -112,15 +112,15 @@ pub fn reap_one() -> Option<ChildExit> {
 /// daemon keeps blocked from here on (a pending SIGCHLD is what makes it readable), so no
 /// handler runs, nothing is written to a pipe for the loop, and no system call of the
 /// loop's is interrupted. Commands start with no signal blocked (`sys::spawn`). SIGCHLD
-/// stays blocked across an upgrade's `execve`; what exits meanwhile the image that goes
-/// on finds with the `reap_all` it makes once it resumes.
+/// stays blocked across an upgrade's `execve`, and the image that goes on makes a
+/// `reap_all` once it resumes, which finds whatever exited meanwhile.
 pub struct ExitSignals(OwnedFd);
 
 impl ExitSignals {
-    /// Blocks SIGCHLD and opens the signalfd. A daemon started with SIGCHLD ignored (or
-    /// `SA_NOCLDWAIT`) would have its children reaped by the kernel, leaving `wait4`
-    /// nothing: that disposition goes back to the default. Any other is left alone, since
-    /// setting one discards a pending SIGCHLD (one that came during an upgrade's `execve`).
+    /// Blocks SIGCHLD and opens the signalfd. A daemon started with SIGCHLD ignored would
+    /// have its children reaped by the kernel, leaving `wait4` nothing: that disposition
+    /// goes back to the default. A default one is left alone, since setting SIG_DFL again
+    /// would discard a pending SIGCHLD (one that came during an upgrade's `execve`).
     pub fn new() -> io::Result<ExitSignals> {
         // SAFETY: sigaction and sigset_t are plain old data, initialised before use; the
         // mask is the calling thread's, the loop's and the process's only one.
@@ -133,6 +133,8 @@ impl ExitSignals {
             if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut now) != 0 {
                 return Err(io::Error::last_os_error());
             }
+            // `execve` clears every action's flags, so SA_NOCLDWAIT (which also has the
+            // kernel reap) cannot be inherited; it is looked for all the same.
             if now.sa_sigaction == libc::SIG_IGN || now.sa_flags & libc::SA_NOCLDWAIT != 0 {
                 let mut dfl: libc::sigaction = std::mem::zeroed();
                 dfl.sa_sigaction = libc::SIG_DFL;
