@@ -433,13 +433,16 @@ impl Server {
             self.flush_dirty();
             // A turn that took in all there was and left nothing over: an image resumed
             // from an upgrade has caught up, and the swap's real time goes. (Connections
-            // accepted in this turn are read in the next: not caught up yet.)
-            self.settle_after_swap(
-                !accepted
-                    && events.iter().count() < events.capacity()
-                    && !self.children.busy()
-                    && self.clients.dirty.is_empty(),
-            );
+            // accepted in this turn are read in the next: not caught up yet.) Looked at
+            // only while that real time is held.
+            if self.swap_raised.is_some() {
+                self.settle_after_swap(
+                    !accepted
+                        && events.iter().count() < events.capacity()
+                        && !self.children.busy()
+                        && self.clients.dirty.is_empty(),
+                );
+            }
             // Spares for the next spawns are cloned after the answers are out.
             let stopping = self.shutdown.is_some() || self.draining();
             self.children.spares(!stopping);
