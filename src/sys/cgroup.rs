@@ -30,16 +30,16 @@
 //!
 //! Use, in order: `locate_self` and `choose_root` (or log the `Fallback`), `Tree::setup`,
 //! `Tree::sweep_leftovers`; then per command `Tree::create`, a spawn that joins it through
-//! `Cgroup::procs_fd`, an inotify watch on `Cgroup::events_path`,
-//! `Cgroup::signal` / `Cgroup::kill` to end it, `Cgroup::stats` when the leader is reaped,
-//! and `Cgroup::remove` once `populated` reads 0.
+//! `Cgroup::procs_fd`, `Cgroup::signal` / `Cgroup::kill` to end it, `Cgroup::stats` when
+//! the leader is reaped, and `Cgroup::remove` once `populated` reads 0 (at once for most
+//! commands; else when an inotify watch on `Cgroup::events_path` says it changed).
 
 use crate::types::{CgroupLimits, Leftovers, Mode};
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
@@ -675,16 +675,16 @@ impl Cgroup {
     /// Zombies do not count, so this can go false before the leader is reaped.
     pub fn populated(&self) -> io::Result<bool> {
         let p = self.events_path();
-        parse_events_populated(&read_file(&p)?).ok_or_else(|| bad_data(&p))
+        parse_events_populated(&read_control(&p)?).ok_or_else(|| bad_data(&p))
     }
 
     fn frozen(&self) -> io::Result<bool> {
         let p = self.events_path();
-        parse_events_frozen(&read_file(&p)?).ok_or_else(|| bad_data(&p))
+        parse_events_frozen(&read_control(&p)?).ok_or_else(|| bad_data(&p))
     }
 
-    /// `cgroup.events`: the loop watches it with inotify (`IN_MODIFY`) and checks
-    /// `populated` when it fires.
+    /// `cgroup.events`: once a command's tree outlives its leader, the loop watches it
+    /// with inotify (`IN_MODIFY`) and checks `populated` when it fires.
     pub fn events_path(&self) -> PathBuf {
         self.path.join("cgroup.events")
     }
@@ -692,7 +692,19 @@ impl Cgroup {
     /// Removes the cgroup, and first any cgroups the command made below it, deepest
     /// first. A populated cgroup refuses (`EBUSY`): reported, not retried; the loop tries
     /// again when `cgroup.events` says it emptied. A cgroup already gone is not an error.
+    ///
+    /// Most commands make no cgroup of their own, so the cgroup is removed first, and
+    /// what is below it looked for only when the kernel refuses (`EBUSY`, or `ENOTEMPTY`
+    /// on a plain directory): one `rmdir`, not a directory read and an `rmdir`.
     pub fn remove(&self) -> io::Result<()> {
+        match fs::remove_dir(&self.path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOTEMPTY)) => {
+                return Err(annotate(&self.path, e));
+            }
+            Err(_) => {}
+        }
         for dir in subtree(&self.path) {
             match fs::remove_dir(&dir) {
                 Ok(()) => {}
@@ -703,17 +715,20 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Whole-tree accounting, each figure where its file exists.
-    pub fn stats(&self) -> Stats {
-        let read = |f: &str| fs::read_to_string(self.path.join(f)).ok();
+    /// Whole-tree accounting, each figure where its file exists. The memory files are
+    /// looked for only when the memory controller is enabled for command cgroups
+    /// (`memory`, from `Tree::controllers`): without it they do not exist.
+    pub fn stats(&self, memory: bool) -> Stats {
+        let read = |f: &str| read_control(&self.path.join(f)).ok();
+        let memory_file = |f: &str| if memory { read(f) } else { None };
         Stats {
             cpu_ms: read("cpu.stat")
                 .and_then(|t| parse_cpu_stat(&t))
                 .map(|us| us / 1000),
-            memory_peak_kb: read("memory.peak")
+            memory_peak_kb: memory_file("memory.peak")
                 .and_then(|t| parse_flat_u64(&t))
                 .map(|b| b / 1024),
-            oom_kills: read("memory.events").and_then(|t| parse_memory_events(&t)),
+            oom_kills: memory_file("memory.events").and_then(|t| parse_memory_events(&t)),
         }
     }
 
@@ -781,6 +796,29 @@ fn write_value(open: io::Result<File>, path: &Path, value: &str) -> io::Result<(
 
 fn read_file(path: &Path) -> io::Result<String> {
     fs::read_to_string(path).map_err(|e| annotate(path, e))
+}
+
+/// The text of one of the small control files a command's exit reads (`cgroup.events`,
+/// `cpu.stat`, `memory.peak`, `memory.events`), in one `read`: a kernfs file hands out
+/// all of its text to a read with room for it, and a short read ends it (a second read
+/// could also see a later state). So open, read, close, where `fs::read_to_string`
+/// adds a `statx` (which says 0 bytes on cgroupfs) and reads growing from 32 bytes. A
+/// file that fills the buffer is read on to its end.
+fn read_control(path: &Path) -> io::Result<String> {
+    let mut file = File::open(path).map_err(|e| annotate(path, e))?;
+    let mut buf = [0u8; 4096];
+    let n = loop {
+        match file.read(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(annotate(path, e)),
+        }
+    };
+    let mut text = buf[..n].to_vec();
+    if n == buf.len() {
+        file.read_to_end(&mut text).map_err(|e| annotate(path, e))?;
+    }
+    String::from_utf8(text).map_err(|_| bad_data(path))
 }
 
 /// Names the file in the error, keeping its kind (`NotFound`, `ResourceBusy`, ...).
@@ -1152,21 +1190,56 @@ mod tests {
     }
 
     #[test]
+    fn a_control_file_is_read_whole_whatever_its_length() {
+        let t = TempDir::new("control");
+        for len in [0, 21, 4095, 4096, 4097, 10_000] {
+            let text: String = (0..len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+            let p = t.path.join(format!("f{len}"));
+            fs::write(&p, &text).unwrap();
+            assert_eq!(read_control(&p).unwrap(), text, "{len} bytes");
+        }
+        let err = read_control(&t.path.join("missing")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn removing_a_cgroup_takes_what_the_command_made_below_it() {
+        let t = TempDir::new("nested");
+        let cg = Cgroup {
+            path: t.path.join("cmd-1"),
+        };
+        fs::create_dir_all(cg.path.join("a/b")).unwrap();
+        fs::create_dir_all(cg.path.join("c")).unwrap();
+        cg.remove().unwrap();
+        assert!(!cg.path.exists());
+        cg.remove().expect("a cgroup already gone is not an error");
+    }
+
+    #[test]
     fn stats_read_whatever_files_exist() {
         let t = TempDir::new("stats");
         let cg = Cgroup {
             path: t.path.clone(),
         };
-        assert_eq!(cg.stats(), Stats::default());
+        assert_eq!(cg.stats(true), Stats::default());
         fs::write(t.path.join("cpu.stat"), CPU_STAT).unwrap();
         fs::write(t.path.join("memory.peak"), "1073741824\n").unwrap();
         fs::write(t.path.join("memory.events"), MEMORY_EVENTS).unwrap();
         assert_eq!(
-            cg.stats(),
+            cg.stats(true),
             Stats {
                 cpu_ms: Some(1234),
                 memory_peak_kb: Some(1 << 20),
                 oom_kills: Some(2),
+            }
+        );
+        // Without the memory controller its files are not looked for.
+        assert_eq!(
+            cg.stats(false),
+            Stats {
+                cpu_ms: Some(1234),
+                ..Stats::default()
             }
         );
     }
@@ -1699,7 +1772,7 @@ mod tests {
             read_events(&inotify).unwrap().contains(&wd)
         });
         assert!(
-            cg.stats().cpu_ms.is_some(),
+            cg.stats(tree.controllers().memory).cpu_ms.is_some(),
             "cpu.stat exists on every cgroup"
         );
         assert_eq!(cg.kill().unwrap(), 0, "killing an empty cgroup is harmless");

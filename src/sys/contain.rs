@@ -311,10 +311,14 @@ impl Contain {
     /// The leader was reaped: the whole tree's figures, and from now on the tree is held
     /// only while it has members.
     pub fn leader_exited(&mut self, key: Key) -> Option<TreeUsage> {
+        let memory = self
+            .cgroups
+            .as_ref()
+            .is_some_and(|c| c.tree.controllers().memory);
         let h = self.holds.get_mut(&key)?;
         h.leader_alive = false;
         let usage = h.cgroup.as_ref().map(|cg| {
-            let s = cg.stats();
+            let s = cg.stats(memory);
             TreeUsage {
                 cpu_ms: s.cpu_ms,
                 memory_peak_kb: s.memory_peak_kb,
