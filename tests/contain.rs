@@ -242,6 +242,46 @@ fn five_hundred_commands_leave_no_cgroup_behind() {
     assert_eq!(init["_meta"]["execd"]["containment"]["kind"], "cgroup");
 }
 
+/// A tree that outlives its leader keeps its cgroup until the tree empties, and loses it
+/// then, even when the daemon reaps nothing at that moment: the last process is reaped by
+/// a parent that left the cgroup, so only the cgroup's `cgroup.events`, watched from the
+/// leader's exit on, says it emptied.
+#[test]
+fn a_cgroup_outliving_its_leader_goes_when_its_tree_empties() {
+    let Some(cg) = test_cgroup() else { return };
+    let outside = cg.0.join("outside");
+    std::fs::create_dir(&outside).expect("a cgroup beside the daemon's");
+    let d = cgroup_daemon(&cg, &[]);
+    let mut c = d.client();
+    // The leader starts B and exits. B starts C (`sleep 1`, in the command's cgroup),
+    // moves itself out, reaps C, and lives on outside.
+    let b = format!(
+        "sleep 1 & echo $$ > {}/cgroup.procs; wait; exec sleep 60",
+        outside.display()
+    );
+    let id = create(
+        &mut c,
+        "sh",
+        &["-c", &format!("sh -c '{b}' & echo started")],
+    );
+    wait_exit(&mut c, &id);
+    let b_pid = || {
+        std::fs::read_to_string(outside.join("cgroup.procs"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    wait_until("B left the command's cgroup", || !b_pid().is_empty());
+    // The cgroup stays while C runs; C is a second at most.
+    wait_until("the command's cgroup is removed once C has ended", || {
+        cg.command_cgroups().is_empty()
+    });
+    assert!(
+        !b_pid().is_empty(),
+        "B, its parent, still runs outside: the daemon reaped nothing"
+    );
+}
+
 /// Whole-tree accounting: `cpuMs` from the cgroup beside the leader's rusage.
 #[test]
 fn exit_reports_the_whole_trees_cpu() {

@@ -15,8 +15,11 @@
 //!   exit while the group is known to still have members. Group numbers are free for reuse
 //!   once a group empties, so a group found empty is never signalled again.
 //! - A command cgroup is created (with its limits) before the spawn and joined by the
-//!   child before `execve`; it is removed once its tree is empty, as `cgroup.events`
-//!   (watched with inotify) reports, and the leader has been reaped.
+//!   child before `execve`; it is removed once the leader has been reaped and its tree
+//!   is empty: at the reap for most commands, else when `cgroup.events`, watched with
+//!   inotify from the reap on, says it emptied. (Watched from the start, it would wake
+//!   the loop at the child's join and cost two more system calls per command, for
+//!   events nothing acts on while the leader runs.)
 //! - The final SIGKILL of a command (the end of a kill's grace, `bash/kill` SIGKILL, the
 //!   end of a release) also asks for a cookie sweep of that command, whether or not its
 //!   group or cgroup is still held: what left both is found by its cookie alone. With
@@ -294,16 +297,8 @@ impl Contain {
             cgroup: None,
             wd: None,
         };
-        if let (Some(place), Some(c)) = (place, self.cgroups.as_mut()) {
-            if let Ok(wd) = crate::sys::inotify::inotify_add_watch(
-                &c.inotify,
-                &place.cgroup.events_path(),
-                crate::sys::inotify::IN_MODIFY,
-            ) {
-                c.watches.insert(wd, key);
-                hold.wd = Some(wd);
-            }
-            hold.cgroup = Some(place.cgroup);
+        if self.cgroups.is_some() {
+            hold.cgroup = place.map(|p| p.cgroup);
         }
         self.holds.insert(key, hold);
     }
@@ -328,8 +323,36 @@ impl Contain {
         self.forget_if_empty(key);
         if self.holds.contains_key(&key) {
             self.lingering.insert(key);
+            // The tree outlives its leader: from now on its cgroup's emptying is watched,
+            // and looked at once more, since it may have emptied before the watch began.
+            if self.watch(key) {
+                self.forget_if_empty(key);
+            }
         }
         usage
+    }
+
+    /// Watches `key`'s cgroup's `cgroup.events`, unless it is watched already (a hold an
+    /// earlier image carried) or has no cgroup. Whether a watch was added. Without one
+    /// (inotify's limit reached), the tree is looked at again only when an orphan is
+    /// reaped, as with process groups.
+    fn watch(&mut self, key: Key) -> bool {
+        let (Some(h), Some(c)) = (self.holds.get_mut(&key), self.cgroups.as_mut()) else {
+            return false;
+        };
+        let Some(cg) = h.cgroup.as_ref().filter(|_| h.wd.is_none()) else {
+            return false;
+        };
+        let Ok(wd) = crate::sys::inotify::inotify_add_watch(
+            &c.inotify,
+            &cg.events_path(),
+            crate::sys::inotify::IN_MODIFY,
+        ) else {
+            return false;
+        };
+        c.watches.insert(wd, key);
+        h.wd = Some(wd);
+        true
     }
 
     /// Whether `key`'s tree is still held: its leader runs, or its group or cgroup had
