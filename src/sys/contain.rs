@@ -396,12 +396,14 @@ impl Contain {
         if h.leader_alive {
             return;
         }
-        h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
-        let alive = match &h.cgroup {
-            Some(cg) => cg.populated().unwrap_or(false),
-            None => h.group_alive,
-        };
-        if alive {
+        // With a cgroup, its `populated` decides, and the group is looked at only for a
+        // tree that stays held (a later SIGTERM goes to the group while it may have
+        // members): a hold dropped now needs no probe.
+        let alive = h.cgroup.as_ref().map(|cg| cg.populated().unwrap_or(false));
+        if alive != Some(false) {
+            h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
+        }
+        if alive.unwrap_or(h.group_alive) {
             return;
         }
         self.lingering.remove(&key);
