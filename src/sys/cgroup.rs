@@ -689,13 +689,14 @@ impl Cgroup {
         self.path.join("cgroup.events")
     }
 
-    /// Removes the cgroup, and first any cgroups the command made below it, deepest
-    /// first. A populated cgroup refuses (`EBUSY`): reported, not retried; the loop tries
-    /// again when `cgroup.events` says it emptied. A cgroup already gone is not an error.
+    /// Removes the cgroup with any cgroups the command made below it. A populated
+    /// cgroup refuses (`EBUSY`): reported, not retried; the loop tries again when
+    /// `cgroup.events` says it emptied. A cgroup already gone is not an error.
     ///
-    /// Most commands make no cgroup of their own, so the cgroup is removed first, and
-    /// what is below it looked for only when the kernel refuses (`EBUSY`, or `ENOTEMPTY`
-    /// on a plain directory): one `rmdir`, not a directory read and an `rmdir`.
+    /// Most commands make no cgroup of their own, so the `rmdir` comes first, and what
+    /// is below is looked for only when the kernel refuses (`EBUSY`, or `ENOTEMPTY` on a
+    /// plain directory), then removed deepest first: one `rmdir`, not a directory read
+    /// and an `rmdir`.
     pub fn remove(&self) -> io::Result<()> {
         match fs::remove_dir(&self.path) {
             Ok(()) => return Ok(()),
@@ -800,8 +801,8 @@ fn read_file(path: &Path) -> io::Result<String> {
 
 /// The text of one of the small control files a command's exit reads (`cgroup.events`,
 /// `cpu.stat`, `memory.peak`, `memory.events`), in one `read`: a kernfs file hands out
-/// all of its text to a read with room for it, and a short read ends it (a second read
-/// could also see a later state). So open, read, close, where `fs::read_to_string`
+/// all of its text to a read with room for it, so a short read is all of it. So open,
+/// read, close, where `fs::read_to_string`
 /// adds a `statx` (which says 0 bytes on cgroupfs) and reads growing from 32 bytes. A
 /// file that fills the buffer is read on to its end.
 fn read_control(path: &Path) -> io::Result<String> {

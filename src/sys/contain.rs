@@ -75,7 +75,9 @@ struct Hold {
     /// Once false, never true again: its number may belong to someone else now.
     group_alive: bool,
     cgroup: Option<Cgroup>,
-    /// Its inotify watch on `cgroup.events`.
+    /// Its inotify watch on `cgroup.events`: from the leader's reap on, while the tree
+    /// outlives it. (Older images watched from the start; a hold they carried keeps its
+    /// watch.)
     wd: Option<i32>,
 }
 
@@ -398,8 +400,13 @@ impl Contain {
         }
         // With a cgroup, its `populated` decides, and the group is looked at only for a
         // tree that stays held (a later SIGTERM goes to the group while it may have
-        // members): a hold dropped now needs no probe.
-        let alive = h.cgroup.as_ref().map(|cg| cg.populated().unwrap_or(false));
+        // members): a hold dropped now needs no probe. A cgroup that is gone is empty;
+        // one that cannot be read now (out of descriptors) is kept, to be looked at
+        // again, rather than dropped with members the final SIGKILL could not reach.
+        let alive = h.cgroup.as_ref().map(|cg| match cg.populated() {
+            Ok(populated) => populated,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        });
         if alive != Some(false) {
             h.group_alive = h.group_alive && crate::sys::reap::group_exists(h.pgid);
         }
@@ -541,6 +548,12 @@ impl Contain {
     /// What an upgrade in place carries: every hold, the cgroup tree with its inotify
     /// descriptor and watches (by number), why cgroups are not used, the cookie instance
     /// and the sweeps asked for.
+    ///
+    /// A hold whose leader runs is carried without a watch. An image from before
+    /// watches began at the reap (a downgrade) adds none there; it still finds such a
+    /// tree empty when it reaps the tree's last orphan (execd is the subreaper), so only
+    /// a tree whose last process is reaped by a parent outside its cgroup keeps the
+    /// cgroup until the next start sweeps it.
     pub fn carry(&self) -> ContainImage {
         let mut holds: Vec<HoldImage> = self
             .holds
@@ -731,5 +744,107 @@ mod tests {
         let mut bad = img.clone();
         bad.sweep_every = "sometimes".into();
         assert!(Contain::resume(&bad, None).is_err());
+    }
+
+    /// A directory of its own under the temporary directory, removed when dropped.
+    struct Scratch(std::path::PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A cgroup-holding containment over plain directories laid out like cgroups.
+    fn cgroups_on(dir: &std::path::Path) -> Contain {
+        let me = Instance {
+            path: 0xfeed,
+            pid: 77,
+            start: 12345,
+        };
+        Contain {
+            cgroups: Some(Cgroups {
+                tree: Tree::carried(dir.to_path_buf(), cgroup::Controllers::default()),
+                inotify: crate::sys::inotify::inotify_init().unwrap(),
+                watches: HashMap::new(),
+            }),
+            cookies: Sweeper::new(me),
+            ..Contain::default()
+        }
+    }
+
+    /// `ROOT/cmd-NAME` with the given `cgroup.events`, as the place a command starts in.
+    fn place(dir: &std::path::Path, name: &str, populated: bool) -> Place {
+        let path = dir.join(format!("cmd-{name}"));
+        std::fs::create_dir(&path).unwrap();
+        let events = format!("populated {}\nfrozen 0\n", u8::from(populated));
+        std::fs::write(path.join("cgroup.events"), events).unwrap();
+        std::fs::write(path.join("cpu.stat"), "usage_usec 2000\n").unwrap();
+        let procs = std::fs::File::open("/dev/null").unwrap().into();
+        Place {
+            cgroup: Cgroup::carried(path),
+            procs,
+        }
+    }
+
+    #[test]
+    fn a_cgroup_is_watched_only_once_its_tree_outlives_the_leader() {
+        let dir = Scratch(
+            std::env::temp_dir().join(format!("execd-contain-{}-watch", std::process::id())),
+        );
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let mut c = cgroups_on(&dir.0);
+        let watches = |c: &Contain| c.cgroups.as_ref().map_or(0, |g| g.watches.len());
+        // Group numbers far above any real one: the group probe finds none, and nothing
+        // here sends a signal.
+        c.started(Key(1), 3_999_001, Some(place(&dir.0, "1", true)));
+        c.started(Key(2), 3_999_002, Some(place(&dir.0, "2", false)));
+        assert_eq!(watches(&c), 0, "no watch while leaders run");
+        assert!(c.holds[&Key(1)].wd.is_none());
+
+        // Empty at its leader's reap: dropped at once, never watched.
+        let usage = c.leader_exited(Key(2)).expect("its figures");
+        assert_eq!(usage.cpu_ms, Some(2));
+        assert!(!c.holds(Key(2)));
+        assert_eq!(watches(&c), 0);
+
+        // Still populated at its leader's reap: held and watched from now on.
+        c.leader_exited(Key(1)).expect("its figures");
+        assert!(c.holds(Key(1)));
+        assert!(c.holds[&Key(1)].wd.is_some());
+        assert_eq!(watches(&c), 1);
+        // An event that says nothing new keeps it.
+        let events = dir.0.join("cmd-1/cgroup.events");
+        std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+        c.on_cgroup_events();
+        assert!(c.holds(Key(1)));
+        // Its tree empties: the event drops the hold and its watch.
+        std::fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
+        c.on_cgroup_events();
+        assert!(!c.holds(Key(1)));
+        assert_eq!(watches(&c), 0);
+        assert!(c.lingering.is_empty());
+    }
+
+    #[test]
+    fn a_cgroup_that_cannot_be_read_is_held_and_one_that_is_gone_is_not() {
+        let dir = Scratch(
+            std::env::temp_dir().join(format!("execd-contain-{}-unread", std::process::id())),
+        );
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let mut c = cgroups_on(&dir.0);
+        c.started(Key(1), 3_999_003, Some(place(&dir.0, "1", true)));
+        c.started(Key(2), 3_999_004, Some(place(&dir.0, "2", true)));
+        // Unreadable `cgroup.events` (a directory in its place: EISDIR, as EMFILE would
+        // be): it may still have members, so it is held.
+        let events = dir.0.join("cmd-1/cgroup.events");
+        std::fs::remove_file(&events).unwrap();
+        std::fs::create_dir(&events).unwrap();
+        c.leader_exited(Key(1));
+        assert!(c.holds(Key(1)), "held while it cannot be read");
+        // A cgroup removed under us has nothing left to hold.
+        std::fs::remove_dir_all(dir.0.join("cmd-2")).unwrap();
+        c.leader_exited(Key(2));
+        assert!(!c.holds(Key(2)));
     }
 }
