@@ -749,6 +749,15 @@ mod tests {
     /// A directory of its own under the temporary directory, removed when dropped.
     struct Scratch(std::path::PathBuf);
 
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            let dir =
+                std::env::temp_dir().join(format!("execd-contain-{}-{tag}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
     impl Drop for Scratch {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
@@ -789,10 +798,7 @@ mod tests {
 
     #[test]
     fn a_cgroup_is_watched_only_once_its_tree_outlives_the_leader() {
-        let dir = Scratch(
-            std::env::temp_dir().join(format!("execd-contain-{}-watch", std::process::id())),
-        );
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = Scratch::new("watch");
         let mut c = cgroups_on(&dir.0);
         let watches = |c: &Contain| c.cgroups.as_ref().map_or(0, |g| g.watches.len());
         // Group numbers far above any real one: the group probe finds none, and nothing
@@ -828,10 +834,7 @@ mod tests {
 
     #[test]
     fn a_cgroup_that_cannot_be_read_is_held_and_one_that_is_gone_is_not() {
-        let dir = Scratch(
-            std::env::temp_dir().join(format!("execd-contain-{}-unread", std::process::id())),
-        );
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = Scratch::new("unread");
         let mut c = cgroups_on(&dir.0);
         c.started(Key(1), 3_999_003, Some(place(&dir.0, "1", true)));
         c.started(Key(2), 3_999_004, Some(place(&dir.0, "2", true)));
