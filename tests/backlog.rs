@@ -186,6 +186,51 @@ fn a_pipelined_burst_of_a_thousand_synchronous_execs_all_complete() {
     assert_no_panic(&d);
 }
 
+/// A burst of many more cheap requests than a turn of the loop takes from one connection
+/// (`REQUESTS_PER_TURN`, 64), in the socket at once, is answered whole: the loop comes
+/// back for what is left in the following turns with no new event to wake it (the burst
+/// is written while the daemon is stopped, so its arrival is one event), and another
+/// connection is served meanwhile.
+#[test]
+fn a_burst_of_two_thousand_requests_is_answered_whole_across_turns() {
+    const N: u64 = 2_000;
+    let d = Daemon::start(&[]);
+    let sock = UnixStream::connect(&d.socket).expect("connect");
+    let mut other = d.client();
+    ok(&mut other, "initialize", json!({}));
+    let burst: String = (0..N)
+        .map(|i| {
+            let params = json!({"sessionId": "s", "terminalId": format!("none-{i}")});
+            request(i, "terminal/output", params) + "\n"
+        })
+        .collect();
+    // About 170 KiB, which a Unix socket's default buffer holds: the write is done
+    // before the daemon goes on. (Where it does not fit, the daemon goes on after 2 s
+    // and the burst arrives in pieces.)
+    unsafe_kill(d.pid(), libc::SIGSTOP);
+    let mut w = sock.try_clone().expect("clone the socket");
+    let writer = std::thread::spawn(move || w.write_all(burst.as_bytes()).expect("the burst"));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !writer.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    unsafe_kill(d.pid(), libc::SIGCONT);
+    let got = read_responses(&sock, N as usize);
+    writer.join().expect("writer");
+    for i in 0..N {
+        let e = &got[&i]["error"];
+        assert!(
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&format!("none-{i}"))),
+            "request {i}: {}",
+            got[&i]
+        );
+    }
+    ok(&mut other, "initialize", json!({}));
+    assert_no_panic(&d);
+}
+
 /// A connection that parks many waits whose answers carry output and reads none of them
 /// makes the daemon hold its buffer plus one answer in bytes, not one answer per wait:
 /// the rest wait as references to the output. Read later, every answer arrives whole.

@@ -15,6 +15,9 @@
 //! - Responses are always queued; output events are queued only while under the cap (the
 //!   pump asks `has_room`), so responses still go through for a slow subscriber.
 //! - WRITABLE interest is registered only while bytes are pending.
+//! - A connection has at most `REQUESTS_PER_TURN` messages taken per turn of the loop:
+//!   one client pipelining thousands of requests does not hold the others' for longer
+//!   than that.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -39,6 +42,12 @@ use crate::wire::rpc::{self, Incoming, ReqNo, Room, RpcError};
 use crate::wire::state::{
     BlobsIn, BlobsOut, Clock, CodecImage, ConnImage, PeerImage, StateError, TieImage,
 };
+
+/// Messages (requests, notifications, responses to the daemon's requests) one connection
+/// has taken per turn of the loop; what it has buffered beyond that waits for the next
+/// turn, which polls without sleeping. The cheapest request costs the loop some 10-20 us,
+/// so 64 are about a millisecond; a spawn is one per connection in flight anyway.
+pub const REQUESTS_PER_TURN: u32 = 64;
 
 /// What a read pass found.
 #[derive(Debug, PartialEq)]
@@ -122,8 +131,13 @@ pub struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     writable_registered: bool,
-    /// A readable event was left unserviced (back-pressure); read again once drained.
+    /// A readable event was left unserviced (back-pressure, or this turn's
+    /// `REQUESTS_PER_TURN` taken); read again once drained, or in the next turn.
     pub read_pending: bool,
+    /// The loop's turn in which `taken` was counted.
+    turn: u64,
+    /// Requests, notifications and responses handed out in that turn.
+    taken: u32,
     /// The peer will send nothing more.
     pub eof: bool,
     /// An event said the peer closed its sending side (or hung up): reads go on to the
@@ -190,6 +204,8 @@ impl Conn {
             out_pos: 0,
             writable_registered: false,
             read_pending: false,
+            turn: 0,
+            taken: 0,
             eof: false,
             peer_closed: false,
             unread: true,
@@ -415,13 +431,22 @@ impl Conn {
 
     /// The next request, notification or client response, if a whole one is buffered.
     /// Malformed input, limits and framing errors are answered by the codec and never
-    /// surface. Returns `None` (with `read_pending` set) while the outgoing buffer is full
-    /// or a command it asked for is being started.
-    pub fn ready(&mut self) -> Option<Incoming> {
+    /// surface. Returns `None` (with `read_pending` set) while the outgoing buffer is full,
+    /// a command it asked for is being started, or it had its `REQUESTS_PER_TURN` in the
+    /// loop's turn `turn`.
+    pub fn ready(&mut self, turn: u64) -> Option<Incoming> {
         if self.broken {
             return None;
         }
         if self.launching > 0 || self.cookie_wait.is_some() {
+            self.read_pending = true;
+            return None;
+        }
+        if self.turn != turn {
+            self.turn = turn;
+            self.taken = 0;
+        }
+        if self.taken >= REQUESTS_PER_TURN {
             self.read_pending = true;
             return None;
         }
@@ -445,6 +470,7 @@ impl Conn {
         // requests are in flight as may be: take no more until that changes.
         let full = self.pending_out() + held >= self.bounds.cap;
         self.read_pending = next.is_none() && (full || pipeline_full);
+        self.taken += u32::from(next.is_some());
         next
     }
 
@@ -734,6 +760,46 @@ mod tests {
         b.try_clone_to_owned().expect("dup")
     }
 
+    /// A client that pipelines more than a turn's worth has `REQUESTS_PER_TURN` taken in
+    /// a turn, is marked to be read again, and has the next ones taken in the next turn,
+    /// in order and none lost.
+    #[test]
+    fn a_connection_has_a_turns_worth_of_requests_taken_per_turn() {
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().expect("pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let mut c = Conn::unix(UnixStream::from_std(ours), Token(7), PEER, bounds());
+        let n = REQUESTS_PER_TURN as u64 * 2 + 5;
+        for id in 0..n {
+            c.push(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n").as_bytes());
+        }
+        let mut taken = Vec::new();
+        for turn in 1..=3u64 {
+            let mut this_turn = 0;
+            while let Some(incoming) = c.ready(turn) {
+                let Incoming::Request { req: Some(req), .. } = incoming else {
+                    panic!("a request");
+                };
+                c.answer(req, &Ok(Value::Null));
+                c.flush(); // to the peer's socket, which holds them all
+                taken.push(req);
+                this_turn += 1;
+            }
+            let want = if turn < 3 { REQUESTS_PER_TURN } else { 5 };
+            assert_eq!(this_turn, want, "turn {turn}");
+            assert_eq!(
+                c.read_pending,
+                turn < 3,
+                "read again next turn: turn {turn}"
+            );
+            // Within the same turn nothing more is taken.
+            assert!(c.ready(turn).is_none());
+        }
+        let mut sorted = taken.clone();
+        sorted.sort_by_key(|r| r.0);
+        sorted.dedup_by_key(|r| r.0);
+        assert_eq!(sorted.len() as u64, n, "every request once");
+    }
+
     /// A JSON-RPC connection with half a line read, an answer queued and not written, and
     /// an answer deferred for room goes on after an upgrade exactly as before: the rest of
     /// the line makes the same request, the queued bytes reach the peer first.
@@ -743,7 +809,7 @@ mod tests {
         ours.set_nonblocking(true).expect("nonblocking");
         let mut c = Conn::unix(UnixStream::from_std(ours), Token(77), PEER, bounds());
         c.push(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n");
-        let Some(Incoming::Request { req: Some(req), .. }) = c.ready() else {
+        let Some(Incoming::Request { req: Some(req), .. }) = c.ready(1) else {
             panic!("the first request");
         };
         c.answer(req, &Ok(serde_json::json!({"n": 1})));
@@ -778,7 +844,7 @@ mod tests {
         // Both go on alike: the rest of the line is the same request.
         for conn in [&mut c, &mut back] {
             conn.push(b"od\":\"b\"}\n");
-            match conn.ready() {
+            match conn.ready(1) {
                 Some(Incoming::Request { method, .. }) => assert_eq!(method, "b"),
                 other => panic!("not the request: {other:?}"),
             }

@@ -9,6 +9,12 @@
 //! output, write the log. A request goes connection -> `dispatch` -> family -> `Step`, and
 //! `settle` turns the step into an answer, a parked wait, or a spawn.
 //!
+//! What one turn may do for one source, so that a ping waits for about one slice of work
+//! and not for a burst: a connection has at most `conn::REQUESTS_PER_TURN` (64) messages
+//! taken, a pipe at most `children::PIPE_BYTES_PER_TURN` (4 MiB) read, and a connection
+//! one spawn in flight; sweeps of other processes run off the loop (`reader`). What is
+//! left over is taken up in the next turn, which polls without sleeping.
+//!
 //! Invariants:
 //! - No call here blocks: sockets, pipes and the log are non-blocking, children are reaped
 //!   with `WNOHANG`, and a source that errors closes alone.
@@ -171,6 +177,8 @@ pub struct Server {
     quiet_since: Instant,
     active: bool,
     given_back: bool,
+    /// The loop's turns, counted: a connection's `REQUESTS_PER_TURN` is per turn.
+    turn: u64,
     /// systemd's notification socket, when it gave one.
     notifier: Option<systemd::Notifier>,
     /// A status change waits for its turn.
@@ -295,6 +303,7 @@ impl Server {
             quiet_since: Instant::now(),
             active: false,
             given_back: false,
+            turn: 0,
             notifier,
             status_pending: false,
             upgrade: None,
@@ -329,6 +338,7 @@ impl Server {
         self.after_resume();
         let mut events = Events::with_capacity(1024);
         loop {
+            self.turn += 1;
             self.notify_status();
             self.write_log();
             self.children.new_turn();
@@ -683,7 +693,8 @@ impl Server {
 
     /// Carries out what a connection has buffered, one request at a time.
     fn handle_incoming(&mut self, token: Token) {
-        while let Some(incoming) = self.clients.get_mut(&token).and_then(Conn::ready) {
+        let turn = self.turn;
+        while let Some(incoming) = self.clients.get_mut(&token).and_then(|c| c.ready(turn)) {
             match incoming {
                 Incoming::Request {
                     req,

@@ -1096,6 +1096,7 @@ impl Server {
             quiet_since: Instant::now(),
             active: false,
             given_back: false,
+            turn: 0,
             notifier,
             status_pending: false,
             sinks,
