@@ -868,6 +868,62 @@ fn bench_parallel(rows: &mut Vec<Row>) {
         format!("{:.2} (p99)", f99 / l99),
         "-".into(),
     );
+
+    // 2c: one client writes 20,000 cheap requests at once and reads their answers. A
+    // turn of the loop takes at most 64 of one connection's (`REQUESTS_PER_TURN`), so a
+    // ping on another connection waits for about one such slice, not for the burst.
+    const BURST: u64 = 20_000;
+    let (mut during, mut took) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pings = {
+            let (socket, stop) = (d.socket.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || pinger(socket, stop))
+        };
+        let t = Instant::now();
+        pipelined_burst(&d.socket, BURST);
+        took.push(t.elapsed().as_secs_f64() * 1e3);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        during.extend(pings.join().expect("pinger"));
+    }
+    let (b50, b99) = (percentile(&mut during, 0.5), percentile(&mut during, 0.99));
+    let worst = during.iter().copied().fold(0.0, f64::max);
+    report(
+        rows,
+        "2c ping while one client pipelines 20,000 requests (64 a turn)".into(),
+        format!("idle p50 {i50:.2} ms, p99 {i99:.2} ms"),
+        format!(
+            "p50 {b50:.2} ms, p99 {b99:.2} ms, max {worst:.2} ms ({} pings; a burst {:.0} ms)",
+            during.len(),
+            median(&mut took)
+        ),
+        "-".into(),
+        "p99 <= 2 ms".into(),
+    );
+}
+
+/// Writes `n` requests (`terminal/output` of unknown ids: answered at once, with an
+/// error) in one go on a connection of its own, and reads every answer.
+fn pipelined_burst(socket: &std::path::Path, n: u64) {
+    use std::io::Write;
+    let sock = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    sock.set_read_timeout(Some(Duration::from_secs(300)))
+        .expect("timeout");
+    let burst: String = (0..n)
+        .map(|i| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"terminal/output\",\
+                 \"params\":{{\"sessionId\":\"s\",\"terminalId\":\"none-{i}\"}}}}\n"
+            )
+        })
+        .collect();
+    let mut w = sock.try_clone().expect("dup");
+    let writer = std::thread::spawn(move || w.write_all(burst.as_bytes()).expect("the burst"));
+    let mut lines = std::io::BufReader::new(sock).lines();
+    for _ in 0..n {
+        lines.next().expect("an answer").expect("read an answer");
+    }
+    writer.join().expect("writer");
 }
 
 // 3. ---------------------------------------------------------------------------------------
