@@ -873,6 +873,14 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     // turn of the loop takes at most 64 of one connection's (`REQUESTS_PER_TURN`), so a
     // ping on another connection waits for about one such slice, not for the burst.
     const BURST: u64 = 20_000;
+    let burst: String = (0..BURST)
+        .map(|i| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"terminal/output\",\
+                 \"params\":{{\"sessionId\":\"s\",\"terminalId\":\"none-{i}\"}}}}\n"
+            )
+        })
+        .collect();
     let (mut during, mut took) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -881,7 +889,7 @@ fn bench_parallel(rows: &mut Vec<Row>) {
             std::thread::spawn(move || pinger(socket, stop))
         };
         let t = Instant::now();
-        pipelined_burst(&d.socket, BURST);
+        pipelined_burst(&d.socket, &burst);
         took.push(t.elapsed().as_secs_f64() * 1e3);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         during.extend(pings.join().expect("pinger"));
@@ -902,28 +910,23 @@ fn bench_parallel(rows: &mut Vec<Row>) {
     );
 }
 
-/// Writes `n` requests (`terminal/output` of unknown ids: answered at once, with an
-/// error) in one go on a connection of its own, and reads every answer.
-fn pipelined_burst(socket: &std::path::Path, n: u64) {
+/// Writes `burst` (JSON-RPC lines, each answered at once) on a connection of its own from
+/// a thread, and reads an answer for each line.
+fn pipelined_burst(socket: &std::path::Path, burst: &str) {
     use std::io::Write;
     let sock = std::os::unix::net::UnixStream::connect(socket).expect("connect");
     sock.set_read_timeout(Some(Duration::from_secs(300)))
         .expect("timeout");
-    let burst: String = (0..n)
-        .map(|i| {
-            format!(
-                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"terminal/output\",\
-                 \"params\":{{\"sessionId\":\"s\",\"terminalId\":\"none-{i}\"}}}}\n"
-            )
-        })
-        .collect();
+    let n = burst.lines().count();
     let mut w = sock.try_clone().expect("dup");
-    let writer = std::thread::spawn(move || w.write_all(burst.as_bytes()).expect("the burst"));
-    let mut lines = std::io::BufReader::new(sock).lines();
-    for _ in 0..n {
-        lines.next().expect("an answer").expect("read an answer");
-    }
-    writer.join().expect("writer");
+    std::thread::scope(|s| {
+        let writer = s.spawn(move || w.write_all(burst.as_bytes()).expect("the burst"));
+        let mut lines = std::io::BufReader::new(sock).lines();
+        for _ in 0..n {
+            lines.next().expect("an answer").expect("read an answer");
+        }
+        writer.join().expect("writer");
+    });
 }
 
 // 3. ---------------------------------------------------------------------------------------
