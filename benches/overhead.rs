@@ -919,6 +919,8 @@ fn pipelined_burst(socket: &std::path::Path, burst: &str) {
         .expect("timeout");
     let n = burst.lines().count();
     let mut w = sock.try_clone().expect("dup");
+    w.set_write_timeout(Some(Duration::from_secs(300)))
+        .expect("timeout");
     std::thread::scope(|s| {
         let writer = s.spawn(move || w.write_all(burst.as_bytes()).expect("the burst"));
         let mut lines = std::io::BufReader::new(sock).lines();

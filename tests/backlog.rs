@@ -255,11 +255,11 @@ fn a_peer_that_hangs_up_after_a_burst_has_all_of_it_carried_out() {
     unsafe_kill(d.pid(), libc::SIGCONT);
     wait_until("every terminal released", || {
         ids.iter().all(|id| {
-            c.call(
+            let r = c.call(
                 "terminal/output",
                 json!({"sessionId": "s", "terminalId": id}),
-            )
-            .is_err()
+            );
+            matches!(r, Err(CallError::Rpc { .. }))
         })
     });
     assert_no_panic(&d);

@@ -49,8 +49,8 @@ use crate::wire::state::{
 /// about a microsecond and a turn some 13 us (`benches/README.md`, row 2c), so 64 of them
 /// are under a tenth of a millisecond, and 64 costly ones (a listing, an output read of
 /// a full ring) a few milliseconds; a spawn is one per connection in flight anyway. A
-/// WebSocket's frames (a person's keys and resizes) are not counted, and neither is a
-/// leaving peer's last pass (`leaving`).
+/// WebSocket's frames (a person's keys and resizes) are not counted, and neither is the
+/// last pass of a peer that hung up (`leaving`).
 pub const REQUESTS_PER_TURN: u32 = 64;
 
 /// What a read pass found.
@@ -138,8 +138,9 @@ pub struct Conn {
     /// A readable event was left unserviced (back-pressure, or this turn's
     /// `REQUESTS_PER_TURN` taken); read again once drained, or in the next turn.
     pub read_pending: bool,
-    /// The peer is leaving (it hung up; or, over HTTP, closed its side): what it sent is
-    /// all taken in this pass, whatever the budget, since the connection closes after it.
+    /// The peer hung up: this pass, after which the connection closes, is not held to
+    /// the budget (what else holds a request back, a spawn in flight or a full buffer,
+    /// still does, as it did before the budget).
     pub leaving: bool,
     /// The loop's turn in which `taken` was counted.
     turn: u64,

@@ -11,10 +11,10 @@
 //!
 //! What one turn may do for one source, so that a ping waits for about one slice of work
 //! and not for a burst: a connection has at most `conn::REQUESTS_PER_TURN` (64) messages
-//! taken (but for WebSocket frames and a leaving peer's last pass), a pipe at most
-//! `children::PIPE_BYTES_PER_TURN` (4 MiB) read, and a connection one spawn in flight;
-//! sweeps of other processes run off the loop (`reader`). What is left over is taken up
-//! in the next turn, which polls without sleeping.
+//! taken (but for WebSocket frames and the last pass of a peer that hung up), a pipe at
+//! most `children::PIPE_BYTES_PER_TURN` (4 MiB) read, and a connection one spawn in
+//! flight; sweeps of other processes run off the loop (`reader`). What is left over is
+//! taken up in the next turn, which polls without sleeping.
 //!
 //! Invariants:
 //! - No call here blocks: sockets, pipes and the log are non-blocking, children are reaped
@@ -644,8 +644,8 @@ impl Server {
             // Kept: its end of stream may still wait behind data (`Conn::fill`).
             c.peer_closed |= read_closed || hung_up;
             c.unread |= readable || hung_up;
-            // Closed after this pass: all it sent is taken now, not 64 a turn.
-            c.leaving |= hung_up || (read_closed && c.is_http());
+            // Closed after this pass: what it sent is not held to 64 a turn.
+            c.leaving |= hung_up;
             if readable {
                 self.read_requests(token);
             }
